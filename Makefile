@@ -1,0 +1,26 @@
+# The two commands of the README. Each sets up .venv on first use (CPU torch 2.13.0 from
+# this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-v1
+export OMP_NUM_THREADS := 1
+export TRITON_INTERPRET := 1
+
+.PHONY: demo test soak tightness
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/witcert demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+soak: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -s --soak -k soak
+
+tightness: $(STAMP)
+	$(VENV)/bin/python bench/tightness.py

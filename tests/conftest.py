@@ -1,0 +1,32 @@
+"""Test configuration: CPU-only, single-threaded, Triton in interpreter mode, a --soak option."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any `import triton`
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", default=False, help="run the >= 1e6-trial soak tests")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: long soak test, run only with --soak")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

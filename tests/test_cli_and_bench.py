@@ -1,0 +1,23 @@
+"""The demo command and the tightness script run and print a real table."""
+
+import importlib.util
+import pathlib
+
+from witcert import cli
+
+
+def test_demo_prints_table(capsys):
+    assert cli.main(["demo", "--steps", "1", "--lengths", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "int8_dither" in out and "kivi2" in out and "0 violations" in out
+
+
+def test_tightness_script(capsys):
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tightness.py"
+    spec = importlib.util.spec_from_file_location("tightness", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--lengths", "128", "--steps", "1", "--schemes", "int8,fp8_e4m3"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("plain", "outlier"))]
+    assert len(rows) == 4

@@ -1,0 +1,650 @@
+"""fp64 reference of every WitCert formula (SPEC.md §1–§5, §7).
+
+This module is the oracle the kernels, the proofs bridge and the integrations are checked
+against. Everything is computed in float64 with numpy; inputs may be numpy arrays or torch
+tensors of any float dtype, and the result has the input's library type (a torch input gives
+a float64 tensor on the input's device).
+
+Conventions
+-----------
+* Per-token quantities (``p_hat``, radii, value witnesses) have the **token axis last**.
+* Vectors (queries, keys, values) have the **feature axis last**: ``q`` is ``[..., d]``,
+  ``k`` / ``k_hat`` / ``v`` / ``v_hat`` are ``[..., n, d]``.
+* Leading dimensions broadcast with numpy rules.
+* A token with ``p_hat == 0`` is masked: it is not in any sum and not in any maximum (its
+  exact probability is 0 too, since p is a tilt of p̂, SPEC §0).
+
+Floating point (SPEC §7)
+------------------------
+Witnesses and radii are rounded **up** by the relative slack ``FP64_REL_SLACK`` so that the
+fp64 rounding of a norm or a dot product can never put a reference bound below the value it
+bounds; TV bounds get ``FP64_ABS_SLACK`` added. Inside the dual-grid bound (§3(c)) the
+rounding error of each dual value is bounded explicitly (``_dual_values``) and subtracted, so a
+huge dual multiplier λ (tiny β) can never turn cancellation into an unsound bound.
+
+NaN / Inf in the inputs of a bound give the saturated bound (1 for TV, +inf for an output or
+logit radius) -- never 0, never NaN. Malformed inputs raise ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "FP64_REL_SLACK",
+    "FP64_ABS_SLACK",
+    "PROB_SUM_TOL",
+    "TILT_DEFAULT_TOL",
+    "DITHER_RESOLUTION_BITS",
+    "DITHER_BIAS_FACTOR",
+    "group_slices",
+    "group_norms",
+    "rope",
+    "key_witness",
+    "value_witness",
+    "logit_radius",
+    "tv",
+    "tv_bound_tanh",
+    "tv_bound_eform",
+    "tv_bound_tilt",
+    "tv_bound",
+    "tv_sup_bruteforce",
+    "output_error_bound",
+    "dither_variance_proxy",
+    "dither_bias_bound",
+    "dither_radius",
+    "step_budget",
+    "round_levels",
+]
+
+#: relative round-up applied to fp64 witnesses and radii (covers fp64 norm/dot rounding).
+FP64_REL_SLACK = 2.0**-40
+#: absolute slack added to every fp64 TV bound.
+FP64_ABS_SLACK = 2.0**-40
+#: a probability vector must sum to 1 within this (it is then renormalised).
+PROB_SUM_TOL = 1e-4
+#: default branch-and-bound tolerance of the dual-grid tilt bound (SPEC §3(c)).
+TILT_DEFAULT_TOL = 2.0**-12
+#: the dither u takes 2**DITHER_RESOLUTION_BITS values, (2k+1)·2^-24 − ½ (see witcert.schemes).
+DITHER_RESOLUTION_BITS = 23
+#: per channel, |served residual − s·X| ≤ DITHER_BIAS_FACTOR · s, X the centred 2^23-point
+#: uniform of proxy ≤ 1/12: the grid's mean offset (≤ 2^-24), the fp32 quotient y = x/s
+#: (≤ 2 ulp of |y| ≤ 127: 2^-16), fp32 rounding of c − u (≤ 2^-18) and of s·(c − u)
+#: (≤ 2^-24·128 = 2^-17). Their sum is < 2^-14.9; 2^-14 covers it with room.
+DITHER_BIAS_FACTOR = 2.0**-14
+
+_EPS64 = np.finfo(np.float64).eps
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _is_torch(x: Any) -> bool:
+    mod = type(x).__module__
+    return mod.startswith("torch") and hasattr(x, "detach")
+
+
+def _as_np(x: Any, name: str) -> np.ndarray:
+    """float64 numpy copy of ``x`` (numpy, torch, scalar or nested sequence)."""
+    if _is_torch(x):
+        import torch
+
+        t = x.detach()
+        if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64, torch.int8, torch.uint8, torch.int16)):
+            raise ValueError(f"{name}: unsupported tensor dtype {t.dtype}")
+        return t.to(device="cpu", dtype=torch.float64).numpy()
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - defensive
+        raise ValueError(f"{name}: cannot be read as an array ({exc})") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=True)
+
+
+def _wrap(result: np.ndarray, *inputs: Any):
+    """Return ``result`` in the library type of the first torch input (if any)."""
+    for x in inputs:
+        if _is_torch(x):
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(result)).to(device=x.device)
+    return result
+
+
+def _need_ndim(arr: np.ndarray, ndim: int, name: str, what: str) -> None:
+    if arr.ndim < ndim:
+        raise ValueError(f"{name}: expected at least {ndim} dimension(s) ({what}), got shape {arr.shape}")
+
+
+def _broadcast(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray):
+    try:
+        return np.broadcast_arrays(a, b)
+    except ValueError:
+        raise ValueError(f"{name_a} with shape {a.shape} does not broadcast with {name_b} with shape {b.shape}") from None
+
+
+def _check_nonneg(arr: np.ndarray, name: str) -> None:
+    if np.any(arr < 0):  # NaN compares False: NaN is handled by saturation, not here
+        raise ValueError(f"{name}: must be >= 0 (found {float(np.nanmin(arr))})")
+
+
+def _check_prob(p: np.ndarray, name: str) -> np.ndarray:
+    """Validate a probability vector (token axis last); return the row-finite mask [...]."""
+    if p.ndim < 1 or p.shape[-1] == 0:
+        raise ValueError(f"{name}: expected a non-empty token axis (last), got shape {p.shape}")
+    finite = np.all(np.isfinite(p), axis=-1)
+    pf = np.where(finite[..., None], p, 0.0)
+    if np.any(pf < 0):
+        raise ValueError(f"{name}: probabilities must be >= 0 (found {float(pf.min())})")
+    sums = pf.sum(axis=-1)
+    bad = finite & (np.abs(sums - 1.0) > PROB_SUM_TOL)
+    if np.any(bad):
+        raise ValueError(
+            f"{name}: probabilities must sum to 1 along the last axis within {PROB_SUM_TOL} "
+            f"(found a row summing to {float(sums[bad].flat[0])})"
+        )
+    return finite
+
+
+def _round_up_rel(x: np.ndarray) -> np.ndarray:
+    return x * (1.0 + FP64_REL_SLACK)
+
+
+# --------------------------------------------------------------------------- §1 bands, groups
+
+
+def _bands(head_dim: int, rotary_dim: int, layout: str) -> list[list[int]]:
+    half = rotary_dim // 2
+    if layout == "half":
+        bands = [[b, b + half] for b in range(half)]
+    elif layout == "interleaved":
+        bands = [[2 * b, 2 * b + 1] for b in range(half)]
+    else:
+        raise ValueError(f"layout: expected 'half' or 'interleaved', got {layout!r}")
+    bands += [[c] for c in range(rotary_dim, head_dim)]  # partial rotary: 1-D bands
+    return bands
+
+
+def _check_rope_dims(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:
+    if not isinstance(head_dim, (int, np.integer)) or isinstance(head_dim, bool) or head_dim < 1:
+        raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
+    if rotary_dim is None:
+        rotary_dim = head_dim
+    if not isinstance(rotary_dim, (int, np.integer)) or isinstance(rotary_dim, bool):
+        raise ValueError(f"rotary_dim: expected an int or None, got {rotary_dim!r}")
+    if rotary_dim < 0 or rotary_dim > head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim: must be even and in [0, head_dim={head_dim}], got {rotary_dim}")
+    return int(head_dim), int(rotary_dim)
+
+
+def group_slices(head_dim: int, num_groups: int, rotary_dim: int | None = None, layout: str = "half") -> list[np.ndarray]:
+    """Partition the ``head_dim`` coordinates into ``num_groups`` unions of whole RoPE bands.
+
+    Bands are taken in band order (RoPE frequency order) and split into contiguous runs of
+    as-equal-as-possible length. Returns a list of sorted int64 index arrays (SPEC §1).
+    """
+    head_dim, rotary_dim = _check_rope_dims(head_dim, rotary_dim)
+    bands = _bands(head_dim, rotary_dim, layout)
+    if not isinstance(num_groups, (int, np.integer)) or isinstance(num_groups, bool) or not 1 <= num_groups <= len(bands):
+        raise ValueError(f"num_groups: expected an int in [1, {len(bands)}] (the number of bands), got {num_groups!r}")
+    out = []
+    for chunk in np.array_split(np.arange(len(bands)), int(num_groups)):
+        idx = sorted(c for b in chunk for c in bands[b])
+        out.append(np.asarray(idx, dtype=np.int64))
+    return out
+
+
+def _check_groups(groups: Sequence[Any], d: int, name: str = "groups") -> list[np.ndarray]:
+    if isinstance(groups, np.ndarray) or not isinstance(groups, (list, tuple)) or len(groups) == 0:
+        raise ValueError(f"{name}: expected a non-empty list of index arrays (see group_slices)")
+    gs = [np.asarray(g, dtype=np.int64).reshape(-1) for g in groups]
+    allidx = np.concatenate(gs)
+    if allidx.size != d or not np.array_equal(np.sort(allidx), np.arange(d)):
+        raise ValueError(f"{name}: the groups must partition the {d} feature coordinates exactly")
+    return gs
+
+
+def _group_norms_np(x: np.ndarray, gs: list[np.ndarray]) -> np.ndarray:
+    return np.stack([np.sqrt(np.sum(x[..., g] ** 2, axis=-1)) for g in gs], axis=-1)
+
+
+def group_norms(x, groups):
+    """``‖x[g]‖₂`` for every group: ``[..., d] -> [..., G]``."""
+    xa = _as_np(x, "x")
+    _need_ndim(xa, 1, "x", "feature axis last")
+    gs = _check_groups(groups, xa.shape[-1])
+    return _wrap(_group_norms_np(xa, gs), x)
+
+
+def rope(x, positions, theta: float = 10000.0, layout: str = "half", rotary_dim: int | None = None):
+    """Reference rotary embedding: ``x`` is ``[..., n, d]``, ``positions`` broadcasts to ``[..., n]``.
+
+    Band b (frequency ``theta ** (-2b / r)``) is rotated by ``position * freq``; coordinates at or
+    above ``rotary_dim`` are left unchanged (partial rotary).
+    """
+    xa = _as_np(x, "x")
+    _need_ndim(xa, 2, "x", "[..., n, d]")
+    pos = _as_np(positions, "positions")
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("positions: must be finite")
+    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 0):
+        raise ValueError(f"theta: expected a positive finite number, got {theta!r}")
+    d = xa.shape[-1]
+    _, r = _check_rope_dims(d, rotary_dim)
+    try:
+        pos = np.broadcast_to(pos, xa.shape[:-1])
+    except ValueError:
+        raise ValueError(f"positions with shape {pos.shape} does not broadcast to x.shape[:-1] = {xa.shape[:-1]}") from None
+    half = r // 2
+    inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / max(r, 1))
+    ang = pos[..., None] * inv_freq  # [..., n, half]
+    c, s = np.cos(ang), np.sin(ang)
+    out = xa.copy()
+    if layout == "half":
+        x1, x2 = xa[..., :half], xa[..., half:r]
+        out[..., :half] = x1 * c - x2 * s
+        out[..., half:r] = x2 * c + x1 * s
+    elif layout == "interleaved":
+        x1, x2 = xa[..., 0:r:2], xa[..., 1:r:2]
+        out[..., 0:r:2] = x1 * c - x2 * s
+        out[..., 1:r:2] = x2 * c + x1 * s
+    else:
+        raise ValueError(f"layout: expected 'half' or 'interleaved', got {layout!r}")
+    return _wrap(out, x)
+
+
+def _check_block_size(block_size: Any) -> int:
+    if not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    return int(block_size)
+
+
+def _block_max(per_token: np.ndarray, block_size: int, axis: int) -> np.ndarray:
+    """Max over blocks of ``block_size`` along ``axis`` (the token axis); NaN propagates."""
+    per_token = np.moveaxis(per_token, axis, -1)
+    n = per_token.shape[-1]
+    nb = -(-n // block_size)
+    pad = nb * block_size - n
+    if pad:
+        per_token = np.concatenate([per_token, np.zeros(per_token.shape[:-1] + (pad,))], axis=-1)
+    blocks = per_token.reshape(per_token.shape[:-1] + (nb, block_size))
+    mx = np.max(blocks, axis=-1)  # np.max propagates NaN
+    return np.moveaxis(mx, -1, axis)
+
+
+def key_witness(k, k_hat, groups, block_size: int = 16):
+    """Key witnesses ``W[..., block, g] = max_{j in block} ‖(k̂_j - k_j)[g]‖`` (SPEC §1).
+
+    ``k``, ``k_hat``: ``[..., n, d]``. Returns ``[..., num_blocks, G]``, rounded up by
+    ``FP64_REL_SLACK``; a non-finite residual gives a NaN/Inf witness (saturates later bounds).
+    """
+    ka, kh = _as_np(k, "k"), _as_np(k_hat, "k_hat")
+    _need_ndim(ka, 2, "k", "[..., n, d]")
+    _need_ndim(kh, 2, "k_hat", "[..., n, d]")
+    if ka.shape[-2:] != kh.shape[-2:]:
+        raise ValueError(f"k_hat: shape {kh.shape} does not match k {ka.shape} in the last two axes [n, d]")
+    ka, kh = _broadcast("k", ka, "k_hat", kh)
+    bs = _check_block_size(block_size)
+    gs = _check_groups(groups, ka.shape[-1])
+    norms = _group_norms_np(kh - ka, gs)  # [..., n, G]
+    w = _round_up_rel(_block_max(norms, bs, axis=-2))
+    return _wrap(w, k, k_hat)
+
+
+def value_witness(v, v_hat, block_size: int = 16):
+    """Value witnesses ``φ[..., block] = max_{j in block} ‖v̂_j - v_j‖`` (SPEC §1): ``[..., num_blocks]``."""
+    va, vh = _as_np(v, "v"), _as_np(v_hat, "v_hat")
+    _need_ndim(va, 2, "v", "[..., n, d]")
+    _need_ndim(vh, 2, "v_hat", "[..., n, d]")
+    if va.shape[-2:] != vh.shape[-2:]:
+        raise ValueError(f"v_hat: shape {vh.shape} does not match v {va.shape} in the last two axes [n, d]")
+    va, vh = _broadcast("v", va, "v_hat", vh)
+    bs = _check_block_size(block_size)
+    norms = np.sqrt(np.sum((vh - va) ** 2, axis=-1))
+    return _wrap(_round_up_rel(_block_max(norms, bs, axis=-1)), v, v_hat)
+
+
+def logit_radius(q, key_witness, groups, scale, block_size: int = 16, n: int | None = None):
+    """Tier A radius per token (SPEC §2): ``ε_j = |σ| · Σ_g ‖q[g]‖ · W[B(j), g] ≥ |δ_j|``.
+
+    ``q``: ``[..., d]``; ``key_witness``: ``[..., num_blocks, G]``; returns ``[..., n]`` with
+    ``n = num_blocks * block_size`` unless given. NaN/Inf anywhere gives ``+inf`` radii.
+    """
+    qa, wa = _as_np(q, "q"), _as_np(key_witness, "key_witness")
+    _need_ndim(qa, 1, "q", "[..., d]")
+    _need_ndim(wa, 2, "key_witness", "[..., num_blocks, G]")
+    gs = _check_groups(groups, qa.shape[-1])
+    if wa.shape[-1] != len(gs):
+        raise ValueError(f"key_witness: last axis has {wa.shape[-1]} groups, but groups has {len(gs)}")
+    _check_nonneg(wa, "key_witness")
+    sc = _as_np(scale, "scale")
+    if sc.ndim != 0:
+        raise ValueError("scale: expected a scalar softmax scale")
+    bs = _check_block_size(block_size)
+    nb = wa.shape[-2]
+    if n is None:
+        n = nb * bs
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not (1 <= n <= nb * bs) or n <= (nb - 1) * bs:
+        raise ValueError(f"n: expected an int in [{(nb - 1) * bs + 1}, {nb * bs}] for {nb} blocks of {bs}, got {n!r}")
+    qn = _group_norms_np(qa, gs)  # [..., G]
+    try:
+        eps_blk = abs(float(sc)) * np.sum(qn[..., None, :] * wa, axis=-1)  # [..., nb]
+    except ValueError:
+        raise ValueError(f"q with shape {qa.shape} does not broadcast with key_witness with shape {wa.shape}") from None
+    eps_blk = np.where(np.isfinite(eps_blk), eps_blk, np.inf)
+    eps = np.repeat(eps_blk, bs, axis=-1)[..., :n]
+    return _wrap(_round_up_rel(eps), q, key_witness)
+
+
+# --------------------------------------------------------------------------- §3 TV bounds
+
+
+def tv(p, q):
+    """Total variation ``½ Σ_j |p_j − q_j|`` along the last axis (both must be distributions)."""
+    pa, qa = _as_np(p, "p"), _as_np(q, "q")
+    if pa.shape[-1:] != qa.shape[-1:]:
+        raise ValueError(f"q: last axis {qa.shape[-1:]} does not match p {pa.shape[-1:]}")
+    pa, qa = _broadcast("p", pa, "q", qa)
+    fp = _check_prob(pa, "p")
+    fq = _check_prob(qa, "q")
+    out = 0.5 * np.sum(np.abs(pa - qa), axis=-1)
+    return _wrap(np.where(fp & fq, out, np.nan), p, q)
+
+
+def _prep_bound(p_hat, radius, *, need_p: bool = True):
+    """Shared validation for the §3 bounds: returns (p [..., n], eps [..., n], ok [...])."""
+    ea = _as_np(radius, "radius")
+    if ea.ndim < 1 or ea.shape[-1] == 0:
+        raise ValueError(f"radius: expected a non-empty token axis (last), got shape {ea.shape}")
+    _check_nonneg(ea, "radius")
+    if not need_p:
+        return None, ea, np.all(np.isfinite(ea), axis=-1)
+    pa = _as_np(p_hat, "p_hat")
+    if pa.ndim < 1 or pa.shape[-1] != ea.shape[-1]:
+        raise ValueError(f"radius: last axis {ea.shape[-1:]} must equal p_hat's token axis {pa.shape[-1:]}")
+    pa, ea = _broadcast("p_hat", pa, "radius", ea)
+    okp = _check_prob(pa, "p_hat")
+    ok = okp & np.all(np.isfinite(ea), axis=-1)
+    return pa, ea, ok
+
+
+def tv_bound_tanh(radius):
+    """SPEC §3(a): ``TV ≤ tanh(ε_max / 2)`` (osc ≤ 2 ε_max). NaN/Inf → 1."""
+    _, ea, ok = _prep_bound(None, radius, need_p=False)
+    emax = np.max(np.where(np.isfinite(ea), ea, 0.0), axis=-1)
+    out = np.minimum(np.tanh(emax / 2.0) + FP64_ABS_SLACK, 1.0)
+    return _wrap(np.where(ok, out, 1.0), radius)
+
+
+def tv_bound_eform(p_hat, radius):
+    """SPEC §3(b): ``TV ≤ ½ (A² − 1)``, ``A = Σ_j p̂_j e^{ε_j}`` (capped at 1). NaN/Inf → 1."""
+    pa, ea, ok = _prep_bound(p_hat, radius)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = np.where(ok[..., None], pa, 0.0)
+        w = w / np.maximum(w.sum(axis=-1, keepdims=True), 1e-300)
+        A = np.sum(w * np.exp(np.where(ok[..., None] & (w > 0), ea, 0.0)), axis=-1)
+        out = 0.5 * (A * A - 1.0) * (1.0 + 8 * ea.shape[-1] * _EPS64) + FP64_ABS_SLACK
+    out = np.where(np.isfinite(out), np.minimum(out, 1.0), 1.0)
+    return _wrap(np.where(ok, out, 1.0), p_hat, radius)
+
+
+def round_levels(radius, levels):
+    """Round radii **up** onto ``levels`` (increasing, ≥ 0); radii above the top level are
+    rounded to the largest radius of their row (SPEC §3(c), the kernel's overflow bin)."""
+    ea = _as_np(radius, "radius")
+    lv = _as_np(levels, "levels").reshape(-1)
+    if lv.size == 0 or not np.all(np.isfinite(lv)) or np.any(lv < 0) or np.any(np.diff(lv) <= 0):
+        raise ValueError("levels: expected a non-empty, strictly increasing array of finite values >= 0")
+    idx = np.searchsorted(lv, ea, side="left")
+    over = idx >= lv.size
+    rowmax = np.max(ea, axis=-1, keepdims=True) if ea.ndim else ea
+    out = np.where(over, np.broadcast_to(rowmax, ea.shape), lv[np.minimum(idx, lv.size - 1)])
+    return _wrap(out, radius)
+
+
+def _dual_values(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float):
+    """For each t in ``ts``: a safe lower value of ``D(t, λ_t)`` with the tight λ (SPEC §3(c)).
+
+    ``D(t, λ) = λ t m − Σ_k w_k (λ β_k(t) − 1)₊``, ``β_k(t) = (1−t) a_k + t b_k``. λ is
+    ``1/β`` of the marginal item of the greedy fractional knapsack (β descending). The
+    returned value is the float value minus a bound on its rounding error, so it never
+    exceeds the exact ``D(t, λ)`` for the λ used -- and any λ ≥ 0 is sound.
+    """
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [T, K]
+    order = np.argsort(-beta, axis=1, kind="stable")
+    bs = np.take_along_axis(beta, order, axis=1)
+    ws = w[order]
+    cum = np.cumsum(ws * bs, axis=1)
+    target = ts * m
+    k = np.minimum(np.sum(cum < target[:, None], axis=1), bs.shape[1] - 1)
+    bstar = bs[np.arange(ts.size), k]
+    lam = 1.0 / bstar
+    act = np.maximum(lam[:, None] * bs - 1.0, 0.0)
+    D = lam * target - np.sum(ws * act, axis=1)
+    # rounding-error bound: every term is computed with relative error <= c·eps, c <= 4K+16.
+    mag = lam * target + np.sum(ws * (lam[:, None] * bs + 1.0) * (act > 0), axis=1) + 1.0
+    err = (4.0 * bs.shape[1] + 16.0) * _EPS64 * mag
+    return D - err, D
+
+
+def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> float:
+    keep = w > 0
+    w, eps = w[keep], eps[keep]
+    if w.size <= 1 or float(eps.max()) == 0.0:
+        return 0.0
+    if float(eps.max()) > 700.0:  # e^ε overflows: the bound is saturated
+        return 1.0
+    w = w / w.sum()
+    eu, inv = np.unique(eps, return_inverse=True)
+    wu = np.bincount(inv.reshape(-1), weights=w, minlength=eu.size)
+    a, b = np.exp(eu), np.exp(-eu)
+    m = float(np.dot(wu, b))
+    ts = np.linspace(0.0, 1.0, 33)
+    dsafe, dval = _dual_values(ts, wu, a, b, m)
+    while True:
+        upper = ts[1:] - dsafe[:-1]
+        best = float(np.max(ts - dval))  # achievable (fractional relaxation), up to rounding
+        bad = np.nonzero(upper > best + tol)[0]
+        if bad.size == 0 or ts.size + bad.size > max_points:
+            break
+        mids = 0.5 * (ts[bad] + ts[bad + 1])
+        ms, mv = _dual_values(mids, wu, a, b, m)
+        ts = np.concatenate([ts, mids])
+        dsafe = np.concatenate([dsafe, ms])
+        dval = np.concatenate([dval, mv])
+        o = np.argsort(ts, kind="stable")
+        ts, dsafe, dval = ts[o], dsafe[o], dval[o]
+    return float(min(1.0, max(0.0, float(np.max(ts[1:] - dsafe[:-1]))) + FP64_ABS_SLACK))
+
+
+def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15):
+    """SPEC §3(c): the dual-grid tilt bound, refined by branch and bound to within ``tol``.
+
+    ``p_hat``, ``radius``: ``[..., n]``. With ``levels`` the radii are first rounded up onto
+    them (``round_levels``) and p̂ mass is summed per level, exactly as a K-bin histogram.
+    Sound for any grid; ``tol`` only controls tightness (the result is within ``tol`` of the
+    fractional-relaxation supremum unless ``max_points`` grid points were not enough).
+    """
+    if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
+        raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
+    pa, ea, ok = _prep_bound(p_hat, radius)
+    if levels is not None:
+        ea = _as_np(round_levels(np.where(np.isfinite(ea), ea, 0.0), levels), "radius")
+    flat_p = pa.reshape(-1, pa.shape[-1])
+    flat_e = ea.reshape(-1, ea.shape[-1])
+    flat_ok = ok.reshape(-1)
+    out = np.ones(flat_ok.shape)
+    for i in np.nonzero(flat_ok)[0]:
+        out[i] = _tilt_row(flat_p[i], flat_e[i], float(tol), int(max_points))
+    return _wrap(out.reshape(ok.shape), p_hat, radius)
+
+
+def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
+    """The reported §3 bound: ``min(tanh, e-form, dual-grid tilt)``; NaN/Inf → 1."""
+    pa, ea, ok = _prep_bound(p_hat, radius)
+    masked = np.where(pa > 0, ea, 0.0)  # masked tokens are not in the maximum
+    a = _as_np(tv_bound_tanh(masked), "tanh")
+    b = _as_np(tv_bound_eform(pa, ea), "eform")
+    c = _as_np(tv_bound_tilt(pa, ea, levels=levels, tol=tol), "tilt")
+    out = np.minimum(np.minimum(a, b), c)
+    return _wrap(np.where(ok, out, 1.0), p_hat, radius)
+
+
+def tv_sup_bruteforce(p_hat, radius):
+    """Exact ``sup TV(p, p̂)`` over the radius box by subset enumeration (n ≤ 16):
+    ``max_S A_S / (A_S + C_S) − p̂(S)``, ``A_S = Σ_S p̂ e^{ε}``, ``C_S = Σ_{S^c} p̂ e^{−ε}``."""
+    pa, ea, ok = _prep_bound(p_hat, radius)
+    n = pa.shape[-1]
+    if n > 16:
+        raise ValueError(f"p_hat: brute force enumerates 2^n subsets and supports n <= 16, got n = {n}")
+    masks = ((np.arange(1 << n)[:, None] >> np.arange(n)[None, :]) & 1).astype(np.float64)  # [S, n]
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.where(ok[..., None], ea, 0.0)
+        p = np.where(ok[..., None], pa, 0.0)
+        p = p / np.maximum(p.sum(axis=-1, keepdims=True), 1e-300)
+        up, dn = p * np.exp(e), p * np.exp(-e)
+        A = up @ masks.T
+        C = dn @ (1.0 - masks).T
+        P = p @ masks.T
+        tS = np.where(A + C > 0, A / np.where(A + C > 0, A + C, 1.0), 0.0)
+        sup = np.max(tS - P, axis=-1)
+    sup = np.clip(sup, 0.0, 1.0)
+    return _wrap(np.where(ok, sup, 1.0), p_hat, radius)
+
+
+# --------------------------------------------------------------------------- §4 output bound
+
+
+def output_error_bound(p_hat, v_hat, value_witness_per_token, tv_upper):
+    """SPEC §4: ``‖ô − o‖ ≤ TV⁺ (D_v + φ_max) + Σ_j p̂_j φ_j`` with ``D_v = 2 max_j ‖v̂_j‖``.
+
+    ``p_hat``: ``[..., n]``; ``v_hat``: ``[..., n, d_v]``; ``value_witness_per_token``:
+    ``[..., n]``; ``tv_upper``: ``[...]``. Maxima run over unmasked tokens (p̂ > 0).
+    NaN/Inf anywhere (or TV⁺ ≥ 1 with an unbounded value) gives ``+inf``.
+    """
+    pa = _as_np(p_hat, "p_hat")
+    va = _as_np(v_hat, "v_hat")
+    fa = _as_np(value_witness_per_token, "value_witness_per_token")
+    ta = _as_np(tv_upper, "tv_upper")
+    if pa.ndim < 1 or va.ndim < 2 or va.shape[-2] != pa.shape[-1]:
+        raise ValueError(f"v_hat: expected [..., n, d_v] with n = {pa.shape[-1:]} (p_hat's token axis), got {va.shape}")
+    if fa.shape[-1:] != pa.shape[-1:]:
+        raise ValueError(f"value_witness_per_token: last axis {fa.shape[-1:]} must equal p_hat's token axis {pa.shape[-1:]}")
+    _check_nonneg(fa, "value_witness_per_token")
+    _check_nonneg(ta, "tv_upper")
+    okp = _check_prob(pa, "p_hat")
+    with np.errstate(over="ignore", invalid="ignore"):
+        nu = np.sqrt(np.sum(va**2, axis=-1))  # [..., n]
+        try:
+            pa_b, nu_b, fa_b = np.broadcast_arrays(pa, nu, fa)
+            live = pa_b > 0
+            vmax = np.max(np.where(live, nu_b, 0.0), axis=-1)
+            fmax = np.max(np.where(live, fa_b, 0.0), axis=-1)
+            pf = np.sum(np.where(live, pa_b * fa_b, 0.0), axis=-1)
+            finite_in = np.all(np.isfinite(np.where(live, nu_b + fa_b, 0.0)), axis=-1) & okp
+            out = np.minimum(ta, 1.0) * (2.0 * vmax + fmax) + pf
+            out, finite_in, ta_b = np.broadcast_arrays(out, finite_in, ta)
+        except ValueError:
+            raise ValueError("p_hat, v_hat, value_witness_per_token and tv_upper have incompatible leading shapes") from None
+        out = _round_up_rel(out) + FP64_ABS_SLACK
+        out = np.where(finite_in & np.isfinite(ta_b) & np.isfinite(out), out, np.inf)
+    return _wrap(out, p_hat, v_hat, value_witness_per_token, tv_upper)
+
+
+# --------------------------------------------------------------------------- §5 Tier B
+
+
+def _dither_inputs(q, scales, softmax_scale):
+    qa, sa = _as_np(q, "q"), _as_np(scales, "scales")
+    _need_ndim(qa, 1, "q", "[..., d]")
+    sc = _as_np(softmax_scale, "softmax_scale")
+    if sc.ndim != 0 or not np.isfinite(sc):
+        raise ValueError("softmax_scale: expected a finite scalar")
+    _check_nonneg(sa, "scales")
+    if sa.ndim == qa.ndim + 1 and sa.shape[-1] == qa.shape[-1]:
+        per_channel = True  # [..., n, d]
+    elif sa.ndim == qa.ndim:
+        per_channel = False  # [..., n], one scale per token (and kv head)
+    else:
+        raise ValueError(
+            f"scales: expected [..., n] (per token) or [..., n, d] (per channel) with the same leading "
+            f"dimensions as q {qa.shape}, got {sa.shape}"
+        )
+    return qa, sa, float(sc), per_channel
+
+
+def dither_variance_proxy(q, scales, softmax_scale):
+    """SPEC §5: ``V_j = σ² Σ_i q_i² s_{j,i}² / 12``, one proxy per token (never averaged).
+
+    ``q``: ``[..., d]``; ``scales``: ``[..., n]`` (one scale per token-head) or ``[..., n, d]``.
+    Returns ``[..., n]``; NaN/Inf give ``+inf``.
+    """
+    qa, sa, sc, per_channel = _dither_inputs(q, scales, softmax_scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if per_channel:
+            V = sc * sc * np.sum(qa[..., None, :] ** 2 * sa**2, axis=-1) / 12.0
+        else:
+            V = sc * sc * np.sum(qa**2, axis=-1)[..., None] * sa**2 / 12.0
+    V = np.where(np.isfinite(V), _round_up_rel(V), np.inf)
+    return _wrap(V, q, scales)
+
+
+def dither_bias_bound(q, scales, softmax_scale):
+    """Deterministic part of the Tier B radius: ``|σ| Σ_i |q_i| s_{j,i} · DITHER_BIAS_FACTOR``.
+
+    Covers what the real scheme adds to the ideal model of SPEC §5: the dither grid's mean
+    offset, the fp32 quotient ``x/s`` and the fp32 reconstruction ``s (c − u)``. ``[..., n]``.
+    """
+    qa, sa, sc, per_channel = _dither_inputs(q, scales, softmax_scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if per_channel:
+            bias = abs(sc) * np.sum(np.abs(qa)[..., None, :] * sa, axis=-1)
+        else:
+            bias = abs(sc) * np.sum(np.abs(qa), axis=-1)[..., None] * sa
+    bias = bias * DITHER_BIAS_FACTOR
+    return _wrap(np.where(np.isfinite(bias), _round_up_rel(bias), np.inf), q, scales)
+
+
+def dither_radius(variance_proxy, n: int, delta_step: float, bias=None):
+    """SPEC §5: ``t_j = sqrt(2 V_j ln(2n / δ_step))`` (+ ``bias``, see ``dither_bias_bound``).
+
+    For a query fixed independently of the dither, ``P(∃ j: |δ_j| > t_j) ≤ δ_step``.
+    """
+    Va = _as_np(variance_proxy, "variance_proxy")
+    _check_nonneg(Va, "variance_proxy")
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n: expected a positive int (number of tokens in the union bound), got {n!r}")
+    if not (isinstance(delta_step, (int, float, np.floating)) and 0 < float(delta_step) < 1):
+        raise ValueError(f"delta_step: expected a probability in (0, 1), got {delta_step!r}")
+    t = np.sqrt(2.0 * Va * math.log(2.0 * n / float(delta_step)))
+    if bias is not None:
+        ba = _as_np(bias, "bias")
+        _check_nonneg(ba, "bias")
+        t = t + ba
+    t = np.where(np.isfinite(t), _round_up_rel(t), np.inf)
+    return _wrap(t, variance_proxy, *(() if bias is None else (bias,)))
+
+
+def step_budget(delta_req: float, num_layers: int, num_heads: int, *, horizon: int | None = None, step: int | None = None) -> float:
+    """Per-(layer, head, step) failure budget (SPEC §5), summing to ≤ ``delta_req`` over a request.
+
+    Fixed horizon: ``δ_req / (L·H·T_max)``; anytime (``step`` t ≥ 1): ``δ_req·6/(π² t²)/(L·H)``.
+    """
+    if not (isinstance(delta_req, (int, float)) and 0 < delta_req < 1):
+        raise ValueError(f"delta_req: expected a probability in (0, 1), got {delta_req!r}")
+    for name, val in (("num_layers", num_layers), ("num_heads", num_heads)):
+        if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"{name}: expected a positive int, got {val!r}")
+    if (horizon is None) == (step is None):
+        raise ValueError("step_budget: give exactly one of horizon= (fixed schedule) or step= (anytime schedule)")
+    if horizon is not None:
+        if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 1:
+            raise ValueError(f"horizon: expected a positive int, got {horizon!r}")
+        return float(delta_req) / (num_layers * num_heads * int(horizon))
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"step: expected a positive int (1-based decode step), got {step!r}")
+    return float(delta_req) * 6.0 / (math.pi**2 * float(step) ** 2) / (num_layers * num_heads)

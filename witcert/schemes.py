@@ -1,0 +1,354 @@
+"""KV quantization schemes (SPEC §1, §5): one tensor function ``x ↦ (x̂, meta)`` each.
+
+A scheme takes a float tensor ``x`` of shape ``[..., n, d]`` (tokens, then channels; for the
+dithered scheme the axis before ``n``, if any, is the kv head) and a :class:`QuantContext`, and
+returns ``x̂`` (same shape, float32) and a ``meta`` dict of whatever it stores (codes, scales).
+The witness is computed from ``x̂ − x`` by :mod:`witcert.bounds`, so every scheme -- built-in or
+registered by a user -- is metered the same way.
+
+Built-ins: ``none``, ``fp8_e4m3``, ``fp8_e5m2`` (raw casts: the failure mode users hit),
+``fp8_e4m3_scaled``, ``int8``, ``int8_dither`` (SPEC §5), ``int4_group``, ``kivi2``.
+
+``int8_dither`` exactly (all fp32, as the write kernel does it):
+
+* ``s = roundup_f32(max_i |x_i| / 126.5)`` per (token, kv head);
+* ``u = (2k + 1)·2^-24 − ½`` with ``k`` = the top 23 bits of ``dither_hash(seed, layer,
+  kv_head, position, channel, stream)`` -- a 2^23-point grid symmetric about 0;
+* ``y = fl(x / s)``; ``c = floor(y) + [y − floor(y) ≥ ½ − u]`` -- this is ``floor(y + u + ½)``
+  evaluated **exactly** (``½ − u`` is an fp32 number), so no float rounding of ``y + u`` can
+  move a code across a rounding boundary; ``c ∈ [−127, 127]``;
+* ``x̂ = s·(c − u)``.
+
+Given ``y``, ``c − u − y`` is uniform over a 2^23-point arithmetic progression in ``(−½, ½]``
+(mean within 2^-24 of 0, sub-Gaussian with proxy ≤ 1/12 about it). The quotient and the fp32
+reconstruction add a deterministic error; all of this is the ``dither_bias_bound`` term of the
+Tier B radius (``witcert.bounds.DITHER_BIAS_FACTOR``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "QuantContext",
+    "register_scheme",
+    "get_scheme",
+    "available_schemes",
+    "quantize",
+    "dither_hash",
+    "dither_u",
+    "round_up_f32",
+    "round_up_to_dtype",
+    "INT8_DITHER_DIVISOR",
+    "INT8_DIVISOR",
+    "FP8_E4M3_MAX",
+]
+
+INT8_DITHER_DIVISOR = 126.5  # SPEC §5: |x/s| ≤ 126.5 and |u| < ½ keep the code in [−127, 127]
+INT8_DIVISOR = 127.0
+FP8_E4M3_MAX = 448.0
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantContext:
+    """Where a tensor lives: needed by schemes whose output depends on it.
+
+    ``role``: ``"key"`` or ``"value"``. ``kv_head``: an int, or ints broadcastable to
+    ``x.shape[:-2]``; default: the index along axis ``-3`` (0 for 2-D inputs). ``positions``:
+    ints broadcastable to ``x.shape[:-1]``; default ``arange(n)``. ``block_size``: the token
+    block over which per-channel (``kivi2`` key) statistics are taken.
+    """
+
+    role: str = "key"
+    seed: int = 0
+    layer: int = 0
+    kv_head: Any = None
+    positions: Any = None
+    block_size: int = 16
+
+    def __post_init__(self):
+        if self.role not in ("key", "value"):
+            raise ValueError(f"QuantContext.role: expected 'key' or 'value', got {self.role!r}")
+        for name in ("seed", "layer", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"QuantContext.{name}: expected a non-negative int, got {v!r}")
+        if self.block_size < 1:
+            raise ValueError("QuantContext.block_size: must be >= 1")
+
+
+# --------------------------------------------------------------------------- numerics helpers
+
+
+def round_up_f32(t: torch.Tensor) -> torch.Tensor:
+    """Round a float64 tensor up to float32 (never below the input)."""
+    t = t.to(torch.float64)
+    f = t.to(torch.float32)
+    low = f.to(torch.float64) < t
+    return torch.where(low, torch.nextafter(f, torch.full_like(f, float("inf"))), f)
+
+
+def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round non-negative values **up** into ``dtype`` (float32/float16/bfloat16/fp8 e4m3fn/e5m2).
+
+    Values above the dtype's largest finite number become +inf (fp8 e4m3fn, which has no inf,
+    stores NaN): both saturate the bounds downstream, never under-state them.
+    """
+    t64 = t.to(torch.float64)
+    if torch.any(t64 < 0):
+        raise ValueError("round_up_to_dtype: witnesses are non-negative")
+    if dtype == torch.float32:
+        return round_up_f32(t64)
+    if dtype in (torch.float16, torch.bfloat16):
+        f = t64.to(dtype)
+        low = f.to(torch.float64) < t64
+        bumped = (f.view(torch.int16) + 1).view(dtype)  # non-negative: next code = next value up
+        out = torch.where(low, bumped, f)
+        return torch.where(torch.isnan(t64), torch.full_like(out, float("nan")), out)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        fmax = float(torch.finfo(dtype).max)
+        clamped = torch.clamp(t64, max=fmax)
+        f = clamped.to(torch.float32).to(dtype)
+        low = f.to(torch.float64) < clamped
+        bits = f.view(torch.uint8)
+        bumped = (bits + 1).view(dtype)  # non-negative fp8: the next code is the next value up
+        out = torch.where(low, bumped, f)
+        over = t64 > fmax
+        bad = torch.tensor(float("nan") if dtype == torch.float8_e4m3fn else float("inf"), dtype=torch.float32).to(dtype)
+        out = torch.where(over | torch.isnan(t64), bad.expand_as(out), out)
+        return out
+    raise ValueError(f"round_up_to_dtype: unsupported storage dtype {dtype}")
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2^32`` for int64 tensors holding uint32 values, without int64 overflow."""
+    lo = x * (c & 0xFFFF)
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """The 'lowbias32' integer finaliser on uint32 values held in int64."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    return x
+
+
+def dither_hash(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
+    """Counter-based 32-bit hash of (seed, layer, kv_head, position, channel, stream).
+
+    All arguments are ints or int64 tensors (broadcast); the result is int64 in [0, 2^32).
+    The decode kernel evaluates the same chain in uint32 arithmetic.
+    """
+    def as_t(v):
+        return torch.as_tensor(v, dtype=torch.int64) & _MASK32
+
+    h = _mix32(as_t(seed) ^ 0x9E3779B9)
+    for f in (layer, kv_head, position, channel, stream):
+        h = _mix32(h ^ as_t(f))
+    return h
+
+
+def dither_u(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
+    """The dither ``u = (2k + 1)·2^-24 − ½`` (float32), ``k`` = top 23 bits of ``dither_hash``."""
+    k = dither_hash(seed, layer, kv_head, position, channel, stream) >> 9
+    return ((2 * k + 1).to(torch.float32) * 2.0**-24) - 0.5
+
+
+# --------------------------------------------------------------------------- built-in schemes
+
+
+def _absmax_scale(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float64)
+    return round_up_f32(amax / divisor)
+
+
+def _none(x, ctx):
+    return x.to(torch.float32).clone(), {}
+
+
+def _fp8_raw(dtype):
+    def fn(x, ctx):
+        codes = x.to(torch.float32).to(dtype)
+        return codes.to(torch.float32), {"codes": codes}
+
+    return fn
+
+
+def _fp8_e4m3_scaled(x, ctx):
+    x = x.to(torch.float32)
+    s = _absmax_scale(x, FP8_E4M3_MAX)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    codes = (x / safe).to(torch.float8_e4m3fn)
+    return codes.to(torch.float32) * s, {"codes": codes, "scale": s[..., 0]}
+
+
+def _int8(x, ctx):
+    x = x.to(torch.float32)
+    s = _absmax_scale(x, INT8_DIVISOR)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    c = torch.clamp(torch.round(x / safe), -127, 127)
+    return s * c, {"codes": c.to(torch.int8), "scale": s[..., 0]}
+
+
+def _context_grid(x: torch.Tensor, ctx: QuantContext):
+    n, d = x.shape[-2], x.shape[-1]
+    lead = x.shape[:-2]
+    if ctx.kv_head is None:
+        if x.dim() >= 3:
+            kvh = torch.arange(x.shape[-3], dtype=torch.int64).view(-1, 1, 1)
+        else:
+            kvh = torch.zeros(1, 1, dtype=torch.int64)
+    else:
+        kvh = torch.as_tensor(ctx.kv_head, dtype=torch.int64)
+        kvh = kvh.view(kvh.shape + (1, 1))
+    pos = torch.arange(n, dtype=torch.int64) if ctx.positions is None else torch.as_tensor(ctx.positions, dtype=torch.int64)
+    if torch.any(kvh < 0) or torch.any(pos < 0):
+        raise ValueError("QuantContext: kv_head and positions must be non-negative")
+    try:
+        kvh = torch.broadcast_to(kvh, lead + (n, d))
+        pos = torch.broadcast_to(pos.unsqueeze(-1), lead + (n, d))
+    except RuntimeError:
+        raise ValueError(
+            f"QuantContext: kv_head {tuple(torch.as_tensor(ctx.kv_head).shape) if ctx.kv_head is not None else None} / "
+            f"positions {tuple(pos.shape)} do not broadcast to x's shape {tuple(x.shape)}"
+        ) from None
+    ch = torch.arange(d, dtype=torch.int64)
+    return kvh, pos, ch
+
+
+def _int8_dither(x, ctx):
+    x = x.to(torch.float32)
+    s = _absmax_scale(x, INT8_DITHER_DIVISOR)
+    kvh, pos, ch = _context_grid(x, ctx)
+    stream = 0 if ctx.role == "key" else 1
+    u = dither_u(ctx.seed, ctx.layer, kvh, pos, ch, stream)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    y = x / safe
+    f = torch.floor(y)
+    c = f + (y - f >= 0.5 - u).to(torch.float32)
+    c = torch.where(s > 0, c, torch.zeros_like(c))
+    if torch.any(c.abs() > 127):  # impossible by construction; never clip silently
+        raise AssertionError("int8_dither produced a code outside [-127, 127]")
+    x_hat = s * (c - u)
+    return x_hat, {"codes": c.to(torch.int8), "scale": s[..., 0], "dither": u}
+
+
+def _asym_groups(x: torch.Tensor, levels: int, dim: int, group: int):
+    """Asymmetric min/max quantization over groups of ``group`` along ``dim``."""
+    x = x.to(torch.float32)
+    size = x.shape[dim]
+    ng = -(-size // group)
+    pad = ng * group - size
+    xm = torch.movedim(x, dim, -1)
+    if pad:
+        xm = torch.cat([xm, xm[..., -1:].expand(*xm.shape[:-1], pad)], dim=-1)  # pad with a real value
+    g = xm.reshape(*xm.shape[:-1], ng, group)
+    mn = g.amin(dim=-1, keepdim=True)
+    mx = g.amax(dim=-1, keepdim=True)
+    s = (mx - mn) / (levels - 1)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    c = torch.clamp(torch.round((g - mn) / safe), 0, levels - 1)
+    xh = (mn + s * c).reshape(*xm.shape[:-1], ng * group)[..., :size]
+    codes = c.reshape(*xm.shape[:-1], ng * group)[..., :size].to(torch.uint8)
+    return torch.movedim(xh, -1, dim), {
+        "codes": torch.movedim(codes, -1, dim),
+        "scale": s[..., 0],
+        "zero": mn[..., 0],
+        "group": group,
+        "axis": dim,
+    }
+
+
+def _int4_group(x, ctx):
+    return _asym_groups(x, 16, -1, min(32, x.shape[-1]))
+
+
+def _kivi2(x, ctx):
+    if ctx.role == "key":  # per channel, over blocks of tokens
+        return _asym_groups(x, 4, -2, ctx.block_size)
+    return _asym_groups(x, 4, -1, min(32, x.shape[-1]))  # per token, channel groups
+
+
+# --------------------------------------------------------------------------- registry
+
+
+_REGISTRY: dict[str, Callable[[torch.Tensor, QuantContext], tuple[torch.Tensor, dict]]] = {}
+
+
+def _adapt(fn: Callable) -> Callable[[torch.Tensor, QuantContext], tuple[torch.Tensor, dict]]:
+    try:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
+    except (TypeError, ValueError):
+        params = [None, None]
+    if len(params) == 1:
+        return lambda x, ctx: fn(x)
+    return fn
+
+
+def register_scheme(name: str, fn: Callable, *, overwrite: bool = False) -> None:
+    """Register ``fn(x) -> (x_hat, meta)`` (or ``fn(x, ctx)``) under ``name``."""
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"register_scheme: name must be a non-empty identifier-like string, got {name!r}")
+    if not callable(fn):
+        raise ValueError(f"register_scheme: fn for {name!r} is not callable")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"register_scheme: a scheme named {name!r} exists (pass overwrite=True to replace it)")
+    _REGISTRY[name] = _adapt(fn)
+
+
+def get_scheme(name: str) -> Callable[[torch.Tensor, QuantContext], tuple[torch.Tensor, dict]]:
+    """The scheme function registered under ``name`` (``ValueError`` listing the known ones)."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown quantization scheme {name!r}; available: {', '.join(available_schemes())}") from None
+
+
+def available_schemes() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def quantize(name: str, x, ctx: QuantContext | None = None) -> tuple[torch.Tensor, dict]:
+    """Apply scheme ``name`` to ``x`` (``[..., n, d]``), checking what the scheme returns."""
+    fn = get_scheme(name)
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"quantize: x must be a floating-point tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"quantize: x must be [..., n, d], got shape {tuple(x.shape)}")
+    ctx = ctx or QuantContext()
+    out = fn(x, ctx)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor) and isinstance(out[1], dict)):
+        raise ValueError(f"scheme {name!r} must return (x_hat: Tensor, meta: dict)")
+    x_hat, meta = out
+    if tuple(x_hat.shape) != tuple(x.shape):
+        raise ValueError(f"scheme {name!r} returned x_hat of shape {tuple(x_hat.shape)} for x of shape {tuple(x.shape)}")
+    return x_hat.to(torch.float32), meta
+
+
+for _name, _fn in {
+    "none": _none,
+    "fp8_e4m3": _fp8_raw(torch.float8_e4m3fn),
+    "fp8_e5m2": _fp8_raw(torch.float8_e5m2),
+    "fp8_e4m3_scaled": _fp8_e4m3_scaled,
+    "int8": _int8,
+    "int8_dither": _int8_dither,
+    "int4_group": _int4_group,
+    "kivi2": _kivi2,
+}.items():
+    register_scheme(_name, _fn)
