@@ -36,12 +36,14 @@ def check_all(q, k, k_hat, v, v_hat, sigma, groups, block_size, rope_pos=None, l
     n = k.shape[-2]
     W = B.key_witness(k, k_hat, groups, block_size)
     eps = B.logit_radius(q, W, groups, sigma, block_size, n)
+    r = k_hat - k
     if rope_pos is not None:  # keys were quantized before RoPE; serve rotated keys
         k = B.rope(k, rope_pos, layout=layout)
-        k_hat = B.rope(k_hat, rope_pos, layout=layout)
+        r = B.rope(r, rope_pos, layout=layout)  # RoPE is linear: rope(k̂) − rope(k) = rope(r)
+        k_hat = k + r
     s = sigma * np.einsum("hd,hnd->hn", q, k)
-    s_hat = sigma * np.einsum("hd,hnd->hn", q, k_hat)
-    delta = s_hat - s
+    delta = sigma * np.einsum("hd,hnd->hn", q, r)  # δ_j = σ⟨q, r_j⟩ (SPEC §0)
+    s_hat = s + delta
     assert np.all(np.abs(delta) <= eps), f"|δ| exceeds ε by {np.max(np.abs(delta) - eps)}"
     p, p_hat = softmax64(s), softmax64(s_hat)
     real_tv = B.tv(p, p_hat)
@@ -185,13 +187,13 @@ def test_hash_matches_uint32_reference():
         x ^= x >> 16
         return x
 
-    def ref(*fields):
-        h = mix(fields[0] ^ 0x9E3779B9)
-        for f in fields[1:]:
+    def ref(seed, layer, kvh, pos, ch, stream):
+        h = mix(seed ^ 0x9E3779B9)
+        for f in (layer, kvh, pos, stream):
             h = mix(h ^ f)
-        return h
+        return mix(h ^ ((ch * 0x9E3779B9) & 0xFFFFFFFF))
 
-    for fields in [(0, 0, 0, 0, 0, 0), (7, 29, 2, 131071, 63, 1), (2**32 - 1, 1, 1, 1, 1, 0)]:
+    for fields in [(0, 0, 0, 0, 0, 0), (7, 29, 2, 131071, 63, 1), (2**32 - 1, 1, 1, 1, 255, 0)]:
         assert int(S.dither_hash(*fields)) == ref(*fields)
 
 

@@ -11,9 +11,10 @@ Built-ins: ``none``, ``fp8_e4m3``, ``fp8_e5m2`` (raw casts: the failure mode use
 
 ``int8_dither`` exactly (all fp32, as the write kernel does it):
 
-* ``s = roundup_f32(max_i |x_i| / 126.5)`` per (token, kv head);
+* ``s`` = the smallest float16 with ``126.5 s ≥ max_i |x_i|``, per (token, kv head);
 * ``u = (2k + 1)·2^-24 − ½`` with ``k`` = the top 23 bits of ``dither_hash(seed, layer,
-  kv_head, position, channel, stream)`` -- a 2^23-point grid symmetric about 0;
+  kv_head, position, channel, stream)`` -- a 2^23-point grid symmetric about 0 (``stream``
+  0 for keys, 1 for values, so K and V dither are independent);
 * ``y = fl(x / s)``; ``c = floor(y) + [y − floor(y) ≥ ½ − u]`` -- this is ``floor(y + u + ½)``
   evaluated **exactly** (``½ − u`` is an fp32 number), so no float rounding of ``y + u`` can
   move a code across a rounding boundary; ``c ∈ [−127, 127]``;
@@ -41,6 +42,7 @@ __all__ = [
     "available_schemes",
     "quantize",
     "dither_hash",
+    "dither_token_hash",
     "dither_u",
     "round_up_f32",
     "round_up_to_dtype",
@@ -143,19 +145,27 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def dither_hash(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
-    """Counter-based 32-bit hash of (seed, layer, kv_head, position, channel, stream).
-
-    All arguments are ints or int64 tensors (broadcast); the result is int64 in [0, 2^32).
-    The decode kernel evaluates the same chain in uint32 arithmetic.
-    """
+def dither_token_hash(seed, layer, kv_head, position, stream) -> torch.Tensor:
+    """Per-token part of the dither key: ``mix(…mix(mix(seed ^ φ) ^ layer)… ^ stream)``."""
     def as_t(v):
         return torch.as_tensor(v, dtype=torch.int64) & _MASK32
 
     h = _mix32(as_t(seed) ^ 0x9E3779B9)
-    for f in (layer, kv_head, position, channel, stream):
+    for f in (layer, kv_head, position, stream):
         h = _mix32(h ^ as_t(f))
     return h
+
+
+def dither_hash(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
+    """Counter-based 32-bit hash of (seed, layer, kv_head, position, stream, channel).
+
+    All arguments are ints or int64 tensors (broadcast); the result is int64 in [0, 2^32).
+    One chain per token (``dither_token_hash``), then one mix per channel:
+    ``mix(h_token ^ (channel · 0x9E3779B9 mod 2^32))``. The kernels evaluate the same chain in
+    uint32 arithmetic (``stream`` is 0 for keys, 1 for values).
+    """
+    ch = _mul32(torch.as_tensor(channel, dtype=torch.int64) & _MASK32, 0x9E3779B9)
+    return _mix32(dither_token_hash(seed, layer, kv_head, position, stream) ^ ch)
 
 
 def dither_u(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
@@ -168,8 +178,13 @@ def dither_u(seed, layer, kv_head, position, channel, stream) -> torch.Tensor:
 
 
 def _absmax_scale(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """The smallest float16 ``s`` with ``s · divisor ≥ max|x|`` (per token), as float32.
+
+    Scales are stored in float16, rounded up (SPEC §1, §5): the write kernel computes the
+    same value exactly (``s·divisor`` is exact in fp32 for an fp16 ``s`` and these divisors).
+    """
     amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float64)
-    return round_up_f32(amax / divisor)
+    return round_up_to_dtype(amax / divisor, torch.float16).to(torch.float32)
 
 
 def _none(x, ctx):
