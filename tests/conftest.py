@@ -3,7 +3,9 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any `import triton`
+# Kernels run in Triton's interpreter on the CPU unless WITCERT_DEVICE=cuda (the H200 runs).
+if os.environ.get("WITCERT_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any `import triton`
 
 import pytest
 from hypothesis import HealthCheck, settings

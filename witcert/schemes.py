@@ -211,7 +211,9 @@ def _int8(x, ctx):
     x = x.to(torch.float32)
     s = _absmax_scale(x, INT8_DIVISOR)
     safe = torch.where(s > 0, s, torch.ones_like(s))
-    c = torch.clamp(torch.round(x / safe), -127, 127)
+    y = x / safe
+    f = torch.floor(y)
+    c = torch.clamp(f + (y - f >= 0.5).to(torch.float32), -127, 127)  # round half up, exactly
     return s * c, {"codes": c.to(torch.int8), "scale": s[..., 0]}
 
 

@@ -1,0 +1,167 @@
+"""Decode benchmark (issue 3): metered paged int8 decode vs bf16 SDPA, on a CUDA GPU.
+
+For batch ∈ {1, 8, 32}, Hq/Hkv = 32/8, d = 128, n ∈ {4K, 32K, 128K}: time per decode step
+(median of triton.testing.do_bench), KV bytes read / time, meter-on / meter-off, and the ratio
+to torch SDPA on bf16 KV of the same shape and to our own kernel on bf16 exact KV. Also the
+epilogue alone, and the write kernel vs a plain torch int8 quantize.
+
+    python bench/decode.py                  # full table (GPU)
+    python bench/decode.py --smoke          # tiny shapes; runs anywhere (CPU interpreter too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if not torch.cuda.is_available():  # no GPU: run the kernels in Triton's interpreter (smoke only)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernels.decode import decode  # noqa: E402
+from kernels.epilogue import tv_from_hist, DEFAULT_LEVELS  # noqa: E402
+from kernels.paged import PagedKV, bytes_per_token  # noqa: E402
+from kernels.write import write_kv  # noqa: E402
+
+
+def bench(fn, smoke):
+    if smoke:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def fill_cache(B, n, Hkv, D, scheme, dev, G=4, gen=None):
+    T = 16
+    pages = math.ceil(n / T)
+    nb = B * pages
+    c = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=T, num_groups=G, device=dev, with_exact=False)
+    if scheme == "none":
+        c.k_codes.normal_()
+        c.v_codes.normal_()
+    else:
+        c.k_codes.copy_(torch.randint(-127, 128, c.k_codes.shape, device=dev, dtype=torch.int8))
+        c.v_codes.copy_(torch.randint(-127, 128, c.v_codes.shape, device=dev, dtype=torch.int8))
+        c.k_scale.uniform_(0.01, 0.03)
+        c.v_scale.uniform_(0.01, 0.03)
+        c.k_wit.uniform_(0.01, 0.1)
+        c.v_wit.uniform_(0.01, 0.1)
+        c.v_norm.uniform_(1.0, 3.0)
+    bt = torch.randperm(nb, device=dev, dtype=torch.int32).view(B, pages)
+    return c, bt
+
+
+def splits_for(B, Hkv, n, sms):
+    pages = math.ceil(n / 16)
+    return max(1, min(64, math.ceil(2 * sms / (B * Hkv)), pages // 4 or 1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--lengths", default="4096,32768,131072")
+    ap.add_argument("--pages-per-tile", type=int, default=None)
+    ap.add_argument("--num-warps", type=int, default=4)
+    args = ap.parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    smoke = args.smoke or dev == "cpu"
+    Hq, Hkv, D = (32, 8, 128) if not smoke else (4, 2, 64)
+    batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
+    lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    if dev == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        import triton
+
+        print(f"# {p.name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# Hq/Hkv = {Hq}/{Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 4), "
+          f"{DEFAULT_LEVELS.numel()} levels + overflow")
+    hdr = (f"{'B':>3} {'n':>7} {'splits':>6} {'on ms':>8} {'off ms':>8} {'on/off':>7} {'TB/s on':>8} {'TB/s off':>8} "
+           f"{'sdpa ms':>8} {'sdpa TB/s':>9} {'x sdpa':>7} {'bf16own ms':>10} {'x own':>6} {'epi ms':>7}")
+    print(hdr)
+    rows = []
+    for B in batches:
+        for n in lengths:
+            torch.manual_seed(0)
+            kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
+            wit_bytes = B * n * Hkv * (4 * 2 + 2 + 2)
+            copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
+            caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+            q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+            sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+            S = splits_for(B, Hkv, n, sms)
+            it = [0]
+
+            def run(meter, cs=caches):
+                c, bt = cs[it[0] % len(cs)]
+                it[0] += 1
+                return decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=args.pages_per_tile,
+                              num_warps=args.num_warps)
+
+            t_on = bench(lambda: run(True), smoke)
+            t_off = bench(lambda: run(False), smoke)
+            del caches
+            bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
+            t_own = bench(lambda: run(False, bf), smoke)
+            del bf
+            # SDPA baseline on bf16 KV of the same shape (contiguous, enable_gqa)
+            sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
+            sv = [torch.randn_like(x) for x in sk]
+            qs = q[:, :, None, :]
+            j = [0]
+
+            def sdpa():
+                i = j[0] % len(sk)
+                j[0] += 1
+                return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
+
+            t_sdpa = bench(sdpa, smoke)
+            del sk, sv
+            mass = torch.rand(B * Hq, DEFAULT_LEVELS.numel() + 1, device=dev, dtype=torch.float32)
+            t_epi = bench(lambda: tv_from_hist(mass, DEFAULT_LEVELS, torch.rand(B * Hq, device=dev)), smoke)
+            bw_on = (kv_bytes_i8 + wit_bytes) / (t_on * 1e-3) / 1e12
+            bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
+            bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
+            row = (f"{B:>3} {n:>7} {S:>6} {t_on:>8.4f} {t_off:>8.4f} {t_on / t_off:>7.3f} {bw_on:>8.2f} {bw_off:>8.2f} "
+                   f"{t_sdpa:>8.4f} {bw_sdpa:>9.2f} {t_sdpa / t_on:>7.2f} {t_own:>10.4f} {t_own / t_on:>6.2f} {t_epi:>7.4f}")
+            print(row, flush=True)
+            rows.append(row)
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    # write path vs a plain quantize
+    N = 4096 if not smoke else 32
+    c = PagedKV.allocate(math.ceil(N / 16) + 1, Hkv, D, scheme="int8_dither", device=dev)
+    k = torch.randn(N, Hkv, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.arange(N, device=dev)
+    t_w = bench(lambda: write_kv(c, k, v, slots, slots), smoke)
+
+    def plain():
+        for x in (k, v):
+            s = x.float().abs().amax(-1, keepdim=True) / 127
+            torch.round(x.float() / s).to(torch.int8)
+
+    t_p = bench(plain, smoke)
+    print(f"# write path, {N} tokens x {Hkv} kv heads, int8_dither + witnesses + exact copy: {t_w:.4f} ms; "
+          f"plain torch int8 quantize of K and V: {t_p:.4f} ms; ratio {t_w / t_p:.2f}")
+    for sch in ("int8_dither", "int8", "fp8_e4m3_scaled", "int4_group", "kivi2"):
+        for wb in (2, 1):
+            r = bytes_per_token(sch, head_dim=128, num_groups=4, witness_bytes=wb)
+            print(f"# memory {sch:<16} witnesses {'fp16' if wb == 2 else 'fp8 '}: {r['total']:.2f} B/token/kv-head, "
+                  f"{r['ratio_vs_model_dtype']:.3f}x tokens vs bf16")
+    r = bytes_per_token("int8_dither", head_dim=128, num_groups=1, witness_bytes=1)
+    print(f"# memory int8_dither G=1 fp8 witnesses: {r['total']:.2f} B, {r['ratio_vs_model_dtype']:.3f}x vs bf16")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

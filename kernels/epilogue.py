@@ -1,0 +1,151 @@
+"""Decode epilogue (SPEC §3, §4, §7, §8): K-bin p̂-mass histograms → TV⁺ and the output bound.
+
+Vectorised over rows (batch × heads) in torch float64, on the decode's device. For each row
+the histogram is a distribution over radius levels (the overflow bin's level is the row's
+ε_max), so the §3 bounds apply to it exactly as to per-token radii rounded up onto levels:
+
+* tanh: ``tanh(ε_max / 2)`` (ε_max is tracked exactly, not rounded);
+* e-form: ``½ (A² − 1)``, ``A = Σ_k w_k e^{L_k}``;
+* dual-grid tilt: ``max_i t_{i+1} − D(t_i, λ_i)`` on a uniform grid of ``COARSE`` intervals,
+  then the ``REFINE_TOP`` intervals with the largest upper value are split into ``REFINE``
+  sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
+  refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ is the tight
+  knapsack multiplier, and the float error of each D is bounded and subtracted.
+
+``TV⁺ = min(tanh, e-form, tilt) + KERNEL_ABS_SLACK`` (covers the fp32 softmax of the decode
+pass), capped at 1; any non-finite input or counted non-finite radius saturates it to 1, and
+the output bound to +inf, with ``flag`` set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+#: absolute slack on the kernel's TV⁺ for its fp32 softmax statistics (p̂ and the histogram
+#: are accumulated in fp32 over ≤ 10^6 tokens: relative error ≤ ~2^-24·log2(n)·few ≪ 2^-16).
+KERNEL_ABS_SLACK = 2.0**-16
+#: the fixed radius levels of the decode histogram (logit units): 0 and a geometric ladder.
+DEFAULT_LEVELS = torch.cat([torch.zeros(1), torch.logspace(-9, 3, 23, base=2.0)]).to(torch.float32)
+COARSE = 64
+REFINE_TOP = 8
+REFINE = 32
+_EPS = torch.finfo(torch.float64).eps
+
+
+@dataclasses.dataclass
+class MeterRecord:
+    """Per (sequence, query head): ``[B, Hq]`` tensors (float64) plus the histograms."""
+
+    tv_upper_a: torch.Tensor
+    tv_upper_b: torch.Tensor | None
+    out_err_upper: torch.Tensor
+    out_err_upper_b: torch.Tensor | None
+    eps_max: torch.Tensor
+    tb_max: torch.Tensor | None
+    hist: torch.Tensor  # [B, Hq, K+1] p̂ mass per level (Tier A)
+    hist_b: torch.Tensor | None
+    tanh: torch.Tensor
+    eform: torch.Tensor
+    tilt: torch.Tensor
+    flag: torch.Tensor  # bool: saturated because of non-finite inputs
+
+
+def _dual_lower(ts: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor):
+    """Safe lower value of D(t, λ_tight) per (row, t), and the float value.
+
+    ts [R, T]; w, a, b [R, K]; m [R]. Mirrors ``witcert.bounds._dual_values``.
+    """
+    beta = (1.0 - ts)[..., None] * a[:, None, :] + ts[..., None] * b[:, None, :]  # [R, T, K]
+    bs, order = torch.sort(beta, dim=-1, descending=True)
+    ws = torch.gather(w[:, None, :].expand_as(beta), -1, order)
+    cum = torch.cumsum(ws * bs, dim=-1)
+    target = ts * m[:, None]
+    Kn = beta.shape[-1]
+    k = torch.clamp((cum < target[..., None]).sum(-1), max=Kn - 1)
+    bstar = torch.gather(bs, -1, k[..., None])[..., 0]
+    lam = 1.0 / bstar
+    act = torch.clamp(lam[..., None] * bs - 1.0, min=0.0)
+    D = lam * target - (ws * act).sum(-1)
+    mag = lam * target + (ws * (lam[..., None] * bs + 1.0) * (act > 0)).sum(-1) + 1.0
+    err = (4.0 * Kn + 16.0) * _EPS * mag
+    return D - err, D
+
+
+def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
+    """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid."""
+    R = w.shape[0]
+    w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    w = torch.where(w > 0, w, torch.zeros_like(w))
+    lvm = torch.where(w > 0, lv, torch.zeros_like(lv))
+    a, b = torch.exp(lvm), torch.exp(-lvm)
+    m = (w * b).sum(-1)
+    dev = w.device
+    ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev).expand(R, -1)
+    dl, dv = _dual_lower(ts, w, a, b, m)
+    upper = ts[:, 1:] - dl[:, :-1]  # [R, COARSE]
+    top = torch.topk(upper, min(REFINE_TOP, COARSE), dim=-1).indices  # intervals to refine
+    lo = torch.gather(ts[:, :-1], 1, top)
+    frac = torch.linspace(0.0, 1.0, REFINE + 1, dtype=torch.float64, device=dev)
+    sub = lo[..., None] + frac * (1.0 / COARSE)  # [R, TOP, REFINE+1]
+    sdl, _ = _dual_lower(sub.reshape(R, -1), w, a, b, m)
+    sdl = sdl.reshape(sub.shape)
+    sub_upper = (sub[..., 1:] - sdl[..., :-1]).amax(dim=(-1, -2))
+    keep = torch.ones_like(upper, dtype=torch.bool)
+    keep.scatter_(1, top, False)
+    rest = torch.where(keep, upper, torch.full_like(upper, -1.0)).amax(-1)
+    out = torch.maximum(sub_upper, rest).clamp(0.0, 1.0)
+    # all radii 0 ⇒ TV = 0. (One non-empty bin is NOT one token: a bin holds many tokens of
+    # equal level, whose fractional supremum is tanh(L/2) > 0 -- no shortcut for it.)
+    out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)
+    return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
+
+
+def tv_from_hist(mass: torch.Tensor, levels: torch.Tensor, rmax: torch.Tensor):
+    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., K+1] over ``levels`` [K] with
+    overflow level ``rmax`` [...] (the row's exact maximum radius)."""
+    shp = mass.shape[:-1]
+    w = mass.double().reshape(-1, mass.shape[-1])
+    r = rmax.double().reshape(-1)
+    K = levels.numel()
+    # bin k < K holds radii in (L_{k-1}, L_k], all ≤ rmax: its level is min(L_k, rmax);
+    # the overflow bin K holds radii above L_{K-1}: its level is rmax.
+    lvk = torch.minimum(levels.double().to(w.device).expand(w.shape[0], K), r[:, None])
+    lv = torch.cat([lvk, r[:, None]], dim=-1).clamp_min(0.0)
+    wn = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    tanh = torch.tanh(r / 2.0)
+    live = wn > 0
+    A = (wn * torch.exp(torch.where(live, lv, torch.zeros_like(lv)))).sum(-1)
+    eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * (K + 1) * _EPS)).clamp(max=1.0)
+    eform = torch.where(torch.isfinite(eform), eform, torch.ones_like(eform))
+    tilt = tilt_from_hist(w, lv)
+    tv = torch.minimum(torch.minimum(tanh, eform), tilt) + KERNEL_ABS_SLACK
+    tv = tv.clamp(max=1.0)
+    return tuple(x.reshape(shp) for x in (tv, tanh, eform, tilt))
+
+
+def meter_epilogue(mass, massb, levels, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None) -> MeterRecord:
+    """``single`` [B, Hq] bool: rows attending over exactly one token, where p = p̂ = 1 and TV = 0."""
+    bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
+    tv_a, tanh, eform, tilt = tv_from_hist(torch.nan_to_num(mass), levels, torch.nan_to_num(eps_max, posinf=1e30))
+    if single is not None:
+        tv_a = torch.where(single, torch.zeros_like(tv_a), tv_a)
+    tv_a = torch.where(bad_rows, torch.ones_like(tv_a), tv_a)
+
+    def out_bound(tv):
+        ob = (tv * (2.0 * nu_max.double() + phi_max.double()) + pphi.double()) * (1.0 + 2.0**-12) + KERNEL_ABS_SLACK
+        return torch.where(bad_rows | ~torch.isfinite(ob), torch.full_like(ob, float("inf")), ob)
+
+    tv_b = out_b = None
+    if massb is not None:
+        tv_b = tv_from_hist(torch.nan_to_num(massb), levels, torch.nan_to_num(tb_max, posinf=1e30))[0]
+        if single is not None:
+            tv_b = torch.where(single, torch.zeros_like(tv_b), tv_b)
+        tv_b = torch.where(bad_rows, torch.ones_like(tv_b), tv_b)
+        out_b = out_bound(tv_b)
+    return MeterRecord(
+        tv_upper_a=tv_a, tv_upper_b=tv_b, out_err_upper=out_bound(tv_a), out_err_upper_b=out_b,
+        eps_max=eps_max.double(), tb_max=None if tb_max is None else tb_max.double(),
+        hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows,
+    )

@@ -1,0 +1,163 @@
+"""Paged KV layout shared by every kernel (SPEC §1, §8), and memory accounting.
+
+Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G groups):
+
+    k_codes, v_codes  [NB, Hkv, T, D]   int8 (int8, int8_dither), fp8 (raw / scaled), or the
+                                        model dtype (scheme "none")
+    k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale)
+    k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
+    v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
+    v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖
+    exact_k, exact_v  [NB, Hkv, T, D]   the exact backing store (model dtype); the serving path
+                                        never writes it after the token's write
+    block_table       [B, max_blocks]   int32 physical block ids per sequence
+    seq_lens          [B]               int32
+
+Per-token witnesses are stored in float16 rounded up; per-block witnesses in float32 (updated
+with an atomic running max, so a block can be filled over several writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from witcert import bounds as B
+
+# scheme ids shared by the kernels (constexpr SCHEME)
+SCHEME_IDS = {"none": 0, "int8": 1, "int8_dither": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "fp8_e4m3_scaled": 5}
+CODE_DTYPES = {
+    "int8": torch.int8,
+    "int8_dither": torch.int8,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e4m3_scaled": torch.float8_e4m3fn,
+}
+#: relative inflation of every fp32 witness / radius computed in a kernel (covers fp32
+#: rounding of the residual, the sum of squares over ≤ 256 channels and the sqrt, and of the
+#: dequantized value s·(c − u)); then rounded up into the storage dtype.
+KERNEL_REL_SLACK = 2.0**-12
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass
+class PagedKV:
+    scheme: str
+    block_size: int
+    num_groups: int
+    per_token_witness: bool
+    group_id: torch.Tensor  # [D] int32: group of each channel
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    k_wit: torch.Tensor
+    v_wit: torch.Tensor
+    v_norm: torch.Tensor
+    exact_k: torch.Tensor
+    exact_v: torch.Tensor
+    seed: int = 0
+    layer: int = 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_codes.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_codes.shape[-1]
+
+    @staticmethod
+    def allocate(
+        num_blocks: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scheme: str = "int8",
+        block_size: int = 16,
+        num_groups: int = 4,
+        per_token_witness: bool = True,
+        model_dtype: torch.dtype = torch.bfloat16,
+        device="cpu",
+        rotary_dim: int | None = None,
+        layout: str = "half",
+        seed: int = 0,
+        layer: int = 0,
+        with_exact: bool = True,
+    ) -> "PagedKV":
+        if scheme not in SCHEME_IDS:
+            raise ValueError(f"scheme: the kernels support {sorted(SCHEME_IDS)}, got {scheme!r}")
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim: the kernels support {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        if block_size < 1 or block_size & (block_size - 1):
+            raise ValueError(f"block_size: must be a power of two, got {block_size}")
+        groups = B.group_slices(head_dim, num_groups, rotary_dim, layout)
+        gid = torch.empty(head_dim, dtype=torch.int32)
+        for g, idx in enumerate(groups):
+            gid[torch.from_numpy(idx)] = g
+        cdt = CODE_DTYPES.get(scheme, model_dtype)
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        tw = block_size if per_token_witness else 1
+        wdt = torch.float16 if per_token_witness else torch.float32
+        kw = dict(device=device)
+        return PagedKV(
+            scheme=scheme,
+            block_size=block_size,
+            num_groups=num_groups,
+            per_token_witness=per_token_witness,
+            group_id=gid.to(device),
+            k_codes=torch.zeros(shape, dtype=cdt, **kw),
+            v_codes=torch.zeros(shape, dtype=cdt, **kw),
+            k_scale=torch.ones(shape[:3], dtype=torch.float16, **kw),
+            v_scale=torch.ones(shape[:3], dtype=torch.float16, **kw),
+            k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
+            v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
+            v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
+            # with_exact=False (benchmarks only): a 1-element placeholder, never read by decode
+            exact_k=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
+            exact_v=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
+            seed=seed,
+            layer=layer,
+        )
+
+    def groups(self):
+        return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]
+
+
+def bytes_per_token(
+    scheme: str,
+    head_dim: int = 128,
+    num_groups: int = 4,
+    per_token_witness: bool = True,
+    block_size: int = 16,
+    witness_bytes: int = 2,
+    scale_bytes: int = 2,
+    model_bytes: int = 2,
+) -> dict:
+    """Bytes per token and kv head of the served cache (K + V), including scales and witnesses.
+
+    ``witness_bytes``: 2 (float16, the kernels' per-token layout) or 1 (fp8 e4m3 rounded up);
+    per-block witnesses are counted as float32 shared by ``block_size`` tokens. The exact
+    backing store lives in host memory and is not counted. Returns the breakdown and the ratio
+    of tokens that fit at equal memory versus an unquantized ``model_bytes`` cache.
+    """
+    code_bytes = {"none": model_bytes, "int8": 1, "int8_dither": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                  "fp8_e4m3_scaled": 1, "int4_group": 0.5, "kivi2": 0.25}
+    if scheme not in code_bytes:
+        raise ValueError(f"scheme: unknown {scheme!r}")
+    codes = 2 * head_dim * code_bytes[scheme]
+    has_scale = scheme in ("int8", "int8_dither", "fp8_e4m3_scaled")
+    scales = 2 * scale_bytes if has_scale else 0
+    if scheme == "int4_group":  # fp16 scale + fp16 zero per 32 channels, K and V
+        scales = 2 * 2 * 2 * (head_dim // 32)
+    if scheme == "kivi2":  # keys: per channel per block (fp16 scale+zero)/T; values: per 32 channels
+        scales = 2 * 2 * head_dim / block_size + 2 * 2 * (head_dim // 32)
+    if per_token_witness:
+        wit = (num_groups + 2) * witness_bytes  # G key witnesses + φ + ν
+    else:
+        wit = (num_groups + 2) * 4 / block_size
+    if scheme == "none":
+        wit = 0
+    total = codes + scales + wit
+    base = 2 * head_dim * model_bytes
+    return {"codes": codes, "scales": scales, "witnesses": wit, "total": total, "ratio_vs_model_dtype": base / total}

@@ -1,0 +1,240 @@
+"""Write path (SPEC §1, §5, §8): quantize new K/V tokens and write their witnesses, one pass.
+
+    write_kv(cache, k, v, slots, positions)
+        k, v       [N, Hkv, D]  new tokens (any float dtype; the model's exact values)
+        slots      [N] int      physical slot = block_id * T + offset
+        positions  [N] int      token positions (the dither key)
+
+One program per (tile of tokens, kv head) quantizes K and V with the cache's scheme, stores codes,
+float16 scales (the smallest float16 s with s·divisor ≥ max|x|, computed exactly), the exact
+copy, and the witnesses: per group ‖(k̂ − k)[g]‖, ‖v̂ − v‖ and ‖v̂‖, each inflated by
+KERNEL_REL_SLACK and rounded **up** into float16 (per token) or merged into the block's float32
+running max with an atomic max (per block). ``int8_dither`` draws its dither in-kernel from
+the counter-based hash of ``witcert.schemes`` (bit-identical). Under TRITON_INTERPRET the
+float→fp8 cast is wrong, so fp8 codes are made by torch first and the kernel only loads them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from witcert import schemes as S
+
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def mix32(x):
+    """lowbias32 on uint32 (same as witcert.schemes._mix32)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * tl.full((), 0x846CA68B, tl.uint32)
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def token_hash(seed, layer, kv_head, position, stream):
+    h = mix32(tl.cast(seed, tl.uint32) ^ tl.full((), 0x9E3779B9, tl.uint32))
+    h = mix32(h ^ tl.cast(layer, tl.uint32))
+    h = mix32(h ^ tl.cast(kv_head, tl.uint32))
+    h = mix32(h ^ tl.cast(position, tl.uint32))
+    h = mix32(h ^ tl.cast(stream, tl.uint32))
+    return h
+
+
+@triton.jit
+def dither_from_hash(h_tok, ch):
+    """u = (2k + 1)·2^-24 − ½, k = top 23 bits of mix(h_tok ^ ch·φ) (witcert.schemes.dither_u)."""
+    h = mix32(h_tok ^ (ch.to(tl.uint32) * tl.full((), 0x9E3779B9, tl.uint32)))
+    k = (h >> 9).to(tl.int32)
+    return (2 * k + 1).to(tl.float32) * (1.0 / 16777216.0) - 0.5
+
+
+@triton.jit
+def fp16_scale_up(amax, DIVISOR: tl.constexpr):
+    """Smallest float16 s with s·DIVISOR ≥ amax (exact: s·DIVISOR is exact in fp32)."""
+    s = (amax / DIVISOR).to(tl.float16)
+    sf = s.to(tl.float32)
+    bits = s.to(tl.int16, bitcast=True)
+    up = (bits + 1).to(tl.float16, bitcast=True)
+    down = (bits - 1).to(tl.float16, bitcast=True)
+    s = tl.where(sf * DIVISOR < amax, up, s)
+    s = tl.where((bits > 0) & (down.to(tl.float32) * DIVISOR >= amax) & (sf * DIVISOR >= amax), down, s)
+    return s
+
+
+@triton.jit
+def f16_round_up(x):
+    """Round a non-negative fp32 value up into float16."""
+    y = x.to(tl.float16)
+    bits = y.to(tl.int16, bitcast=True)
+    up = (bits + 1).to(tl.float16, bitcast=True)
+    return tl.where(y.to(tl.float32) < x, up, y)
+
+
+@triton.jit
+def _write_kernel(
+    K, V, SLOT, POS, GID,
+    KC, VC, KS, VS, KW, VW, VN, EK, EV, PK, PV,
+    seed, layer, N,
+    s_kn, s_kh, s_vn, s_vh,
+    s_cb, s_ch, s_ct,
+    s_sb, s_sh,
+    s_wb, s_wh, s_wt,
+    s_vwb, s_vwh,
+    INFL: tl.constexpr,
+    D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
+    SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
+):
+    """One program per (tile of BLOCK_T new tokens, kv head): rows are tokens, columns channels."""
+    i = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    rmask = i < N
+    d_idx = tl.arange(0, D)
+    m2 = rmask[:, None]
+    slot = tl.load(SLOT + i, mask=rmask, other=0).to(tl.int64)
+    pos = tl.load(POS + i, mask=rmask, other=0)
+    blk = slot // T
+    off = slot % T
+    gid = tl.load(GID + d_idx)
+    cbase = blk * s_cb + h * s_ch + off * s_ct
+    sbase = blk * s_sb + h * s_sh + off
+    woff = off if PER_TOKEN else off * 0
+    for which in tl.static_range(2):  # 0: keys, 1: values
+        if which == 0:
+            x = tl.load(K + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(V + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        if SCHEME == 0:
+            s = tl.full([BLOCK_T], 1.0, tl.float16)
+            if which == 0:
+                code = x.to(KC.dtype.element_ty)
+            else:
+                code = x.to(VC.dtype.element_ty)
+            xh = code.to(tl.float32)
+        elif SCHEME == 1:
+            s = fp16_scale_up(amax, 127.0)
+            sf = s.to(tl.float32)[:, None]
+            y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
+            fl = tl.floor(y)
+            c = fl + tl.where(y - fl >= 0.5, 1.0, 0.0)  # round half up, exactly
+            c = tl.clamp(c, -127.0, 127.0)
+            c = tl.where(sf > 0, c, 0.0)
+            code = c.to(tl.int8)
+            xh = sf * c
+        elif SCHEME == 2:
+            s = fp16_scale_up(amax, 126.5)
+            sf = s.to(tl.float32)[:, None]
+            h_tok = token_hash(seed, layer, h, pos, which)
+            u = dither_from_hash(h_tok[:, None], d_idx[None, :])
+            y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
+            fl = tl.floor(y)
+            c = fl + tl.where(y - fl >= 0.5 - u, 1.0, 0.0)  # floor(y + u + ½), exactly
+            c = tl.where(sf > 0, c, 0.0)
+            code = c.to(tl.int8)
+            xh = sf * (c - u)
+        else:
+            if SCHEME == 5:
+                s = fp16_scale_up(amax, 448.0)
+            else:
+                s = tl.full([BLOCK_T], 1.0, tl.float16)
+            sf = s.to(tl.float32)[:, None]
+            if PRECODED:
+                if which == 0:
+                    code = tl.load(PK + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0)
+                else:
+                    code = tl.load(PV + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0)
+            else:
+                if which == 0:
+                    code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(KC.dtype.element_ty)
+                else:
+                    code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
+            xh = sf * code.to(tl.float32)
+        r = xh - x
+        caddr = cbase[:, None] + d_idx[None, :]
+        if which == 0:
+            tl.store(KC + caddr, code, mask=m2)
+            tl.store(KS + sbase, s, mask=rmask)
+            if STORE_EXACT:
+                tl.store(EK + caddr, x.to(EK.dtype.element_ty), mask=m2)
+            waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
+            for g in tl.static_range(G):
+                ng = tl.sqrt(tl.sum(tl.where(gid[None, :] == g, r * r, 0.0), axis=1)) * INFL
+                if PER_TOKEN:
+                    tl.store(waddr + g, f16_round_up(ng), mask=rmask)
+                else:
+                    tl.atomic_max(waddr + g, ng, mask=rmask)
+        else:
+            tl.store(VC + caddr, code, mask=m2)
+            tl.store(VS + sbase, s, mask=rmask)
+            if STORE_EXACT:
+                tl.store(EV + caddr, x.to(EV.dtype.element_ty), mask=m2)
+            phi = tl.sqrt(tl.sum(r * r, axis=1)) * INFL
+            nu = tl.sqrt(tl.sum(xh * xh, axis=1)) * INFL
+            vaddr = blk * s_vwb + h * s_vwh + woff
+            if PER_TOKEN:
+                tl.store(VW + vaddr, f16_round_up(phi), mask=rmask)
+                tl.store(VN + vaddr, f16_round_up(nu), mask=rmask)
+            else:
+                tl.atomic_max(VW + vaddr, phi, mask=rmask)
+                tl.atomic_max(VN + vaddr, nu, mask=rmask)
+
+
+def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+             store_exact: bool = True) -> None:
+    """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` at ``slots`` (see module doc)."""
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"k, v: expected equal shapes [N, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
+    N, H, D = k.shape
+    if H != cache.num_kv_heads or D != cache.head_dim:
+        raise ValueError(f"k: [N, {H}, {D}] does not match the cache's [*, {cache.num_kv_heads}, {cache.head_dim}]")
+    if slots.shape != (N,) or positions.shape != (N,):
+        raise ValueError("slots, positions: expected shape [N]")
+    if N == 0:
+        return
+    k = k.contiguous()
+    v = v.contiguous()
+    slots = slots.to(device=k.device, dtype=torch.int64).contiguous()
+    positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
+    if torch.any(slots < 0) or torch.any(slots >= cache.k_codes.shape[0] * cache.block_size):
+        raise ValueError("slots: out of range for the cache's blocks")
+    sid = SCHEME_IDS[cache.scheme]
+    precoded = INTERPRET and sid in (3, 4, 5)
+    pk = pv = k  # unused placeholders
+    if precoded:  # interpreter only: torch makes the fp8 codes (same rounding as the GPU cast)
+        pk = _torch_fp8_codes(cache.scheme, k)
+        pv = _torch_fp8_codes(cache.scheme, v)
+    kw = cache.k_wit
+    BLOCK_T = 16 if INTERPRET else 4
+    _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
+        k, v, slots, positions, cache.group_id,
+        cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, kw, cache.v_wit, cache.v_norm,
+        cache.exact_k, cache.exact_v, pk, pv,
+        cache.seed, cache.layer, N,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
+        cache.k_scale.stride(0), cache.k_scale.stride(1),
+        kw.stride(0), kw.stride(1), kw.stride(2),
+        cache.v_wit.stride(0), cache.v_wit.stride(1),
+        INFL=1.0 + KERNEL_REL_SLACK,
+        D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
+        SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
+    )
+
+
+def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
+    dt = torch.float8_e5m2 if scheme == "fp8_e5m2" else torch.float8_e4m3fn
+    xf = x.float()
+    if scheme == "fp8_e4m3_scaled":
+        s = S.round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / 448.0, torch.float16).float()
+        xf = xf / torch.where(s > 0, s, torch.ones_like(s))
+    return xf.to(dt).contiguous()

@@ -1,0 +1,240 @@
+"""Kernel conformance (SPEC §7, §8) under TRITON_INTERPRET=1 against the fp64 reference.
+
+Random paged caches (GQA 1…8, ragged lengths incl. n = 1, shuffled block tables, split counts
+1…8, per-token or per-block witnesses, every kernel scheme). Checks:
+* write path: x̂ and scales bit-identical to ``witcert.schemes``; witnesses ≥ the fp64 norms;
+* decode: o and lse match the fp64 attention over the dequantized cache;
+* meter: TV⁺ ≥ the exact supremum (brute force, n ≤ 12) and ≥ the fractional supremum
+  (fp64 tilt − tol) for every n; TV⁺ ≤ the fp64 level-rounded reference + the epilogue's
+  grid slack; realised TV and output error (vs the exact backing store) ≤ the bounds;
+* split counts give the same result; the meter-off variant gives the same o; NaN saturates.
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+if DEV == "cpu":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
+
+from kernels import epilogue as E  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
+from kernels.write import write_kv  # noqa: E402
+from witcert import bounds as B  # noqa: E402
+from witcert import schemes as S  # noqa: E402
+
+#: the epilogue's grid slack: an unrefined coarse interval may exceed the supremum by its width
+EPILOGUE_SLACK = 1.0 / E.COARSE + E.KERNEL_ABS_SLACK
+#: the kernel's radii exceed the fp64 radii by at most this factor (KERNEL_REL_SLACK on the
+#: query group norms and on ε, fp32 arithmetic): the tightness reference uses radii × this.
+KERNEL_RADIUS_FACTOR = 1.0 + 2.0**-10
+
+
+def build(scheme, lens, Hkv, D, T=16, G=4, per_token=True, seed=0, outliers=False):
+    g = torch.Generator().manual_seed(seed)
+    pages = [math.ceil(n / T) for n in lens]
+    nb = sum(pages) + 2
+    cache = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=T, num_groups=G, per_token_witness=per_token,
+                             seed=seed % 97, layer=seed % 5, device=DEV)
+    perm = torch.randperm(nb, generator=g)
+    bt = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    exact = []
+    i = 0
+    for b, n in enumerate(lens):
+        bt[b, : pages[b]] = perm[i : i + pages[b]].int()
+        i += pages[b]
+        k = torch.randn(n, Hkv, D, generator=g)
+        if outliers:
+            k[..., :2] *= 20
+        v = torch.randn(n, Hkv, D, generator=g)
+        k, v = k.bfloat16(), v.bfloat16()
+        pos = torch.arange(n)
+        # write in two chunks (prefill + a decode-like append) to exercise running maxima
+        cut = max(1, n // 2)
+        for sl in (slice(0, cut), slice(cut, n)):
+            if sl.start >= sl.stop:
+                continue
+            slots = bt[b, pos[sl] // T].long() * T + pos[sl] % T
+            write_kv(cache, k[sl].to(DEV), v[sl].to(DEV), slots.to(DEV), pos[sl].to(DEV))
+        exact.append((k, v))
+    return cache, bt, exact
+
+
+def on_cpu(cache):
+    import dataclasses
+
+    return dataclasses.replace(cache, **{f.name: getattr(cache, f.name).cpu() for f in dataclasses.fields(cache)
+                                         if isinstance(getattr(cache, f.name), torch.Tensor)})
+
+
+def dequant(cache, bt, b, n, h):
+    """fp64 k̂, v̂ of sequence b, kv head h, from the stored codes (the served values)."""
+    T = cache.block_size
+    j = torch.arange(n)
+    blk = bt[b, j // T].long()
+    off = j % T
+    kc = cache.k_codes[blk, h, off].double()
+    vc = cache.v_codes[blk, h, off].double()
+    if cache.scheme == "none":
+        return kc, vc
+    ks = cache.k_scale[blk, h, off].double()[:, None]
+    vs = cache.v_scale[blk, h, off].double()[:, None]
+    if cache.scheme == "int8_dither":
+        ch = torch.arange(cache.head_dim)
+        uk = S.dither_u(cache.seed, cache.layer, h, j[:, None], ch, 0).double()
+        uv = S.dither_u(cache.seed, cache.layer, h, j[:, None], ch, 1).double()
+        return ks * (kc - uk), vs * (vc - uv)
+    return ks * kc, vs * vc
+
+
+def stored_witnesses(cache, bt, b, n, h):
+    T = cache.block_size
+    j = torch.arange(n)
+    blk = bt[b, j // T].long()
+    off = (j % T) if cache.per_token_witness else torch.zeros_like(j)
+    return cache.k_wit[blk, h, off].double(), cache.v_wit[blk, h, off].double(), cache.v_norm[blk, h, off].double()
+
+
+KSCHEMES = sorted(SCHEME_IDS)
+
+
+@settings(max_examples=30)
+@given(
+    scheme=st.sampled_from(KSCHEMES),
+    lens=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+    Hkv=st.sampled_from([1, 2]),
+    GQ=st.sampled_from([1, 2, 4, 8]),
+    D=st.sampled_from([64, 128]),
+    G=st.sampled_from([1, 2, 4]),
+    per_token=st.booleans(),
+    splits=st.integers(1, 8),
+    outliers=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_decode_conformance(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
+    cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
+    Hq = Hkv * GQ
+    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
+    q = q.bfloat16().float()
+    sl = torch.tensor(lens)
+    sigma = 1 / math.sqrt(D)
+    delta = 1e-3
+    qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
+    out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta)
+    off = decode(cache, qd, btd, sld, num_splits=splits, meter=False)
+    one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta)
+    out, off, one = (to_cpu(x) for x in (out, off, one))
+    cache = on_cpu(cache)
+    if DEV == "cpu":  # the meter does not touch the output (bit-identical in the interpreter)
+        assert torch.equal(out.o, off.o)
+    else:  # on the GPU the two variants compile differently; same result to fp32 rounding
+        torch.testing.assert_close(out.o, off.o, rtol=1e-5, atol=1e-6)
+    assert off.meter is None
+    torch.testing.assert_close(out.o, one.o, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.meter.tv_upper_a, one.meter.tv_upper_a, rtol=0, atol=1e-5)
+    rec = out.meter
+    assert not rec.flag.any()
+    groups = cache.groups()
+    for b, n in enumerate(lens):
+        for hq in range(Hq):
+            h = hq // GQ
+            kh, vh = dequant(cache, bt, b, n, h)
+            kx, vx = (t[:, h].double() for t in exact[b])
+            qq = q[b, hq].double()
+            s_hat = sigma * (kh @ qq)
+            p_hat = torch.softmax(s_hat, 0)
+            o_ref = p_hat @ vh
+            torch.testing.assert_close(out.o[b, hq].double(), o_ref, rtol=2e-4, atol=2e-4)
+            assert abs(out.lse[b, hq].item() - torch.logsumexp(s_hat, 0).item()) < 1e-4
+            # write path: stored witnesses ≥ fp64 residual norms (per token, or block max)
+            W, phi, nu = stored_witnesses(cache, bt, b, n, h)
+            Wref = B.group_norms(kh - kx, groups)
+            assert torch.all(W >= Wref), "key witness below the fp64 residual norm"
+            assert torch.all(phi >= (vh - vx).norm(dim=-1)) and torch.all(nu >= vh.norm(dim=-1))
+            eps = B.logit_radius(qq, W, groups, sigma, block_size=1, n=n)
+            delta_real = sigma * ((kh - kx) @ qq)
+            assert torch.all(delta_real.abs() <= eps)
+            tv_k = rec.tv_upper_a[b, hq].item()
+            frac = B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14
+            assert tv_k >= frac - 1e-7, f"kernel TV⁺ {tv_k} below the fractional supremum {frac}"
+            if n <= 12:
+                assert tv_k >= B.tv_sup_bruteforce(p_hat, eps).item()
+            eps_k = eps * KERNEL_RADIUS_FACTOR
+            ref_lv = min(B.tv_bound_tanh(eps_k).item(), B.tv_bound_eform(p_hat, eps_k).item(),
+                         B.tv_bound_tilt(p_hat, eps_k, levels=E.DEFAULT_LEVELS.double()).item())
+            assert tv_k <= ref_lv + EPILOGUE_SLACK + 1e-6, f"kernel TV⁺ {tv_k} looser than stated vs {ref_lv}"
+            assert rec.eps_max[b, hq].item() >= eps.max().item() * (1 - 1e-6)
+            # realised errors against the exact backing store
+            p = torch.softmax(sigma * (kx @ qq), 0)
+            assert B.tv(p, p_hat).item() <= tv_k
+            o_exact = p @ vx
+            assert (o_ref - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
+            if scheme == "int8_dither":
+                scales = cache.k_scale[bt[b, torch.arange(n) // 16].long(), h, torch.arange(n) % 16].double()
+                V = B.dither_variance_proxy(qq, scales, sigma)
+                t = B.dither_radius(V, n, delta, bias=B.dither_bias_bound(qq, scales, sigma))
+                assert rec.tb_max[b, hq].item() >= t.max().item() * (1 - 1e-6)
+                assert rec.tv_upper_b[b, hq].item() >= B.tv_bound_tilt(p_hat, t, tol=2**-14).item() - 2**-14 - 1e-7
+
+
+def to_cpu(out):
+    import dataclasses
+
+    def mv(x):
+        if isinstance(x, torch.Tensor):
+            return x.cpu()
+        if dataclasses.is_dataclass(x):
+            return dataclasses.replace(x, **{f.name: mv(getattr(x, f.name)) for f in dataclasses.fields(x)})
+        return x
+
+    return mv(out)
+
+
+def test_nan_saturates_and_flags():
+    cache, bt, _ = build("int8", [20, 7], 1, 64, seed=3)
+    q = torch.randn(2, 2, 64)
+    q[1, 0, 5] = float("nan")
+    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
+    assert out.meter.flag[1, 0] and out.meter.tv_upper_a[1, 0] == 1.0
+    assert math.isinf(out.meter.out_err_upper[1, 0].item())
+    assert not out.meter.flag[0].any() and out.meter.tv_upper_a[0].max() < 1.0
+
+
+def test_nan_in_cache_saturates():
+    cache, bt, _ = build("fp8_e4m3", [10], 1, 64, seed=4)
+    cache.k_wit[bt[0, 0].long(), 0, 3, 0] = float("nan")
+    out = to_cpu(decode(cache, torch.randn(1, 1, 64).to(DEV), bt.to(DEV), torch.tensor([10]).to(DEV)))
+    assert out.meter.flag.all() and out.meter.tv_upper_a.item() == 1.0
+
+
+def test_bad_inputs():
+    cache, bt, _ = build("int8", [5], 2, 64)
+    bt = bt.to(DEV)
+    with pytest.raises(ValueError, match="GQA"):
+        decode(cache, torch.randn(1, 3, 64, device=DEV), bt, torch.tensor([5], device=DEV))
+    with pytest.raises(ValueError, match="head dim"):
+        decode(cache, torch.randn(1, 2, 32, device=DEV), bt, torch.tensor([5], device=DEV))
+    with pytest.raises(ValueError, match="seq_lens"):
+        decode(cache, torch.randn(1, 2, 64, device=DEV), bt, torch.tensor([0], device=DEV))
+    with pytest.raises(ValueError, match="seq_lens"):
+        decode(cache, torch.randn(1, 2, 64, device=DEV), bt, torch.tensor([17], device=DEV))
+    with pytest.raises(ValueError, match="scheme"):
+        PagedKV.allocate(2, 1, 64, scheme="int3")
+    with pytest.raises(ValueError, match="head_dim"):
+        PagedKV.allocate(2, 1, 96)
+
+
+def test_epilogue_single_bin_is_not_a_single_token():
+    # all mass in one bin of level L: many tokens of equal radius; fractional sup = tanh(L/2)
+    lv = E.DEFAULT_LEVELS
+    mass = torch.zeros(1, lv.numel() + 1, dtype=torch.float64)
+    mass[0, 8] = 1.0
+    tv, tanh, eform, tilt = E.tv_from_hist(mass, lv, torch.tensor([lv[8].item()]))
+    assert tilt.item() >= math.tanh(lv[8].item() / 2) - 1e-9
+    assert tv.item() >= math.tanh(lv[8].item() / 2)
