@@ -1,10 +1,12 @@
 """Decode epilogue (SPEC §3, §4, §7, §8): K-bin p̂-mass histograms → TV⁺ and the output bound.
 
-Vectorised over rows (batch × heads) in torch float64, on the decode's device. For each row
-the histogram is a distribution over radius levels (the overflow bin's level is the row's
-ε_max), so the §3 bounds apply to it exactly as to per-token radii rounded up onto levels:
+Vectorised over rows (batch × heads) in torch float64, on the decode's device. The decode
+kernel bins tokens on the key side (by ‖W_j‖ and by the scale s_j), so each row's bin k has
+the level σ‖q_h‖·edge_k (Tier A) or c_h·edge_k (Tier B); the overflow bin's level is the row's
+exact maximum. Each histogram is a distribution over levels, so the §3 bounds apply to it
+exactly as to per-token radii rounded up onto levels:
 
-* tanh: ``tanh(ε_max / 2)`` (ε_max is tracked exactly, not rounded);
+* tanh: ``tanh(ε_max / 2)`` (ε_max = σ‖q‖·max_j ‖W_j‖, not rounded onto a level);
 * e-form: ``½ (A² − 1)``, ``A = Σ_k w_k e^{L_k}``;
 * dual-grid tilt: ``max_i t_{i+1} − D(t_i, λ_i)`` on a uniform grid of ``COARSE`` intervals,
   then the ``REFINE_TOP`` intervals with the largest upper value are split into ``REFINE``
@@ -23,11 +25,10 @@ import dataclasses
 
 import torch
 
-#: absolute slack on the kernel's TV⁺ for its fp32 softmax statistics (p̂ and the histogram
-#: are accumulated in fp32 over ≤ 10^6 tokens: relative error ≤ ~2^-24·log2(n)·few ≪ 2^-16).
-KERNEL_ABS_SLACK = 2.0**-16
-#: the fixed radius levels of the decode histogram (logit units): 0 and a geometric ladder.
-DEFAULT_LEVELS = torch.cat([torch.zeros(1), torch.logspace(-9, 3, 23, base=2.0)]).to(torch.float32)
+#: absolute slack on the kernel's TV⁺: the histogram is a tf32 dot, so each p̂_j enters with a
+#: relative error η ≤ 2^-11; a relative perturbation η of the masses moves every t_S and p̂(S)
+#: by ≤ η, so the supremum by ≤ 2η = 2^-10. The fp32 softmax adds far less. 2^-9 covers both.
+KERNEL_ABS_SLACK = 2.0**-9
 COARSE = 64
 REFINE_TOP = 8
 REFINE = 32
@@ -102,33 +103,34 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
 
 
-def tv_from_hist(mass: torch.Tensor, levels: torch.Tensor, rmax: torch.Tensor):
-    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., K+1] over ``levels`` [K] with
-    overflow level ``rmax`` [...] (the row's exact maximum radius)."""
+def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor):
+    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
+    ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
+    row's exact maximum radius. Levels above ``rmax`` are lowered to it (every radius is ≤ it)."""
     shp = mass.shape[:-1]
-    w = mass.double().reshape(-1, mass.shape[-1])
+    nb = mass.shape[-1]
+    w = mass.double().reshape(-1, nb).clamp_min(0.0)
     r = rmax.double().reshape(-1)
-    K = levels.numel()
-    # bin k < K holds radii in (L_{k-1}, L_k], all ≤ rmax: its level is min(L_k, rmax);
-    # the overflow bin K holds radii above L_{K-1}: its level is rmax.
-    lvk = torch.minimum(levels.double().to(w.device).expand(w.shape[0], K), r[:, None])
-    lv = torch.cat([lvk, r[:, None]], dim=-1).clamp_min(0.0)
+    lvr = lv.double().reshape(-1, lv.shape[-1])
+    lvr = torch.cat([lvr[:, : nb - 1], r[:, None]], dim=-1) if lvr.shape[-1] == nb - 1 else lvr
+    lvr = torch.minimum(lvr, r[:, None]).clamp_min(0.0)
     wn = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     tanh = torch.tanh(r / 2.0)
     live = wn > 0
-    A = (wn * torch.exp(torch.where(live, lv, torch.zeros_like(lv)))).sum(-1)
-    eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * (K + 1) * _EPS)).clamp(max=1.0)
+    A = (wn * torch.exp(torch.where(live, lvr, torch.zeros_like(lvr)))).sum(-1)
+    eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * nb * _EPS)).clamp(max=1.0)
     eform = torch.where(torch.isfinite(eform), eform, torch.ones_like(eform))
-    tilt = tilt_from_hist(w, lv)
-    tv = torch.minimum(torch.minimum(tanh, eform), tilt) + KERNEL_ABS_SLACK
-    tv = tv.clamp(max=1.0)
+    tilt = tilt_from_hist(w, lvr)
+    tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + KERNEL_ABS_SLACK).clamp(max=1.0)
     return tuple(x.reshape(shp) for x in (tv, tanh, eform, tilt))
 
 
-def meter_epilogue(mass, massb, levels, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None) -> MeterRecord:
-    """``single`` [B, Hq] bool: rows attending over exactly one token, where p = p̂ = 1 and TV = 0."""
+def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None) -> MeterRecord:
+    """Histogram masses [B, Hq, K+2] with per-row bin levels [B, Hq, K+1] (the overflow bin's
+    level is ``eps_max`` / ``tb_max``). ``single`` [B, Hq]: rows over exactly one token (TV = 0)."""
     bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
-    tv_a, tanh, eform, tilt = tv_from_hist(torch.nan_to_num(mass), levels, torch.nan_to_num(eps_max, posinf=1e30))
+    tv_a, tanh, eform, tilt = tv_from_hist(torch.nan_to_num(mass), torch.nan_to_num(lv_a, posinf=1e30),
+                                           torch.nan_to_num(eps_max, posinf=1e30))
     if single is not None:
         tv_a = torch.where(single, torch.zeros_like(tv_a), tv_a)
     tv_a = torch.where(bad_rows, torch.ones_like(tv_a), tv_a)
@@ -139,7 +141,8 @@ def meter_epilogue(mass, massb, levels, eps_max, tb_max, pphi, phi_max, nu_max, 
 
     tv_b = out_b = None
     if massb is not None:
-        tv_b = tv_from_hist(torch.nan_to_num(massb), levels, torch.nan_to_num(tb_max, posinf=1e30))[0]
+        tv_b = tv_from_hist(torch.nan_to_num(massb), torch.nan_to_num(lv_b, posinf=1e30),
+                            torch.nan_to_num(tb_max, posinf=1e30))[0]
         if single is not None:
             tv_b = torch.where(single, torch.zeros_like(tv_b), tv_b)
         tv_b = torch.where(bad_rows, torch.ones_like(tv_b), tv_b)

@@ -23,7 +23,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels import epilogue as E  # noqa: E402
-from kernels.decode import decode  # noqa: E402
+from kernels.decode import decode, key_edges  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
@@ -104,7 +104,7 @@ def stored_witnesses(cache, bt, b, n, h):
 KSCHEMES = sorted(SCHEME_IDS)
 
 
-@settings(max_examples=30)
+@settings(max_examples=int(os.environ.get("WITCERT_CONF_EXAMPLES", "30")))
 @given(
     scheme=st.sampled_from(KSCHEMES),
     lens=st.lists(st.integers(1, 70), min_size=1, max_size=3),
@@ -150,7 +150,10 @@ def test_decode_conformance(scheme, lens, Hkv, GQ, D, G, per_token, splits, outl
             s_hat = sigma * (kh @ qq)
             p_hat = torch.softmax(s_hat, 0)
             o_ref = p_hat @ vh
-            torch.testing.assert_close(out.o[b, hq].double(), o_ref, rtol=2e-4, atol=2e-4)
+            if DEV == "cpu":  # fp32 throughout in the interpreter
+                torch.testing.assert_close(out.o[b, hq].double(), o_ref, rtol=2e-4, atol=2e-4)
+            else:  # bf16 tensor cores: p̂·s_v is rounded to bf16 (relative 2^-9 per term)
+                assert (out.o[b, hq].double() - o_ref).norm() <= 1e-2 * (vh.norm(dim=-1).max() + 1e-6)
             assert abs(out.lse[b, hq].item() - torch.logsumexp(s_hat, 0).item()) < 1e-4
             # write path: stored witnesses ≥ fp64 residual norms (per token, or block max)
             W, phi, nu = stored_witnesses(cache, bt, b, n, h)
@@ -165,9 +168,13 @@ def test_decode_conformance(scheme, lens, Hkv, GQ, D, G, per_token, splits, outl
             assert tv_k >= frac - 1e-7, f"kernel TV⁺ {tv_k} below the fractional supremum {frac}"
             if n <= 12:
                 assert tv_k >= B.tv_sup_bruteforce(p_hat, eps).item()
-            eps_k = eps * KERNEL_RADIUS_FACTOR
+            # tightness: the kernel meters with the key-side radius σ‖q_h‖·‖W_j‖₂ (≥ the group
+            # radius, equal for G = 1) rounded up onto the row's levels σ‖q_h‖·edge_k
+            qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
+            eps_k = qn * W.norm(dim=-1)
+            lv = qn * key_edges().double()
             ref_lv = min(B.tv_bound_tanh(eps_k).item(), B.tv_bound_eform(p_hat, eps_k).item(),
-                         B.tv_bound_tilt(p_hat, eps_k, levels=E.DEFAULT_LEVELS.double()).item())
+                         B.tv_bound_tilt(p_hat, eps_k, levels=lv).item())
             assert tv_k <= ref_lv + EPILOGUE_SLACK + 1e-6, f"kernel TV⁺ {tv_k} looser than stated vs {ref_lv}"
             assert rec.eps_max[b, hq].item() >= eps.max().item() * (1 - 1e-6)
             # realised errors against the exact backing store
@@ -232,9 +239,10 @@ def test_bad_inputs():
 
 def test_epilogue_single_bin_is_not_a_single_token():
     # all mass in one bin of level L: many tokens of equal radius; fractional sup = tanh(L/2)
-    lv = E.DEFAULT_LEVELS
-    mass = torch.zeros(1, lv.numel() + 1, dtype=torch.float64)
-    mass[0, 8] = 1.0
-    tv, tanh, eform, tilt = E.tv_from_hist(mass, lv, torch.tensor([lv[8].item()]))
-    assert tilt.item() >= math.tanh(lv[8].item() / 2) - 1e-9
-    assert tv.item() >= math.tanh(lv[8].item() / 2)
+    L = 0.3
+    mass = torch.zeros(1, 6, dtype=torch.float64)
+    mass[0, 3] = 1.0
+    lv = torch.tensor([[0.0, 0.1, 0.2, L, 0.4]], dtype=torch.float64)
+    tv, tanh, eform, tilt = E.tv_from_hist(mass, lv, torch.tensor([L]))
+    assert tilt.item() >= math.tanh(L / 2) - 1e-9
+    assert tv.item() >= math.tanh(L / 2)
