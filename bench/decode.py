@@ -40,7 +40,7 @@ def bench(fn, smoke):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def fill_cache(B, n, Hkv, D, scheme, dev, G=4, gen=None):
+def fill_cache(B, n, Hkv, D, scheme, dev, G=1, gen=None):
     T = 16
     pages = math.ceil(n / T)
     nb = B * pages
@@ -108,7 +108,7 @@ def main(argv=None):
         import triton
 
         print(f"# {p.name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# Hq/Hkv = {Hq}/{Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 4), "
+    print(f"# Hq/Hkv = {Hq}/{Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 1), "
           f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins")
     print("# on/off/own: CUDA-graph replay of the whole decode call (kernel + merge + epilogue);"
           " on-py: the same call from Python; x sdpa = sdpa / on; x own = own bf16 (meter off) / on")
@@ -120,7 +120,7 @@ def main(argv=None):
         for n in lengths:
             torch.manual_seed(0)
             kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
-            wit_bytes = B * n * Hkv * (4 * 2 + 2 + 2)
+            wit_bytes = B * n * Hkv * (1 * 2 + 2 + 2)  # G = 1 key witness, φ, ν (fp16)
             copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
             caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
             q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
