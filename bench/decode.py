@@ -84,6 +84,26 @@ def graphed(fns):
     return replay
 
 
+def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
+    caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(2)]
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+    sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+    S = splits_for(B, Hkv, n, sms)
+    print(f"# diag B={B} n={n} splits={S}: warps pages | regs spills (meter on) | kernel-only ms on / off | full on ms")
+    for warps, pages in ((4, 4), (8, 4), (4, 2), (4, 8), (8, 8)):
+        def f(c, bt, meter, epi):
+            return lambda: decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps,
+                                  validate=False, epilogue=epi)
+        out = decode(caches[0][0], q, caches[0][1], sl, meter=True, num_splits=S, pages_per_tile=pages,
+                     num_warps=warps, validate=False, epilogue=False)
+        k = out.compiled
+        regs, spills = getattr(k, "n_regs", "?"), getattr(k, "n_spills", "?")
+        t_on = bench(graphed([f(c, bt, True, False) for c, bt in caches]), False)
+        t_off = bench(graphed([f(c, bt, False, False) for c, bt in caches]), False)
+        t_full = bench(graphed([f(c, bt, True, True) for c, bt in caches]), False)
+        print(f"#   {warps} {pages} | {regs} {spills} | {t_on:.4f} / {t_off:.4f} ({t_on / t_off:.3f}x) | {t_full:.4f}", flush=True)
+
+
 def splits_for(B, Hkv, n, sms):
     pages = math.ceil(n / 16)
     return max(1, min(64, math.ceil(2 * sms / (B * Hkv)), pages // 4 or 1))
@@ -96,6 +116,7 @@ def main(argv=None):
     ap.add_argument("--lengths", default="4096,32768,131072")
     ap.add_argument("--pages-per-tile", type=int, default=None)
     ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     smoke = args.smoke or dev == "cpu"
@@ -112,6 +133,8 @@ def main(argv=None):
           f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins")
     print("# on/off/own: CUDA-graph replay of the whole decode call (kernel + merge + epilogue);"
           " on-py: the same call from Python; x sdpa = sdpa / on; x own = own bf16 (meter off) / on")
+    if args.diag and not smoke:
+        diag(Hq, Hkv, D, dev, sms)
     hdr = (f"{'B':>3} {'n':>7} {'splits':>6} {'on ms':>8} {'off ms':>8} {'on/off':>7} {'TB/s on':>8} {'TB/s off':>8} "
            f"{'sdpa ms':>8} {'sdpa TB/s':>9} {'x sdpa':>7} {'bf16own ms':>10} {'x own':>6} {'epi ms':>7} {'on-py ms':>8}")
     print(hdr)

@@ -16,8 +16,9 @@ online softmax and the output accumulation, and, when METER, in the same pass:
   Schwarz over the groups; equal for G = 1) factors into a head part and a token part, and so
   does the Tier B radius t_j(h) = c_h · s_j. Tokens are binned once per kv head by ‖W_j‖₂ and
   by s_j on a fixed geometric grid (ratio √2, rounded **up**), so all GQ query heads share the
-  bins, and one tensor-core dot ``p @ onehot`` per tile accumulates both p̂-mass histograms and
-  (in its last column) Σ p̂ φ;
+  bins, and one tensor-core dot ``p @ onehot`` per tile accumulates both p̂-mass histograms
+  (fp16 operands, p̂ scaled by 2^14: relative rounding ≤ 2^-11, covered by KERNEL_ABS_SLACK);
+* Σ p̂ φ (fp32);
 * max ‖W_j‖, max s_j, max φ, max ν, and a count of non-finite radii / logits.
 
 Tiles are dotted on bf16 tensor cores on the GPU: int8 and fp8 codes are exact in bf16, the
@@ -70,7 +71,7 @@ def _decode_kernel(
     INFL: tl.constexpr, X0: tl.constexpr,
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
-    SCHEME: tl.constexpr, METER: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
+    SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -102,6 +103,7 @@ def _decode_kernel(
     phimax = tl.zeros([BLOCK_H], tl.float32)
     numax = tl.zeros([BLOCK_H], tl.float32)
     bad = tl.zeros([BLOCK_H], tl.float32)
+    pphi = tl.zeros([BLOCK_H], tl.float32)
 
     BLOCK_N: tl.constexpr = PAGES * T
     n_idx = tl.arange(0, BLOCK_N)
@@ -175,10 +177,15 @@ def _decode_kernel(
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf"))
             bad += tl.sum(nf.to(tl.float32), axis=0) + tl.sum((valid[None, :] & (s != s)).to(tl.float32), axis=1)
             la = _key_level(wn, X0, K)
-            lb = _key_level(ks, X0, K) + KA
-            onehot = (col[None, :] == la[:, None]) | (col[None, :] == lb[:, None])
-            oh = tl.where(onehot, 1.0, 0.0) + tl.where(col[None, :] == NB - 1, phi[:, None], 0.0)
-            hist = hist * alpha[:, None] + tl.dot(p, oh)  # tf32: p and φ rounded to 2^-11 relative
+            onehot = col[None, :] == la[:, None]
+            if TIER_B:
+                onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
+            if LOWP:  # fp16 operands: 0/1 exact; p·2^14 ≤ 16384 keeps p̂ ≥ 4e-9 out of subnormals
+                hd = tl.dot((p * 16384.0).to(tl.float16), onehot.to(tl.float16)) * (1.0 / 16384.0)
+            else:
+                hd = tl.dot(p, onehot.to(tl.float32))
+            hist = hist * alpha[:, None] + hd
+            pphi = pphi * alpha + tl.sum(p * phi[None, :], axis=1)
             wmax = tl.maximum(wmax, tl.max(wn, axis=0))
             smax = tl.maximum(smax, tl.max(ks, axis=0))
             phimax = tl.maximum(phimax, tl.max(phi, axis=0))
@@ -192,6 +199,7 @@ def _decode_kernel(
     if METER:
         tl.store(HIST_OUT + o_idx[:, None] * NB + col[None, :], hist, mask=hmask[:, None])
         st = STAT_OUT + o_idx * 6
+        tl.store(st + 5, pphi, mask=hmask)
         tl.store(st + 0, wmax, mask=hmask)
         tl.store(st + 1, smax, mask=hmask)
         tl.store(st + 2, phimax, mask=hmask)
@@ -204,11 +212,12 @@ class DecodeOutput:
     o: torch.Tensor
     lse: torch.Tensor
     meter: MeterRecord | None
+    compiled: object = None  # the launched kernel (registers / spills for the benchmark)
 
 
 #: key-side level grid: edges X0·2^((m−1)/2), m = 1..KEY_LEVELS (ratio √2), 0 and overflow bins.
 X0 = 2.0**-14
-KEY_LEVELS = 38
+KEY_LEVELS = 30
 
 
 def key_edges(device=None) -> torch.Tensor:
@@ -240,8 +249,10 @@ def decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     validate: bool = True,
+    epilogue: bool = True,
 ) -> DecodeOutput:
-    """See the module docstring. ``validate=False`` skips the checks that need a device sync."""
+    """See the module docstring. ``validate=False`` skips the checks that need a device sync;
+    ``epilogue=False`` (benchmarks) stops after the merge, without the meter record."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -267,7 +278,7 @@ def decode(
     GQ = Hq // Hkv
     BLOCK_H = max(16, triton.next_power_of_2(GQ))
     KA = KEY_LEVELS + 2
-    NB = triton.next_power_of_2(2 * KA + 1)
+    NB = triton.next_power_of_2(2 * KA if tier_b else KA)
     T = cache.block_size
     if pages_per_tile is None:
         pages_per_tile = max(1, 64 // T)
@@ -286,7 +297,7 @@ def decode(
     sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
     extra = {} if num_stages is None else {"num_stages": num_stages}
-    _decode_kernel[(Bsz, Hkv, S)](
+    compiled = _decode_kernel[(Bsz, Hkv, S)](
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_wit, cache.v_wit, cache.v_norm, bt, sl,
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
@@ -300,7 +311,7 @@ def decode(
         INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
         PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
-        SCHEME=SCHEME_IDS[cache.scheme], METER=meter, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
+        SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
         num_warps=num_warps, **extra,
     )
     # split-KV merge (log-sum-exp rule); histograms are rescaled like l
@@ -310,7 +321,7 @@ def decode(
     o = (w[..., None] * acc_out).sum(-2) / L[..., None]
     lse = M[..., 0] + torch.log(L)
     rec = None
-    if meter:
+    if meter and epilogue:
         h = (w[..., None] * hist).sum(-2) / L[..., None]  # [B, Hq, NB]
         mx = stat.amax(dim=-2)
         bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
@@ -326,7 +337,7 @@ def decode(
             tb_max = cb * mx[..., 1].double()
         rec = meter_epilogue(
             h[..., :KA], h[..., KA : 2 * KA] if tier_b else None, lv_a, lv_b, eps_max, tb_max,
-            pphi=h[..., NB - 1] * (1.0 + 2.0**-9), phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
+            pphi=(w * stat[..., 5]).sum(-1) / L, phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
             single=(sl == 1)[:, None].expand(Bsz, Hq),
         )
-    return DecodeOutput(o=o, lse=lse, meter=rec)
+    return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled)

@@ -117,7 +117,29 @@ KSCHEMES = sorted(SCHEME_IDS)
     outliers=st.booleans(),
     seed=st.integers(0, 10_000),
 )
+@pytest.mark.skipif(DEV != "cpu", reason="on the GPU each example compiles new variants: the fixed cases run there")
 def test_decode_conformance(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
+    check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed)
+
+
+FIXED = [  # scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed
+    ("int8", [1, 37, 300], 2, 4, 128, 1, True, 3, True, 1),
+    ("int8_dither", [70, 5, 513], 2, 4, 128, 1, True, 8, False, 2),
+    ("int8_dither", [9, 200], 1, 8, 64, 4, False, 2, True, 3),
+    ("fp8_e4m3", [33, 128], 2, 2, 128, 1, True, 1, True, 4),
+    ("fp8_e4m3_scaled", [100], 1, 1, 256, 2, True, 5, False, 5),
+    ("fp8_e5m2", [17, 64], 2, 8, 64, 1, False, 4, False, 6),
+    ("none", [50, 3], 2, 4, 128, 1, True, 2, False, 7),
+    ("int8", [1000], 1, 4, 128, 1, True, 7, True, 8),
+]
+
+
+@pytest.mark.parametrize("case", FIXED, ids=[f"{c[0]}-gq{c[3]}-d{c[4]}-s{c[7]}" for c in FIXED])
+def test_decode_conformance_fixed(case):
+    check_case(*case)
+
+
+def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
     cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
     Hq = Hkv * GQ
     q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
