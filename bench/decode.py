@@ -90,18 +90,18 @@ def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
     sl = torch.full((B,), n, device=dev, dtype=torch.int32)
     S = splits_for(B, Hkv, n, sms)
     print(f"# diag B={B} n={n} splits={S}: warps pages | regs spills (meter on) | kernel-only ms on / off | full on ms")
-    for warps, pages in ((4, 4), (8, 4), (4, 2), (4, 8), (8, 8)):
+    for warps, pages, stages in ((4, 2, 3), (4, 4, 2), (4, 4, 3), (4, 8, 2), (4, 8, 3), (4, 8, 4), (8, 8, 3)):
         def f(c, bt, meter, epi):
             return lambda: decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps,
-                                  validate=False, epilogue=epi)
+                                  num_stages=stages, validate=False, epilogue=epi)
         out = decode(caches[0][0], q, caches[0][1], sl, meter=True, num_splits=S, pages_per_tile=pages,
-                     num_warps=warps, validate=False, epilogue=False)
+                     num_warps=warps, num_stages=stages, validate=False, epilogue=False)
         k = out.compiled
         regs, spills = getattr(k, "n_regs", "?"), getattr(k, "n_spills", "?")
         t_on = bench(graphed([f(c, bt, True, False) for c, bt in caches]), False)
         t_off = bench(graphed([f(c, bt, False, False) for c, bt in caches]), False)
         t_full = bench(graphed([f(c, bt, True, True) for c, bt in caches]), False)
-        print(f"#   {warps} {pages} | {regs} {spills} | {t_on:.4f} / {t_off:.4f} ({t_on / t_off:.3f}x) | {t_full:.4f}", flush=True)
+        print(f"#   w{warps} p{pages} s{stages} | {regs} {spills} | {t_on:.4f} / {t_off:.4f} ({t_on / t_off:.3f}x) | {t_full:.4f}", flush=True)
 
 
 def splits_for(B, Hkv, n, sms):

@@ -17,8 +17,8 @@ online softmax and the output accumulation, and, when METER, in the same pass:
   does the Tier B radius t_j(h) = c_h · s_j. Tokens are binned once per kv head by ‖W_j‖₂ and
   by s_j on a fixed geometric grid (ratio √2, rounded **up**), so all GQ query heads share the
   bins, and one tensor-core dot ``p @ onehot`` per tile accumulates both p̂-mass histograms
-  (fp16 operands, p̂ scaled by 2^14: relative rounding ≤ 2^-11, covered by KERNEL_ABS_SLACK);
-* Σ p̂ φ (fp32);
+  (fp16 operands, p̂ scaled by 2^14: relative rounding ≤ 2^-11, covered by KERNEL_ABS_SLACK)
+  and, in its last column, Σ p̂ φ (inflated by 2^-9 for the same rounding);
 * max ‖W_j‖, max s_j, max φ, max ν, and a count of non-finite radii / logits.
 
 Tiles are dotted on bf16 tensor cores on the GPU: int8 and fp8 codes are exact in bf16, the
@@ -103,7 +103,6 @@ def _decode_kernel(
     phimax = tl.zeros([BLOCK_H], tl.float32)
     numax = tl.zeros([BLOCK_H], tl.float32)
     bad = tl.zeros([BLOCK_H], tl.float32)
-    pphi = tl.zeros([BLOCK_H], tl.float32)
 
     BLOCK_N: tl.constexpr = PAGES * T
     n_idx = tl.arange(0, BLOCK_N)
@@ -174,18 +173,20 @@ def _decode_kernel(
                 vwoff += off
             phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
             nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
+            # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf"))
-            bad += tl.sum(nf.to(tl.float32), axis=0) + tl.sum((valid[None, :] & (s != s)).to(tl.float32), axis=1)
+            bad += tl.sum(nf.to(tl.float32), axis=0)
             la = _key_level(wn, X0, K)
             onehot = col[None, :] == la[:, None]
             if TIER_B:
                 onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
-            if LOWP:  # fp16 operands: 0/1 exact; p·2^14 ≤ 16384 keeps p̂ ≥ 4e-9 out of subnormals
-                hd = tl.dot((p * 16384.0).to(tl.float16), onehot.to(tl.float16)) * (1.0 / 16384.0)
+            # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
+            oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
+            if LOWP:  # fp16 operands (rel. 2^-11); p̂·2^14 ≤ 16384 keeps p̂ ≥ 4e-9 out of subnormals
+                hd = tl.dot((p * 16384.0).to(tl.float16), oh.to(tl.float16)) * (1.0 / 16384.0)
             else:
-                hd = tl.dot(p, onehot.to(tl.float32))
+                hd = tl.dot(p, oh)
             hist = hist * alpha[:, None] + hd
-            pphi = pphi * alpha + tl.sum(p * phi[None, :], axis=1)
             wmax = tl.maximum(wmax, tl.max(wn, axis=0))
             smax = tl.maximum(smax, tl.max(ks, axis=0))
             phimax = tl.maximum(phimax, tl.max(phi, axis=0))
@@ -199,7 +200,6 @@ def _decode_kernel(
     if METER:
         tl.store(HIST_OUT + o_idx[:, None] * NB + col[None, :], hist, mask=hmask[:, None])
         st = STAT_OUT + o_idx * 6
-        tl.store(st + 5, pphi, mask=hmask)
         tl.store(st + 0, wmax, mask=hmask)
         tl.store(st + 1, smax, mask=hmask)
         tl.store(st + 2, phimax, mask=hmask)
@@ -217,7 +217,7 @@ class DecodeOutput:
 
 #: key-side level grid: edges X0·2^((m−1)/2), m = 1..KEY_LEVELS (ratio √2), 0 and overflow bins.
 X0 = 2.0**-14
-KEY_LEVELS = 30
+KEY_LEVELS = 29
 
 
 def key_edges(device=None) -> torch.Tensor:
@@ -278,7 +278,7 @@ def decode(
     GQ = Hq // Hkv
     BLOCK_H = max(16, triton.next_power_of_2(GQ))
     KA = KEY_LEVELS + 2
-    NB = triton.next_power_of_2(2 * KA if tier_b else KA)
+    NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     if pages_per_tile is None:
         pages_per_tile = max(1, 64 // T)
@@ -337,7 +337,7 @@ def decode(
             tb_max = cb * mx[..., 1].double()
         rec = meter_epilogue(
             h[..., :KA], h[..., KA : 2 * KA] if tier_b else None, lv_a, lv_b, eps_max, tb_max,
-            pphi=(w * stat[..., 5]).sum(-1) / L, phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
+            pphi=h[..., NB - 1] * (1.0 + 2.0**-9), phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
             single=(sl == 1)[:, None].expand(Bsz, Hq),
         )
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled)

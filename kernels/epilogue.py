@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import triton
+import triton.language as tl
 
 #: absolute slack on the kernel's TV⁺: the histogram is a tf32 dot, so each p̂_j enters with a
 #: relative error η ≤ 2^-11; a relative perturbation η of the masses moves every t_S and p̂(S)
@@ -103,8 +105,10 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
 
 
-def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor):
-    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
+def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor):
+    """Torch reference of ``tv_from_hist`` (same grid, tight λ by sorting).
+
+    (TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
     ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
     row's exact maximum radius. Levels above ``rmax`` are lowered to it (every radius is ≤ it)."""
     shp = mass.shape[:-1]
@@ -123,6 +127,92 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor):
     tilt = tilt_from_hist(w, lvr)
     tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + KERNEL_ABS_SLACK).clamp(max=1.0)
     return tuple(x.reshape(shp) for x in (tv, tanh, eform, tilt))
+
+
+@triton.jit
+def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
+    """max over λ ∈ {0} ∪ {1/β_c : w_c > 0} of D(t, λ) minus its rounding-error bound.
+    D(t, ·) is concave piecewise linear with breakpoints 1/β_c, so this is the tight D."""
+    beta = (1.0 - t) * a + t * b
+    lam = tl.where(w > 0, 1.0 / beta, 0.0)
+    x = lam[:, None] * beta[None, :]
+    act = tl.maximum(x - 1.0, 0.0)
+    D = lam * (t * m) - tl.sum(w[None, :] * act, axis=1)
+    mag = lam * (t * m) + tl.sum(tl.where(act > 0, w[None, :] * (x + 1.0), 0.0), axis=1) + 1.0
+    return tl.maximum(tl.max(D - EPSC * mag, axis=0), 0.0)
+
+
+@triton.jit
+def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
+                     NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr):
+    """One program per row: §3 bounds of one histogram (fp64). Mirrors tv_from_hist_torch."""
+    row = tl.program_id(0)
+    k = tl.arange(0, NBP)
+    km = k < nb
+    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
+    r = tl.load(RMAX + row).to(tl.float64)
+    lv = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
+    lv = tl.where(k == nb - 1, r, lv)
+    lv = tl.maximum(tl.minimum(lv, r), 0.0)
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
+    lv = tl.where(w > 0, lv, 0.0)
+    e2 = tl.exp(-r)
+    tanh = (1.0 - e2) / (1.0 + e2)  # tanh(r/2)
+    A = tl.sum(w * tl.exp(lv), axis=0)
+    eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
+    eform = tl.where(eform == eform, eform, 1.0)
+    a = tl.exp(lv)
+    b = tl.exp(-lv)
+    m = tl.sum(w * b, axis=0)
+    lmax = tl.max(lv, axis=0)
+    # coarse grid: U_i = t_{i+1} − D(t_i)
+    iv = tl.arange(0, N1)
+    U = tl.zeros([N1], tl.float64)
+    for i in range(N1):
+        ti = i * (1.0 / N1)
+        U = tl.where(iv == i, (i + 1) * (1.0 / N1) - _dual_max(ti, w, a, b, m, EPSC), U)
+    # refine the R intervals with the largest upper value into NR sub-intervals each
+    best = tl.zeros([], tl.float64)
+    for _ in range(R):
+        j = tl.argmax(U, axis=0)
+        U = tl.where(iv == j, -1.0, U)
+        t0 = j * (1.0 / N1)
+        for s in range(NR):
+            ts = t0 + s * (1.0 / (N1 * NR))
+            best = tl.maximum(best, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
+    tilt = tl.minimum(tl.maximum(tl.maximum(best, tl.max(U, axis=0)), 0.0), 1.0)
+    tilt = tl.where(lmax == 0, 0.0, tilt)
+    tilt = tl.where(lmax > 700.0, 1.0, tilt)
+    tv = tl.minimum(tl.minimum(tl.minimum(tanh, eform), tilt) + SLACK, 1.0)
+    tl.store(TV + row, tv)
+    tl.store(TANH + row, tanh)
+    tl.store(EFORM + row, eform)
+    tl.store(TILT + row, tilt)
+
+
+def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, force_kernel: bool = False):
+    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
+    ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
+    row's exact maximum radius; one Triton program per row on CUDA (see ``tv_from_hist_torch``,
+    which CPU tensors use: the interpreter is slow, and a test pins the two together)."""
+    if mass.device.type != "cuda" and not force_kernel:
+        return tv_from_hist_torch(mass, lv, rmax)
+    shp = mass.shape[:-1]
+    nb = mass.shape[-1]
+    w = mass.reshape(-1, nb).contiguous()
+    Rn = w.shape[0]
+    lvr = lv.double().reshape(Rn, -1)
+    if lvr.shape[-1] == nb - 1:
+        lvr = torch.cat([lvr, rmax.double().reshape(-1, 1)], dim=-1)
+    lvr = lvr.contiguous()
+    r = rmax.double().reshape(-1).contiguous()
+    outs = [torch.empty(Rn, dtype=torch.float64, device=w.device) for _ in range(4)]
+    if Rn:
+        NBP = triton.next_power_of_2(nb)
+        _epilogue_kernel[(Rn,)](w, lvr, r, *outs, nb, w.stride(0), lvr.stride(0), KERNEL_ABS_SLACK,
+                                NBP=NBP, N1=COARSE, R=REFINE_TOP, NR=REFINE,
+                                EPSC=(4.0 * NBP + 16.0) * 2.0**-52)
+    return tuple(x.reshape(shp) for x in outs)
 
 
 def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None) -> MeterRecord:

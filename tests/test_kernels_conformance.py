@@ -153,13 +153,15 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta)
     out, off, one = (to_cpu(x) for x in (out, off, one))
     cache = on_cpu(cache)
-    if DEV == "cpu":  # the meter does not touch the output (bit-identical in the interpreter)
+    if DEV == "cpu":  # fp32 in the interpreter: the meter does not touch the output at all
         assert torch.equal(out.o, off.o)
-    else:  # on the GPU the two variants compile differently; same result to fp32 rounding
-        torch.testing.assert_close(out.o, off.o, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.o, one.o, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.meter.tv_upper_a, one.meter.tv_upper_a, rtol=0, atol=1e-5)
+    else:  # GPU: p̂ is rounded to bf16 relative to each split's running max
+        scale = max(1.0, float(out.o.abs().max()))
+        assert (out.o - off.o).abs().max() <= 1e-2 * scale and (out.o - one.o).abs().max() <= 1e-2 * scale
+        assert (out.meter.tv_upper_a - one.meter.tv_upper_a).abs().max() <= 2e-3
     assert off.meter is None
-    torch.testing.assert_close(out.o, one.o, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.meter.tv_upper_a, one.meter.tv_upper_a, rtol=0, atol=1e-5)
     rec = out.meter
     assert not rec.flag.any()
     groups = cache.groups()
@@ -268,3 +270,17 @@ def test_epilogue_single_bin_is_not_a_single_token():
     tv, tanh, eform, tilt = E.tv_from_hist(mass, lv, torch.tensor([L]))
     assert tilt.item() >= math.tanh(L / 2) - 1e-9
     assert tv.item() >= math.tanh(L / 2)
+
+
+def test_epilogue_kernel_matches_torch_epilogue():
+    g = torch.Generator().manual_seed(11)
+    R, nb = 4 if DEV == "cpu" else 64, 32
+    mass = torch.rand(R, nb, generator=g) ** 8
+    mass[:2, 5:] = 0
+    spread = torch.tensor([0.01, 0.3, 3.0, 0.05], dtype=torch.float64).repeat(R // 4)[:, None]
+    lv = torch.sort(torch.rand(R, nb - 1, generator=g, dtype=torch.float64) * spread, dim=-1).values
+    rmax = lv[:, -1] * 1.3
+    a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), force_kernel=True)
+    b = E.tv_from_hist_torch(mass, lv, rmax)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.cpu(), y, rtol=0, atol=1e-12)
