@@ -280,8 +280,10 @@ def decode(
     KA = KEY_LEVELS + 2
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
-    if pages_per_tile is None:
-        pages_per_tile = max(1, 64 // T)
+    if pages_per_tile is None:  # measured on the H200 (bench/RESULTS.md): 128-token tiles with
+        pages_per_tile = max(1, (128 if meter else 64) // T)  # the meter, 64 without
+    if num_stages is None and not INTERPRET:
+        num_stages = 2
     lowp = not INTERPRET and dev.type == "cuda"
     if lowp and q.dtype != cache.exact_k.dtype and cache.scheme == "none":
         q = q.to(cache.exact_k.dtype)
