@@ -130,25 +130,21 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor)
 
 
 @triton.jit
-def _dual_max(ts, w, a, b, m, EPSC: tl.constexpr):
-    """For a block of t values ``ts`` [BT]: max over λ ∈ {0} ∪ {1/β_c(t) : w_c > 0} of
-    D(t, λ) minus its rounding-error bound. D(t, ·) is concave piecewise linear with
-    breakpoints 1/β_c, so this is the tight D (no sort needed)."""
-    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [BT, NBP]
-    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)  # candidate c
-    x = lam[:, :, None] * beta[:, None, :]  # [BT, c, k]
+def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
+    """max over λ ∈ {0} ∪ {1/β_c : w_c > 0} of D(t, λ) minus its rounding-error bound.
+    D(t, ·) is concave piecewise linear with breakpoints 1/β_c, so this is the tight D."""
+    beta = (1.0 - t) * a + t * b
+    lam = tl.where(w > 0, 1.0 / beta, 0.0)
+    x = lam[:, None] * beta[None, :]
     act = tl.maximum(x - 1.0, 0.0)
-    tm = (ts * m)[:, None]
-    wk = w[None, None, :]
-    D = lam * tm - tl.sum(wk * act, axis=2)
-    mag = lam * tm + tl.sum(tl.where(act > 0, wk * (x + 1.0), 0.0), axis=2) + 1.0
-    return tl.maximum(tl.max(D - EPSC * mag, axis=1), 0.0)  # [BT]
+    D = lam * (t * m) - tl.sum(w[None, :] * act, axis=1)
+    mag = lam * (t * m) + tl.sum(tl.where(act > 0, w[None, :] * (x + 1.0), 0.0), axis=1) + 1.0
+    return tl.maximum(tl.max(D - EPSC * mag, axis=0), 0.0)
 
 
 @triton.jit
 def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
-                     NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, BT: tl.constexpr,
-                     EPSC: tl.constexpr):
+                     NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr):
     """One program per row: §3 bounds of one histogram (fp64). Mirrors tv_from_hist_torch."""
     row = tl.program_id(0)
     k = tl.arange(0, NBP)
@@ -169,24 +165,21 @@ def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
     b = tl.exp(-lv)
     m = tl.sum(w * b, axis=0)
     lmax = tl.max(lv, axis=0)
-    # coarse grid: U_i = t_{i+1} − D(t_i), in blocks of BT points
+    # coarse grid: U_i = t_{i+1} − D(t_i)
     iv = tl.arange(0, N1)
-    bt = tl.arange(0, BT)
     U = tl.zeros([N1], tl.float64)
-    for c0 in range(0, N1, BT):
-        ts = (c0 + bt).to(tl.float64) * (1.0 / N1)
-        Ub = ts + 1.0 / N1 - _dual_max(ts, w, a, b, m, EPSC)
-        for i in range(BT):
-            U = tl.where(iv == c0 + i, tl.sum(tl.where(bt == i, Ub, 0.0), axis=0), U)
+    for i in range(N1):
+        ti = i * (1.0 / N1)
+        U = tl.where(iv == i, (i + 1) * (1.0 / N1) - _dual_max(ti, w, a, b, m, EPSC), U)
     # refine the R intervals with the largest upper value into NR sub-intervals each
     best = tl.zeros([], tl.float64)
     for _ in range(R):
         j = tl.argmax(U, axis=0)
         U = tl.where(iv == j, -1.0, U)
-        t0 = j.to(tl.float64) * (1.0 / N1)
-        for s0 in range(0, NR, BT):
-            ts = t0 + (s0 + bt).to(tl.float64) * (1.0 / (N1 * NR))
-            best = tl.maximum(best, tl.max(ts + 1.0 / (N1 * NR) - _dual_max(ts, w, a, b, m, EPSC), axis=0))
+        t0 = j * (1.0 / N1)
+        for s in range(NR):
+            ts = t0 + s * (1.0 / (N1 * NR))
+            best = tl.maximum(best, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
     tilt = tl.minimum(tl.maximum(tl.maximum(best, tl.max(U, axis=0)), 0.0), 1.0)
     tilt = tl.where(lmax == 0, 0.0, tilt)
     tilt = tl.where(lmax > 700.0, 1.0, tilt)
@@ -217,7 +210,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, force
     if Rn:
         NBP = triton.next_power_of_2(nb)
         _epilogue_kernel[(Rn,)](w, lvr, r, *outs, nb, w.stride(0), lvr.stride(0), KERNEL_ABS_SLACK,
-                                NBP=NBP, N1=COARSE, R=REFINE_TOP, NR=REFINE, BT=16,
+                                NBP=NBP, N1=COARSE, R=REFINE_TOP, NR=REFINE,
                                 EPSC=(4.0 * NBP + 16.0) * 2.0**-52)
     return tuple(x.reshape(shp) for x in outs)
 

@@ -149,12 +149,14 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
     delta = 1e-3
     qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
     out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta)
-    off = decode(cache, qd, btd, sld, num_splits=splits, meter=False)
+    off = decode(cache, qd, btd, sld, num_splits=splits, meter=False, pages_per_tile=128 // cache.block_size)
+    off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta)
     out, off, one = (to_cpu(x) for x in (out, off, one))
     cache = on_cpu(cache)
     if DEV == "cpu":  # fp32 in the interpreter: the meter does not touch the output at all
-        assert torch.equal(out.o, off.o)
+        assert torch.equal(out.o, off.o)  # same tiling: bit-identical
+        torch.testing.assert_close(out.o, off_default.o, rtol=1e-5, atol=1e-6)  # default off tiling
         torch.testing.assert_close(out.o, one.o, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out.meter.tv_upper_a, one.meter.tv_upper_a, rtol=0, atol=1e-5)
     else:  # GPU: p̂ is rounded to bf16 relative to each split's running max
