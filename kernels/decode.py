@@ -24,6 +24,7 @@ online softmax and the output accumulation, and, when METER, in the same pass:
 Tiles are dotted on bf16 tensor cores on the GPU: int8 and fp8 codes are exact in bf16, the
 per-token scales are folded into the logits and into p̂ (p̂·s_v is rounded to bf16, as in any
 bf16 attention kernel), and the int8_dither term q·u uses u split into bf16 hi + lo parts.
+``int4_group`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with tf32x3.
 In the interpreter everything stays in fp32.
 
 Split partials are merged with the log-sum-exp rule (histograms and Σ p̂ φ rescaled like the
@@ -58,12 +59,12 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    Q, KC, VC, KS, VS, KW, VW, VN, BT, SL,
+    Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, BT, SL,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
     seed, layer, sm_scale, num_splits,
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
-    s_sb, s_sh,
+    s_sb, s_sh, s_st,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
     s_btb,
@@ -72,6 +73,7 @@ def _decode_kernel(
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
+    PREC32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -87,10 +89,11 @@ def _decode_kernel(
     heads = kvh * GQ + rows
     d = tl.arange(0, D)
     q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=hmask[:, None], other=0.0)
+    q32 = q.to(tl.float32)
     if LOWP:
         q = q.to(tl.bfloat16)
     else:
-        q = q.to(tl.float32)
+        q = q32
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
@@ -115,49 +118,70 @@ def _decode_kernel(
         valid = pvalid & (tok < seq_len)
         blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
-        sbase = blk * s_sb + kvh * s_sh + off
-        kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        vc = tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        if SCHEME == 0:
+        sbase = blk * s_sb + kvh * s_sh + off * s_st
+        if SCHEME == 6:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
+            D2: tl.constexpr = D // 2
+            d2 = tl.arange(0, D2)
+            gidx = sbase[:, None] + (d // 32)[None, :]
+            kb = tl.load(KC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
+            kcode = tl.reshape(tl.permute(tl.join((kb & 15).to(tl.float32), (kb >> 4).to(tl.float32)), (0, 2, 1)), [BLOCK_N, D])
+            kh = tl.load(KZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
+                tl.load(KS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
+            vb = tl.load(VC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
+            vcode = tl.reshape(tl.permute(tl.join((vb & 15).to(tl.float32), (vb >> 4).to(tl.float32)), (0, 2, 1)), [BLOCK_N, D])
+            vh = tl.load(VZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
+                tl.load(VS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
-            vs = tl.full([BLOCK_N], 1.0, tl.float32)
+            s = tl.dot(q32, tl.trans(kh), input_precision=PREC32) * sm_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p, vh, input_precision=PREC32)
         else:
-            ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
-            vs = tl.load(VS + sbase, mask=valid, other=0.0).to(tl.float32)
-        if LOWP:  # bf16 tensor cores: int8 / fp8 codes are exact in bf16
-            kc = kc.to(tl.bfloat16)
-            vc = vc.to(tl.bfloat16)
-        else:
-            kc = kc.to(tl.float32)
-            vc = vc.to(tl.float32)
-        qk = tl.dot(q, tl.trans(kc))
-        if SCHEME == 2:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
-            uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])
-            if LOWP:
-                uk_hi = uk.to(tl.bfloat16)
-                uk_lo = (uk - uk_hi.to(tl.float32)).to(tl.bfloat16)
-                qk -= tl.dot(q, tl.trans(uk_hi)) + tl.dot(q, tl.trans(uk_lo))
+            kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            vc = tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if SCHEME == 0:
+                ks = tl.full([BLOCK_N], 1.0, tl.float32)
+                vs = tl.full([BLOCK_N], 1.0, tl.float32)
             else:
-                qk -= tl.dot(q, tl.trans(uk))
-        s = qk * (ks * sm_scale)[None, :]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        pv = p * vs[None, :]
-        if LOWP:
-            pv = pv.to(tl.bfloat16)
-        pvv = tl.dot(pv, vc)
-        if SCHEME == 2:
-            uv = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[:, None], d[None, :])
-            if LOWP:
-                uv_hi = uv.to(tl.bfloat16)
-                uv_lo = (uv - uv_hi.to(tl.float32)).to(tl.bfloat16)
-                pvv -= tl.dot(pv, uv_hi) + tl.dot(pv, uv_lo)
+                ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
+                vs = tl.load(VS + sbase, mask=valid, other=0.0).to(tl.float32)
+            if LOWP:  # bf16 tensor cores: int8 / fp8 codes are exact in bf16
+                kc = kc.to(tl.bfloat16)
+                vc = vc.to(tl.bfloat16)
             else:
-                pvv -= tl.dot(pv, uv)
-        acc = acc * alpha[:, None] + pvv
+                kc = kc.to(tl.float32)
+                vc = vc.to(tl.float32)
+            qk = tl.dot(q, tl.trans(kc))
+            if SCHEME == 2:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
+                uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])
+                if LOWP:
+                    uk_hi = uk.to(tl.bfloat16)
+                    uk_lo = (uk - uk_hi.to(tl.float32)).to(tl.bfloat16)
+                    qk -= tl.dot(q, tl.trans(uk_hi)) + tl.dot(q, tl.trans(uk_lo))
+                else:
+                    qk -= tl.dot(q, tl.trans(uk))
+            s = qk * (ks * sm_scale)[None, :]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            pv = p * vs[None, :]
+            if LOWP:
+                pv = pv.to(tl.bfloat16)
+            pvv = tl.dot(pv, vc)
+            if SCHEME == 2:
+                uv = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[:, None], d[None, :])
+                if LOWP:
+                    uv_hi = uv.to(tl.bfloat16)
+                    uv_lo = (uv - uv_hi.to(tl.float32)).to(tl.bfloat16)
+                    pvv -= tl.dot(pv, uv_hi) + tl.dot(pv, uv_lo)
+                else:
+                    pvv -= tl.dot(pv, uv)
+            acc = acc * alpha[:, None] + pvv
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase = blk * s_wb + kvh * s_wh
@@ -300,12 +324,13 @@ def decode(
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
     extra = {} if num_stages is None else {"num_stages": num_stages}
     compiled = _decode_kernel[(Bsz, Hkv, S)](
-        q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_wit, cache.v_wit, cache.v_norm, bt, sl,
+        q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
+        cache.k_wit, cache.v_wit, cache.v_norm, bt, sl,
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
         bt.stride(0),
@@ -314,6 +339,7 @@ def decode(
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
         PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
+        PREC32="tf32x3" if lowp else "ieee",
         num_warps=num_warps, **extra,
     )
     # split-KV merge (log-sum-exp rule); histograms are rescaled like l

@@ -4,7 +4,10 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
 
     k_codes, v_codes  [NB, Hkv, T, D]   int8 (int8, int8_dither), fp8 (raw / scaled), or the
                                         model dtype (scheme "none")
-    k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale)
+    k_codes, v_codes  [NB, Hkv, T, D/2] uint8 for int4_group: byte i holds channel i (low nibble)
+                                        and channel i + D/2 (high nibble), the RoPE 'half' pairing
+    k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale);
+                      [NB, Hkv, T, D/32] for int4_group, with k_zero / v_zero of the same shape
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
     v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
     v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖
@@ -26,14 +29,16 @@ import torch
 from witcert import bounds as B
 
 # scheme ids shared by the kernels (constexpr SCHEME)
-SCHEME_IDS = {"none": 0, "int8": 1, "int8_dither": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "fp8_e4m3_scaled": 5}
+SCHEME_IDS = {"none": 0, "int8": 1, "int8_dither": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "fp8_e4m3_scaled": 5, "int4_group": 6}
 CODE_DTYPES = {
     "int8": torch.int8,
     "int8_dither": torch.int8,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
     "fp8_e4m3_scaled": torch.float8_e4m3fn,
+    "int4_group": torch.uint8,  # two 4-bit codes per byte: channel i (low) and i + D/2 (high)
 }
+INT4_GROUP = 32
 #: relative inflation of every fp32 witness / radius computed in a kernel (covers fp32
 #: rounding of the residual, the sum of squares over ≤ 256 channels and the sqrt, and of the
 #: dequantized value s·(c − u)); then rounded up into the storage dtype.
@@ -52,6 +57,8 @@ class PagedKV:
     v_codes: torch.Tensor
     k_scale: torch.Tensor
     v_scale: torch.Tensor
+    k_zero: torch.Tensor
+    v_zero: torch.Tensor
     k_wit: torch.Tensor
     v_wit: torch.Tensor
     v_norm: torch.Tensor
@@ -66,7 +73,7 @@ class PagedKV:
 
     @property
     def head_dim(self) -> int:
-        return self.k_codes.shape[-1]
+        return self.group_id.numel()
 
     @staticmethod
     def allocate(
@@ -97,6 +104,9 @@ class PagedKV:
             gid[torch.from_numpy(idx)] = g
         cdt = CODE_DTYPES.get(scheme, model_dtype)
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        cshape = shape[:3] + (head_dim // 2,) if scheme == "int4_group" else shape
+        sshape = shape[:3] + (head_dim // INT4_GROUP,) if scheme == "int4_group" else shape[:3]
+        zshape = sshape if scheme == "int4_group" else (1,)
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
         kw = dict(device=device)
@@ -106,10 +116,12 @@ class PagedKV:
             num_groups=num_groups,
             per_token_witness=per_token_witness,
             group_id=gid.to(device),
-            k_codes=torch.zeros(shape, dtype=cdt, **kw),
-            v_codes=torch.zeros(shape, dtype=cdt, **kw),
-            k_scale=torch.ones(shape[:3], dtype=torch.float16, **kw),
-            v_scale=torch.ones(shape[:3], dtype=torch.float16, **kw),
+            k_codes=torch.zeros(cshape, dtype=cdt, **kw),
+            v_codes=torch.zeros(cshape, dtype=cdt, **kw),
+            k_scale=torch.ones(sshape, dtype=torch.float16, **kw),
+            v_scale=torch.ones(sshape, dtype=torch.float16, **kw),
+            k_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
+            v_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
             k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
             v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
             v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),

@@ -72,6 +72,15 @@ def fp16_scale_up(amax, DIVISOR: tl.constexpr):
 
 
 @triton.jit
+def f16_round_down(x):
+    """Largest float16 ≤ x (witcert.schemes.round_down_f16)."""
+    y = x.to(tl.float16)
+    bits = y.to(tl.int16, bitcast=True)
+    step = tl.where(y > 0, bits - 1, tl.where(y < 0, bits + 1, tl.full(bits.shape, -32767, tl.int16)))
+    return tl.where(y.to(tl.float32) > x, step.to(tl.float16, bitcast=True), y)
+
+
+@triton.jit
 def f16_round_up(x):
     """Round a non-negative fp32 value up into float16."""
     y = x.to(tl.float16)
@@ -83,11 +92,12 @@ def f16_round_up(x):
 @triton.jit
 def _write_kernel(
     K, V, SLOT, POS, GID,
-    KC, VC, KS, VS, KW, VW, VN, EK, EV, PK, PV,
+    KC, VC, KS, VS, KZ, VZ, KW, VW, VN, EK, EV, PK, PV,
     seed, layer, N,
     s_kn, s_kh, s_vn, s_vh,
     s_cb, s_ch, s_ct,
-    s_sb, s_sh,
+    s_sb, s_sh, s_st,
+    s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
     INFL: tl.constexpr,
@@ -106,7 +116,10 @@ def _write_kernel(
     off = slot % T
     gid = tl.load(GID + d_idx)
     cbase = blk * s_cb + h * s_ch + off * s_ct
-    sbase = blk * s_sb + h * s_sh + off
+    sbase = blk * s_sb + h * s_sh + off * s_st
+    ebase = blk * s_eb + h * s_eh + off * s_et
+    NG: tl.constexpr = D // 32
+    D2: tl.constexpr = D // 2
     woff = off if PER_TOKEN else off * 0
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
@@ -142,6 +155,22 @@ def _write_kernel(
             c = tl.where(sf > 0, c, 0.0)
             code = c.to(tl.int8)
             xh = sf * (c - u)
+        elif SCHEME == 6:  # int4_group: per 32-channel group, fp16 zero (down) and scale (up)
+            x3 = tl.reshape(x, [BLOCK_T, NG, 32])
+            zg = f16_round_down(tl.min(x3, axis=2))
+            zf = zg.to(tl.float32)
+            sgr = fp16_scale_up(tl.max(x3, axis=2) - zf, 15.0)
+            sgf = sgr.to(tl.float32)
+            zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, 32]), [BLOCK_T, D])
+            sb = tl.reshape(tl.broadcast_to(sgf[:, :, None], [BLOCK_T, NG, 32]), [BLOCK_T, D])
+            y = tl.math.div_rn(x - zb, tl.where(sb > 0, sb, 1.0))
+            fl = tl.floor(y)
+            c = tl.clamp(fl + tl.where(y - fl >= 0.5, 1.0, 0.0), 0.0, 15.0)
+            c = tl.where(sb > 0, c, 0.0)
+            xh = zb + sb * c
+            lo, hi = tl.split(tl.permute(tl.reshape(c, [BLOCK_T, 2, D2]), (0, 2, 1)))
+            code = (lo + 16.0 * hi).to(tl.uint8)
+            s = sgr
         else:
             if SCHEME == 5:
                 s = fp16_scale_up(amax, 448.0)
@@ -160,25 +189,42 @@ def _write_kernel(
                     code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
             xh = sf * code.to(tl.float32)
         r = xh - x
-        caddr = cbase[:, None] + d_idx[None, :]
+        if SCHEME == 6:
+            caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
+            gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]
+        else:
+            caddr = cbase[:, None] + d_idx[None, :]
+        eaddr = ebase[:, None] + d_idx[None, :]
+        # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
+        ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == 6 else 0.0  # 2^-22
         if which == 0:
             tl.store(KC + caddr, code, mask=m2)
-            tl.store(KS + sbase, s, mask=rmask)
+            if SCHEME == 6:
+                tl.store(KS + gaddr, s, mask=m2)
+                tl.store(KZ + gaddr, zg, mask=m2)
+            else:
+                tl.store(KS + sbase, s, mask=rmask)
             if STORE_EXACT:
-                tl.store(EK + caddr, x.to(EK.dtype.element_ty), mask=m2)
+                tl.store(EK + eaddr, x.to(EK.dtype.element_ty), mask=m2)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             for g in tl.static_range(G):
                 ng = tl.sqrt(tl.sum(tl.where(gid[None, :] == g, r * r, 0.0), axis=1)) * INFL
+                if SCHEME == 6:
+                    ng += ABS * tl.sqrt(tl.sum(tl.where(gid[None, :] == g, xh * xh, 0.0), axis=1))
                 if PER_TOKEN:
                     tl.store(waddr + g, f16_round_up(ng), mask=rmask)
                 else:
                     tl.atomic_max(waddr + g, ng, mask=rmask)
         else:
             tl.store(VC + caddr, code, mask=m2)
-            tl.store(VS + sbase, s, mask=rmask)
+            if SCHEME == 6:
+                tl.store(VS + gaddr, s, mask=m2)
+                tl.store(VZ + gaddr, zg, mask=m2)
+            else:
+                tl.store(VS + sbase, s, mask=rmask)
             if STORE_EXACT:
-                tl.store(EV + caddr, x.to(EV.dtype.element_ty), mask=m2)
-            phi = tl.sqrt(tl.sum(r * r, axis=1)) * INFL
+                tl.store(EV + eaddr, x.to(EV.dtype.element_ty), mask=m2)
+            phi = tl.sqrt(tl.sum(r * r, axis=1)) * INFL + ABS * tl.sqrt(tl.sum(xh * xh, axis=1))
             nu = tl.sqrt(tl.sum(xh * xh, axis=1)) * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff
             if PER_TOKEN:
@@ -217,12 +263,13 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tens
     BLOCK_T = 16 if INTERPRET else 4
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
-        cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, kw, cache.v_wit, cache.v_norm,
-        cache.exact_k, cache.exact_v, pk, pv,
+        cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero, kw, cache.v_wit,
+        cache.v_norm, cache.exact_k, cache.exact_v, pk, pv,
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
+        *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
         INFL=1.0 + KERNEL_REL_SLACK,

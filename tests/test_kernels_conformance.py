@@ -79,6 +79,16 @@ def dequant(cache, bt, b, n, h):
     j = torch.arange(n)
     blk = bt[b, j // T].long()
     off = j % T
+    if cache.scheme == "int4_group":  # byte i: channel i (low nibble), channel i + D/2 (high)
+        def unpack(c):
+            c = c.long()
+            return torch.cat([c & 15, c >> 4], dim=-1).float()
+
+        def deq(codes, scale, zero):
+            g = torch.arange(cache.head_dim) // 32
+            return (zero[blk, h, off][:, g].float() + scale[blk, h, off][:, g].float() * unpack(codes[blk, h, off])).double()
+
+        return deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
     kc = cache.k_codes[blk, h, off].double()
     vc = cache.v_codes[blk, h, off].double()
     if cache.scheme == "none":
@@ -131,6 +141,7 @@ FIXED = [  # scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed
     ("fp8_e5m2", [17, 64], 2, 8, 64, 1, False, 4, False, 6),
     ("none", [50, 3], 2, 4, 128, 1, True, 2, False, 7),
     ("int8", [1000], 1, 4, 128, 1, True, 7, True, 8),
+    ("int4_group", [77, 1], 2, 4, 128, 2, True, 3, True, 9),
 ]
 
 
@@ -156,8 +167,9 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed):
     cache = on_cpu(cache)
     if DEV == "cpu":  # fp32 in the interpreter: the meter does not touch the output at all
         assert torch.equal(out.o, off.o)  # same tiling: bit-identical
-        torch.testing.assert_close(out.o, off_default.o, rtol=1e-5, atol=1e-6)  # default off tiling
-        torch.testing.assert_close(out.o, one.o, rtol=1e-5, atol=1e-6)
+        # other tilings / split counts: the same sums in another order (fp32 rounding)
+        tol = 1e-5 * max(1.0, float(out.o.abs().max()))
+        assert (out.o - off_default.o).abs().max() <= tol and (out.o - one.o).abs().max() <= tol
         torch.testing.assert_close(out.meter.tv_upper_a, one.meter.tv_upper_a, rtol=0, atol=1e-5)
     else:  # GPU: p̂ is rounded to bf16 relative to each split's running max
         scale = max(1.0, float(out.o.abs().max()))

@@ -115,8 +115,12 @@ def test_soak_tier_b_million_trials():
     k = keys_with_spread_scales(n, d, 3)
     q = torch.randn(d, generator=torch.Generator().manual_seed(4)) * 3
     bad = violations(k, q, trials, delta_step, seed=11, chunk=4000)
-    print(f"\nTier B soak: {bad} violations in {trials} trials (δ_step = {delta_step})")
-    assert bad / trials <= delta_step + Z999 * math.sqrt(delta_step * (1 - delta_step) / trials)
+    limit = delta_step + Z999 * math.sqrt(delta_step * (1 - delta_step) / trials)
+    # a single |δ_j| > t_j is allowed with probability δ_step: the certificate is violated only
+    # if the exceedance *rate* is above δ_step (beyond the binomial 99.9% margin)
+    print(f"\nTier B soak: {bad} exceedances in {trials} trials, rate {bad / trials:.2e} "
+          f"(allowed δ_step = {delta_step}); rate violations: {int(bad / trials > limit)}")
+    assert bad / trials <= limit
 
 
 @pytest.mark.soak

@@ -46,6 +46,7 @@ __all__ = [
     "dither_u",
     "round_up_f32",
     "round_up_to_dtype",
+    "round_down_f16",
     "INT8_DITHER_DIVISOR",
     "INT8_DIVISOR",
     "FP8_E4M3_MAX",
@@ -286,8 +287,35 @@ def _asym_groups(x: torch.Tensor, levels: int, dim: int, group: int):
     }
 
 
+def round_down_f16(t: torch.Tensor) -> torch.Tensor:
+    """Largest float16 ≤ t (float32 in, float16 out)."""
+    h = t.to(torch.float16)
+    bits = h.view(torch.int16)
+    step = torch.where(h > 0, bits - 1, torch.where(h < 0, bits + 1, torch.full_like(bits, -32767)))  # 0 → −2^-24
+    return torch.where(h.to(torch.float32) > t, step.view(torch.float16), h)
+
+
 def _int4_group(x, ctx):
-    return _asym_groups(x, 16, -1, min(32, x.shape[-1]))
+    """4-bit asymmetric per 32-channel group (the kernels' layout and arithmetic, bit for bit):
+    z = largest fp16 ≤ min, s = smallest fp16 with 15 s ≥ max − z, y = (x − z)/s,
+    c = floor(y) + [y − floor(y) ≥ ½] clamped to [0, 15], x̂ = z + s·c (two fp32 roundings)."""
+    x = x.to(torch.float32)
+    d = x.shape[-1]
+    g = min(32, d)
+    if d % g:
+        raise ValueError(f"int4_group: head dim {d} is not a multiple of the group size {g}")
+    xg = x.reshape(*x.shape[:-1], d // g, g)
+    mn = xg.amin(-1, keepdim=True)
+    mx = xg.amax(-1, keepdim=True)
+    z = round_down_f16(mn).to(torch.float32)
+    s = round_up_to_dtype((mx - z).to(torch.float64) / 15.0, torch.float16).to(torch.float32)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    y = (xg - z) / safe
+    f = torch.floor(y)
+    c = torch.clamp(f + (y - f >= 0.5).to(torch.float32), 0, 15)
+    c = torch.where(s > 0, c, torch.zeros_like(c))
+    xh = z + s * c
+    return xh.reshape(x.shape), {"codes": c.reshape(x.shape).to(torch.uint8), "scale": s[..., 0], "zero": z[..., 0], "group": g}
 
 
 def _kivi2(x, ctx):
