@@ -108,6 +108,7 @@ def _decode_kernel(
     bad = tl.zeros([BLOCK_H], tl.float32)
 
     BLOCK_N: tl.constexpr = PAGES * T
+    D2: tl.constexpr = D // 2
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
     off = n_idx % T
@@ -120,7 +121,6 @@ def _decode_kernel(
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
         if SCHEME == 6:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
-            D2: tl.constexpr = D // 2
             d2 = tl.arange(0, D2)
             gidx = sbase[:, None] + (d // 32)[None, :]
             kb = tl.load(KC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)

@@ -120,6 +120,8 @@ def _write_kernel(
     ebase = blk * s_eb + h * s_eh + off * s_et
     NG: tl.constexpr = D // 32
     D2: tl.constexpr = D // 2
+    # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
+    ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == 6 else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
@@ -195,8 +197,6 @@ def _write_kernel(
         else:
             caddr = cbase[:, None] + d_idx[None, :]
         eaddr = ebase[:, None] + d_idx[None, :]
-        # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
-        ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == 6 else 0.0  # 2^-22
         if which == 0:
             tl.store(KC + caddr, code, mask=m2)
             if SCHEME == 6:
