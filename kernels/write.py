@@ -90,6 +90,20 @@ def f16_round_up(x):
 
 
 @triton.jit
+def _store_codes(C, S, Z, E, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask,
+                 SCHEME: tl.constexpr, STORE_EXACT: tl.constexpr):
+    """Store one role's codes, scale(s) (and int4 zeros) and the exact copy."""
+    tl.store(C + caddr, code, mask=m2)
+    if SCHEME == 6:
+        tl.store(S + gaddr, s, mask=m2)
+        tl.store(Z + gaddr, zg, mask=m2)
+    else:
+        tl.store(S + sbase, s, mask=rmask)
+    if STORE_EXACT:
+        tl.store(E + eaddr, x.to(E.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _write_kernel(
     K, V, SLOT, POS, GID,
     KC, VC, KS, VS, KZ, VZ, KW, VW, VN, EK, EV, PK, PV,
@@ -191,21 +205,15 @@ def _write_kernel(
                     code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
             xh = sf * code.to(tl.float32)
         r = xh - x
+        gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]  # int4_group: one scale/zero per 32 channels
         if SCHEME == 6:
             caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
-            gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]
         else:
             caddr = cbase[:, None] + d_idx[None, :]
+            zg = s  # unused: only int4_group stores zeros
         eaddr = ebase[:, None] + d_idx[None, :]
         if which == 0:
-            tl.store(KC + caddr, code, mask=m2)
-            if SCHEME == 6:
-                tl.store(KS + gaddr, s, mask=m2)
-                tl.store(KZ + gaddr, zg, mask=m2)
-            else:
-                tl.store(KS + sbase, s, mask=rmask)
-            if STORE_EXACT:
-                tl.store(EK + eaddr, x.to(EK.dtype.element_ty), mask=m2)
+            _store_codes(KC, KS, KZ, EK, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             for g in tl.static_range(G):
                 ng = tl.sqrt(tl.sum(tl.where(gid[None, :] == g, r * r, 0.0), axis=1)) * INFL
@@ -216,14 +224,7 @@ def _write_kernel(
                 else:
                     tl.atomic_max(waddr + g, ng, mask=rmask)
         else:
-            tl.store(VC + caddr, code, mask=m2)
-            if SCHEME == 6:
-                tl.store(VS + gaddr, s, mask=m2)
-                tl.store(VZ + gaddr, zg, mask=m2)
-            else:
-                tl.store(VS + sbase, s, mask=rmask)
-            if STORE_EXACT:
-                tl.store(EV + eaddr, x.to(EV.dtype.element_ty), mask=m2)
+            _store_codes(VC, VS, VZ, EV, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
             phi = tl.sqrt(tl.sum(r * r, axis=1)) * INFL + ABS * tl.sqrt(tl.sum(xh * xh, axis=1))
             nu = tl.sqrt(tl.sum(xh * xh, axis=1)) * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff

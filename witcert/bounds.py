@@ -276,18 +276,23 @@ def _block_max(per_token: np.ndarray, block_size: int, axis: int) -> np.ndarray:
     return np.moveaxis(mx, -1, axis)
 
 
+def _exact_and_served(x, x_hat, name: str):
+    """Validate an exact/served pair ``[..., n, d]`` (same n, d; leading dims broadcast)."""
+    xa, xh = _as_np(x, name), _as_np(x_hat, name + "_hat")
+    _need_ndim(xa, 2, name, "[..., n, d]")
+    _need_ndim(xh, 2, name + "_hat", "[..., n, d]")
+    if xa.shape[-2:] != xh.shape[-2:]:
+        raise ValueError(f"{name}_hat: shape {xh.shape} does not match {name} {xa.shape} in the last two axes [n, d]")
+    return _broadcast(name, xa, name + "_hat", xh)
+
+
 def key_witness(k, k_hat, groups, block_size: int = 16):
     """Key witnesses ``W[..., block, g] = max_{j in block} ‖(k̂_j - k_j)[g]‖`` (SPEC §1).
 
     ``k``, ``k_hat``: ``[..., n, d]``. Returns ``[..., num_blocks, G]``, rounded up by
     ``FP64_REL_SLACK``; a non-finite residual gives a NaN/Inf witness (saturates later bounds).
     """
-    ka, kh = _as_np(k, "k"), _as_np(k_hat, "k_hat")
-    _need_ndim(ka, 2, "k", "[..., n, d]")
-    _need_ndim(kh, 2, "k_hat", "[..., n, d]")
-    if ka.shape[-2:] != kh.shape[-2:]:
-        raise ValueError(f"k_hat: shape {kh.shape} does not match k {ka.shape} in the last two axes [n, d]")
-    ka, kh = _broadcast("k", ka, "k_hat", kh)
+    ka, kh = _exact_and_served(k, k_hat, "k")
     bs = _check_block_size(block_size)
     gs = _check_groups(groups, ka.shape[-1])
     norms = _group_norms_np(kh - ka, gs)  # [..., n, G]
@@ -297,12 +302,7 @@ def key_witness(k, k_hat, groups, block_size: int = 16):
 
 def value_witness(v, v_hat, block_size: int = 16):
     """Value witnesses ``φ[..., block] = max_{j in block} ‖v̂_j - v_j‖`` (SPEC §1): ``[..., num_blocks]``."""
-    va, vh = _as_np(v, "v"), _as_np(v_hat, "v_hat")
-    _need_ndim(va, 2, "v", "[..., n, d]")
-    _need_ndim(vh, 2, "v_hat", "[..., n, d]")
-    if va.shape[-2:] != vh.shape[-2:]:
-        raise ValueError(f"v_hat: shape {vh.shape} does not match v {va.shape} in the last two axes [n, d]")
-    va, vh = _broadcast("v", va, "v_hat", vh)
+    va, vh = _exact_and_served(v, v_hat, "v")
     bs = _check_block_size(block_size)
     norms = np.sqrt(np.sum((vh - va) ** 2, axis=-1))
     return _wrap(_round_up_rel(_block_max(norms, bs, axis=-1)), v, v_hat)
