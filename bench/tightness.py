@@ -13,7 +13,7 @@ import sys
 import time
 
 from witcert.schemes import available_schemes
-from witcert.synthetic import coverage_table, run_workload
+from witcert.synthetic import coverage_table, granularity_table, run_workload
 
 BUILTINS = ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled", "int8", "int8_dither", "int4_group", "kivi2"]
 
@@ -24,11 +24,17 @@ def main(argv=None):
     ap.add_argument("--schemes", default=",".join(BUILTINS))
     ap.add_argument("--lengths", default=None, help="comma-separated n (default 1024,4096,16384,65536,131072)")
     ap.add_argument("--steps", type=int, default=None, help="steps per (workload, n)")
+    ap.add_argument("--granularity", action="store_true",
+                    help="only the witness granularity table: per token vs per 16-token block, G = 1 vs 4")
     args = ap.parse_args(argv)
     schemes = [s for s in args.schemes.split(",") if s]
     unknown = [s for s in schemes if s not in available_schemes()]
     if unknown:
         ap.error(f"unknown scheme(s) {unknown}; available: {available_schemes()}")
+    if args.granularity:
+        print(granularity_table([s for s in schemes if s in ("int8", "int8_dither", "fp8_e4m3_scaled", "int4_group")] or schemes,
+                                steps=args.steps or 16))
+        return
     lengths = [int(x) for x in (args.lengths or ("1024,4096" if args.quick else "1024,4096,16384,65536,131072")).split(",")]
     t0 = time.time()
     results = []

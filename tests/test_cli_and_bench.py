@@ -21,3 +21,13 @@ def test_tightness_script(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("plain", "outlier"))]
     assert len(rows) == 4
+
+
+def test_granularity_table(capsys):
+    from witcert.synthetic import granularity_table
+
+    out = granularity_table(["int8"], n=256, steps=2)
+    rows = out.splitlines()
+    assert rows[1].startswith("int8") and len(rows[1].split()) == 6
+    vals = [float(x) for x in rows[1].split()[1:5]]
+    assert vals[1] <= vals[0] + 1e-9  # per token, finer groups are never looser (SPEC §2)

@@ -56,16 +56,17 @@ def make_step(rng: np.random.Generator, n: int, d: int = 128, outlier_channels: 
     return q, k.astype(np.float32), sigma
 
 
-def meter_step(q, k, sigma, scheme: str, groups, levels=DEFAULT_LEVELS, seed: int = 0) -> StepResult:
-    """Quantize the keys with ``scheme`` and return realised TV and the §3 bounds."""
+def meter_step(q, k, sigma, scheme: str, groups, levels=DEFAULT_LEVELS, seed: int = 0, block_size: int = 1) -> StepResult:
+    """Quantize the keys with ``scheme`` and return realised TV and the §3 bounds
+    (witnesses per token for ``block_size`` 1, else block maxima)."""
     n = k.shape[0]
     k_t = torch.from_numpy(k)
     k_hat = quantize(scheme, k_t.unsqueeze(0), QuantContext(role="key", seed=seed))[0][0].double().numpy()
     k64 = k.astype(np.float64)
     s = sigma * (k64 @ q)
     s_hat = sigma * (k_hat @ q)
-    W = B.key_witness(k64, k_hat, groups, block_size=1)
-    eps = B.logit_radius(q, W, groups, sigma, block_size=1, n=n)
+    W = B.key_witness(k64, k_hat, groups, block_size=block_size)
+    eps = B.logit_radius(q, W, groups, sigma, block_size=block_size, n=n)
     p = np.exp(s - s.max())
     p /= p.sum()
     p_hat = np.exp(s_hat - s_hat.max())
@@ -130,3 +131,23 @@ def coverage_table(results, taus=(0.05, 0.1, 0.2)) -> str:
             f"{wl:<9}{sch:<16}{n:>7}{len(rs):>6} " + " ".join(cells) + f"{'/'.join(f'{x:.3g}' for x in ratios):>38}{np.median(real):>9.2e}"
         )
     return "\n".join(rows)
+
+
+def granularity_table(schemes, n: int = 4096, steps: int = 16, d: int = 128, seed: int = 2) -> str:
+    """Median TV⁺ (min of the three §3 bounds) for witnesses per token or per 16-token block,
+    with G = 1 or 4 groups, on the outlier workload; and the witness bytes per token."""
+    configs = [(1, 1), (1, 4), (16, 1), (16, 4)]
+    lines = [f"{'scheme':<16}" + "".join(f"{f'T={t},G={g}':>14}" for t, g in configs) + "   (median TV⁺; median realised TV)"]
+    for sch in schemes:
+        med = {c: [] for c in configs}
+        real = []
+        for i in range(steps):
+            q, k, sigma = make_step(np.random.default_rng([seed, n, i]), n, d)
+            for t, g in configs:
+                r = meter_step(q, k, sigma, sch, B.group_slices(d, g), seed=i, block_size=t)
+                med[(t, g)].append(min(r.tanh, r.eform, r.tilt))
+            real.append(r.realised_tv)
+        lines.append(f"{sch:<16}" + "".join(f"{np.median(med[c]):>14.4f}" for c in configs) + f"   {np.median(real):.2e}")
+    wb = [(g + 2) * 2 if t == 1 else (g + 2) * 4 / 16 for t, g in configs]
+    lines.append(f"{'witness B/token':<16}" + "".join(f"{b:>14.3f}" for b in wb) + "   (fp16 per token, fp32 per block; K+V)")
+    return "\n".join(lines)
