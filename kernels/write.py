@@ -27,6 +27,9 @@ from witcert import schemes as S
 from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: the divisors the kernel restates (checked against witcert.schemes / SPEC by proofs_bridge)
+KERNEL_DITHER_DIVISOR = 126.5
+KERNEL_INT8_DIVISOR = 127.0
 
 
 @triton.jit
@@ -114,7 +117,7 @@ def _write_kernel(
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
-    INFL: tl.constexpr,
+    INFL: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
     SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
 ):
@@ -151,7 +154,7 @@ def _write_kernel(
                 code = x.to(VC.dtype.element_ty)
             xh = code.to(tl.float32)
         elif SCHEME == 1:
-            s = fp16_scale_up(amax, 127.0)
+            s = fp16_scale_up(amax, DIV_INT8)
             sf = s.to(tl.float32)[:, None]
             y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
             fl = tl.floor(y)
@@ -161,7 +164,7 @@ def _write_kernel(
             code = c.to(tl.int8)
             xh = sf * c
         elif SCHEME == 2:
-            s = fp16_scale_up(amax, 126.5)
+            s = fp16_scale_up(amax, DIV_DITHER)
             sf = s.to(tl.float32)[:, None]
             h_tok = token_hash(seed, layer, h, pos, which)
             u = dither_from_hash(h_tok[:, None], d_idx[None, :])
@@ -273,7 +276,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tens
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
-        INFL=1.0 + KERNEL_REL_SLACK,
+        INFL=1.0 + KERNEL_REL_SLACK, DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
     )
