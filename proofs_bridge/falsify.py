@@ -21,6 +21,14 @@ def _softmax_tilt(p, d):
     return [wi / z for wi in w]
 
 
+def _dot(a, b):
+    return mp.fsum(x * y for x, y in zip(a, b))
+
+
+def _norm(a):
+    return mp.sqrt(_dot(a, a))
+
+
 def _tv(p, q):
     return mp.fsum(abs(a - b) for a, b in zip(p, q)) / 2
 
@@ -104,13 +112,13 @@ def output_error_le(rng, trials):
         ph = _softmax_tilt(p, d)  # p_hat is the served distribution; p (exact) a tilt of it
         vh = [[mp.mpf(rng.gauss(0, 1)) for _ in range(dv)] for _ in range(n)]
         f = [[mp.mpf(rng.gauss(0, 0.1)) for _ in range(dv)] for _ in range(n)]
-        phi = [mp.sqrt(mp.fsum(x * x for x in fj)) * (1 + mp.mpf(rng.random())) for fj in f]
+        phi = [_norm(fj) * (1 + mp.mpf(rng.random())) for fj in f]
         v = [[a - b for a, b in zip(vj, fj)] for vj, fj in zip(vh, f)]
         o = [mp.fsum(p[j] * v[j][c] for j in range(n)) for c in range(dv)]
         oh = [mp.fsum(ph[j] * vh[j][c] for j in range(n)) for c in range(dv)]
-        err = mp.sqrt(mp.fsum((a - b) ** 2 for a, b in zip(oh, o)))
-        Dv = 2 * max(mp.sqrt(mp.fsum(x * x for x in vj)) for vj in vh)
-        bound = _tv(p, ph) * (Dv + max(phi)) + mp.fsum(a * b for a, b in zip(ph, phi))
+        err = _norm([a - b for a, b in zip(oh, o)])
+        Dv = 2 * max(_norm(vj) for vj in vh)
+        bound = _tv(p, ph) * (Dv + max(phi)) + _dot(ph, phi)
         if err > bound:
             bad.append((p, d))
     return bad
@@ -195,10 +203,10 @@ def abs_logit_error_le_radius(rng, trials):
         G = rng.randint(1, d // 2)
         bands = [[b, b + d // 2] for b in range(d // 2)]
         groups = [sum((bands[b] for b in range(len(bands)) if b % G == g), []) for g in range(G)]
-        W = [mp.sqrt(mp.fsum(r[i] ** 2 for i in g)) * (1 + mp.mpf(rng.random()) / 10) for g in groups]
+        W = [_norm([r[i] for i in g]) * (1 + mp.mpf(rng.random()) / 10) for g in groups]
         sig = mp.mpf(rng.uniform(0.01, 1))
-        lhs = abs(sig * mp.fsum(a * b for a, b in zip(q, r)))
-        rhs = sig * mp.fsum(mp.sqrt(mp.fsum(q[i] ** 2 for i in g)) * w for g, w in zip(groups, W))
+        lhs = abs(sig * _dot(q, r))
+        rhs = sig * mp.fsum(_norm([q[i] for i in g]) * w for g, w in zip(groups, W))
         if lhs > rhs:
             bad.append((q, r))
     return bad
