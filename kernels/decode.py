@@ -21,9 +21,10 @@ online softmax and the output accumulation, and, when METER, in the same pass:
   and, in its last column, Σ p̂ φ (inflated by 2^-9 for the same rounding);
 * max ‖W_j‖, max s_j, max φ, max ν, and a count of non-finite radii / logits.
 
-Tiles are dotted on bf16 tensor cores on the GPU: int8 and fp8 codes are exact in bf16, the
-per-token scales are folded into the logits and into p̂ (p̂·s_v is rounded to bf16, as in any
-bf16 attention kernel), and the int8_dither term q·u uses u split into bf16 hi + lo parts.
+Tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be exactly bf16)
+on the GPU: int8 and fp8 codes are exact in both, the per-token scales are folded into the
+logits and into p̂ (p̂·s_v is rounded to q's dtype, as in any bf16 attention kernel), and the
+int8_dither term q·u uses u split into hi + lo parts.
 ``int4_group`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with tf32x3.
 In the interpreter everything stays in fp32.
 
@@ -90,9 +91,7 @@ def _decode_kernel(
     d = tl.arange(0, D)
     q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=hmask[:, None], other=0.0)
     q32 = q.to(tl.float32)
-    if LOWP:
-        q = q.to(tl.bfloat16)
-    else:
+    if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
         q = q32
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -148,9 +147,9 @@ def _decode_kernel(
             else:
                 ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
                 vs = tl.load(VS + sbase, mask=valid, other=0.0).to(tl.float32)
-            if LOWP:  # bf16 tensor cores: int8 / fp8 codes are exact in bf16
-                kc = kc.to(tl.bfloat16)
-                vc = vc.to(tl.bfloat16)
+            if LOWP:  # tensor cores in q's dtype: int8 / fp8 codes are exact in bf16 and fp16
+                kc = kc.to(Q.dtype.element_ty)
+                vc = vc.to(Q.dtype.element_ty)
             else:
                 kc = kc.to(tl.float32)
                 vc = vc.to(tl.float32)
@@ -158,8 +157,8 @@ def _decode_kernel(
             if SCHEME == 2:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])
                 if LOWP:
-                    uk_hi = uk.to(tl.bfloat16)
-                    uk_lo = (uk - uk_hi.to(tl.float32)).to(tl.bfloat16)
+                    uk_hi = uk.to(Q.dtype.element_ty)
+                    uk_lo = (uk - uk_hi.to(tl.float32)).to(Q.dtype.element_ty)
                     qk -= tl.dot(q, tl.trans(uk_hi)) + tl.dot(q, tl.trans(uk_lo))
                 else:
                     qk -= tl.dot(q, tl.trans(uk))
@@ -171,13 +170,13 @@ def _decode_kernel(
             l = l * alpha + tl.sum(p, axis=1)
             pv = p * vs[None, :]
             if LOWP:
-                pv = pv.to(tl.bfloat16)
+                pv = pv.to(Q.dtype.element_ty)
             pvv = tl.dot(pv, vc)
             if SCHEME == 2:
                 uv = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[:, None], d[None, :])
                 if LOWP:
-                    uv_hi = uv.to(tl.bfloat16)
-                    uv_lo = (uv - uv_hi.to(tl.float32)).to(tl.bfloat16)
+                    uv_hi = uv.to(Q.dtype.element_ty)
+                    uv_lo = (uv - uv_hi.to(tl.float32)).to(Q.dtype.element_ty)
                     pvv -= tl.dot(pv, uv_hi) + tl.dot(pv, uv_lo)
                 else:
                     pvv -= tl.dot(pv, uv)
@@ -260,6 +259,23 @@ def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float
     return c * (1.0 + KERNEL_REL_SLACK)
 
 
+def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) -> torch.Tensor:
+    """The query for the GPU path, whose tensor-core dots run in q's dtype. A rounding of q
+    would change the served logits without being metered, so q must already be bf16/fp16, or a
+    float32 that is exactly bf16 (checked only when ``validate``; NaN/Inf pass and saturate)."""
+    if q.dtype == torch.float32:
+        low = q.to(torch.bfloat16)
+        if not (validate and torch.equal(torch.nan_to_num(q), torch.nan_to_num(low.float()))):
+            raise ValueError("q: the GPU path multiplies in bf16/fp16; pass q in the model's dtype (a float32 q "
+                             "would be rounded without being metered)")
+        q = low
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q: expected bfloat16 or float16 on the GPU path, got {q.dtype}")
+    if cache.scheme == "none" and q.dtype != cache.exact_k.dtype:
+        raise ValueError(f"q: scheme 'none' stores {cache.exact_k.dtype} codes; q must have that dtype, got {q.dtype}")
+    return q
+
+
 def decode(
     cache: PagedKV,
     q: torch.Tensor,
@@ -309,8 +325,8 @@ def decode(
     if num_stages is None and not INTERPRET:
         num_stages = 2
     lowp = not INTERPRET and dev.type == "cuda"
-    if lowp and q.dtype != cache.exact_k.dtype and cache.scheme == "none":
-        q = q.to(cache.exact_k.dtype)
+    if lowp:
+        q = tensor_core_query(q, cache, validate)
     q = q.contiguous()
     S = num_splits
     f32 = dict(device=dev, dtype=torch.float32)
@@ -353,7 +369,7 @@ def decode(
         h = (w[..., None] * hist).sum(-2) / L[..., None]  # [B, Hq, NB]
         mx = stat.amax(dim=-2)
         bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
-        qs = q.to(torch.bfloat16) if lowp else q  # the query the kernel used
+        qs = q  # exactly the query the kernel used
         qnorm = qs.double().norm(dim=-1) * (sm * (1.0 + KERNEL_REL_SLACK))  # σ‖q_h‖ (rounded up)
         edges = key_edges(dev)
         lv_a = qnorm[..., None] * edges  # [B, Hq, K+1]

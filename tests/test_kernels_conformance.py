@@ -298,3 +298,22 @@ def test_epilogue_kernel_matches_torch_epilogue():
     b = E.tv_from_hist_torch(mass, lv, rmax)
     for x, y in zip(a, b):
         torch.testing.assert_close(x.cpu(), y, rtol=0, atol=1e-12)
+
+
+def test_gpu_query_dtype_rules():
+    from kernels.decode import tensor_core_query
+
+    cache = PagedKV.allocate(2, 1, 64, scheme="int8")
+    exact = torch.randn(1, 2, 64).bfloat16().float()
+    assert tensor_core_query(exact, cache).dtype == torch.bfloat16
+    nan = exact.clone()
+    nan[0, 0, 0] = float("nan")
+    assert tensor_core_query(nan, cache).dtype == torch.bfloat16  # saturates later, never raises
+    with pytest.raises(ValueError, match="rounded without being metered"):
+        tensor_core_query(exact + 1e-3, cache)
+    with pytest.raises(ValueError, match="rounded without being metered"):
+        tensor_core_query(exact, cache, validate=False)
+    assert tensor_core_query(exact.half(), cache).dtype == torch.float16
+    none16 = PagedKV.allocate(2, 1, 64, scheme="none", model_dtype=torch.float16)
+    with pytest.raises(ValueError, match="scheme 'none'"):
+        tensor_core_query(exact.bfloat16(), none16)
