@@ -12,11 +12,17 @@ def test_demo_prints_table(capsys):
     assert "int8_dither" in out and "kivi2" in out and "0 violations" in out
 
 
-def test_tightness_script(capsys):
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tightness.py"
-    spec = importlib.util.spec_from_file_location("tightness", path)
+def load_bench(name):
+    """Import bench/<name>.py (the bench folder is scripts, not a package)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tightness_script(capsys):
+    mod = load_bench("tightness")
     mod.main(["--lengths", "128", "--steps", "1", "--schemes", "int8,fp8_e4m3"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("plain", "outlier"))]
@@ -38,10 +44,7 @@ def test_real_model_meter_smoke(capsys):
     import pytest
 
     pytest.importorskip("transformers")
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "real_model.py"
-    spec = importlib.util.spec_from_file_location("real_model", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("real_model")
     mod.main(["--tokens", "96", "--queries", "1", "--schemes", "int8_dither"])
     out = capsys.readouterr().out
     assert "int8_dither" in out and "realised TV ≤ TV⁺ (asserted)" in out
