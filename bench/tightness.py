@@ -1,7 +1,7 @@
 """Tightness report (issue 2): coverage of the §3 bounds vs the realised TV on synthetic decode.
 
 Two workloads of one head, d = 128, per-token key witnesses (T = 1, G = 4 groups), the tilt
-bound on the deployed 32-level histogram: 'plain' (Gaussian keys) and 'outlier' (4 key
+bound on a fixed 32-level radius ladder (ratio ≈ 1.35; not the kernel's key-side √2 grid): 'plain' (Gaussian keys) and 'outlier' (4 key
 channels ~ N(0, 12²), as real key caches have). Both have heavy-tailed logits and sink tokens.
 
     python bench/tightness.py                 # the full table (n = 1K … 128K; ~15 min on 2 cores)

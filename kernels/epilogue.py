@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: absolute slack on the kernel's TV⁺: the histogram is a tf32 dot, so each p̂_j enters with a
-#: relative error η ≤ 2^-11; a relative perturbation η of the masses moves every t_S and p̂(S)
+#: absolute slack on the kernel's TV⁺: on the GPU the histogram is an fp16 dot (p̂ scaled by 2^14),
+#: so each p̂_j enters with a relative error η ≤ 2^-11 (fp32 in the interpreter); a relative perturbation η of the masses moves every t_S and p̂(S)
 #: by ≤ η, so the supremum by ≤ 2η = 2^-10. The fp32 softmax adds far less. 2^-9 covers both.
 KERNEL_ABS_SLACK = 2.0**-9
 COARSE = 64
