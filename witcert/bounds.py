@@ -483,15 +483,18 @@ def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max
     return _wrap(out.reshape(ok.shape), p_hat, radius)
 
 
-def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
-    """The reported §3 bound: ``min(tanh, e-form, dual-grid tilt)``; NaN/Inf → 1."""
+def tv_bound_parts(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
+    """The three §3 bounds ``(tanh, e-form, tilt)`` of ``tv_bound`` (each NaN/Inf → 1)."""
     pa, ea, ok = _prep_bound(p_hat, radius)
     masked = np.where(pa > 0, ea, 0.0)  # masked tokens are not in the maximum
-    a = _as_np(tv_bound_tanh(masked), "tanh")
-    b = _as_np(tv_bound_eform(pa, ea), "eform")
-    c = _as_np(tv_bound_tilt(pa, ea, levels=levels, tol=tol), "tilt")
-    out = np.minimum(np.minimum(a, b), c)
-    return _wrap(np.where(ok, out, 1.0), p_hat, radius)
+    parts = (tv_bound_tanh(masked), tv_bound_eform(pa, ea), tv_bound_tilt(pa, ea, levels=levels, tol=tol))
+    return tuple(_wrap(np.where(ok, _as_np(x, "bound"), 1.0), p_hat, radius) for x in parts)
+
+
+def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
+    """The reported §3 bound: ``min(tanh, e-form, dual-grid tilt)``; NaN/Inf → 1."""
+    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts(p_hat, radius, levels=levels, tol=tol))
+    return _wrap(np.minimum(np.minimum(a, b), c), p_hat, radius)
 
 
 def tv_sup_bruteforce(p_hat, radius):

@@ -1,0 +1,625 @@
+"""A metered, gated KV cache for Hugging Face transformers (SPEC §1–§6).
+
+    from witcert.cache import WitCertCache, Gate, use_witcert
+    use_witcert(model)                         # attn_implementation "witcert" (sdpa base)
+    cache = WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked", max_pagein_blocks=2))
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=16)
+    cache.summary()                            # request-level meter, page-in bytes, flags
+
+Serving semantics (what a paged server does):
+
+* The first forward of a request (prefill into an empty cache) attends over the exact fresh K/V
+  with the base attention (``sdpa`` or ``eager``) and writes the cache compressed.
+* Every later forward (decode steps, later prefill chunks) writes its K/V compressed first and
+  then reads the compressed cache: ``ô = softmax(σ q k̂ᵀ + mask) v̂``, computed in float64 on
+  the model's device (the reference path of the kernels), and metered per (layer, query
+  head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
+  (Tier B). The Triton kernels of ``kernels/`` implement the same decode for the kernel
+  schemes; this cache does not call them (see README, "Status").
+
+Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
+
+    exact_k, exact_v  [B, Hkv, n, D]  model dtype: the exact backing store (pinned host memory
+                                      when the model is on CUDA); written once per token, never
+                                      by serving or repair
+    k_hat, v_hat      [B, Hkv, n, D]  float32 on the model's device: what attention reads
+    k_wit             [B, Hkv, n, G]  float64 ≥ ‖(k̂_j − k_j)[g]‖ (per token; ``witness="block"``
+                                      meters with the maximum over each block of T tokens)
+    v_wit             [B, Hkv, n]     float64 ≥ ‖v̂_j − v_j‖
+    k_scale           [B, Hkv, n]     int8_dither key scales (Tier B)
+    repaired          [B, Hkv, nblk]  bool: block paged in (exact, witnesses 0)
+
+Schemes whose key statistics span a block of tokens (``kivi2``) quantize a block when it is
+full; until then its tokens stay exact (KIVI's full-precision residual), with witness 0.
+
+Gate (SPEC §6), per (step, layer, sequence, kv head), after the meter:
+
+* ``certified`` (τ < 1): while some query head of the kv head has ``TV⁺ > τ`` (or ``E⁺_V > τ_v``),
+  page in the exact block of highest risk, recompute the meter, until the bounds hold or
+  ``max_pagein_blocks`` are spent; then the row is flagged.
+* ``risk-ranked``: when the bound exceeds τ (default 0: always), page in the top
+  ``max_pagein_blocks`` blocks by risk.
+* risk of a block = Σ_{j∈B} Σ_heads p̂_j (e^{ε_j} − 1) (+ Σ p̂_j φ_j / τ_v with τ_v), the block's
+  first-order contribution to the e-form bound; blocks with risk ≤ ``min_risk`` (default 0)
+  are never paged in.
+  Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
+  page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import threading
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+
+from . import bounds as B
+from .schemes import QuantContext, get_scheme, quantize
+
+#: schemes whose key statistics are taken over a block of tokens: quantized per full block
+BLOCK_SCHEMES = frozenset({"kivi2"})
+#: levels the tilt bound rounds radii up onto: 0 and 2^-14 … 16 with ratio 2^(1/4) (any set of
+#: levels is sound, SPEC §3(c); radii above 16 use the row maximum, where every bound is ≈ 1)
+METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
+#: query rows per forward above which only the closed forms (a), (b) are computed (long prefill
+#: chunks); decode steps always get min(tanh, e-form, tilt)
+TILT_MAX_ROWS_PER_HEAD = 4
+TIER_B_CAVEAT = "Tier B holds for queries that do not depend on the dither (non-adaptive); Tier A holds always."
+
+_ACTIVE = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """Repair policy (SPEC §6). ``max_pagein_blocks``: per (step, layer, sequence, kv head)."""
+
+    policy: str = "certified"
+    tau: float | None = None
+    tau_v: float | None = None
+    max_pagein_blocks: int = 8
+    tier: str = "A"
+    min_risk: float = 0.0
+
+    def __post_init__(self):
+        if self.policy not in ("certified", "risk-ranked"):
+            raise ValueError(f"Gate.policy: expected 'certified' or 'risk-ranked', got {self.policy!r}")
+        tau = self.tau
+        if tau is None:
+            object.__setattr__(self, "tau", 0.1 if self.policy == "certified" else 0.0)
+        elif not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
+            raise ValueError(f"Gate.tau: expected a finite number >= 0, got {tau!r}")
+        if self.policy == "certified" and not self.tau < 1:
+            raise ValueError("Gate.tau: the certified policy needs tau < 1 (TV⁺ ≤ 1 always); use 'risk-ranked'")
+        if self.tau_v is not None and not (isinstance(self.tau_v, (int, float)) and self.tau_v > 0):
+            raise ValueError(f"Gate.tau_v: expected a number > 0, got {self.tau_v!r}")
+        if not isinstance(self.max_pagein_blocks, int) or isinstance(self.max_pagein_blocks, bool) or self.max_pagein_blocks < 0:
+            raise ValueError(f"Gate.max_pagein_blocks: expected an int >= 0, got {self.max_pagein_blocks!r}")
+        if not (isinstance(self.min_risk, (int, float)) and self.min_risk >= 0):
+            raise ValueError(f"Gate.min_risk: expected a number >= 0, got {self.min_risk!r}")
+        if self.tier not in ("A", "B"):
+            raise ValueError(f"Gate.tier: expected 'A' or 'B', got {self.tier!r}")
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """Meter of one (forward step, layer): arrays [B, Hq] (maxima over the step's query rows)."""
+
+    step: int
+    layer: int
+    tv_a: np.ndarray  # Tier A TV⁺ after repair
+    tv_a_pre: np.ndarray  # before repair
+    out_err: np.ndarray  # E⁺_V (Tier A) after repair
+    tv_b: np.ndarray | None  # Tier B TV⁺ (int8_dither with delta_req), after repair
+    flag: np.ndarray  # bool: not certified (gate budget spent) or non-finite inputs
+    nonfinite: np.ndarray  # bool: saturated because of NaN/Inf
+    pagein_blocks: np.ndarray  # [B, Hkv] blocks paged in at this step
+    delta_step: float | None = None
+    parts_pre: np.ndarray | None = None  # [3, B, Hq] tanh / e-form / tilt before repair
+    tv_b_pre: np.ndarray | None = None
+    tv_real: np.ndarray | None = None  # audit=True: realised TV against exact attention
+    out_err_real: np.ndarray | None = None
+    audit_violations: int = 0  # rows where realised > bound (must stay 0)
+
+
+def _model_dims(config):
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    Hq = text.num_attention_heads
+    Hkv = getattr(text, "num_key_value_heads", None) or Hq
+    D = getattr(text, "head_dim", None) or text.hidden_size // Hq
+    L = text.num_hidden_layers
+    rp = getattr(text, "rope_parameters", None) or {}
+    frac = rp.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0)) if isinstance(rp, dict) else 1.0
+    rot = int(D * frac)
+    return text, L, Hq, Hkv, D, rot - rot % 2
+
+
+class WitCertLayer(CacheLayerMixin):
+    """One layer's storage (see the module docstring). Created by ``WitCertCache``."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner: "WitCertCache", layer_idx: int):
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self._pending = None
+
+    # -- transformers' layer API
+    def lazy_initialization(self, key_states, value_states) -> None:
+        o = self.owner
+        self.dtype, self.device = key_states.dtype, key_states.device
+        Bsz, H, _, D = key_states.shape
+        if H != o.num_kv_heads or D != o.head_dim:
+            raise ValueError(f"layer {self.layer_idx}: keys [B, {H}, n, {D}] do not match the cache's model "
+                             f"({o.num_kv_heads} kv heads, head dim {D}); a WitCertCache belongs to one model")
+        host = torch.device("cpu")
+        pin = self.device.type == "cuda"
+        z = lambda *s, dt, dev: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+        self.exact_k = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
+        self.exact_v = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
+        if pin:
+            self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
+        self.k_hat = z(Bsz, H, 0, D, dt=torch.float32, dev=self.device)
+        self.v_hat = z(Bsz, H, 0, D, dt=torch.float32, dev=self.device)
+        self.k_wit = z(Bsz, H, 0, o.num_groups, dt=torch.float64, dev=self.device)
+        self.v_wit = z(Bsz, H, 0, dt=torch.float64, dev=self.device)
+        self.k_scale = z(Bsz, H, 0, dt=torch.float32, dev=self.device)
+        self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
+        self.n_quantized = 0
+        self.keys, self.values = self.exact_k, self.exact_v
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.exact_k.shape[-2] if self.is_initialized else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.is_initialized = False
+        self.keys = self.values = None
+        self._pending = None
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("WitCertCache does not support beam search")
+
+    # -- writes
+    def update(self, key_states, value_states, *args, **kwargs):
+        o = self.owner
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != self.exact_k.shape[0] or key_states.dtype != self.dtype:
+            raise ValueError("WitCertCache: batch size / dtype changed inside a request; call cache.reset() between requests")
+        first = self.get_seq_length() == 0
+        host = self.exact_k.device
+        ek = key_states.detach().to(host)
+        ev = value_states.detach().to(host)
+        self.exact_k = torch.cat([self.exact_k, ek], dim=-2)
+        self.exact_v = torch.cat([self.exact_v, ev], dim=-2)
+        if self.device.type == "cuda":
+            self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
+        self.keys, self.values = self.exact_k, self.exact_v
+        passthrough = o.scheme == "none" and not o.meter
+        if not passthrough:
+            self._append_served(key_states.detach(), value_states.detach())
+        self._pending = "base" if (passthrough or first) else "served"
+        _ACTIVE.cache = o
+        if passthrough:
+            return self.exact_k.to(self.device), self.exact_v.to(self.device)
+        return key_states, value_states  # not read by the "witcert" attention on the served path
+
+    def _append_served(self, k, v):
+        o = self.owner
+        n0 = self.k_hat.shape[-2]
+        Bsz, H, m, D = k.shape
+        n1 = n0 + m
+        T = o.block_size
+        nblk = -(-n1 // T)
+        if self.repaired.shape[-1] < nblk:
+            pad = torch.zeros(Bsz, H, nblk - self.repaired.shape[-1], dtype=torch.bool, device=self.device)
+            self.repaired = torch.cat([self.repaired, pad], dim=-1)
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self.k_hat = torch.cat([self.k_hat, k.float()], dim=-2)
+        self.v_hat = torch.cat([self.v_hat, v.float()], dim=-2)
+        self.k_wit = torch.cat([self.k_wit, torch.zeros(Bsz, H, m, o.num_groups, **f64)], dim=-2)
+        self.v_wit = torch.cat([self.v_wit, torch.zeros(Bsz, H, m, **f64)], dim=-1)
+        self.k_scale = torch.cat([self.k_scale, torch.zeros(Bsz, H, m, dtype=torch.float32, device=self.device)], dim=-1)
+        if o.scheme == "none":
+            self.n_quantized = n1
+            return
+        a = self.n_quantized
+        b = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
+        if b <= a:
+            return
+        x_k = self.exact_k[..., a:b, :].to(self.device)
+        x_v = self.exact_v[..., a:b, :].to(self.device)
+        common = dict(seed=o.seed, layer=self.layer_idx, positions=torch.arange(a, b), block_size=T)
+        kh, kmeta = quantize(o.scheme, x_k.float().cpu(), QuantContext(role="key", **common))
+        vh, _ = quantize(o.scheme, x_v.float().cpu(), QuantContext(role="value", **common))
+        kh, vh = kh.to(self.device), vh.to(self.device)
+        kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
+        vw = B.value_witness(x_v.double(), vh.double(), block_size=1)
+        # tokens of repaired blocks stay exact (repair is persistent)
+        rep = self.repaired.repeat_interleave(T, dim=-1)[..., a:b]
+        self.k_hat[..., a:b, :] = torch.where(rep[..., None], x_k.float(), kh)
+        self.v_hat[..., a:b, :] = torch.where(rep[..., None], x_v.float(), vh)
+        self.k_wit[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(kw), kw)
+        self.v_wit[..., a:b] = torch.where(rep, torch.zeros_like(vw), vw)
+        if "scale" in kmeta and o.scheme == "int8_dither":
+            self.k_scale[..., a:b] = torch.where(rep, 0.0, kmeta["scale"].to(self.device))
+        self.n_quantized = b
+
+    # -- repair
+    def page_in(self, b: int, h: int, blk: int) -> int:
+        """Make block ``blk`` of (sequence b, kv head h) exact; returns the bytes moved (0 if
+        it was already repaired: idempotent). Reads the backing store, never writes it."""
+        if bool(self.repaired[b, h, blk]):
+            return 0
+        T = self.owner.block_size
+        lo, hi = blk * T, min((blk + 1) * T, self.k_hat.shape[-2])
+        ek = self.exact_k[b, h, lo:hi].to(self.device, non_blocking=True)
+        ev = self.exact_v[b, h, lo:hi].to(self.device, non_blocking=True)
+        self.k_hat[b, h, lo:hi] = ek.float()
+        self.v_hat[b, h, lo:hi] = ev.float()
+        self.k_wit[b, h, lo:hi] = 0
+        self.v_wit[b, h, lo:hi] = 0
+        self.k_scale[b, h, lo:hi] = 0
+        self.repaired[b, h, blk] = True
+        return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
+
+
+class WitCertCache(Cache):
+    """See the module docstring. ``scheme``: any registered scheme (``witcert.schemes``);
+    ``num_groups`` G and ``witness`` ("token" | "block") choose the witness layout;
+    ``delta_req`` with ``schedule`` ("fixed" needs ``horizon`` = max decode steps; "anytime")
+    enables Tier B for ``int8_dither``."""
+
+    def __init__(
+        self,
+        config,
+        scheme: str = "int8",
+        *,
+        meter: bool = True,
+        gate: Gate | None = None,
+        block_size: int = 16,
+        num_groups: int = 1,
+        witness: str = "token",
+        seed: int = 0,
+        delta_req: float | None = None,
+        schedule: str = "anytime",
+        horizon: int | None = None,
+        audit: bool = False,
+    ):
+        get_scheme(scheme)  # ValueError naming the known schemes
+        text, L, Hq, Hkv, D, rot = _model_dims(config)
+        if gate is not None and not isinstance(gate, Gate):
+            raise ValueError(f"gate: expected a witcert.cache.Gate, got {type(gate).__name__}")
+        if gate is not None and not meter:
+            raise ValueError("gate: gating needs the meter (meter=True)")
+        if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
+            raise ValueError(f"block_size: expected a power of two, got {block_size!r}")
+        if witness not in ("token", "block"):
+            raise ValueError(f"witness: expected 'token' or 'block', got {witness!r}")
+        if schedule not in ("fixed", "anytime"):
+            raise ValueError(f"schedule: expected 'fixed' or 'anytime', got {schedule!r}")
+        if delta_req is not None:
+            if scheme != "int8_dither":
+                raise ValueError("delta_req: Tier B (SPEC §5) is defined for the int8_dither scheme only")
+            if schedule == "fixed" and horizon is None:
+                raise ValueError("schedule 'fixed' needs horizon= (the maximum number of decode steps)")
+            B.step_budget(delta_req, L, Hq, **({"horizon": horizon} if schedule == "fixed" else {"step": 1}))
+        if gate is not None and gate.tier == "B" and delta_req is None:
+            raise ValueError("Gate(tier='B') needs delta_req (Tier B budget)")
+        self.config = text
+        self.num_layers, self.num_q_heads, self.num_kv_heads, self.head_dim = L, Hq, Hkv, D
+        if Hq % Hkv:
+            raise ValueError(f"model: {Hq} query heads are not a multiple of {Hkv} kv heads")
+        self.scheme, self.meter, self.gate = scheme, bool(meter), gate
+        self.block_size, self.witness, self.seed = block_size, witness, int(seed)
+        self.num_groups = num_groups
+        self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
+        self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
+        self.audit = bool(audit)
+        self.step = 0
+        self.records: list[StepRecord] = []
+        self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
+        self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
+        super().__init__(layers=[WitCertLayer(self, i) for i in range(L)])
+
+    # -- bookkeeping
+    def reset(self):
+        for layer in self.layers:
+            layer.reset()
+        self.step = 0
+        self.records = []
+        self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
+        self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx == 0:
+            if self.layers[0].get_seq_length() > 0:
+                self.step += 1
+            if self.pagein_blocks.shape[1] != key_states.shape[0]:
+                self.pagein_blocks = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
+                self.pagein_bytes = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def delta_step(self) -> float | None:
+        if self.delta_req is None:
+            return None
+        if self.schedule == "fixed":
+            if self.step > self.horizon:
+                raise RuntimeError(f"Tier B: decode step {self.step} is past the fixed horizon {self.horizon}")
+            return B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, horizon=self.horizon)
+        return B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, step=max(self.step, 1))
+
+    def summary(self) -> dict:
+        """Request-level record: maxima of the bounds, flags and page-ins (per sequence)."""
+        recs = self.records
+        Bsz = self.pagein_blocks.shape[1]
+        out = {
+            "scheme": self.scheme,
+            "steps": len({r.step for r in recs}),
+            "max_tv_a": np.max([r.tv_a.max(-1) for r in recs], axis=0) if recs else np.zeros(Bsz),
+            "median_tv_a": np.median([r.tv_a for r in recs], axis=(0, 2)) if recs else np.zeros(Bsz),
+            "max_out_err": np.max([r.out_err.max(-1) for r in recs], axis=0) if recs else np.zeros(Bsz),
+            "flagged_rows": np.sum([r.flag.sum(-1) for r in recs], axis=0) if recs else np.zeros(Bsz, dtype=np.int64),
+            "pagein_blocks": self.pagein_blocks.sum(0),
+            "pagein_bytes": self.pagein_bytes.sum(0),
+            "pagein_blocks_per_layer": self.pagein_blocks.copy(),
+            "pagein_bytes_per_layer": self.pagein_bytes.copy(),
+        }
+        if recs and recs[0].tv_b is not None:
+            out["max_tv_b"] = np.max([r.tv_b.max(-1) for r in recs], axis=0)
+            out["tier_b_caveat"] = TIER_B_CAVEAT
+        return out
+
+    # -- the served attention and its meter
+    def served_attention(self, module, query, attention_mask, scaling):
+        layer = self.layers[module.layer_idx]
+        Bsz, Hq, Lq, D = query.shape
+        if Hq != self.num_q_heads or D != self.head_dim:
+            raise ValueError(f"query [B, {Hq}, L, {D}] does not match the cache's model; a WitCertCache belongs to one model")
+        n = layer.k_hat.shape[-2]
+        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(D)
+        allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)  # [B, 1|Hq, Lq, n]
+        GQ = Hq // self.num_kv_heads
+        q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
+        al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
+        ev = self._evaluate(layer, q, al, sm)
+        if self.meter:
+            ev = self._meter_and_gate(layer, q, al, sm, ev)
+        o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
+        return o.to(query.dtype), None
+
+    def _evaluate(self, layer, q, al, sm):
+        kh = layer.k_hat.double()
+        vh = layer.v_hat.double()
+        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, kh)
+        logits = logits.masked_fill(~al, float("-inf"))
+        live_row = al.any(-1)  # rows with at least one key (left-padded query rows have none)
+        mx = torch.where(live_row, logits.amax(-1), torch.zeros_like(logits[..., 0]))
+        e = torch.exp(logits - mx[..., None])
+        e = torch.where(al, e, torch.zeros_like(e))
+        p = e / e.sum(-1, keepdim=True).clamp_min(1e-300)
+        o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
+        return {"p": p, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
+
+    def _radii(self, layer, q, al, sm, p):
+        """ε [B, Hkv, GQ, Lq, n] (Tier A) from the stored witnesses (0 at masked tokens)."""
+        qn = torch.stack([q[..., torch.from_numpy(g).to(q.device)].norm(dim=-1) for g in self.groups], -1)
+        W = layer.k_wit
+        if self.witness == "block":
+            T = self.block_size
+            n = W.shape[-2]
+            nb = -(-n // T)
+            Wp = torch.nn.functional.pad(W, (0, 0, 0, nb * T - n))
+            W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2).repeat_interleave(T, dim=-2)[..., :n, :]
+        eps = abs(sm) * torch.einsum("bhglk,bhnk->bhgln", qn, W)  # σ Σ_g ‖q[g]‖ W[j, g]
+        eps = eps * (1.0 + B.FP64_REL_SLACK)
+        eps = torch.where(torch.isfinite(eps), eps, torch.full_like(eps, float("inf")))
+        return torch.where(al, eps, torch.zeros_like(eps))
+
+    def _tier_b_radii(self, layer, q, al, sm, delta_step):
+        s = layer.k_scale.double()[:, :, None, None, :]  # [B, Hkv, 1, 1, n]
+        qq = q.double()
+        V = B.dither_variance_proxy(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
+        bias = B.dither_bias_bound(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
+        n = int(al.shape[-1])
+        t = B.dither_radius(V, n, delta_step, bias=bias)
+        return torch.where(al, t, torch.zeros_like(t))
+
+    def _bounds(self, p, eps, live, v_hat, v_wit) -> dict:
+        """For p, eps [B, Hkv, GQ, Lq, n]: TV⁺ = min(tanh, e-form, tilt) and E⁺_V per row,
+        ``parts`` [3, rows] (the three §3 bounds), ``bad`` (non-finite: saturated, flagged)."""
+        shp = p.shape[:-1]
+        dev = p.device
+        pn = p.detach().cpu().numpy().reshape(-1, p.shape[-1])
+        en = eps.detach().cpu().numpy().reshape(-1, p.shape[-1])
+        ln = live.detach().cpu().numpy().reshape(-1)
+        finite = np.isfinite(pn).all(-1) & ~np.isnan(en).any(-1)
+        ok = ln & finite
+        pn = np.where(ok[:, None], pn, 0.0)
+        pn[~ok, 0] = 1.0  # dead / non-finite rows: a placeholder distribution, overwritten below
+        en = np.where(ok[:, None], en, 0.0)
+        parts = np.ones((3, pn.shape[0]))
+        if ok.any():
+            if shp[-1] <= TILT_MAX_ROWS_PER_HEAD:
+                parts[:, ok] = np.stack(B.tv_bound_parts(pn[ok], en[ok], levels=METER_LEVELS))
+            else:  # long prefill chunks: the closed forms only (sound, looser)
+                parts[0, ok] = B.tv_bound_tanh(np.where(pn[ok] > 0, en[ok], 0.0))
+                parts[1, ok] = B.tv_bound_eform(pn[ok], en[ok])
+        bad = ln & ~finite
+        parts = np.where(bad, 1.0, np.where(ln, parts, 0.0))
+        t = lambda x: torch.from_numpy(np.ascontiguousarray(x).reshape(shp)).to(dev)  # noqa: E731
+        tv = t(parts.min(0))
+        err = B.output_error_bound(torch.from_numpy(pn.reshape(p.shape)).to(dev), v_hat.double()[:, :, None, None],
+                                   v_wit[:, :, None, None], tv)
+        err = torch.where(t(bad), torch.full_like(err, float("inf")), torch.where(t(ln), err, torch.zeros_like(err)))
+        return {"tv": tv, "err": err, "bad": t(bad), "parts": torch.stack([t(x) for x in parts])}
+
+    def _block_risk(self, layer, ev, eps, nb):
+        """Risk of every block [B, Hkv, nb] (module docstring); 0 for repaired blocks."""
+        p = ev["p"]
+        rt = p * torch.expm1(torch.clamp(eps, max=60.0))
+        if self.gate.tau_v is not None:
+            rt = rt + p * layer.v_wit[:, :, None, None] / self.gate.tau_v
+        rt = torch.nan_to_num(rt, nan=0.0, posinf=1e300).sum((2, 3))  # [B, Hkv, n]
+        T = self.block_size
+        n = rt.shape[-1]
+        rb = torch.nn.functional.pad(rt, (0, nb * T - n)).view(*rt.shape[:2], nb, T).sum(-1)
+        return torch.where(layer.repaired[..., :nb], torch.zeros_like(rb), rb)
+
+    def _meter_and_gate(self, layer, q, al, sm, ev):
+        Bsz, Hkv, GQ, Lq, n = ev["p"].shape
+        ds = self.delta_step()
+        gate = self.gate
+
+        def measure():
+            eps = self._radii(layer, q, al, sm, ev["p"])
+            m = self._bounds(ev["p"], eps, ev["live"], layer.v_hat, layer.v_wit)
+            m["eps"] = eps
+            if ds is not None:
+                tb = self._tier_b_radii(layer, q, al, sm, ds)
+                m["tv_b"] = self._bounds(ev["p"], tb, ev["live"], layer.v_hat, layer.v_wit)["tv"]
+            return m
+
+        def over(m):
+            gtv = m["tv"] if gate.tier == "A" else torch.minimum(m["tv"], m["tv_b"])
+            o = gtv > gate.tau
+            if gate.tau_v is not None:
+                o = o | (m["err"] > gate.tau_v)
+            return o
+
+        m = pre = measure()
+        pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
+        if gate is not None and gate.max_pagein_blocks > 0:
+            nb = -(-n // self.block_size)
+            risk_ranked = gate.policy == "risk-ranked"
+            for _ in range(1 if risk_ranked else gate.max_pagein_blocks):
+                need = over(m).flatten(2).any(-1).cpu().numpy() & (pagein < gate.max_pagein_blocks)
+                if not need.any():
+                    break
+                rb = self._block_risk(layer, ev, m["eps"], nb)
+                moved = False
+                for b, h in zip(*np.nonzero(need)):
+                    k = gate.max_pagein_blocks - int(pagein[b, h]) if risk_ranked else 1
+                    vals, idx = torch.topk(rb[b, h], min(k, nb))
+                    for val, blk in zip(vals.tolist(), idx.tolist()):
+                        if val <= gate.min_risk:
+                            break
+                        nbytes = layer.page_in(int(b), int(h), blk)
+                        if nbytes:
+                            pagein[b, h] += 1
+                            self.pagein_blocks[layer.layer_idx, b] += 1
+                            self.pagein_bytes[layer.layer_idx, b] += nbytes
+                            moved = True
+                if not moved:
+                    break
+                ev.update(self._evaluate(layer, q, al, sm))
+                m = measure()
+        flag = m["bad"]
+        if gate is not None and gate.policy == "certified":
+            flag = flag | over(m)
+        red = lambda x: x.amax(-1).reshape(*x.shape[:-4], Bsz, Hkv * GQ).cpu().numpy()  # noqa: E731
+        audit = self._audit(layer, q, al, sm, ev, m) if self.audit else None
+        self.records.append(StepRecord(
+            step=self.step, layer=layer.layer_idx, tv_a=red(m["tv"]), tv_a_pre=red(pre["tv"]), out_err=red(m["err"]),
+            tv_b=red(m["tv_b"]) if ds is not None else None, flag=red(flag.double()) > 0,
+            nonfinite=red(m["bad"].double()) > 0, pagein_blocks=pagein, delta_step=ds,
+            parts_pre=red(pre["parts"]), tv_b_pre=red(pre["tv_b"]) if ds is not None else None,
+            tv_real=None if audit is None else red(audit[0]), out_err_real=None if audit is None else red(audit[1]),
+            audit_violations=0 if audit is None else int(audit[2]),
+        ))
+        return ev
+
+    def _audit(self, layer, q, al, sm, ev, m):
+        """Realised TV and ‖ô − o‖ against exact attention over the backing store (tests, demo)."""
+        ek = layer.exact_k.to(layer.device).double()
+        evv = layer.exact_v.to(layer.device).double()
+        logits = (sm * torch.einsum("bhgld,bhnd->bhgln", q, ek)).masked_fill(~al, float("-inf"))
+        p = torch.softmax(logits, -1)
+        p = torch.where(ev["live"][..., None], p, torch.zeros_like(p))
+        tv = 0.5 * (p - ev["p"]).abs().sum(-1)
+        err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - ev["o"]).norm(dim=-1)
+        viol = ((tv > m["tv"]) | (err > m["err"])) & ev["live"] & ~m["bad"]
+        return tv, err, viol.sum()
+
+
+def _allowed(mask, Bsz, Lq, n, device) -> torch.Tensor:
+    """Boolean [B, 1|H, Lq, n] (True = attend) from an sdpa (bool / None) or eager (additive) mask."""
+    if mask is None:
+        i = torch.arange(Lq, device=device)[:, None]
+        j = torch.arange(n, device=device)[None, :]
+        return (j <= i + (n - Lq)).expand(Bsz, 1, Lq, n)
+    if mask.dtype == torch.bool:
+        m = mask
+    else:
+        m = mask > torch.finfo(mask.dtype).min / 2
+    m = m[..., -n:] if m.shape[-1] >= n else m
+    if m.shape[-1] != n or m.shape[-2] != Lq:
+        raise ValueError(f"attention mask {tuple(mask.shape)} does not match {Lq} queries over {n} cached tokens")
+    return m.expand(Bsz, m.shape[1], Lq, n)
+
+
+def _make_attention(base: str) -> Callable:
+    def witcert_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        cache = getattr(_ACTIVE, "cache", None)
+        layer = cache.layers[module.layer_idx] if cache is not None and module.layer_idx < len(cache.layers) else None
+        mode = layer._pending if layer is not None else None
+        if layer is not None:
+            layer._pending = None
+            cfg = getattr(module, "config", None)
+            if mode is not None and cfg is not None and _model_dims(cfg)[1:5] != (
+                cache.num_layers, cache.num_q_heads, cache.num_kv_heads, cache.head_dim
+            ):
+                raise ValueError("WitCertCache: this cache was built for a different model")
+        if mode != "served":
+            fn = _base_fn(base, module)
+            return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if module.training and dropout:
+            raise ValueError("witcert attention is for inference (no dropout)")
+        return cache.served_attention(module, query, attention_mask, scaling)
+
+    return witcert_attention
+
+
+def _base_fn(base: str, module):
+    if base == "sdpa":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise ValueError(f"{type(module).__name__}: its modeling file has no eager_attention_forward")
+    return fn
+
+
+def register() -> None:
+    """Register ``"witcert"`` (sdpa base) and ``"witcert_eager"`` (eager base) with transformers."""
+    AttentionInterface.register("witcert", _make_attention("sdpa"))
+    AttentionInterface.register("witcert_eager", _make_attention("eager"))
+    ALL_MASK_ATTENTION_FUNCTIONS.register("witcert", sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("witcert_eager", eager_mask)
+
+
+def use_witcert(model, base: str = "sdpa"):
+    """Switch ``model`` to the witcert attention (``base``: the attention used for prefill and
+    when the cache is off: "sdpa" or "eager"). Returns the model."""
+    if base not in ("sdpa", "eager"):
+        raise ValueError(f"base: expected 'sdpa' or 'eager', got {base!r}")
+    register()
+    model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
+    return model
