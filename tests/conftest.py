@@ -32,3 +32,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once per session (the
+    first load on a machine converts the GGUF into the user cache, ~20 s)."""
+    pytest.importorskip("transformers")
+    from witcert.model import load_model
+
+    return load_model()

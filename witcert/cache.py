@@ -40,8 +40,10 @@ Gate (SPEC §6), per (step, layer, sequence, kv head), after the meter:
 * ``risk-ranked``: when the bound exceeds τ (default 0: always), page in the top
   ``max_pagein_blocks`` blocks by risk.
 * risk of a block = Σ_{j∈B} Σ_heads p̂_j (e^{ε_j} − 1) (+ Σ p̂_j φ_j / τ_v with τ_v), the block's
-  first-order contribution to the e-form bound; blocks with risk ≤ ``min_risk`` (default 0)
-  are never paged in.
+  first-order contribution to the e-form bound. A block is paged in only if its risk is > 0,
+  ≥ ``min_risk`` and ≥ ``min_share`` × the total risk of its (sequence, kv head): with
+  ``min_share`` the gate repairs the blocks that carry the bound (attention sinks, the tokens
+  being read), not the many blocks that each carry a sliver of it.
   Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
   page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
 """
@@ -71,6 +73,8 @@ METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
 #: query rows per forward above which only the closed forms (a), (b) are computed (long prefill
 #: chunks); decode steps always get min(tanh, e-form, tilt)
 TILT_MAX_ROWS_PER_HEAD = 4
+#: absolute tolerance of the audit (fp64 evaluation of both exact and served attention)
+AUDIT_ABS_TOL = 1e-12
 TIER_B_CAVEAT = "Tier B holds for queries that do not depend on the dither (non-adaptive); Tier A holds always."
 
 _ACTIVE = threading.local()
@@ -86,6 +90,7 @@ class Gate:
     max_pagein_blocks: int = 8
     tier: str = "A"
     min_risk: float = 0.0
+    min_share: float = 0.0
 
     def __post_init__(self):
         if self.policy not in ("certified", "risk-ranked"):
@@ -103,6 +108,8 @@ class Gate:
             raise ValueError(f"Gate.max_pagein_blocks: expected an int >= 0, got {self.max_pagein_blocks!r}")
         if not (isinstance(self.min_risk, (int, float)) and self.min_risk >= 0):
             raise ValueError(f"Gate.min_risk: expected a number >= 0, got {self.min_risk!r}")
+        if not (isinstance(self.min_share, (int, float)) and 0 <= self.min_share <= 1):
+            raise ValueError(f"Gate.min_share: expected a number in [0, 1], got {self.min_share!r}")
         if self.tier not in ("A", "B"):
             raise ValueError(f"Gate.tier: expected 'A' or 'B', got {self.tier!r}")
 
@@ -407,13 +414,7 @@ class WitCertCache(Cache):
     def _evaluate(self, layer, q, al, sm):
         kh = layer.k_hat.double()
         vh = layer.v_hat.double()
-        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, kh)
-        logits = logits.masked_fill(~al, float("-inf"))
-        live_row = al.any(-1)  # rows with at least one key (left-padded query rows have none)
-        mx = torch.where(live_row, logits.amax(-1), torch.zeros_like(logits[..., 0]))
-        e = torch.exp(logits - mx[..., None])
-        e = torch.where(al, e, torch.zeros_like(e))
-        p = e / e.sum(-1, keepdim=True).clamp_min(1e-300)
+        p, live_row = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", q, kh), al)
         o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
         return {"p": p, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
 
@@ -513,12 +514,13 @@ class WitCertCache(Cache):
                 if not need.any():
                     break
                 rb = self._block_risk(layer, ev, m["eps"], nb)
+                floor = torch.clamp(gate.min_share * rb.sum(-1, keepdim=True), min=gate.min_risk)  # [B, Hkv, 1]
                 moved = False
                 for b, h in zip(*np.nonzero(need)):
                     k = gate.max_pagein_blocks - int(pagein[b, h]) if risk_ranked else 1
                     vals, idx = torch.topk(rb[b, h], min(k, nb))
                     for val, blk in zip(vals.tolist(), idx.tolist()):
-                        if val <= gate.min_risk:
+                        if val <= 0 or val < float(floor[b, h, 0]):
                             break
                         nbytes = layer.page_in(int(b), int(h), blk)
                         if nbytes:
@@ -549,13 +551,23 @@ class WitCertCache(Cache):
         """Realised TV and ‖ô − o‖ against exact attention over the backing store (tests, demo)."""
         ek = layer.exact_k.to(layer.device).double()
         evv = layer.exact_v.to(layer.device).double()
-        logits = (sm * torch.einsum("bhgld,bhnd->bhgln", q, ek)).masked_fill(~al, float("-inf"))
-        p = torch.softmax(logits, -1)
-        p = torch.where(ev["live"][..., None], p, torch.zeros_like(p))
+        p, _ = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", q, ek), al)
         tv = 0.5 * (p - ev["p"]).abs().sum(-1)
         err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - ev["o"]).norm(dim=-1)
-        viol = ((tv > m["tv"]) | (err > m["err"])) & ev["live"] & ~m["bad"]
+        # the audit's own fp64 evaluation error (both sides are fp64 sums over n tokens)
+        tol = AUDIT_ABS_TOL * (1.0 + ev["o"].abs().amax(-1))
+        viol = ((tv > m["tv"] + AUDIT_ABS_TOL) | (err > m["err"] + tol)) & ev["live"] & ~m["bad"]
         return tv, err, viol.sum()
+
+
+def _softmax(logits, al):
+    """Masked softmax over the last axis (float64); rows without any key give p = 0."""
+    logits = logits.masked_fill(~al, float("-inf"))
+    live_row = al.any(-1)  # left-padded query rows have no key
+    mx = torch.where(live_row, logits.amax(-1), torch.zeros_like(logits[..., 0]))
+    e = torch.exp(logits - mx[..., None])
+    e = torch.where(al, e, torch.zeros_like(e))
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-300), live_row
 
 
 def _allowed(mask, Bsz, Lq, n, device) -> torch.Tensor:
