@@ -2,7 +2,7 @@
 # this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-v2
+STAMP := $(VENV)/.installed-v3
 export OMP_NUM_THREADS := 1
 export TRITON_INTERPRET := 1
 

@@ -7,7 +7,7 @@ from witcert import cli
 
 
 def test_demo_prints_table(capsys):
-    assert cli.main(["demo", "--steps", "1", "--lengths", "64"]) == 0
+    assert cli.main(["demo", "--synthetic", "--steps", "1", "--lengths", "64"]) == 0
     out = capsys.readouterr().out
     assert "int8_dither" in out and "kivi2" in out and "0 violations" in out
 
@@ -48,3 +48,31 @@ def test_real_model_meter_smoke(capsys):
     mod.main(["--tokens", "96", "--queries", "1", "--schemes", "int8_dither"])
     out = capsys.readouterr().out
     assert "int8_dither" in out and "realised TV ≤ TV⁺ (asserted)" in out
+
+
+def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
+    from witcert import demo
+
+    res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path))
+    rows = {r["config"]: r for r in res["rows"]}
+    assert set(rows) == {"exact"} | {s + sfx for s in demo.DEMO_SCHEMES for sfx in ("", " +gate")}
+    assert all(r["violations"] == 0 for r in rows.values() if "violations" in r)
+    assert rows["kivi2"]["max_tv"] > rows["int8_dither"]["median_tv"]  # 2-bit is riskier than 8-bit
+    assert rows["kivi2 +gate"]["pagein_blocks"] > 0 and rows["kivi2"]["pagein_blocks"] == 0
+    for f in ("risk_heatmap.png", "risk_coverage.png", "results.json"):
+        assert (tmp_path / f).stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "page-in blk" in out and "non-adaptive" in out
+
+
+def test_quality_report_and_paired_ci():
+    from witcert.quality import paired_ci, report
+
+    m, lo, hi = paired_ci([1, 1, 1, 0], [1, 0, 0, 0])
+    assert m == 0.5 and lo <= m <= hi and lo >= 0
+    assert paired_ci([1, 1], [1, 1]) == (0.0, 0.0, 0.0)
+    rows = [{"task": "single", "length": 1024, "seed": s, "config": c, "correct": int(c == "exact" or s == 0),
+             "pagein_frac": 0.1 if c == "x+gate" else 0.0, "pagein_bytes": 5e6 if c == "x+gate" else 0}
+            for s in range(4) for c in ("exact", "x", "x+gate")]
+    txt = report(rows, ["exact", "x", "x+gate"])
+    assert "x+gate" in txt and "-0.75" in txt and "10.00" in txt
