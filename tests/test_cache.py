@@ -173,3 +173,31 @@ def test_bad_input_is_refused_or_flagged(smollm2):
             h.remove()
     r3 = [r for r in cache.records if r.layer == 3][-1]
     assert r3.nonfinite.all() and r3.flag.all() and np.all(r3.tv_a == 1.0) and np.all(np.isinf(r3.out_err))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_dither"])
+def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
+    """The Triton path (interpreter here, CUDA on the H200) against the fp64 reference path:
+    same codes (bit-identical write path), so its TV⁺ must cover the reference's realised TV
+    and stay within the kernel's stated tolerance above the reference bound."""
+    model, tok = smollm2
+    use_witcert(model)
+    enc = _batch(tok, [PROMPTS[1]])
+    kw = dict(delta_req=1e-3) if scheme == "int8_dither" else {}
+    ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, **kw)
+    ker = WitCertCache(model.config, scheme=scheme, backend="kernel", **kw)
+    a = _gen(model, enc, past_key_values=ref)
+    b = _gen(model, enc, past_key_values=ker)
+    assert torch.equal(a.sequences, b.sequences)
+    tv_ref = np.stack([r.tv_a for r in ref.records])
+    real = np.stack([r.tv_real for r in ref.records])
+    tv_ker = np.stack([r.tv_a for r in ker.records])
+    assert tv_ker.shape == tv_ref.shape == (5 * 30, 1, 9)
+    assert np.all(tv_ker >= real - 1e-6)
+    assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
+    if scheme == "int8_dither":
+        assert all(r.tv_b is not None for r in ker.records)
+    with pytest.raises(ValueError, match="kernel"):
+        WitCertCache(model.config, scheme="kivi2", backend="kernel")
+    with pytest.raises(ValueError, match="ungated"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"))

@@ -182,6 +182,15 @@ class WitCertLayer(CacheLayerMixin):
         self.k_scale = z(Bsz, H, 0, dt=torch.float32, dev=self.device)
         self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
         self.n_quantized = 0
+        self.paged = None
+        if o.use_kernel(self.device, Bsz):
+            from kernels.paged import PagedKV
+
+            per_seq = -(-o.max_tokens // o.block_size)
+            self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
+                                          per_token_witness=True, model_dtype=self.dtype, device=self.device,
+                                          seed=o.seed, layer=self.layer_idx, with_exact=False)
+            self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
         self.keys, self.values = self.exact_k, self.exact_v
         self.is_initialized = True
 
@@ -219,13 +228,31 @@ class WitCertLayer(CacheLayerMixin):
             self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
         self.keys, self.values = self.exact_k, self.exact_v
         passthrough = o.scheme == "none" and not o.meter
-        if not passthrough:
+        if self.paged is not None:
+            self._write_kernel(key_states.detach(), value_states.detach())
+        elif not passthrough:
             self._append_served(key_states.detach(), value_states.detach())
         self._pending = "base" if (passthrough or first) else "served"
         _ACTIVE.cache = o
         if passthrough:
             return self.exact_k.to(self.device), self.exact_v.to(self.device)
         return key_states, value_states  # not read by the "witcert" attention on the served path
+
+    def _write_kernel(self, k, v):
+        """Kernel path: quantize + witnesses in one pass (kernels.write) into the paged layout."""
+        from kernels.write import write_kv
+
+        o = self.owner
+        Bsz, H, m, D = k.shape
+        n1 = self.get_seq_length()
+        n0 = n1 - m
+        if n1 > o.max_tokens:
+            raise ValueError(f"WitCertCache: {n1} tokens exceed max_tokens={o.max_tokens} of the kernel path")
+        pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
+        per_seq = self.block_table.shape[1] * o.block_size
+        slots = (torch.arange(Bsz, device=self.device)[:, None] * per_seq + pos[None].long()).reshape(-1)
+        write_kv(self.paged, k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D),
+                 slots, pos.repeat(Bsz), store_exact=False)
 
     def _append_served(self, k, v):
         o = self.owner
@@ -308,6 +335,8 @@ class WitCertCache(Cache):
         schedule: str = "anytime",
         horizon: int | None = None,
         audit: bool = False,
+        backend: str = "auto",
+        max_tokens: int = 8192,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -338,6 +367,24 @@ class WitCertCache(Cache):
         self.num_groups = num_groups
         self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
+        if backend not in ("auto", "reference", "kernel"):
+            raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
+        if backend == "kernel":
+            from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+
+            why = []
+            if scheme not in SCHEME_IDS or scheme == "none":
+                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: {sorted(set(SCHEME_IDS) - {'none'})})")
+            if D not in SUPPORTED_HEAD_DIMS:
+                why.append(f"head_dim {D} is not supported by the kernels {SUPPORTED_HEAD_DIMS}")
+            if gate is not None or audit or num_groups != 1 or witness != "token" or block_size != 16:
+                why.append("the kernel path serves ungated, unaudited caches with G = 1 per-token witnesses, T = 16")
+            if not 1 <= Hq // Hkv <= 8:
+                why.append(f"GQA group {Hq // Hkv} is outside the kernels' 1..8")
+            if why:
+                raise ValueError("backend='kernel': " + "; ".join(why))
+        self.backend = backend
+        self.max_tokens = int(max_tokens)
         self.audit = bool(audit)
         self.step = 0
         self.records: list[StepRecord] = []
@@ -362,6 +409,18 @@ class WitCertCache(Cache):
                 self.pagein_blocks = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
                 self.pagein_bytes = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def use_kernel(self, device, batch: int) -> bool:
+        """Whether a layer on ``device`` is served by the Triton kernels (see ``backend``)."""
+        if self.backend == "kernel":
+            return True
+        if self.backend == "reference" or device.type != "cuda" or batch != 1:
+            return False
+        from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+
+        return (self.scheme in SCHEME_IDS and self.scheme != "none" and self.head_dim in SUPPORTED_HEAD_DIMS
+                and self.gate is None and not self.audit and self.num_groups == 1 and self.witness == "token"
+                and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
 
     def delta_step(self) -> float | None:
         if self.delta_req is None:
@@ -401,7 +460,9 @@ class WitCertCache(Cache):
             raise ValueError(f"query [B, {Hq}, L, {D}] does not match the cache's model; a WitCertCache belongs to one model")
         n = layer.k_hat.shape[-2]
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(D)
-        allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)  # [B, 1|Hq, Lq, n]
+        allowed = _allowed(attention_mask, Bsz, Lq, n if layer.paged is None else layer.get_seq_length(), query.device)
+        if layer.paged is not None:
+            return self._kernel_attention(layer, query, allowed, sm)
         GQ = Hq // self.num_kv_heads
         q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
         al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
@@ -410,6 +471,31 @@ class WitCertCache(Cache):
             ev = self._meter_and_gate(layer, q, al, sm, ev)
         o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
         return o.to(query.dtype), None
+
+    def _kernel_attention(self, layer, query, allowed, sm):
+        """Kernel path: one metered split-KV decode (kernels.decode) per step."""
+        from kernels.decode import decode
+
+        Bsz, Hq, Lq, D = query.shape
+        if Lq != 1 or not bool(allowed.all()):
+            raise ValueError("the kernel path serves single-token decode steps without padding; "
+                             "use WitCertCache(..., backend='reference') for chunked prefill or padded batches")
+        n = layer.get_seq_length()
+        ds = self.delta_step() if self.meter else None
+        out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
+                     torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
+                     num_splits=max(1, min(16, n // 2048)), delta_step=ds)
+        if self.meter:
+            r = out.meter
+            a = lambda t: t.detach().cpu().numpy()  # noqa: E731
+            self.records.append(StepRecord(
+                step=self.step, layer=layer.layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
+                out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
+                flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
+                delta_step=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
+                tv_b_pre=None if r.tv_upper_b is None else a(r.tv_upper_b),
+            ))
+        return out.o[:, None].to(query.dtype), None
 
     def _evaluate(self, layer, q, al, sm):
         kh = layer.k_hat.double()
