@@ -32,19 +32,20 @@ def main():
     ids = torch.randint(100, cfg.vocab_size, (1, args.tokens), device="cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; random-weight SmolLM2-135M architecture, bf16, "
           f"{args.tokens}-token prompt, {args.new} new tokens")
-    print(f"{'scheme':<12}{'backend':<10}{'same ids':>9}{'med TV+':>9}{'max TV+':>9}{'ms/step':>9}{'viol':>6}{'ker>=real':>10}")
+    print(f"{'scheme':<12}{'backend':<10}{'same ids':>9}{'med TV+':>9}{'max TV+':>9}{'ms/token':>9}{'viol':>6}{'ker>=real':>10}")
     for scheme in ("int8", "int8_dither", "fp8_e4m3", "int4_group"):
         res = {}
         for be in ("reference", "kernel"):
             kw = dict(delta_req=1e-3) if scheme == "int8_dither" else {}
-            c = WitCertCache(cfg, scheme=scheme, backend=be, audit=be == "reference", **kw)
-            torch.cuda.synchronize()
-            t = time.time()
-            with torch.no_grad():
-                out = model.generate(ids, past_key_values=c, max_new_tokens=args.new, do_sample=False,
-                                     attention_mask=torch.ones_like(ids), pad_token_id=0)
-            torch.cuda.synchronize()
-            dt = (time.time() - t) / args.new * 1e3
+            for _ in range(2):  # the second run is timed (the first compiles the kernels)
+                c = WitCertCache(cfg, scheme=scheme, backend=be, audit=be == "reference", **kw)
+                torch.cuda.synchronize()
+                t = time.time()
+                with torch.no_grad():
+                    out = model.generate(ids, past_key_values=c, max_new_tokens=args.new, do_sample=False,
+                                         attention_mask=torch.ones_like(ids), pad_token_id=0)
+                torch.cuda.synchronize()
+                dt = (time.time() - t) / args.new * 1e3  # whole generate incl. prefill, per new token
             tv = np.stack([r.tv_a for r in c.records])
             res[be] = (out, tv, c)
             viol = sum(r.audit_violations for r in c.records)

@@ -243,7 +243,7 @@ def to_cpu(out):
 
 def test_nan_saturates_and_flags():
     cache, bt, _ = build("int8", [20, 7], 1, 64, seed=3)
-    q = torch.randn(2, 2, 64)
+    q = torch.randn(2, 2, 64).bfloat16().float()  # exact in bf16: the GPU path takes it
     q[1, 0, 5] = float("nan")
     out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
     assert out.meter.flag[1, 0] and out.meter.tv_upper_a[1, 0] == 1.0
@@ -254,7 +254,7 @@ def test_nan_saturates_and_flags():
 def test_nan_in_cache_saturates():
     cache, bt, _ = build("fp8_e4m3", [10], 1, 64, seed=4)
     cache.k_wit[bt[0, 0].long(), 0, 3, 0] = float("nan")
-    out = to_cpu(decode(cache, torch.randn(1, 1, 64).to(DEV), bt.to(DEV), torch.tensor([10]).to(DEV)))
+    out = to_cpu(decode(cache, torch.randn(1, 1, 64).bfloat16().float().to(DEV), bt.to(DEV), torch.tensor([10]).to(DEV)))
     assert out.meter.flag.all() and out.meter.tv_upper_a.item() == 1.0
 
 
