@@ -10,6 +10,11 @@ them and exits non-zero if any fails. What is checked:
   points equal the sympy declarations of ``proofs_bridge.formulas`` (within the documented
   round-up slack, never below);
 * falsification: every §9 statement on random instances in 50-digit arithmetic (``falsify``);
+* Lean statements: every §9 theorem (and ``tail_at_radius``) is parsed from ``lean/`` by
+  ``lean_parse`` and its conclusion and defining hypotheses must equal ``formulas.LEAN_THEOREMS``;
+  the bodies of ``beta``, ``dualD``, ``tv``, ``budgetFixed``, ``budgetAnytime`` and
+  ``ditherRadius`` must equal ``formulas.LEAN_DEFS`` (built from the same formulas the numeric
+  code is checked against). A statement the parser cannot read is a failure, never a pass;
 * Lean: ``sorry`` / ``admit`` / ``axiom`` / ``native_decide`` anywhere under ``lean/`` is an
   error; with ``lake`` on PATH, ``lake build`` must pass; without it, one line says that the
   proofs were not checked here.
@@ -27,6 +32,7 @@ import numpy as np
 import sympy as sp
 
 from . import falsify, formulas as F
+from . import lean_parse as LP
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -125,11 +131,50 @@ def check_lean(lean_dir: pathlib.Path | None = None):
     names = " ".join(f.read_text() for f in lean_dir.rglob("*.lean"))
     missing = [t for t in F.THEOREMS if not re.search(rf"theorem\s+{t}\b", names)]
     out.append(("every §9 theorem name is stated", not missing, ", ".join(missing)))
+    out += check_lean_statements(lean_dir)
     if shutil.which("lake"):
         r = subprocess.run(["lake", "build"], cwd=ROOT, capture_output=True, text=True)
         out.append(("lake build", r.returncode == 0, (r.stdout + r.stderr)[-2000:]))
     else:
         out.append(("lake build", True, "proofs NOT checked here: no Lean toolchain (lake) on this machine"))
+    return out
+
+
+def check_lean_statements(lean_dir: pathlib.Path):
+    """Parse each statement and definition and compare it with ``formulas``."""
+    out = []
+    src = {}
+
+    def source(name):
+        if name not in src:
+            f = lean_dir / "WitCert" / f"{name}.lean"
+            src[name] = f.read_text() if f.exists() else ""
+        return src[name]
+
+    for thm, (fname, concl, hyps) in F.LEAN_THEOREMS.items():
+        try:
+            st = LP.theorem(source(fname), thm)
+            ok = LP.same_rel(LP.parse_expr(st["conclusion"]), concl)
+            detail = "" if ok else f"conclusion {st['conclusion']!r} differs from the formula"
+            for h, want in hyps.items():
+                if h not in st["binders"]:
+                    ok, detail = False, f"hypothesis {h} missing"
+                    break
+                if not LP.same_rel(LP.parse_expr(st["binders"][h]), want):
+                    ok, detail = False, f"hypothesis {h}: {st['binders'][h]!r} differs from the formula"
+                    break
+        except LP.LeanParseError as exc:
+            ok, detail = False, f"cannot parse: {exc}"
+        out.append((f"lean statement {thm} = formula", ok, detail))
+    for name, (fname, params, body) in F.LEAN_DEFS.items():
+        try:
+            ps, text = LP.definition(source(fname), name)
+            got = LP.parse_expr(text)
+            ok = ps == params and len(got) == 1 and LP.same_expr(got[0], body)
+            detail = "" if ok else f"def {name} ({' '.join(ps)}) := {text!r} differs from the formula"
+        except LP.LeanParseError as exc:
+            ok, detail = False, f"cannot parse: {exc}"
+        out.append((f"lean def {name} = formula", ok, detail))
     return out
 
 

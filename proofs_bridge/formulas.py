@@ -2,8 +2,11 @@
 
 The numeric code in ``witcert.bounds`` and the kernels' constants are checked against these
 declarations by ``proofs_bridge.check``; the mpmath falsification suite (``falsify``) evaluates
-the §9 statements built from them. (The Lean statements these must equal are not written yet:
-when ``lean/`` exists, its parsed conclusions are compared with the same expressions.)
+the §9 statements built from them; and ``LEAN_THEOREMS`` / ``LEAN_DEFS`` state, in the same
+sympy, what each Lean statement under ``lean/`` must say (its conclusion, the hypotheses that
+define its quantities, and the bodies of the definitions it uses), built from the formulas
+above wherever a formula exists — so a change to a formula here, to the Lean statement, or to
+the numeric code fails the bridge.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import sympy as sp
 
 # symbols -------------------------------------------------------------------------------------
-sigma, eps_max, A, s, lam, V, n, delta, t, m = sp.symbols("sigma eps_max A s lambda V n delta t m", real=True)
+sigma, eps_max, A, s, lam, V, n, delta, t, m = sp.symbols("sigma eps_max A s lam V n delta t m", real=True)
 delta_req, L, H, T_max, step = sp.symbols("delta_req L H T_max step", positive=True)
 tv_up, D_v, phi_max, pphi = sp.symbols("tv_up D_v phi_max pphi", nonnegative=True)
 x = sp.symbols("x", real=True)
@@ -50,3 +53,76 @@ THEOREMS = [
     "request_budget_sound",
     "lse_merge_exact",
 ]
+
+
+# --------------------------------------------------------------------------- the Lean statements
+# Parsed Lean (proofs_bridge.lean_parse) is compared with these, side by side.
+_f = sp.Function
+Sum, setOf, norm, union, UNIV = _f("Sum"), _f("setOf"), _f("norm"), _f("union"), sp.Symbol("univ")
+_j, _i, _g, _w, _tt = sp.symbols("j i g ω _t")
+p, q, phat, eps, r, W, grp, gnorm = (_f(k) for k in ("p", "q", "phat", "eps", "r", "W", "grp", "gnorm"))
+tv, B_, hi, lo, lam_, beta, dualD = _f("tv"), sp.Symbol("B"), _f("hi"), _f("lo"), _f("lam"), _f("beta"), _f("dualD")
+phi, nu_max, o, o_hat = _f("phi"), sp.Symbol("nu_max"), sp.Symbol("o"), sp.Symbol("o_hat")
+c_, s_, v_ = _f("c"), _f("s"), _f("v")
+M, m1, m2, S1, S2 = sp.symbols("M m₁ m₂ S₁ S₂")
+G = sp.Symbol("G")
+T, Tm, Ls, Hs = sp.symbols("T T_max L H")
+budgetFixed, budgetAnytime, ditherRadius = _f("budgetFixed"), _f("budgetAnytime"), _f("ditherRadius")
+rng = _f("Finset.range")
+
+
+def _lse(weight):
+    w = weight
+    return ("=", sp.exp(m1 - M) * Sum(S1, sp.Lambda(_j, sp.exp(_f("s")(_j) - m1) * w))
+            + sp.exp(m2 - M) * Sum(S2, sp.Lambda(_j, sp.exp(_f("s")(_j) - m2) * w)),
+            Sum(union(S1, S2), sp.Lambda(_j, sp.exp(_f("s")(_j) - M) * w)))
+
+
+LEAN_THEOREMS = {
+    "rope_group_norm_invariant": ("Bands", [("=", _f("groupNorm")(sp.Symbol("g"), _f("rope")(sp.Symbol("θ"), x)),
+                                             _f("groupNorm")(sp.Symbol("g"), x))], {}),
+    "abs_logit_error_le_radius": ("Radius", [("≤", sp.Abs(delta), sp.Symbol("eps"))], {
+        "hdelta": [("=", delta, sigma * Sum(UNIV, sp.Lambda(_i, q(_i) * r(_i))))],
+        "heps": [("=", sp.Symbol("eps"), sp.Abs(sigma) * Sum(G, sp.Lambda(_g, gnorm(grp(_g), sp.Symbol("q")) * W(_g))))],
+    }),
+    "tv_eq_max_gain": ("TiltTV", [("=", tv(sp.Symbol("p"), sp.Symbol("q")), _f("maxGain")(sp.Symbol("p"), sp.Symbol("q")))], {}),
+    "tilt_tv_le_tanh": ("TiltTV", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), TANH_BOUND)], {}),
+    "tilt_tv_le_eform": ("TiltTV", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), EFORM_BOUND)], {
+        "hA": [("=", A, Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(eps(_j)))))],
+    }),
+    "tilt_tv_le_dual_grid": ("TiltTV", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), B_)], {
+        "hB": [("∀", ("i",), [("≤", hi(_i) - dualD(sp.Symbol("phat"), sp.Symbol("eps"), lo(_i), lam_(_i)), B_)])],
+    }),
+    "output_error_le": ("Output", [("≤", norm(o_hat - o), OUTPUT_BOUND)], {
+        "hD": [("=", D_v, 2 * nu_max)],
+        "hpphi": [("=", pphi, Sum(UNIV, sp.Lambda(_j, phat(_j) * phi(_j))))],
+    }),
+    "uniform_mgf_le": ("SubGaussian", [("≤", UNIFORM_MGF, UNIFORM_MGF_BOUND)], {}),
+    "dither_logit_tail": ("SubGaussian", [("≤", _f("μ.real")(setOf(sp.Lambda(_w, sp.Le(
+        t, sp.Abs(sigma * Sum(UNIV, sp.Lambda(_i, q(_i) * r(_i, _w)))), evaluate=False)))),
+        2 * sp.exp(-t**2 / (2 * V)))], {
+        "hV": [("=", V, sigma**2 * Sum(UNIV, sp.Lambda(_i, q(_i) ** 2 * c_(_i))))],
+    }),
+    "tail_at_radius": ("SubGaussian", [("=", 2 * sp.exp(-ditherRadius(V, n, delta) ** 2 / (2 * V)), delta / n)], {}),
+    "request_budget_sound": ("Budget", [
+        ("=", Sum(rng(Tm), sp.Lambda(_tt, Ls * Hs * budgetFixed(delta_req, Ls, Hs, Tm))), delta_req),
+        ("≤", Sum(rng(T), sp.Lambda(t, Ls * Hs * budgetAnytime(delta_req, Ls, Hs, t + 1))), delta_req),
+    ], {}),
+    "lse_merge_exact": ("SplitMerge", [_lse(1), _lse(v_(_j))], {}),
+}
+#: tail_at_radius is not a §9 name; it carries the §5 radius into Lean (stated as a lemma)
+LEAN_LEMMAS = {"tail_at_radius"}
+
+LEAN_DEFS = {
+    # name: (file, parameters, body)
+    "beta": ("TiltTV", ["t", "x"], BETA),
+    "dualD": ("TiltTV", ["phat", "eps", "t", "lam"],
+              lam * t * Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(-eps(_j))))
+              - Sum(UNIV, sp.Lambda(_j, phat(_j) * HINGE.xreplace({BETA: beta(t, x)}).xreplace({x: eps(_j)})))),
+    "tv": ("TiltTV", ["p", "q"], Sum(UNIV, sp.Lambda(_j, sp.Abs(p(_j) - q(_j)))) / 2),
+    "budgetFixed": ("Budget", ["delta_req", "L", "H", "T_max"], BUDGET_FIXED),
+    "budgetAnytime": ("Budget", ["delta_req", "L", "H", "step"], BUDGET_ANYTIME),
+    "ditherRadius": ("SubGaussian", ["V", "n", "delta"], DITHER_RADIUS),
+}
+#: the proxy of uniform_mgf_le is the per-channel proxy of §5
+assert sp.simplify(UNIFORM_MGF_BOUND - sp.exp(lam**2 * VARIANCE_PROXY_PER_CHANNEL / 2)) == 0

@@ -1,8 +1,10 @@
-"""The proofs bridge passes on the tree and fails on each kind of drift (issue 4, partial:
-the Lean side does not exist yet; its sorry scan and name check are exercised on fixtures)."""
+"""The proofs bridge passes on the tree and fails on each kind of drift: a Python constant, a
+kernel constant, a Python formula, a kernel formula, a Lean statement, a Lean definition, an
+unreadable Lean statement, a `sorry`, and a false statement (falsification)."""
 
 import math
 import random
+import shutil
 
 import mpmath as mp
 
@@ -72,3 +74,67 @@ def test_lean_scan(tmp_path):
     (lean / "WitCert" / "A.lean").write_text(body)
     res = {name: ok for name, ok, _ in C.check_lean(lean)}
     assert res["no sorry/admit/axiom/native_decide under lean/"] and res["every §9 theorem name is stated"]
+    # statements that say nothing (True) do not match the formulas
+    assert res["lean statement tilt_tv_le_tanh = formula"] is False
+
+
+def _lean_copy(tmp_path):
+    dst = tmp_path / "lean"
+    shutil.copytree(C.ROOT / "lean", dst)
+    return dst
+
+
+def _edit(lean, name, old, new):
+    f = lean / "WitCert" / f"{name}.lean"
+    text = f.read_text()
+    assert old in text
+    f.write_text(text.replace(old, new, 1))
+
+
+def _failed_lean(lean):
+    return [name for name, ok, _ in C.check_lean(lean) if not ok]
+
+
+def test_the_real_lean_statements_match(tmp_path):
+    assert _failed_lean(_lean_copy(tmp_path)) == []
+
+
+def test_drift_in_a_lean_statement_fails(tmp_path):
+    lean = _lean_copy(tmp_path)
+    _edit(lean, "TiltTV", "tv p phat ≤ Real.tanh (eps_max / 2)", "tv p phat ≤ Real.tanh (eps_max / 3)")
+    assert _failed_lean(lean) == ["lean statement tilt_tv_le_tanh = formula"]
+    lean = _lean_copy(tmp_path / "b")
+    _edit(lean, "TiltTV", "(hA : A = ∑ j, phat j * Real.exp (eps j))", "(hA : A = ∑ j, phat j * Real.exp (2 * eps j))")
+    assert _failed_lean(lean) == ["lean statement tilt_tv_le_eform = formula"]
+
+
+def test_drift_in_a_lean_definition_fails(tmp_path):
+    lean = _lean_copy(tmp_path)
+    _edit(lean, "Budget", "delta_req * 6 / (Real.pi ^ 2 * step ^ 2) / (L * H)", "delta_req * 6 / (Real.pi ^ 2 * step) / (L * H)")
+    assert _failed_lean(lean) == ["lean def budgetAnytime = formula"]
+
+
+def test_an_unreadable_lean_statement_fails(tmp_path):
+    lean = _lean_copy(tmp_path)
+    _edit(lean, "Output", "‖o_hat - o‖ ≤ tv_up * (D_v + phi_max) + pphi", "‖o_hat - o‖ ≤ ⨆ i, tv_up")
+    res = {name: (ok, d) for name, ok, d in C.check_lean(lean)}
+    ok, detail = res["lean statement output_error_le = formula"]
+    assert not ok and "cannot parse" in detail
+
+
+def test_a_sorry_in_the_real_sources_fails(tmp_path):
+    lean = _lean_copy(tmp_path)
+    _edit(lean, "SplitMerge", "    intro m j\n", "    sorry\n")
+    assert _failed_lean(lean) == ["no sorry/admit/axiom/native_decide under lean/"]
+
+
+def test_drift_in_a_declared_formula_fails(monkeypatch):
+    import sympy as sp
+
+    from proofs_bridge import formulas as F
+
+    file, concl, hyps = F.LEAN_THEOREMS["tilt_tv_le_eform"]
+    monkeypatch.setitem(F.LEAN_THEOREMS, "tilt_tv_le_eform", (file, [("≤", concl[0][1], (F.A**2 - 1) / 3)], hyps))
+    monkeypatch.setitem(F.LEAN_DEFS, "beta", ("TiltTV", ["t", "x"], (1 - F.t) * sp.exp(F.x) + F.t * sp.exp(-2 * F.x)))
+    res = {n: ok for n, ok, _ in C.check_lean()}
+    assert [n for n, ok in res.items() if not ok] == ["lean statement tilt_tv_le_eform = formula", "lean def beta = formula"]

@@ -1,0 +1,43 @@
+import Mathlib
+
+/-!
+# Split-KV merge (SPEC §8)
+
+A decode pass splits the tokens into disjoint sets, each with its own running maximum `m_k`;
+rescaling each split's sums by `e^{m_k − M}` gives exactly the unsplit sums at the common
+offset `M` — for the softmax denominator and for any per-token weight `v` (the output
+accumulator, each histogram bin's indicator, `φ`). `M` and the `m_k` are arbitrary (the
+kernels use maxima only for range).
+
+* `lse_merge_exact` — SPEC §9; `kernels/decode.py` (the merge after the split-KV kernel:
+  `w = exp(m_out − M)`, `L`, `o`, and the histograms rescaled like `l`).
+-/
+
+namespace WitCert
+
+open Finset
+
+/-- SPEC §8: the log-sum-exp merge of two splits equals the unsplit sums. -/
+theorem lse_merge_exact {ι : Type*} [DecidableEq ι] (S₁ S₂ : Finset ι) (hdisj : Disjoint S₁ S₂)
+    (s v : ι → ℝ) (m₁ m₂ M : ℝ) :
+    Real.exp (m₁ - M) * ∑ j ∈ S₁, Real.exp (s j - m₁) + Real.exp (m₂ - M) * ∑ j ∈ S₂, Real.exp (s j - m₂)
+        = ∑ j ∈ S₁ ∪ S₂, Real.exp (s j - M) ∧
+      Real.exp (m₁ - M) * ∑ j ∈ S₁, Real.exp (s j - m₁) * v j
+          + Real.exp (m₂ - M) * ∑ j ∈ S₂, Real.exp (s j - m₂) * v j
+        = ∑ j ∈ S₁ ∪ S₂, Real.exp (s j - M) * v j := by
+  have key : ∀ m : ℝ, ∀ j, Real.exp (m - M) * Real.exp (s j - m) = Real.exp (s j - M) := by
+    intro m j
+    rw [← Real.exp_add]
+    congr 1
+    ring
+  constructor
+  · rw [Finset.sum_union hdisj, Finset.mul_sum, Finset.mul_sum]
+    congr 1
+    · exact Finset.sum_congr rfl fun j _ => key m₁ j
+    · exact Finset.sum_congr rfl fun j _ => key m₂ j
+  · rw [Finset.sum_union hdisj, Finset.mul_sum, Finset.mul_sum]
+    congr 1
+    · exact Finset.sum_congr rfl fun j _ => by rw [← mul_assoc, key m₁ j]
+    · exact Finset.sum_congr rfl fun j _ => by rw [← mul_assoc, key m₂ j]
+
+end WitCert

@@ -1,0 +1,142 @@
+import Mathlib
+
+/-!
+# Tier B: the sub-Gaussian certificate of the dithered INT8 scheme (SPEC §5)
+
+* `uniform_mgf_le` — SPEC §5/§9: the MGF of `r ~ U[−s/2, s/2]`, `E e^{λr} = sinh(λs/2)/(λs/2)`,
+  is at most `exp(λ² (s²/12) / 2)`: variance proxy `s²/12` (termwise comparison of the power
+  series, `(2n+1)! ≥ 6ⁿ n!`). Used by `witcert.bounds.dither_variance_proxy` (the `/ 12`) and
+  `kernels/decode.py` (`tier_b_coefficients`).
+* `dither_logit_tail` — SPEC §5/§9: for independent residuals `r_i` with sub-Gaussian proxies
+  `c_i` (e.g. `s_i²/12`, the ideal subtractive dither), `P(|σ Σ_i q_i r_i| ≥ t) ≤ 2 e^{−t²/(2V)}`
+  with `V = σ² Σ_i q_i² c_i`.
+* `tail_at_radius` — at `t = ditherRadius V n δ = sqrt(2 V ln(2n/δ))` the two-sided tail is
+  `δ/n`, so a union over `n` tokens fails with probability ≤ δ: `witcert.bounds.dither_radius`,
+  `kernels/decode.py` (`tier_b_coefficients`). The deterministic bias term of the real fp32
+  scheme (`witcert.bounds.dither_bias_bound`) is outside this ideal model (see the README).
+-/
+
+namespace WitCert
+
+open Real Finset MeasureTheory ProbabilityTheory
+open scoped NNReal
+
+lemma six_pow_mul_factorial_le (n : ℕ) : 6 ^ n * n.factorial ≤ (2 * n + 1).factorial := by
+  induction n with
+  | zero => simp
+  | succ k ih =>
+    have h1 : (2 * (k + 1) + 1).factorial = (2 * k + 3) * ((2 * k + 2) * (2 * k + 1).factorial) := by
+      have e : 2 * (k + 1) + 1 = (2 * k + 1) + 1 + 1 := by ring
+      rw [e, Nat.factorial_succ, Nat.factorial_succ]
+      ring
+    have h2 : 6 * (k + 1) ≤ (2 * k + 3) * (2 * k + 2) := by nlinarith
+    rw [h1, pow_succ, Nat.factorial_succ k]
+    calc 6 ^ k * 6 * ((k + 1) * k.factorial) = (6 * (k + 1)) * (6 ^ k * k.factorial) := by ring
+      _ ≤ ((2 * k + 3) * (2 * k + 2)) * (2 * k + 1).factorial := Nat.mul_le_mul h2 ih
+      _ = (2 * k + 3) * ((2 * k + 2) * (2 * k + 1).factorial) := by ring
+
+lemma sinh_le_mul_exp {y : ℝ} (hy : 0 ≤ y) : Real.sinh y ≤ y * Real.exp (y ^ 2 / 6) := by
+  have hexp : HasSum (fun n : ℕ => y * ((y ^ 2 / 6) ^ n / (n.factorial : ℝ)))
+      (y * Real.exp (y ^ 2 / 6)) := by
+    have h := NormedSpace.expSeries_div_hasSum_exp (y ^ 2 / 6)
+    rw [← Real.exp_eq_exp_ℝ] at h
+    exact h.mul_left y
+  refine hasSum_le (fun n => ?_) (Real.hasSum_sinh y) hexp
+  have hf : (6 : ℝ) ^ n * (n.factorial : ℝ) ≤ ((2 * n + 1).factorial : ℝ) := by
+    exact_mod_cast six_pow_mul_factorial_le n
+  have hpos : (0 : ℝ) < (6 : ℝ) ^ n * (n.factorial : ℝ) := by positivity
+  have hyn : 0 ≤ y ^ (2 * n + 1) := pow_nonneg hy _
+  have key : y * ((y ^ 2 / 6) ^ n / (n.factorial : ℝ))
+      = y ^ (2 * n + 1) / ((6 : ℝ) ^ n * (n.factorial : ℝ)) := by
+    first
+      | rw [div_pow, ← pow_mul, div_div, ← mul_div_assoc, ← pow_succ']
+      | (field_simp; ring)
+  rw [key]
+  exact div_le_div_of_nonneg_left hyn hpos hf
+
+/-- SPEC §5: `E e^{λ r} = sinh(λs/2)/(λs/2) ≤ exp(λ² (s²/12) / 2)` for `r ~ U[−s/2, s/2]`. -/
+theorem uniform_mgf_le (lam s : ℝ) (h : lam * s ≠ 0) :
+    Real.sinh (lam * s / 2) / (lam * s / 2) ≤ Real.exp (lam ^ 2 * (s ^ 2 / 12) / 2) := by
+  have harg : lam ^ 2 * (s ^ 2 / 12) / 2 = (lam * s / 2) ^ 2 / 6 := by ring
+  rw [harg]
+  have hy0 : lam * s / 2 ≠ 0 := div_ne_zero h two_ne_zero
+  rcases lt_or_gt_of_ne hy0 with hneg | hpos
+  · have hpos' : 0 ≤ -(lam * s / 2) := by linarith
+    have hs := sinh_le_mul_exp hpos'
+    rw [Real.sinh_neg, neg_sq] at hs
+    rw [div_le_iff_of_neg hneg]
+    linarith
+  · have hs := sinh_le_mul_exp hpos.le
+    rw [div_le_iff₀ hpos]
+    linarith
+
+/-- The residuals scaled into logit contributions, `σ q_i r_i`. -/
+def scaledResidual {Ω d : Type*} (sigma : ℝ) (q : d → ℝ) (r : d → Ω → ℝ) : d → Ω → ℝ :=
+  fun i ω => (sigma * q i) * r i ω
+
+/-- SPEC §5: two-sided tail of `σ Σ_i q_i r_i` for independent sub-Gaussian residuals. -/
+theorem dither_logit_tail {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
+    {d : Type*} [Fintype d] (r : d → Ω → ℝ) (hind : iIndepFun r μ) (c : d → ℝ≥0)
+    (hsub : ∀ i, HasSubgaussianMGF (r i) (c i) μ) (q : d → ℝ) (sigma V t : ℝ)
+    (hV : V = sigma ^ 2 * ∑ i, q i ^ 2 * (c i : ℝ)) (ht : 0 ≤ t) :
+    μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|} ≤ 2 * Real.exp (-t ^ 2 / (2 * V)) := by
+  have : IsProbabilityMeasure μ := hind.isProbabilityMeasure
+  set X := scaledResidual sigma q r with hXdef
+  have hX : iIndepFun X μ :=
+    hind.comp (fun i x => (sigma * q i) * x) (fun i => measurable_id.const_mul _)
+  have hsubX : ∀ i ∈ (Finset.univ : Finset d),
+      HasSubgaussianMGF (X i) (⟨(sigma * q i) ^ 2, sq_nonneg _⟩ * c i) μ :=
+    fun i _ => (hsub i).const_mul (sigma * q i)
+  have hS := HasSubgaussianMGF.sum_of_iIndepFun hX hsubX
+  have hcoe : ((∑ i ∈ (Finset.univ : Finset d), (⟨(sigma * q i) ^ 2, sq_nonneg _⟩ * c i : ℝ≥0)) : ℝ)
+      = V := by
+    rw [hV, NNReal.coe_sum, Finset.mul_sum]
+    refine Finset.sum_congr rfl fun i _ => ?_
+    rw [NNReal.coe_mul, NNReal.coe_mk]
+    ring
+  have hY : ∀ ω, ∑ i ∈ (Finset.univ : Finset d), X i ω = sigma * ∑ i, q i * r i ω := by
+    intro ω
+    rw [Finset.mul_sum]
+    refine Finset.sum_congr rfl fun i _ => ?_
+    simp only [hXdef, scaledResidual]
+    ring
+  have hup := hS.measure_ge_le ht
+  have hlo := hS.neg.measure_ge_le ht
+  rw [hcoe] at hup hlo
+  have hsub_set : {ω | t ≤ |sigma * ∑ i, q i * r i ω|} ⊆
+      {ω | t ≤ ∑ i ∈ (Finset.univ : Finset d), X i ω} ∪
+        {ω | t ≤ (-(fun ω => ∑ i ∈ (Finset.univ : Finset d), X i ω)) ω} := by
+    intro ω hω
+    simp only [Set.mem_setOf_eq] at hω
+    simp only [Set.mem_union, Set.mem_setOf_eq, Pi.neg_apply, hY ω]
+    rcases le_total 0 (sigma * ∑ i, q i * r i ω) with h | h
+    · left; rwa [abs_of_nonneg h] at hω
+    · right; rwa [abs_of_nonpos h] at hω
+  calc μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|}
+      ≤ μ.real ({ω | t ≤ ∑ i ∈ (Finset.univ : Finset d), X i ω} ∪
+          {ω | t ≤ (-(fun ω => ∑ i ∈ (Finset.univ : Finset d), X i ω)) ω}) :=
+        measureReal_mono hsub_set
+    _ ≤ μ.real {ω | t ≤ ∑ i ∈ (Finset.univ : Finset d), X i ω} +
+          μ.real {ω | t ≤ (-(fun ω => ∑ i ∈ (Finset.univ : Finset d), X i ω)) ω} :=
+        measureReal_union_le _ _
+    _ ≤ Real.exp (-t ^ 2 / (2 * V)) + Real.exp (-t ^ 2 / (2 * V)) := add_le_add hup hlo
+    _ = 2 * Real.exp (-t ^ 2 / (2 * V)) := by ring
+
+/-- SPEC §5: the Tier B radius `t = sqrt(2 V ln(2n/δ))`. -/
+noncomputable def ditherRadius (V n delta : ℝ) : ℝ := Real.sqrt (2 * V * Real.log (2 * n / delta))
+
+/-- At the radius, the two-sided tail of `dither_logit_tail` is `δ / n`. -/
+lemma tail_at_radius (V n delta : ℝ) (hV : 0 < V) (hn : 0 < n) (hδ : 0 < delta)
+    (hδn : delta ≤ 2 * n) :
+    2 * Real.exp (-(ditherRadius V n delta) ^ 2 / (2 * V)) = delta / n := by
+  unfold ditherRadius
+  have hpos : 0 < 2 * n / delta := div_pos (by linarith) hδ
+  have hlog : 0 ≤ Real.log (2 * n / delta) := Real.log_nonneg ((one_le_div hδ).mpr hδn)
+  rw [Real.sq_sqrt (mul_nonneg (by linarith) hlog)]
+  have h2V : 2 * V ≠ 0 := ne_of_gt (by linarith)
+  have hq : -(2 * V * Real.log (2 * n / delta)) / (2 * V) = -Real.log (2 * n / delta) := by
+    rw [neg_div, mul_comm (2 * V), mul_div_assoc, div_self h2V, mul_one]
+  rw [hq, Real.exp_neg, Real.exp_log hpos, inv_div, ← mul_div_assoc,
+    mul_div_mul_left delta n two_ne_zero]
+
+end WitCert
