@@ -55,7 +55,8 @@ theorem request_budget_sound (delta_req : ℝ) (hδ : 0 ≤ delta_req) (L H T_ma
       have h := sum_le_hasSum (Finset.range (T + 1)) (fun n _ => by positivity) hasSum_zeta_two
       rw [Finset.sum_range_succ'] at h
       simpa using h
-    have hc : 0 ≤ delta_req * 6 / Real.pi ^ 2 := by positivity
+    have hc : 0 ≤ delta_req * 6 / Real.pi ^ 2 :=
+      div_nonneg (mul_nonneg hδ (by norm_num)) (sq_nonneg _)
     have hpi : Real.pi ^ 2 ≠ 0 := pow_ne_zero 2 Real.pi_ne_zero
     calc delta_req * 6 / Real.pi ^ 2 * ∑ t ∈ Finset.range T, (1 / ((t : ℝ) + 1) ^ 2)
         ≤ delta_req * 6 / Real.pi ^ 2 * (Real.pi ^ 2 / 6) := mul_le_mul_of_nonneg_left hz hc

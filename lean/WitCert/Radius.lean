@@ -39,7 +39,7 @@ theorem abs_logit_error_le_radius {d κ : Type*} [Fintype d] [DecidableEq d]
     |delta| ≤ eps := by
   subst hdelta heps
   rw [abs_mul]
-  apply mul_le_mul_of_nonneg_left _ (abs_nonneg sigma)
+  refine mul_le_mul_of_nonneg_left ?_ (abs_nonneg sigma)
   rw [← hcover, Finset.sum_biUnion hdisj]
   refine (Finset.abs_sum_le_sum_abs _ _).trans (Finset.sum_le_sum fun g hg => ?_)
   refine (abs_sum_mul_le_gnorm_mul (grp g) q r).trans ?_

@@ -18,7 +18,7 @@ import Mathlib
 
 namespace WitCert
 
-open Real Finset MeasureTheory ProbabilityTheory
+open Finset MeasureTheory ProbabilityTheory
 open scoped NNReal
 
 lemma six_pow_mul_factorial_le (n : ℕ) : 6 ^ n * n.factorial ≤ (2 * n + 1).factorial := by
@@ -27,9 +27,11 @@ lemma six_pow_mul_factorial_le (n : ℕ) : 6 ^ n * n.factorial ≤ (2 * n + 1).f
   | succ k ih =>
     have h1 : (2 * (k + 1) + 1).factorial = (2 * k + 3) * ((2 * k + 2) * (2 * k + 1).factorial) := by
       have e : 2 * (k + 1) + 1 = (2 * k + 1) + 1 + 1 := by ring
-      rw [e, Nat.factorial_succ, Nat.factorial_succ]
+      rw [e, Nat.factorial_succ (2 * k + 1 + 1), Nat.factorial_succ (2 * k + 1)]
       ring
-    have h2 : 6 * (k + 1) ≤ (2 * k + 3) * (2 * k + 2) := by nlinarith
+    have h2 : 6 * (k + 1) ≤ (2 * k + 3) * (2 * k + 2) := by
+      calc 6 * (k + 1) = 3 * (2 * k + 2) := by ring
+        _ ≤ (2 * k + 3) * (2 * k + 2) := Nat.mul_le_mul_right _ (by omega)
     rw [h1, pow_succ, Nat.factorial_succ k]
     calc 6 ^ k * 6 * ((k + 1) * k.factorial) = (6 * (k + 1)) * (6 ^ k * k.factorial) := by ring
       _ ≤ ((2 * k + 3) * (2 * k + 2)) * (2 * k + 1).factorial := Nat.mul_le_mul h2 ih

@@ -255,7 +255,7 @@ theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
     have hpj : p j - phat j = phat j * (Real.exp (-delta j) / Z - 1) := by
       rw [ht.eq j, ← hZdef]; ring
     rw [hpj, abs_mul, abs_of_pos (ht.pos j)]
-    apply mul_le_mul_of_nonneg_left _ (ht.pos j).le
+    refine mul_le_mul_of_nonneg_left ?_ (ht.pos j).le
     have hApos : 0 < A := by linarith
     have hy : 0 < A * Real.exp (eps j) := mul_pos hApos (Real.exp_pos _)
     have hup : Real.exp (-delta j) / Z ≤ A * Real.exp (eps j) := by
@@ -273,7 +273,7 @@ theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
       have h3 := mul_le_mul_of_nonneg_left h2 hApos.le
       nlinarith
     rw [abs_le]
-    constructor <;> nlinarith [sq_nonneg (A * Real.exp (eps j) - 1)]
+    constructor <;> nlinarith [sq_nonneg (A * Real.exp (eps j) - 1), hy, hlo, hup]
   have hsum : ∑ j, phat j * (A * Real.exp (eps j) - 1) = A ^ 2 - 1 := by
     simp only [mul_sub, mul_one]
     rw [Finset.sum_sub_distrib, ht.sum_one]
