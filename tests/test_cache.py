@@ -201,3 +201,14 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
         WitCertCache(model.config, scheme="kivi2", backend="kernel")
     with pytest.raises(ValueError, match="ungated"):
         WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"))
+
+
+def test_kernel_backend_refuses_unsupported_head_dim():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+                      num_hidden_layers=1, intermediate_size=32, vocab_size=16)
+    with pytest.raises(ValueError, match="head_dim 48"):
+        WitCertCache(cfg, scheme="int8", backend="kernel")
+    cache = WitCertCache(cfg, scheme="int8")  # the reference path serves any head dim
+    assert not cache.use_kernel(torch.device("cpu"), 1)
