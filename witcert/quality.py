@@ -39,13 +39,16 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="fp8_e4m3,int4_group,kivi2,int8_dither")
     ap.add_argument("--json", default="quality.json")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--tau", type=float, default=None, help="gate: page in only where TV+ > tau (default: the demo gate's)")
+    ap.add_argument("--max-blocks", type=int, default=None, help="gate: blocks per (step, layer, kv head)")
+    ap.add_argument("--min-share", type=float, default=None, help="gate: smallest share of a kv head's risk paged in")
     args = ap.parse_args(argv)
 
     import torch
     from tqdm import tqdm
 
     from . import tasks
-    from .cache import WitCertCache, use_witcert
+    from .cache import Gate, WitCertCache, use_witcert
     from .demo import demo_gate
     from .model import load_model
 
@@ -53,8 +56,13 @@ def main(argv=None) -> int:
     use_witcert(model)
     L, Hkv = model.config.num_hidden_layers, model.config.num_key_value_heads
     configs = [("exact", "none", None)]
+    g = demo_gate()
+    gate = Gate("risk-ranked", tau=g.tau if args.tau is None else args.tau,
+                max_pagein_blocks=g.max_pagein_blocks if args.max_blocks is None else args.max_blocks,
+                min_share=g.min_share if args.min_share is None else args.min_share)
+    print(f"# gate: {gate}")
     for s in args.schemes.split(","):
-        configs += [(s, s, None), (s + "+gate", s, demo_gate())]
+        configs += [(s, s, None), (s + "+gate", s, gate)]
     jobs = [(t, int(n), sd) for n in args.lengths.split(",") for t in args.tasks.split(",") for sd in range(args.seeds)]
     rows = []
     t0 = time.time()
