@@ -168,8 +168,11 @@ class WitCertLayer(CacheLayerMixin):
         if H != o.num_kv_heads or D != o.head_dim:
             raise ValueError(f"layer {self.layer_idx}: keys [B, {H}, n, {D}] do not match the cache's model "
                              f"({o.num_kv_heads} kv heads, head dim {D}); a WitCertCache belongs to one model")
-        host = torch.device("cpu")
-        pin = self.device.type == "cuda"
+        # scheme "none" with the meter off stores nothing compressed: the exact store is what
+        # attention reads, so it stays on the model's device (as in transformers' DynamicLayer)
+        passthrough = o.scheme == "none" and not o.meter
+        host = self.device if passthrough else torch.device("cpu")
+        pin = self.device.type == "cuda" and not passthrough
         z = lambda *s, dt, dev: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
         self.exact_k = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
         self.exact_v = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
@@ -224,7 +227,7 @@ class WitCertLayer(CacheLayerMixin):
         ev = value_states.detach().to(host)
         self.exact_k = torch.cat([self.exact_k, ek], dim=-2)
         self.exact_v = torch.cat([self.exact_v, ev], dim=-2)
-        if self.device.type == "cuda":
+        if self.exact_k.device.type == "cpu" and self.device.type == "cuda":
             self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
         self.keys, self.values = self.exact_k, self.exact_v
         passthrough = o.scheme == "none" and not o.meter
