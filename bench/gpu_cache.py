@@ -24,6 +24,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--paths-only", action="store_true")
     args = ap.parse_args()
     cfg = LlamaConfig.from_dict(json.loads((pathlib.Path(__file__).parent / "smollm2_config.json").read_text()))
     torch.manual_seed(0)
@@ -32,6 +33,8 @@ def main():
     ids = torch.randint(100, cfg.vocab_size, (1, args.tokens), device="cuda")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; random-weight SmolLM2-135M architecture, bf16, "
           f"{args.tokens}-token prompt, {args.new} new tokens")
+    if args.paths_only:
+        return cuda_paths(cfg, model, ids[:, :512])
     print(f"{'scheme':<12}{'backend':<10}{'same ids':>9}{'med TV+':>9}{'max TV+':>9}{'ms/token':>9}{'viol':>6}{'ker>=real':>10}")
     for scheme in ("int8", "int8_dither", "fp8_e4m3", "int4_group"):
         res = {}
@@ -57,6 +60,34 @@ def main():
                 cover = str(bool(np.all(tv >= real - 1e-6)))
             print(line + f"{str(same):>9}{np.median(tv):>9.3f}{tv.max():>9.3f}{dt:>9.1f}{viol if be == 'reference' else '-':>6}{cover:>10}",
                   flush=True)
+
+
+def cuda_paths(cfg, model, ids):
+    """Bit-identity of the off cache against stock sdpa, and a gated kivi2 cache (reference
+    path on the GPU, backing store in pinned host memory) with its audit, on CUDA."""
+    from witcert.cache import Gate
+
+    kw = dict(max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0,
+              output_logits=True, return_dict_in_generate=True)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+    use_witcert(model)
+    off = WitCertCache(cfg, scheme="none", meter=False)
+    with torch.no_grad():
+        got = model.generate(ids, past_key_values=off, **kw)
+    same = torch.equal(ref.sequences, got.sequences) and all(torch.equal(a, b) for a, b in zip(ref.logits, got.logits))
+    print(f"off cache vs stock sdpa on CUDA (bf16): ids and logits bit-identical: {same}")
+    g = WitCertCache(cfg, scheme="kivi2", gate=Gate("risk-ranked", tau=0.9, max_pagein_blocks=2, min_share=0.2), audit=True)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=g, use_cache=True)
+        store = g.layers[7].exact_k.clone()
+        model.generate(ids, past_key_values=g, max_new_tokens=8, do_sample=False,
+                       attention_mask=torch.ones(1, ids.shape[1] + 0, device="cuda", dtype=torch.long), pad_token_id=0)
+    lay = g.layers[7]
+    print(f"gated kivi2 on CUDA: page-in blocks {int(g.pagein_blocks.sum())}, bytes {int(g.pagein_bytes.sum())}, "
+          f"audit violations {sum(r.audit_violations for r in g.records)}, backing store pinned "
+          f"{lay.exact_k.is_pinned()}, unchanged {torch.equal(lay.exact_k[..., :store.shape[-2], :], store)}")
 
 
 if __name__ == "__main__":
