@@ -80,10 +80,10 @@ def cuda_paths(cfg, model, ids):
     print(f"off cache vs stock sdpa on CUDA (bf16): ids and logits bit-identical: {same}")
     g = WitCertCache(cfg, scheme="kivi2", gate=Gate("risk-ranked", tau=0.9, max_pagein_blocks=2, min_share=0.2), audit=True)
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=g, use_cache=True)
+        out = model(input_ids=ids, past_key_values=g, use_cache=True)
         store = g.layers[7].exact_k.clone()
-        model.generate(ids, past_key_values=g, max_new_tokens=8, do_sample=False,
-                       attention_mask=torch.ones(1, ids.shape[1] + 0, device="cuda", dtype=torch.long), pad_token_id=0)
+        for _ in range(8):  # greedy decode steps over the gated cache
+            out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=g, use_cache=True)
     lay = g.layers[7]
     print(f"gated kivi2 on CUDA: page-in blocks {int(g.pagein_blocks.sum())}, bytes {int(g.pagein_bytes.sum())}, "
           f"audit violations {sum(r.audit_violations for r in g.records)}, backing store pinned "
