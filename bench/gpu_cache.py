@@ -78,7 +78,7 @@ def cuda_paths(cfg, model, ids):
         got = model.generate(ids, past_key_values=off, **kw)
     same = torch.equal(ref.sequences, got.sequences) and all(torch.equal(a, b) for a, b in zip(ref.logits, got.logits))
     print(f"off cache vs stock sdpa on CUDA (bf16): ids and logits bit-identical: {same}")
-    g = WitCertCache(cfg, scheme="kivi2", gate=Gate("risk-ranked", tau=0.9, max_pagein_blocks=2, min_share=0.2), audit=True)
+    g = WitCertCache(cfg, scheme="kivi2", gate=Gate("risk-ranked", tau=0.0, max_pagein_blocks=2, min_share=0.2), audit=True)
     with torch.no_grad():
         out = model(input_ids=ids, past_key_values=g, use_cache=True)
         store = g.layers[7].exact_k.clone()
