@@ -212,3 +212,17 @@ def test_kernel_backend_refuses_unsupported_head_dim():
         WitCertCache(cfg, scheme="int8", backend="kernel")
     cache = WitCertCache(cfg, scheme="int8")  # the reference path serves any head dim
     assert not cache.use_kernel(torch.device("cpu"), 1)
+
+
+def test_block_witnesses_are_sound_and_never_tighter_than_per_token(smollm2):
+    model, tok = smollm2
+    use_witcert(model)
+    enc = _batch(tok, [PROMPTS[1] * 3])
+    per_token = WitCertCache(model.config, scheme="int8", audit=True)
+    per_block = WitCertCache(model.config, scheme="int8", audit=True, witness="block")
+    _gen(model, enc, past_key_values=per_token)
+    _gen(model, enc, past_key_values=per_block)
+    assert sum(r.audit_violations for r in per_block.records) == 0
+    tok_b = np.stack([r.tv_a for r in per_token.records])
+    blk_b = np.stack([r.tv_a for r in per_block.records])
+    assert np.all(blk_b >= tok_b - 1e-12) and np.any(blk_b > tok_b)

@@ -507,19 +507,17 @@ class WitCertCache(Cache):
         o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
         return {"p": p, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
 
-    def _radii(self, layer, q, al, sm, p):
-        """ε [B, Hkv, GQ, Lq, n] (Tier A) from the stored witnesses (0 at masked tokens)."""
-        qn = torch.stack([q[..., torch.from_numpy(g).to(q.device)].norm(dim=-1) for g in self.groups], -1)
-        W = layer.k_wit
-        if self.witness == "block":
-            T = self.block_size
-            n = W.shape[-2]
+    def _radii(self, layer, q, al, sm):
+        """ε [B, Hkv, GQ, Lq, n] (Tier A, ``witcert.bounds.logit_radius``) from the stored
+        witnesses (per token, or their maximum over each block of T tokens); 0 at masked tokens."""
+        W = layer.k_wit  # [B, Hkv, n, G]
+        n = W.shape[-2]
+        T = self.block_size if self.witness == "block" else 1
+        if T > 1:
             nb = -(-n // T)
             Wp = torch.nn.functional.pad(W, (0, 0, 0, nb * T - n))
-            W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2).repeat_interleave(T, dim=-2)[..., :n, :]
-        eps = abs(sm) * torch.einsum("bhglk,bhnk->bhgln", qn, W)  # σ Σ_g ‖q[g]‖ W[j, g]
-        eps = eps * (1.0 + B.FP64_REL_SLACK)
-        eps = torch.where(torch.isfinite(eps), eps, torch.full_like(eps, float("inf")))
+            W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2)
+        eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
         return torch.where(al, eps, torch.zeros_like(eps))
 
     def _tier_b_radii(self, layer, q, al, sm, delta_step):
@@ -578,7 +576,7 @@ class WitCertCache(Cache):
         gate = self.gate
 
         def measure():
-            eps = self._radii(layer, q, al, sm, ev["p"])
+            eps = self._radii(layer, q, al, sm)
             m = self._bounds(ev["p"], eps, ev["live"], layer.v_hat, layer.v_wit)
             m["eps"] = eps
             if ds is not None:
