@@ -1,7 +1,9 @@
 """The bridge's checks: constants, formula agreement, falsification, Lean status.
 
-``run_checks()`` returns a list of (check, ok, detail); ``python -m proofs_bridge check`` prints
-them and exits non-zero if any fails. What is checked:
+``run_checks()`` returns a list of (check, ok, detail) where ``ok`` is ``True`` (passed), ``False``
+(failed) or ``SKIP`` (``None``: the step was not run here, so it proves nothing — it never prints
+``ok``). ``python -m proofs_bridge check`` prints them as ``ok`` / ``FAIL`` / ``SKIP``, ends with a
+line counting all three, and exits non-zero if any fails. What is checked:
 
 * constants: the int8_dither divisor (126.5), the 1/12 proxy, the default tilt tolerance
   (2^-12) and every kernel constant that restates a formula (the kernels import or restate
@@ -16,8 +18,8 @@ them and exits non-zero if any fails. What is checked:
   ``ditherRadius`` must equal ``formulas.LEAN_DEFS`` (built from the same formulas the numeric
   code is checked against). A statement the parser cannot read is a failure, never a pass;
 * Lean: ``sorry`` / ``admit`` / ``axiom`` / ``native_decide`` anywhere under ``lean/`` is an
-  error; with ``lake`` on PATH, ``lake build`` must pass; without it, one line says that the
-  proofs were not checked here.
+  error; with ``lake`` on PATH, ``lake build`` must pass; without it the step is reported as
+  ``SKIP`` (the proofs were not checked here), and the final line counts it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ from . import falsify, formulas as F
 from . import lean_parse as LP
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+#: the ``ok`` value of a check that was not run here (printed ``SKIP``, never ``ok``)
+SKIP = None
+
+
+def status(ok) -> str:
+    """``ok`` / ``FAIL`` / ``SKIP`` for a check's ``ok`` value (``True`` / ``False`` / ``SKIP``)."""
+    return "SKIP" if ok is SKIP else "ok  " if ok else "FAIL"
 
 
 def _close_above(got, want, rel):
@@ -118,7 +128,7 @@ def check_lean(lean_dir: pathlib.Path | None = None):
     lean_dir = lean_dir or ROOT / "lean"
     out = []
     if not lean_dir.exists():
-        out.append(("lean sources", True, "no lean/ directory yet: the §9 theorems are not written"))
+        out.append(("lean sources", SKIP, "no lean/ directory yet: the §9 theorems are not written"))
         return out
     pat = re.compile(r"\b(sorry|admit|axiom|native_decide)\b")
     hits = []
@@ -136,7 +146,7 @@ def check_lean(lean_dir: pathlib.Path | None = None):
         r = subprocess.run(["lake", "build"], cwd=ROOT, capture_output=True, text=True)
         out.append(("lake build", r.returncode == 0, (r.stdout + r.stderr)[-2000:]))
     else:
-        out.append(("lake build", True, "proofs NOT checked here: no Lean toolchain (lake) on this machine"))
+        out.append(("lake build", SKIP, "proofs NOT checked here: no Lean toolchain (lake) on this machine"))
     return out
 
 
@@ -189,9 +199,10 @@ def main(argv=None) -> int:
     ap.add_argument("cmd", choices=["check"])
     ap.add_argument("--trials", type=int, default=int(os.environ.get("BRIDGE_TRIALS", "2000")))
     args = ap.parse_args(argv)
-    failed = 0
+    counts = {"ok  ": 0, "FAIL": 0, "SKIP": 0}
     for name, ok, detail in run_checks(args.trials):
-        failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f"  ({detail})" if detail else ""))
-    print(f"{failed} failed")
-    return 1 if failed else 0
+        tag = status(ok)
+        counts[tag] += 1
+        print(f"{tag} {name}" + (f"  ({detail})" if detail else ""))
+    print(f"{counts['FAIL']} failed, {counts['SKIP']} skipped (not checked here), {counts['ok  ']} ok")
+    return 1 if counts["FAIL"] else 0

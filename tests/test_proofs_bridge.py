@@ -13,7 +13,7 @@ from proofs_bridge import falsify as Fz
 
 
 def failed(results):
-    return [name for name, ok, _ in results if not ok]
+    return [name for name, ok, _ in results if ok is False]
 
 
 def test_bridge_passes():
@@ -92,7 +92,7 @@ def _edit(lean, name, old, new):
 
 
 def _failed_lean(lean):
-    return [name for name, ok, _ in C.check_lean(lean) if not ok]
+    return [name for name, ok, _ in C.check_lean(lean) if ok is False]
 
 
 def test_the_real_lean_statements_match(tmp_path):
@@ -137,4 +137,18 @@ def test_drift_in_a_declared_formula_fails(monkeypatch):
     monkeypatch.setitem(F.LEAN_THEOREMS, "tilt_tv_le_eform", (file, [("≤", concl[0][1], (F.A**2 - 1) / 3)], hyps))
     monkeypatch.setitem(F.LEAN_DEFS, "beta", ("TiltTV", ["t", "x"], (1 - F.t) * sp.exp(F.x) + F.t * sp.exp(-2 * F.x)))
     res = {n: ok for n, ok, _ in C.check_lean()}
-    assert [n for n, ok in res.items() if not ok] == ["lean statement tilt_tv_le_eform = formula", "lean def beta = formula"]
+    assert [n for n, ok in res.items() if ok is False] == ["lean statement tilt_tv_le_eform = formula", "lean def beta = formula"]
+
+
+def test_an_unchecked_step_reads_skip_never_ok(monkeypatch, capsys):
+    # no Lean toolchain: `lake build` is SKIP (None), never ok, and the last line counts it
+    monkeypatch.setattr(C.shutil, "which", lambda name: None)
+    res = {n: ok for n, ok, _ in C.check_lean()}
+    assert res["lake build"] is C.SKIP and C.status(res["lake build"]) == "SKIP"
+    monkeypatch.setattr(C, "run_checks", lambda trials: [("a", True, ""), ("b", C.SKIP, "not run"), ("c", C.SKIP, "")])
+    assert C.main(["check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("SKIP b") and not any(l.startswith("ok   b") for l in lines)
+    assert lines[-1] == "0 failed, 2 skipped (not checked here), 1 ok"
+    monkeypatch.setattr(C, "run_checks", lambda trials: [("a", False, ""), ("b", C.SKIP, "")])
+    assert C.main(["check"]) == 1
