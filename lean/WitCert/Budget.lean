@@ -52,9 +52,16 @@ theorem request_budget_sound (delta_req : ℝ) (hδ : 0 ≤ delta_req) (L H T_ma
             rw [mul_inv_cancel₀ hLH, mul_one]; ring
     rw [Finset.sum_congr rfl hterm, ← Finset.mul_sum]
     have hz : ∑ t ∈ Finset.range T, (1 / ((t : ℝ) + 1) ^ 2) ≤ Real.pi ^ 2 / 6 := by
+      -- `hasSum_zeta_two` (NumberTheory/ZetaValues.lean:457), `sum_le_hasSum` (additive form
+      -- of Topology/Algebra/InfiniteSum/Order.lean:93); casts normalised by named rewrites
       have h := sum_le_hasSum (Finset.range (T + 1)) (fun n _ => by positivity) hasSum_zeta_two
       rw [Finset.sum_range_succ'] at h
-      simpa using h
+      have hcast : ∀ i : ℕ, (1 : ℝ) / ((i + 1 : ℕ) : ℝ) ^ 2 = 1 / ((i : ℝ) + 1) ^ 2 :=
+        fun i => by rw [Nat.cast_add_one]
+      have h0 : (1 : ℝ) / ((0 : ℕ) : ℝ) ^ 2 = 0 := by
+        rw [Nat.cast_zero, zero_pow two_ne_zero, div_zero]
+      rw [Finset.sum_congr rfl (fun i _ => hcast i), h0, add_zero] at h
+      exact h
     have hc : 0 ≤ delta_req * 6 / Real.pi ^ 2 :=
       div_nonneg (mul_nonneg hδ (by norm_num)) (sq_nonneg _)
     have hpi : Real.pi ^ 2 ≠ 0 := pow_ne_zero 2 Real.pi_ne_zero

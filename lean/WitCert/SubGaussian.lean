@@ -38,11 +38,17 @@ lemma six_pow_mul_factorial_le (n : ℕ) : 6 ^ n * n.factorial ≤ (2 * n + 1).f
       _ = (2 * k + 3) * ((2 * k + 2) * (2 * k + 1).factorial) := by ring
 
 lemma sinh_le_mul_exp {y : ℝ} (hy : 0 ≤ y) : Real.sinh y ≤ y * Real.exp (y ^ 2 / 6) := by
+  -- The exponential series, stated in the `Real.exp` form and proved as Mathlib's own
+  -- `poissonPMFRealSum` (Probability/Distributions/Poisson/Basic.lean:48) and
+  -- Combinatorics/Derangements/Exponential.lean:42 do: rewrite the goal with
+  -- `Real.exp_eq_exp_ℝ` (Analysis/SpecialFunctions/Exponential.lean:215), then `exact`
+  -- `NormedSpace.expSeries_div_hasSum_exp` (Analysis/Normed/Algebra/Exponential.lean:616).
+  have hexp0 : HasSum (fun n : ℕ => (y ^ 2 / 6) ^ n / (n.factorial : ℝ)) (Real.exp (y ^ 2 / 6)) := by
+    rw [Real.exp_eq_exp_ℝ]
+    exact NormedSpace.expSeries_div_hasSum_exp (y ^ 2 / 6)
   have hexp : HasSum (fun n : ℕ => y * ((y ^ 2 / 6) ^ n / (n.factorial : ℝ)))
-      (y * Real.exp (y ^ 2 / 6)) := by
-    have h := NormedSpace.expSeries_div_hasSum_exp (y ^ 2 / 6)
-    rw [← Real.exp_eq_exp_ℝ] at h
-    exact h.mul_left y
+      (y * Real.exp (y ^ 2 / 6)) :=
+    hexp0.mul_left y
   refine hasSum_le (fun n => ?_) (Real.hasSum_sinh y) hexp
   have hf : (6 : ℝ) ^ n * (n.factorial : ℝ) ≤ ((2 * n + 1).factorial : ℝ) := by
     exact_mod_cast six_pow_mul_factorial_le n

@@ -86,8 +86,10 @@ section Tilt
 
 variable {phat delta p : ι → ℝ}
 
-lemma IsTilt.nonempty (ht : IsTilt phat delta p) : (Finset.univ : Finset ι).Nonempty :=
-  Finset.nonempty_of_sum_ne_zero (by rw [ht.sum_one]; exact one_ne_zero)
+lemma IsTilt.nonempty (ht : IsTilt phat delta p) : (Finset.univ : Finset ι).Nonempty := by
+  have h : ∑ j, phat j ≠ 0 := by rw [ht.sum_one]; exact one_ne_zero
+  -- `Finset.nonempty_of_sum_ne_zero` (additive form of Algebra/BigOperators/Group/Finset/Defs.lean:575)
+  exact Finset.nonempty_of_sum_ne_zero (s := Finset.univ) (f := phat) h
 
 lemma IsTilt.sum_pos (ht : IsTilt phat delta p) (f : ι → ℝ) :
     0 < ∑ i, phat i * Real.exp (f i) :=
@@ -198,6 +200,16 @@ theorem tilt_tv_le_tanh (ht : IsTilt phat delta p) (eps_max : ℝ)
   rw [Real.tanh_eq]
   linarith
 
+/-- `u + y ≥ 2` when `u, y > 0` and `u y ≥ 1` (AM–GM), with a small context for `nlinarith`. -/
+lemma two_le_add_of_one_le_mul {u y : ℝ} (hu : 0 < u) (hy : 0 < y) (h : 1 ≤ u * y) :
+    2 ≤ u + y := by
+  by_contra hlt
+  push_neg at hlt
+  have e1 : 0 < (2 - (u + y)) * u := mul_pos (by linarith) hu
+  have e2 : 0 < (2 - (u + y)) * y := mul_pos (by linarith) hy
+  -- e1 + e2 + (u − y)² ≥ 0 gives 2(u + y) > 4uy ≥ 4: linear in the monomials
+  nlinarith [sq_nonneg (u - y)]
+
 /-- SPEC §3(b): `TV ≤ (A² − 1)/2` with `A = Σ_j p̂_j e^{ε_j}`. -/
 theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
     (heps : ∀ j, |delta j| ≤ eps j) (A : ℝ) (hA : A = ∑ j, phat j * Real.exp (eps j)) :
@@ -235,9 +247,8 @@ theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
     linarith
   have hA1 : 1 ≤ A := by
     rw [hA, ← ht.sum_one]
-    exact Finset.sum_le_sum fun j _ => by
-      have := Real.one_le_exp (eps_nonneg eps heps j)
-      nlinarith [(ht.pos j).le]
+    exact Finset.sum_le_sum fun j _ =>
+      le_mul_of_one_le_right (ht.pos j).le (Real.one_le_exp (eps_nonneg eps heps j))
   have hmZ : ∑ j, phat j * Real.exp (-eps j) ≤ Z :=
     Finset.sum_le_sum fun j _ => mul_le_mul_of_nonneg_left (exp_neg_eps_le eps heps j) (ht.pos j).le
   have hZA : Z ≤ A := by
@@ -262,7 +273,10 @@ theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
       rw [div_le_iff₀ hZ]
       have h1 : Real.exp (eps j) * 1 ≤ Real.exp (eps j) * (A * Z) :=
         mul_le_mul_of_nonneg_left hAZ (Real.exp_pos (eps j)).le
-      nlinarith
+      calc Real.exp (-delta j) ≤ Real.exp (eps j) := hu
+        _ = Real.exp (eps j) * 1 := (mul_one _).symm
+        _ ≤ Real.exp (eps j) * (A * Z) := h1
+        _ = A * Real.exp (eps j) * Z := by ring
     have hlo : 1 ≤ Real.exp (-delta j) / Z * (A * Real.exp (eps j)) := by
       have h1 : Real.exp (-eps j) * Real.exp (eps j) = 1 := by
         rw [← Real.exp_add, show -eps j + eps j = 0 by ring, Real.exp_zero]
@@ -270,10 +284,21 @@ theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
         have := mul_le_mul_of_nonneg_right hl (Real.exp_pos (eps j)).le
         linarith
       rw [div_mul_eq_mul_div, le_div_iff₀ hZ]
-      have h3 := mul_le_mul_of_nonneg_left h2 hApos.le
-      nlinarith
+      have h3 : A * 1 ≤ A * (Real.exp (-delta j) * Real.exp (eps j)) :=
+        mul_le_mul_of_nonneg_left h2 hApos.le
+      calc 1 * Z = Z := one_mul Z
+        _ ≤ A := hZA
+        _ = A * 1 := (mul_one A).symm
+        _ ≤ A * (Real.exp (-delta j) * Real.exp (eps j)) := h3
+        _ = Real.exp (-delta j) * (A * Real.exp (eps j)) := by ring
+    have hu0 : 0 < Real.exp (-delta j) / Z := div_pos (Real.exp_pos _) hZ
+    -- the lower side needs `u + y ≥ 2` from `u y ≥ 1`: a separate lemma with a small context
+    have h2 : 2 ≤ Real.exp (-delta j) / Z + A * Real.exp (eps j) :=
+      two_le_add_of_one_le_mul hu0 hy hlo
     rw [abs_le]
-    constructor <;> nlinarith [sq_nonneg (A * Real.exp (eps j) - 1), hy, hlo, hup]
+    constructor
+    · linarith
+    · linarith
   have hsum : ∑ j, phat j * (A * Real.exp (eps j) - 1) = A ^ 2 - 1 := by
     simp only [mul_sub, mul_one]
     rw [Finset.sum_sub_distrib, ht.sum_one]
@@ -356,7 +381,8 @@ lemma mass_ge_dualD (phat eps : ι → ℝ) (hp : ∀ j, 0 ≤ phat j) (S : Fins
     refine Finset.sum_congr rfl fun j _ => ?_
     ring
   rw [hid, hbeta] at hsum
-  nlinarith
+  -- linear in the monomials `lam * t * E`, `lam * t * C` and the sums
+  linarith
 
 /-- SPEC §3(c): the dual-grid tilt bound, for any finite cover of `[0, 1]` by intervals and
 any multipliers `λ_i ≥ 0`. -/
