@@ -5,6 +5,7 @@ import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget
 import WitCert.SplitMerge
+import WitCert.Union
 
 /-!
 # WitCert: the theorems of SPEC §9

@@ -126,3 +126,109 @@ LEAN_DEFS = {
 }
 #: the proxy of uniform_mgf_le is the per-channel proxy of §5
 assert sp.simplify(UNIFORM_MGF_BOUND - sp.exp(lam**2 * VARIANCE_PROXY_PER_CHANNEL / 2)) == 0
+
+
+# ------------------------------------------------ the chain of issue 14 (SPEC §9, extended)
+# Each new theorem is stated so the next link uses it as is: uniform residual → sub-Gaussian
+# proxy s²/12 → tail (ideal, and with the fp32 bias) → per-step union over tokens → request
+# union (both schedules); k-way merge; the oscillation and top-two forms of §3(a); RoPE layouts.
+osc, e12, b_ = sp.symbols("osc e12 b", real=True)
+#: SPEC §3(a): tilt_tv_le_tanh_osc, TV ≤ tanh(osc / 4) with osc = max δ − min δ
+TANH_OSC_BOUND = sp.tanh(osc / 4)
+#: SPEC §3(a): tilt_tv_le_tanh_top2, TV ≤ tanh((ε₍₁₎ + ε₍₂₎) / 4)
+TANH_TOP2_BOUND = sp.tanh(e12 / 4)
+#: SPEC §5: the per-channel bias factor of the real fp32 scheme (b_j = |σ| Σ_i |q_i| s_{j,i} · 2⁻¹⁴)
+DITHER_BIAS_PER_CHANNEL = s * sp.Rational(1, 2**14)
+
+CHAIN_THEOREMS = [
+    "uniform_hasSubgaussianMGF",
+    "dither_logit_tail_uniform",
+    "dither_logit_tail_bias",
+    "union_tail_le",
+    "dither_step_union",
+    "request_union_sound",
+    "lse_merge_exact_k",
+    "tilt_tv_le_tanh_osc",
+    "tilt_tv_le_tanh_top2",
+    "rope_layout_group_norm_invariant",
+    "rope_half_group_norm_invariant",
+    "rope_interleaved_group_norm_invariant",
+]
+THEOREMS += CHAIN_THEOREMS
+
+_k, _l, _h = sp.symbols("k l h")
+mu_real, e_, beta_, E_, tt_, Vf, bf = _f("μ.real"), _f("e"), _f("beta"), _f("E"), _f("tt"), _f("V"), _f("b")
+sf, mf, Sf, Ff, Gf = _f("s"), _f("m"), _f("S"), _f("F"), _f("G")
+iUnion, exists_ = _f("iUnion"), _f("exists")
+coordNorm, coordsOf = _f("coordNorm"), _f("coordsOf")
+_sigma_q_sum = lambda res: sp.Abs(sigma * Sum(UNIV, sp.Lambda(_i, q(_i) * res)))  # noqa: E731
+_TAIL = 2 * sp.exp(-t**2 / (2 * V))
+
+
+def _HU(res, scale):
+    """`MeasureTheory.pdf.IsUniform res (Set.Icc (-(scale / 2)) (scale / 2)) μ` (SPEC §5's U[−s/2, s/2])."""
+    return [_f("MeasureTheory.pdf.IsUniform")(res, _f("Set.Icc")(-(scale / 2), scale / 2), sp.Symbol("μ"))]
+
+
+def _lse_k(w):
+    return ("=", Sum(sp.Symbol("K"), sp.Lambda(_k, sp.exp(mf(_k) - M) * Sum(Sf(_k), sp.Lambda(_j, sp.exp(sf(_j) - mf(_k)) * w)))),
+            Sum(_f("K.biUnion")(sp.Symbol("S")), sp.Lambda(_j, sp.exp(sf(_j) - M) * w)))
+
+
+def _rope_inv(fst, snd, rope):
+    grp = coordsOf(fst, snd, sp.Symbol("g"))
+    return [("=", coordNorm(grp, rope), coordNorm(grp, x))]
+
+
+LEAN_THEOREMS.update({
+    "uniform_hasSubgaussianMGF": ("SubGaussian", [_f("HasSubgaussianMGF")(
+        sp.Symbol("r"), _f("Real.toNNReal")(VARIANCE_PROXY_PER_CHANNEL), sp.Symbol("μ"))], {
+        "hu": _HU(sp.Symbol("r"), s),
+    }),
+    "dither_logit_tail_uniform": ("SubGaussian", [("≤", mu_real(setOf(sp.Lambda(_w, sp.Le(
+        t, _sigma_q_sum(r(_i, _w)), evaluate=False)))), _TAIL)], {
+        "hV": [("=", V, sigma**2 * Sum(UNIV, sp.Lambda(_i, q(_i) ** 2 * VARIANCE_PROXY_PER_CHANNEL.xreplace({s: sf(_i)}))))],
+        "hu": [("∀", ("i",), _HU(r(_i), sf(_i)))],
+    }),
+    "dither_logit_tail_bias": ("SubGaussian", [("≤", mu_real(setOf(sp.Lambda(_w, sp.Le(
+        t + b_, _sigma_q_sum(e_(_i, _w)), evaluate=False)))), _TAIL)], {
+        "hV": [("=", V, sigma**2 * Sum(UNIV, sp.Lambda(_i, q(_i) ** 2 * c_(_i))))],
+        "hb": [("=", b_, sp.Abs(sigma) * Sum(UNIV, sp.Lambda(_i, sp.Abs(q(_i)) * beta_(_i))))],
+    }),
+    "union_tail_le": ("Union", [("≤", mu_real(iUnion(sp.Symbol("T"), sp.Lambda(_j, E_(_j)))), delta)], {
+        "hE": [("∀", ("j", "∈", "T"), [("≤", mu_real(E_(_j)), delta / sp.Symbol("T.card"))])],
+    }),
+    "dither_step_union": ("Union", [("≤", mu_real(setOf(sp.Lambda(_w, exists_(_j, sp.Le(
+        tt_(_j), sp.Abs(sigma * Sum(UNIV, sp.Lambda(_i, q(_i) * e_(_j, _i, _w)))), evaluate=False))))), delta)], {
+        "hV": [("∀", ("j",), [("=", Vf(_j), sigma**2 * Sum(UNIV, sp.Lambda(_i, q(_i) ** 2 * c_(_j, _i))))])],
+        "hb": [("∀", ("j",), [("=", bf(_j), sp.Abs(sigma) * Sum(UNIV, sp.Lambda(_i, sp.Abs(q(_i)) * beta_(_j, _i))))])],
+        "htt": [("∀", ("j",), [("=", tt_(_j), ditherRadius(Vf(_j), _f("Fintype.card")(sp.Symbol("κ")), delta) + bf(_j))])],
+    }),
+    "request_union_sound": ("Union", [
+        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(_h, iUnion(rng(Tm), sp.Lambda(t, Ff(_l, _h, t)))))))), delta_req),
+        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(_h, iUnion(rng(T), sp.Lambda(t, Gf(_l, _h, t)))))))), delta_req),
+    ], {
+        "hF": [("∀", ("l", "h", "t"), [("≤", mu_real(Ff(_l, _h, t)), budgetFixed(delta_req, Ls, Hs, Tm))])],
+        "hG": [("∀", ("l", "h", "t"), [("≤", mu_real(Gf(_l, _h, t)), budgetAnytime(delta_req, Ls, Hs, t + 1))])],
+    }),
+    "lse_merge_exact_k": ("SplitMerge", [_lse_k(1), _lse_k(v_(_j))], {}),
+    "tilt_tv_le_tanh_osc": ("TiltTV", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), TANH_OSC_BOUND)], {
+        "hosc": [("∀", ("i", "j"), [("≤", _f("delta")(_i) - _f("delta")(_j), osc)])],
+    }),
+    "tilt_tv_le_tanh_top2": ("TiltTV", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), TANH_TOP2_BOUND)], {}),
+    "rope_layout_group_norm_invariant": ("Bands", _rope_inv(sp.Symbol("fst"), sp.Symbol("snd"), sp.Symbol("y")), {}),
+    "rope_half_group_norm_invariant": ("Bands", _rope_inv(
+        sp.Symbol("halfFst"), _f("halfSnd")(sp.Symbol("h")), _f("ropeHalf")(sp.Symbol("h"), sp.Symbol("θ"), x)), {}),
+    "rope_interleaved_group_norm_invariant": ("Bands", _rope_inv(
+        sp.Symbol("ilvFst"), sp.Symbol("ilvSnd"), _f("ropeInterleaved")(sp.Symbol("h"), sp.Symbol("θ"), x)), {}),
+})
+
+_bb = sp.Symbol("b")
+LEAN_DEFS.update({
+    # the two RoPE layouts of SPEC §1: band b ↦ coordinate pair
+    "halfFst": ("Bands", ["b"], _bb),
+    "halfSnd": ("Bands", ["h", "b"], _bb + sp.Symbol("h")),
+    "ilvFst": ("Bands", ["b"], 2 * _bb),
+    "ilvSnd": ("Bands", ["b"], 2 * _bb + 1),
+    "coordNorm": ("Bands", ["S", "x"], sp.sqrt(Sum(sp.Symbol("S"), sp.Lambda(_i, _f("x")(_i) ** 2)))),
+})

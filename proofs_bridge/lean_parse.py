@@ -8,6 +8,7 @@ Grammar (precedences as in Lean 4 / Mathlib)::
 
     conj   := rel ('∧' rel)*                       -> list of relations
     rel    := '∀' ident+ ',' conj                  -> ('∀', names, relations)
+            | '∃' ident+ ',' conj                  -> ('∃', names, relations)
             | sum (('≤' | '<' | '=' | '≥') sum)?   -> (op, lhs, rhs) or an expression
     sum    := term (('+' | '-' | '∪') term)*
     term   := unary (('*' | '/' | '•') unary)*
@@ -16,11 +17,13 @@ Grammar (precedences as in Lean 4 / Mathlib)::
     app    := atom atom*            (application: an identifier applied to atoms)
     atom   := number | ident | '(' conj [':' type] ')' | '|' sum '|' | '‖' sum '‖'
             | '∑' ident ['∈' sum] ',' term     (the body binds like Lean's `∑`: a term)
+            | '⋃' ident ['∈' sum] ',' term     (indexed union, read like `∑`)
             | '{' ident '|' conj '}'
 
 Translation: ``Real.exp/log/sqrt/tanh/sinh`` and ``max`` map to sympy functions, ``Real.pi``
 to ``pi``, ``|x|`` to ``Abs``, ``‖x‖`` to ``norm(x)``; ``∑ j ∈ S, b`` to ``Sum(S, Lambda(j, b))``
-(``∑ j, b`` sums over ``univ``); ``{x | P}`` to ``setOf(Lambda(x, P))``; ``∪`` to ``union``;
+(``∑ j, b`` sums over ``univ``); ``⋃ j ∈ S, E`` to ``iUnion(S, Lambda(j, E))``; ``∃ j, P``
+inside a set-builder to ``exists(j, P)``; ``{x | P}`` to ``setOf(Lambda(x, P))``; ``∪`` to ``union``;
 ``•`` to ``*``; a type ascription ``(e : T)`` to ``e``; any other application ``f a b`` to
 the undefined function ``f(a, b)``, and identifiers to plain symbols (no assumptions).
 """
@@ -38,7 +41,7 @@ class LeanParseError(ValueError):
 
 _SUB = "₀₁₂₃₄₅₆₇₈₉"
 _TOKEN = re.compile(
-    r"\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<id>[^\W\d][\w'." + _SUB + r"]*)|(?P<op>[≤≥<=∧∈∪+\-*/^(),|‖∑{}•:∀]))",
+    r"\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<id>[^\W\d][\w'." + _SUB + r"]*)|(?P<op>[≤≥<=∧∈∪+\-*/^(),|‖∑⋃{}•:∀∃]))",
     re.UNICODE,
 )
 FUNCS = {"Real.exp": sp.exp, "Real.log": sp.log, "Real.sqrt": sp.sqrt, "Real.tanh": sp.tanh,
@@ -49,6 +52,9 @@ Sum = sp.Function("Sum")
 setOf = sp.Function("setOf")
 norm = sp.Function("norm")
 union = sp.Function("union")
+iUnion = sp.Function("iUnion")
+exists_ = sp.Function("exists")
+forall_ = sp.Function("forall")
 UNIV = sp.Symbol("univ")
 
 
@@ -89,13 +95,13 @@ class _Parser:
         return rels
 
     def rel(self):
-        if self.peek() == "∀":
-            self.take()
+        if self.peek() in ("∀", "∃"):
+            q = self.take()
             names = []
             while self.peek() != ",":
                 names.append(self.take())
             self.take(",")
-            return ("∀", tuple(names), self.conj())
+            return (q, tuple(names), self.conj())
         lhs = self.sum()
         if self.peek() in _REL:
             op = self.take()
@@ -135,7 +141,7 @@ class _Parser:
         tok = self.peek()
         if tok is None:
             return False
-        return tok in ("(", "∑", "{") or tok[0].isdigit() or (tok[0].isalpha() or tok[0] == "_") and tok not in ("∈",)
+        return tok in ("(", "∑", "⋃", "{") or tok[0].isdigit() or (tok[0].isalpha() or tok[0] == "_") and tok not in ("∈",)
 
     def app(self):
         tok = self.peek()
@@ -180,7 +186,7 @@ class _Parser:
             e = self.sum()
             self.take("‖")
             return norm(e)
-        if tok == "∑":
+        if tok in ("∑", "⋃"):
             var = sp.Symbol(self.take())
             dom = UNIV
             if self.peek() == "∈":
@@ -188,7 +194,7 @@ class _Parser:
                 dom = self.sum()
             self.take(",")
             body = self.term()
-            return Sum(dom, sp.Lambda(var, body))
+            return (Sum if tok == "∑" else iUnion)(dom, sp.Lambda(var, body))
         if tok == "{":
             var = sp.Symbol(self.take())
             self.take("|")
@@ -207,6 +213,12 @@ class _Parser:
 
 
 def _as_sympy(rel):
+    if isinstance(rel, tuple) and rel[0] in ("∀", "∃"):
+        q, names, rels = rel
+        body = [_as_sympy(r) for r in rels]
+        if len(body) != 1:
+            raise LeanParseError("a conjunction under a quantifier inside a set-builder")
+        return (forall_ if q == "∀" else exists_)(*[sp.Symbol(n) for n in names], body[0])
     if isinstance(rel, tuple):
         op, a, b = rel
         return _REL[op](a, b, evaluate=False)
@@ -316,8 +328,8 @@ def same_rel(got, want) -> bool:
     for g, w in zip(got, want):
         if isinstance(w, tuple) != isinstance(g, tuple):
             return False
-        if isinstance(w, tuple) and w[0] == "∀":
-            if g[0] != "∀" or g[1] != w[1] or not same_rel(g[2], w[2]):
+        if isinstance(w, tuple) and w[0] in ("∀", "∃"):
+            if g[0] != w[0] or g[1] != w[1] or not same_rel(g[2], w[2]):
                 return False
         elif isinstance(w, tuple):
             if g[0] != w[0] or not same_expr(g[1], w[1]) or not same_expr(g[2], w[2]):

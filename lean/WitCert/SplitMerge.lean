@@ -40,4 +40,35 @@ theorem lse_merge_exact {ι : Type*} [DecidableEq ι] (S₁ S₂ : Finset ι) (h
     · exact Finset.sum_congr rfl fun j _ => by rw [← mul_assoc, key m₁ j]
     · exact Finset.sum_congr rfl fun j _ => by rw [← mul_assoc, key m₂ j]
 
+/-- SPEC §8: the log-sum-exp merge of `k` splits — any finite family `K` of pairwise disjoint
+token sets `S k`, each with its own offset `m k` — equals the unsplit sums at the common offset
+`M`, for the denominator and for any per-token weight `v`. -/
+theorem lse_merge_exact_k {ι κ : Type*} [DecidableEq ι] (K : Finset κ) (S : κ → Finset ι)
+    (hdisj : (K : Set κ).PairwiseDisjoint S) (s v : ι → ℝ) (m : κ → ℝ) (M : ℝ) :
+    ∑ k ∈ K, Real.exp (m k - M) * ∑ j ∈ S k, Real.exp (s j - m k)
+        = ∑ j ∈ K.biUnion S, Real.exp (s j - M) ∧
+      ∑ k ∈ K, Real.exp (m k - M) * ∑ j ∈ S k, Real.exp (s j - m k) * v j
+        = ∑ j ∈ K.biUnion S, Real.exp (s j - M) * v j := by
+  have key : ∀ k j, Real.exp (m k - M) * Real.exp (s j - m k) = Real.exp (s j - M) := by
+    intro k j
+    rw [← Real.exp_add]
+    congr 1
+    ring
+  have hsplit : ∀ k, Real.exp (m k - M) * ∑ j ∈ S k, Real.exp (s j - m k)
+      = ∑ j ∈ S k, Real.exp (s j - M) := by
+    intro k
+    rw [Finset.mul_sum]
+    exact Finset.sum_congr rfl fun j _ => key k j
+  have hsplitv : ∀ k, Real.exp (m k - M) * ∑ j ∈ S k, Real.exp (s j - m k) * v j
+      = ∑ j ∈ S k, Real.exp (s j - M) * v j := by
+    intro k
+    rw [Finset.mul_sum]
+    exact Finset.sum_congr rfl fun j _ => by rw [← mul_assoc, key k j]
+  -- `Finset.sum_biUnion` (additive form of Algebra/BigOperators/Group/Finset/Basic.lean:221)
+  constructor
+  · rw [Finset.sum_biUnion hdisj]
+    exact Finset.sum_congr rfl fun k _ => hsplit k
+  · rw [Finset.sum_biUnion hdisj]
+    exact Finset.sum_congr rfl fun k _ => hsplitv k
+
 end WitCert

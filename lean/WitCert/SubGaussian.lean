@@ -130,6 +130,152 @@ theorem dither_logit_tail {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
     _ ≤ Real.exp (-t ^ 2 / (2 * V)) + Real.exp (-t ^ 2 / (2 * V)) := add_le_add hup hlo
     _ = 2 * Real.exp (-t ^ 2 / (2 * V)) := by ring
 
+/-! ### The uniform residual is sub-Gaussian with proxy `s²/12` (closes `hsub` above)
+
+Mathlib's Hoeffding lemma (`hasSubgaussianMGF_of_mem_Icc`) gives only `((b − a)/2)² = s²/4`;
+the proxy `s²/12` comes from the exact MGF `sinh(λs/2)/(λs/2)` and `uniform_mgf_le`. -/
+
+/-- `∫_{−s/2}^{s/2} e^{t x} dx = t⁻¹ (e^{t s/2} − e^{−t s/2})` for `t ≠ 0`. -/
+lemma integral_exp_mul_Icc (t s : ℝ) (ht : t ≠ 0) (hs : 0 ≤ s) :
+    ∫ x in Set.Icc (-(s / 2)) (s / 2), Real.exp (t * x)
+      = t⁻¹ * (Real.exp (t * (s / 2)) - Real.exp (t * (-(s / 2)))) := by
+  have hab : -(s / 2) ≤ s / 2 := by linarith
+  -- MeasureTheory/Integral/Bochner/Set.lean:684 and IntervalIntegral/Basic.lean:667
+  have h1 : ∫ x in Set.Icc (-(s / 2)) (s / 2), Real.exp (t * x)
+      = ∫ x in (-(s / 2))..(s / 2), Real.exp (t * x) := by
+    rw [intervalIntegral.integral_of_le hab, MeasureTheory.integral_Icc_eq_integral_Ioc]
+  -- IntervalIntegral/Basic.lean:891 (`f` explicit)
+  have h2 : ∫ x in (-(s / 2))..(s / 2), Real.exp (t * x)
+      = t⁻¹ • ∫ x in (t * (-(s / 2)))..(t * (s / 2)), Real.exp x :=
+    intervalIntegral.integral_comp_mul_left Real.exp ht
+  -- `integral_exp`: Analysis/SpecialFunctions/Integrals/Basic.lean:236
+  rw [h1, h2, integral_exp, smul_eq_mul]
+
+/-- The MGF of the uniform law on `[−s/2, s/2]` (Mathlib's `ProbabilityTheory.cond volume I`,
+the law of `MeasureTheory.pdf.IsUniform`): `sinh(t s/2)/(t s/2)` for `t ≠ 0`. -/
+lemma uniform_integral_exp (t s : ℝ) (ht : t ≠ 0) (hs : 0 < s) :
+    ∫ x, Real.exp (t * x) ∂(ProbabilityTheory.cond (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)))
+      = Real.sinh (t * s / 2) / (t * s / 2) := by
+  unfold ProbabilityTheory.cond
+  -- `integral_smul_measure`: MeasureTheory/Integral/Bochner/Basic.lean:1048;
+  -- `Real.volume_Icc`: MeasureTheory/Measure/Lebesgue/Basic.lean:89
+  rw [integral_smul_measure, Real.volume_Icc, integral_exp_mul_Icc t s ht hs.le]
+  have hv : s / 2 - -(s / 2) = s := by ring
+  have e1 : t * (s / 2) = t * s / 2 := by ring
+  have e2 : t * (-(s / 2)) = -(t * s / 2) := by ring
+  rw [hv, ENNReal.toReal_inv, ENNReal.toReal_ofReal hs.le, smul_eq_mul, e1, e2, Real.sinh_eq]
+  ring
+
+/-- SPEC §5: a residual uniform on `[−s/2, s/2]` has a sub-Gaussian MGF with proxy `s²/12` —
+the hypothesis `hsub` of `dither_logit_tail`, for the ideal subtractive dither. -/
+theorem uniform_hasSubgaussianMGF {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
+    (r : Ω → ℝ) (s : ℝ) (hs : 0 < s)
+    (hu : MeasureTheory.pdf.IsUniform r (Set.Icc (-(s / 2)) (s / 2)) μ) :
+    HasSubgaussianMGF r (Real.toNNReal (s ^ 2 / 12)) μ := by
+  have hvol : (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)) = ENNReal.ofReal s := by
+    rw [Real.volume_Icc]
+    congr 1
+    ring
+  have hns : (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)) ≠ 0 := by
+    rw [hvol]
+    exact (ENNReal.ofReal_pos.mpr hs).ne'
+  have hnt : (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)) ≠ ⊤ := by
+    rw [hvol]
+    exact ENNReal.ofReal_ne_top
+  -- Probability/Distributions/Uniform.lean:68, :88
+  have hmeas : AEMeasurable r μ := hu.aemeasurable hns hnt
+  have hP : IsProbabilityMeasure μ := hu.isProbabilityMeasure hns hnt
+  have hmap : μ.map r = ProbabilityTheory.cond (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)) :=
+    hu
+  -- `r ∈ [−s/2, s/2]` almost surely (MeasureTheory/Measure/Map.lean:243)
+  have hbI : ∀ᵐ x ∂(μ.map r), x ∈ Set.Icc (-(s / 2)) (s / 2) := by
+    rw [hmap]
+    unfold ProbabilityTheory.cond
+    exact ae_smul_measure (ae_restrict_mem measurableSet_Icc) _
+  have hmI : MeasurableSet {x : ℝ | x ∈ Set.Icc (-(s / 2)) (s / 2)} := measurableSet_Icc
+  have hb : ∀ᵐ ω ∂μ, r ω ∈ Set.Icc (-(s / 2)) (s / 2) :=
+    (ae_map_iff hmeas hmI).mp hbI
+  have hc : ((Real.toNNReal (s ^ 2 / 12) : ℝ≥0) : ℝ) = s ^ 2 / 12 :=
+    Real.coe_toNNReal (s ^ 2 / 12) (by positivity)
+  -- integrability: Probability/Moments/Basic.lean:500
+  refine ⟨fun t => integrable_exp_mul_of_mem_Icc hmeas hb, fun t => ?_⟩
+  rw [hc]
+  by_cases ht : t = 0
+  · -- Probability/Moments/Basic.lean:165
+    have h0 : s ^ 2 / 12 * (0 : ℝ) ^ 2 / 2 = 0 := by ring
+    apply le_of_eq
+    rw [ht, mgf_zero, h0, Real.exp_zero]
+  · have hcont : Continuous (fun x : ℝ => Real.exp (t * x)) := by fun_prop
+    -- `integral_map`: MeasureTheory/Integral/Bochner/Basic.lean:1090
+    have hchange : ∫ x, Real.exp (t * x) ∂(μ.map r) = ∫ ω, Real.exp (t * r ω) ∂μ :=
+      integral_map hmeas hcont.aestronglyMeasurable
+    have hmgf : mgf r μ t = Real.sinh (t * s / 2) / (t * s / 2) := by
+      calc mgf r μ t = ∫ ω, Real.exp (t * r ω) ∂μ := rfl
+        _ = ∫ x, Real.exp (t * x) ∂(μ.map r) := hchange.symm
+        _ = ∫ x, Real.exp (t * x)
+              ∂(ProbabilityTheory.cond (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2))) := by
+            rw [hmap]
+        _ = Real.sinh (t * s / 2) / (t * s / 2) := uniform_integral_exp t s ht hs
+    have hbound := uniform_mgf_le t s (mul_ne_zero ht hs.ne')
+    have e : s ^ 2 / 12 * t ^ 2 / 2 = t ^ 2 * (s ^ 2 / 12) / 2 := by ring
+    rw [hmgf, e]
+    exact hbound
+
+/-- SPEC §5 for the ideal dither, with no free hypothesis but independence: residuals uniform on
+`[−s_i/2, s_i/2]` (per-channel scales `s_i > 0`), `V = σ² Σ_i q_i² s_i²/12`. -/
+theorem dither_logit_tail_uniform {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
+    {d : Type*} [Fintype d] (r : d → Ω → ℝ) (hind : iIndepFun r μ) (s : d → ℝ)
+    (hs : ∀ i, 0 < s i)
+    (hu : ∀ i, MeasureTheory.pdf.IsUniform (r i) (Set.Icc (-(s i / 2)) (s i / 2)) μ)
+    (q : d → ℝ) (sigma V t : ℝ) (hV : V = sigma ^ 2 * ∑ i, q i ^ 2 * (s i ^ 2 / 12))
+    (ht : 0 ≤ t) :
+    μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|} ≤ 2 * Real.exp (-t ^ 2 / (2 * V)) := by
+  have hsub : ∀ i, HasSubgaussianMGF (r i) (Real.toNNReal (s i ^ 2 / 12)) μ :=
+    fun i => uniform_hasSubgaussianMGF (r i) (s i) (hs i) (hu i)
+  have hV' : V = sigma ^ 2 * ∑ i, q i ^ 2 * ((Real.toNNReal (s i ^ 2 / 12) : ℝ≥0) : ℝ) := by
+    rw [hV]
+    congr 1
+    refine Finset.sum_congr rfl fun i _ => ?_
+    rw [Real.coe_toNNReal (s i ^ 2 / 12) (by positivity)]
+  exact dither_logit_tail r hind (fun i => Real.toNNReal (s i ^ 2 / 12)) hsub q sigma V t hV' ht
+
+/-- SPEC §5 with the deterministic bias `b` of the real fp32 scheme: if the served residual `e_i`
+is within `β_i` of the ideal one `r_i` everywhere, `P(|σ Σ q_i e_i| ≥ t + b) ≤ 2 e^{−t²/(2V)}`
+with `b = |σ| Σ_i |q_i| β_i` (`witcert.bounds.dither_bias_bound`: `β_i = s_i · 2⁻¹⁴`). -/
+theorem dither_logit_tail_bias {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
+    {d : Type*} [Fintype d] (r e : d → Ω → ℝ) (hind : iIndepFun r μ) (c : d → ℝ≥0)
+    (hsub : ∀ i, HasSubgaussianMGF (r i) (c i) μ) (q beta : d → ℝ)
+    (hclose : ∀ i ω, |e i ω - r i ω| ≤ beta i) (sigma V t b : ℝ)
+    (hV : V = sigma ^ 2 * ∑ i, q i ^ 2 * (c i : ℝ)) (hb : b = |sigma| * ∑ i, |q i| * beta i)
+    (ht : 0 ≤ t) :
+    μ.real {ω | t + b ≤ |sigma * ∑ i, q i * e i ω|} ≤ 2 * Real.exp (-t ^ 2 / (2 * V)) := by
+  have hP : IsProbabilityMeasure μ := hind.isProbabilityMeasure
+  have hdiff : ∀ ω, |sigma * ∑ i, q i * e i ω| ≤ |sigma * ∑ i, q i * r i ω| + b := by
+    intro ω
+    have hsplit : sigma * ∑ i, q i * e i ω
+        = sigma * ∑ i, q i * r i ω + sigma * ∑ i, q i * (e i ω - r i ω) := by
+      rw [← mul_add, ← Finset.sum_add_distrib]
+      congr 1
+      exact Finset.sum_congr rfl fun i _ => by ring
+    have hbound : |sigma * ∑ i, q i * (e i ω - r i ω)| ≤ b := by
+      rw [hb, abs_mul]
+      refine mul_le_mul_of_nonneg_left ?_ (abs_nonneg sigma)
+      refine (Finset.abs_sum_le_sum_abs _ _).trans (Finset.sum_le_sum fun i _ => ?_)
+      rw [abs_mul]
+      exact mul_le_mul_of_nonneg_left (hclose i ω) (abs_nonneg (q i))
+    have htri := abs_add_le (sigma * ∑ i, q i * r i ω) (sigma * ∑ i, q i * (e i ω - r i ω))
+    rw [hsplit]
+    linarith
+  have hsub_set : {ω | t + b ≤ |sigma * ∑ i, q i * e i ω|} ⊆
+      {ω | t ≤ |sigma * ∑ i, q i * r i ω|} := by
+    intro ω hω
+    simp only [Set.mem_setOf_eq] at hω ⊢
+    have h := hdiff ω
+    linarith
+  calc μ.real {ω | t + b ≤ |sigma * ∑ i, q i * e i ω|}
+      ≤ μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|} := measureReal_mono hsub_set
+    _ ≤ 2 * Real.exp (-t ^ 2 / (2 * V)) := dither_logit_tail r hind c hsub q sigma V t hV ht
+
 /-- SPEC §5: the Tier B radius `t = sqrt(2 V ln(2n/δ))`. -/
 noncomputable def ditherRadius (V n delta : ℝ) : ℝ := Real.sqrt (2 * V * Real.log (2 * n / delta))
 

@@ -210,6 +210,65 @@ lemma two_le_add_of_one_le_mul {u y : ℝ} (hu : 0 < u) (hy : 0 < y) (h : 1 ≤ 
   -- e1 + e2 + (u − y)² ≥ 0 gives 2(u + y) > 4uy ≥ 4: linear in the monomials
   nlinarith [sq_nonneg (u - y)]
 
+/-- The tilt is unchanged when every logit error moves by the same constant `c`. -/
+lemma IsTilt.shift (ht : IsTilt phat delta p) (c : ℝ) : IsTilt phat (fun j => delta j - c) p := by
+  refine ⟨ht.pos, ht.sum_one, fun j => ?_⟩
+  show p j = phat j * Real.exp (-(delta j - c)) / ∑ i, phat i * Real.exp (-(delta i - c))
+  have he : ∀ i, Real.exp (-(delta i - c)) = Real.exp (-delta i) * Real.exp c := by
+    intro i
+    rw [← Real.exp_add]
+    congr 1
+    ring
+  have hsum : ∑ i, phat i * Real.exp (-(delta i - c))
+      = (∑ i, phat i * Real.exp (-delta i)) * Real.exp c := by
+    rw [Finset.sum_mul]
+    exact Finset.sum_congr rfl fun i _ => by rw [he i, mul_assoc]
+  have hZ : 0 < ∑ i, phat i * Real.exp (-delta i) := ht.sum_pos (fun i => -delta i)
+  have hc : 0 < Real.exp c := Real.exp_pos c
+  rw [ht.eq j, hsum, he j]
+  -- `div_eq_div_iff`: Algebra/GroupWithZero/Units/Basic.lean:415
+  rw [div_eq_div_iff hZ.ne' (mul_pos hZ hc).ne']
+  ring
+
+/-- SPEC §3(a), oscillation form: `TV ≤ tanh(osc/4)` when every `δ_i − δ_j ≤ osc`
+(`osc = max δ − min δ`). Shift `δ` to the midpoint of its range, then `tilt_tv_le_tanh`. -/
+theorem tilt_tv_le_tanh_osc (ht : IsTilt phat delta p) (osc : ℝ)
+    (hosc : ∀ i j, delta i - delta j ≤ osc) :
+    tv p phat ≤ Real.tanh (osc / 4) := by
+  -- `Finset.exists_max_image` / `exists_min_image`: Data/Finset/Max.lean:523, :529
+  obtain ⟨a, -, ha⟩ := Finset.exists_max_image Finset.univ delta ht.nonempty
+  obtain ⟨b, -, hb⟩ := Finset.exists_min_image Finset.univ delta ht.nonempty
+  have hab : delta a - delta b ≤ osc := hosc a b
+  have hshift : ∀ j, |delta j - (delta a + delta b) / 2| ≤ osc / 2 := by
+    intro j
+    have h1 : delta j ≤ delta a := ha j (Finset.mem_univ j)
+    have h2 : delta b ≤ delta j := hb j (Finset.mem_univ j)
+    rw [abs_le]
+    constructor
+    · linarith
+    · linarith
+  have h := tilt_tv_le_tanh (ht.shift ((delta a + delta b) / 2)) (osc / 2) hshift
+  have e : osc / 2 / 2 = osc / 4 := by ring
+  rw [e] at h
+  exact h
+
+/-- SPEC §3(a), top-two form: `TV ≤ tanh((ε₍₁₎ + ε₍₂₎)/4)`, where `e12 ≥ 0` bounds the sum of
+any two distinct radii (the two largest give the least such `e12`). -/
+theorem tilt_tv_le_tanh_top2 (ht : IsTilt phat delta p) (eps : ι → ℝ)
+    (heps : ∀ j, |delta j| ≤ eps j) (e12 : ℝ) (h12 : ∀ i j, i ≠ j → eps i + eps j ≤ e12)
+    (h0 : 0 ≤ e12) :
+    tv p phat ≤ Real.tanh (e12 / 4) := by
+  refine tilt_tv_le_tanh_osc ht e12 fun i j => ?_
+  by_cases hij : i = j
+  · rw [hij, sub_self]
+    exact h0
+  · have hi := heps i
+    have hj := heps j
+    have hi' : delta i ≤ |delta i| := le_abs_self (delta i)
+    have hj' : -delta j ≤ |delta j| := neg_le_abs (delta j)
+    have h := h12 i j hij
+    linarith
+
 /-- SPEC §3(b): `TV ≤ (A² − 1)/2` with `A = Σ_j p̂_j e^{ε_j}`. -/
 theorem tilt_tv_le_eform (ht : IsTilt phat delta p) (eps : ι → ℝ)
     (heps : ∀ j, |delta j| ≤ eps j) (A : ℝ) (hA : A = ∑ j, phat j * Real.exp (eps j)) :
