@@ -97,6 +97,10 @@ def check_formulas(seed: int = 0, points: int = 200):
     out.append(("dither_variance_proxy = σ² Σ q² s²/12", _close_above(B.dither_variance_proxy(q, sc, sig), Vw, 1e-9), ""))
     fr = sp.lambdify((F.V, F.n, F.delta), F.DITHER_RADIUS, "numpy")
     out.append(("dither_radius = sqrt(2V ln(2n/δ))", _close_above(B.dither_radius(Vw, 1000, 1e-6), fr(Vw, 1000, 1e-6), 1e-9), ""))
+    # §5 the fp32 bias term b_j = |σ| Σ_i |q_i| β_{j,i}, β = s · 2⁻¹⁴ (dither_logit_tail_bias)
+    fbias = sp.lambdify(F.s, F.DITHER_BIAS_PER_CHANNEL, "numpy")
+    bw = abs(sig) * np.sum(np.abs(q)[:, None, :] * fbias(sc)[:, :, None], axis=-1)
+    out.append(("dither_bias_bound = |σ| Σ |q| s 2⁻¹⁴", _close_above(B.dither_bias_bound(q, sc, sig), bw, 1e-9), ""))
     # §5 budgets
     fb = sp.lambdify((F.delta_req, F.L, F.H, F.T_max), F.BUDGET_FIXED)
     fa = sp.lambdify((F.delta_req, F.L, F.H, F.step), F.BUDGET_ANYTIME)

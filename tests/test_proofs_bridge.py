@@ -152,3 +152,58 @@ def test_an_unchecked_step_reads_skip_never_ok(monkeypatch, capsys):
     assert lines[-1] == "0 failed, 2 skipped (not checked here), 1 ok"
     monkeypatch.setattr(C, "run_checks", lambda trials: [("a", False, ""), ("b", C.SKIP, "")])
     assert C.main(["check"]) == 1
+
+
+def test_drift_in_a_chain_statement_fails(tmp_path):
+    # issue 14: each new link of the chain is parsed and compared with its formula
+    cases = [
+        ("SubGaussian", "HasSubgaussianMGF r (Real.toNNReal (s ^ 2 / 12)) μ",
+         "HasSubgaussianMGF r (Real.toNNReal (s ^ 2 / 4)) μ", "lean statement uniform_hasSubgaussianMGF = formula"),
+        ("SubGaussian", "(hb : b = |sigma| * ∑ i, |q i| * beta i)", "(hb : b = sigma * ∑ i, |q i| * beta i)",
+         "lean statement dither_logit_tail_bias = formula"),
+        ("Union", "(htt : ∀ j, tt j = ditherRadius (V j) (Fintype.card κ) delta + b j)",
+         "(htt : ∀ j, tt j = ditherRadius (V j) (Fintype.card κ) delta)", "lean statement dither_step_union = formula"),
+        ("Union", "budgetAnytime delta_req L H ((t : ℝ) + 1))", "budgetAnytime delta_req L H (t : ℝ))",
+         "lean statement request_union_sound = formula"),
+        ("TiltTV", "tv p phat ≤ Real.tanh (osc / 4)", "tv p phat ≤ Real.tanh (osc / 2)",
+         "lean statement tilt_tv_le_tanh_osc = formula"),
+        ("Bands", "def ilvSnd (b : ℕ) : ℕ := 2 * b + 1", "def ilvSnd (b : ℕ) : ℕ := 2 * b + 2", "lean def ilvSnd = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]
+
+
+def test_every_chain_name_is_falsified_and_stated():
+    from proofs_bridge import formulas as F
+
+    for name in F.CHAIN_THEOREMS:
+        assert name in F.THEOREMS and name in F.LEAN_THEOREMS and name in Fz.STATEMENTS
+
+
+def test_a_false_chain_statement_is_falsified():
+    # Hoeffding's proxy s²/4 is sound but s²/12 must not be loosened to s²/13: at small λ it fails
+    bad = []
+    for _ in range(50):
+        lam, s = mp.mpf(10) ** -3, mp.mpf(1)
+        x = lam * s / 2
+        bad += [1] if mp.sinh(x) / x > mp.e ** (lam**2 * (s**2 / 13) / 2) else []
+    assert bad
+    # the Lean RoPE formulas match the code; a wrong pairing (interleaved read as half) does not
+    from witcert import bounds as B
+
+    import numpy as np
+
+    x = [0.3, -1.2, 0.7, 2.0]
+    y = Fz._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])
+    ref = B.rope(np.array([x]), np.array([1]), theta=10000.0, layout="half", rotary_dim=4)[0]
+    assert max(abs(float(a) - b) for a, b in zip(y, ref)) > 1e-3
+
+
+def test_drift_in_the_bias_formula_fails(monkeypatch):
+    from witcert import bounds as B
+
+    real = B.dither_bias_bound
+    monkeypatch.setattr(B, "dither_bias_bound", lambda *a: real(*a) * 0.5)
+    assert "dither_bias_bound = |σ| Σ |q| s 2⁻¹⁴" in failed(C.check_formulas())
