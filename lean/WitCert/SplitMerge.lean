@@ -11,6 +11,8 @@ kernels use maxima only for range).
 
 * `lse_merge_exact` — SPEC §9; `kernels/decode.py` (the merge after the split-KV kernel:
   `w = exp(m_out − M)`, `L`, `o`, and the histograms rescaled like `l`).
+* `lse_merge_exact_k` — the same for any finite family of pairwise disjoint splits (the kernel
+  merges `k`).
 -/
 
 namespace WitCert

@@ -12,8 +12,16 @@ import Mathlib
   with `V = σ² Σ_i q_i² c_i`.
 * `tail_at_radius` — at `t = ditherRadius V n δ = sqrt(2 V ln(2n/δ))` the two-sided tail is
   `δ/n`, so a union over `n` tokens fails with probability ≤ δ: `witcert.bounds.dither_radius`,
-  `kernels/decode.py` (`tier_b_coefficients`). The deterministic bias term of the real fp32
-  scheme (`witcert.bounds.dither_bias_bound`) is outside this ideal model (see the README).
+  `kernels/decode.py` (`tier_b_coefficients`).
+* `uniform_hasSubgaussianMGF` — a residual with `MeasureTheory.pdf.IsUniform r [−s/2, s/2] μ`
+  (`s > 0`) has `HasSubgaussianMGF r (s²/12) μ`: the hypothesis `hsub` above, closed
+  (Mathlib's Hoeffding lemma would give only `s²/4`).
+* `dither_logit_tail_uniform` — the tail for uniform residuals: no hypothesis left but
+  independence.
+* `dither_logit_tail_bias` — the real fp32 scheme: served residuals `e_i` within `β_i` of the
+  ideal ones give `P(|σ Σ q_i e_i| ≥ t + b) ≤ 2 e^{−t²/(2V)}`, `b = |σ| Σ_i |q_i| β_i`
+  (`witcert.bounds.dither_bias_bound`, `β_i = s_i · 2⁻¹⁴`; that bound on `β` is argued there,
+  not proved). The unions over tokens and over a request are in `Union.lean`.
 -/
 
 namespace WitCert

@@ -10,6 +10,9 @@ import Mathlib
   `witcert.bounds.tv` and the brute force `tv_sup_bruteforce` of the tests.
 * `tilt_tv_le_tanh` — SPEC §3(a): `TV ≤ tanh(ε_max / 2)`; `witcert.bounds.tv_bound_tanh`,
   `kernels/epilogue.py` (the `tanh` column of the meter record).
+* `tilt_tv_le_tanh_osc` — SPEC §3(a), `TV ≤ tanh(osc/4)` (shift `δ` to the midpoint of its
+  range: `IsTilt.shift`); `tilt_tv_le_tanh_top2` — `TV ≤ tanh((ε₍₁₎ + ε₍₂₎)/4)`. The code uses
+  the `ε_max` form today; these are the sharper forms SPEC §3(a) states.
 * `tilt_tv_le_eform` — SPEC §3(b): `TV ≤ (A² − 1)/2`, `A = Σ_j p̂_j e^{ε_j}`;
   `witcert.bounds.tv_bound_eform`, `kernels/epilogue.py` (`eform`).
 * `tilt_tv_le_dual_grid` — SPEC §3(c): for any finite family of intervals `[lo i, hi i]`
