@@ -56,6 +56,7 @@ def fill_cache(B, n, Hkv, D, scheme, dev, G=1, gen=None):
         c.k_wit.uniform_(0.01, 0.1)
         c.v_wit.uniform_(0.01, 0.1)
         c.v_norm.uniform_(1.0, 3.0)
+        c.k_norm.uniform_(1.0, 3.0)
     bt = torch.randperm(nb, device=dev, dtype=torch.int32).view(B, pages)
     return c, bt
 
@@ -143,7 +144,7 @@ def main(argv=None):
         for n in lengths:
             torch.manual_seed(0)
             kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
-            wit_bytes = B * n * Hkv * (1 * 2 + 2 + 2)  # G = 1 key witness, φ, ν (fp16)
+            wit_bytes = B * n * Hkv * (1 * 2 + 2 + 2 + 2)  # G = 1 key witness, φ, ν, κ (fp16)
             copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
             caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
             q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
@@ -204,8 +205,10 @@ def main(argv=None):
     c = PagedKV.allocate(math.ceil(N / 16) + 1, Hkv, D, scheme="int8_dither", device=dev)
     k = torch.randn(N, Hkv, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    slots = torch.arange(N, device=dev)
-    t_w = bench(lambda: write_kv(c, k, v, slots, slots), smoke)
+    pos = torch.arange(N, device=dev)
+    table = torch.arange(math.ceil(N / 16), device=dev, dtype=torch.int32)[None]
+    seq = torch.zeros(N, device=dev, dtype=torch.long)
+    t_w = bench(lambda: write_kv(c, k, v, table, seq, pos), smoke)
 
     def plain():
         for x in (k, v):

@@ -17,9 +17,17 @@ online softmax and the output accumulation, and, when METER, in the same pass:
   does the Tier B radius t_j(h) = c_h · s_j. Tokens are binned once per kv head by ‖W_j‖₂ and
   by s_j on a fixed geometric grid (ratio √2, rounded **up**), so all GQ query heads share the
   bins, and one tensor-core dot ``p @ onehot`` per tile accumulates both p̂-mass histograms
-  (fp16 operands, p̂ scaled by 2^14: relative rounding ≤ 2^-11, covered by KERNEL_ABS_SLACK)
-  and, in its last column, Σ p̂ φ (inflated by 2^-9 for the same rounding);
-* max ‖W_j‖, max s_j, max φ, max ν, and a count of non-finite radii / logits.
+  and, in its last column, Σ p̂ φ. The dot takes p̂ in fp32 (tf32x3 on the GPU, ieee in the
+  interpreter): fp32's range, so a p̂ that fp16 would flush (a logit gap ≥ ~28 below the
+  running maximum) keeps its mass; only masses below 2^-126 of the running maximum can be
+  lost, and those are counted into the ρ term of the epilogue;
+* max ‖W_j‖, max s_j, max φ, max ν, max κ (≥ ‖k̂_j‖), and a count of non-finite radii / logits.
+
+Floating point (SPEC §7): the histogram is of the distribution p̃ the kernel actually computed;
+its log-ratio to p̂ = softmax(σ⟨q, k̂⟩) (exact) is at most Ξ = σ‖q_h‖·max κ·γ (the fp32 logit:
+``paged.dot_gamma``) + the fp32 exp + 2.1·η (the mass accumulation: ``paged.mass_eta``); the
+epilogue meters p̃ with every level raised by Ξ and adds tanh(Ξ/2) (TV(p̃, p̂)) and ρ (lost
+masses), so TV⁺ bounds both TV(p, p̂) and TV(p, p̃).
 
 Tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be exactly bf16)
 on the GPU: int8 and fp8 codes are exact in both, the per-token scales are folded into the
@@ -44,7 +52,7 @@ import triton.language as tl
 from witcert import bounds as B
 
 from .epilogue import MeterRecord, meter_epilogue
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV
+from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -60,7 +68,7 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, BT, SL,
+    Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
     seed, layer, sm_scale, num_splits,
     s_qb, s_qh,
@@ -74,7 +82,7 @@ def _decode_kernel(
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
-    PREC32: tl.constexpr,
+    PREC32: tl.constexpr, PREC_HIST: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -104,6 +112,7 @@ def _decode_kernel(
     smax = tl.zeros([BLOCK_H], tl.float32)
     phimax = tl.zeros([BLOCK_H], tl.float32)
     numax = tl.zeros([BLOCK_H], tl.float32)
+    kapmax = tl.zeros([BLOCK_H], tl.float32)
     bad = tl.zeros([BLOCK_H], tl.float32)
 
     BLOCK_N: tl.constexpr = PAGES * T
@@ -196,8 +205,10 @@ def _decode_kernel(
                 vwoff += off
             phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
             nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
+            kap = tl.load(KN + vwoff, mask=valid, other=0.0).to(tl.float32)
             # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
-            nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf"))
+            nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf")) \
+                | (kap != kap) | (kap == float("inf"))
             bad += tl.sum(nf.to(tl.float32), axis=0)
             la = _key_level(wn, X0, K)
             onehot = col[None, :] == la[:, None]
@@ -205,15 +216,14 @@ def _decode_kernel(
                 onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
             # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
             oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
-            if LOWP:  # fp16 operands (rel. 2^-11); p̂·2^14 ≤ 16384 keeps p̂ ≥ 4e-9 out of subnormals
-                hd = tl.dot((p * 16384.0).to(tl.float16), oh.to(tl.float16)) * (1.0 / 16384.0)
-            else:
-                hd = tl.dot(p, oh)
+            # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
+            hd = tl.dot(p, oh, input_precision=PREC_HIST)
             hist = hist * alpha[:, None] + hd
             wmax = tl.maximum(wmax, tl.max(wn, axis=0))
             smax = tl.maximum(smax, tl.max(ks, axis=0))
             phimax = tl.maximum(phimax, tl.max(phi, axis=0))
             numax = tl.maximum(numax, tl.max(nu, axis=0))
+            kapmax = tl.maximum(kapmax, tl.max(kap, axis=0))
         m = m_new
 
     o_idx = (b * Hq + heads) * num_splits + sp
@@ -228,6 +238,7 @@ def _decode_kernel(
         tl.store(st + 2, phimax, mask=hmask)
         tl.store(st + 3, numax, mask=hmask)
         tl.store(st + 4, bad, mask=hmask)
+        tl.store(st + 5, kapmax, mask=hmask)
 
 
 @dataclasses.dataclass
@@ -312,6 +323,9 @@ def decode(
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if delta_step is not None and not 0 < delta_step < 1:
         raise ValueError(f"delta_step: expected a probability in (0, 1), got {delta_step!r}")
+    if q.dtype == torch.float64:
+        raise ValueError("q: the kernels compute in fp32 and would round a float64 query without metering it; "
+                         "a float64 model uses the reference path")
     tier_b = meter and cache.scheme == "int8_dither" and delta_step is not None
     sm = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     dev = q.device
@@ -341,7 +355,7 @@ def decode(
     extra = {} if num_stages is None else {"num_stages": num_stages}
     compiled = _decode_kernel[(Bsz, Hkv, S)](
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
-        cache.k_wit, cache.v_wit, cache.v_norm, bt, sl,
+        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl,
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
@@ -355,25 +369,41 @@ def decode(
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
         PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
-        PREC32="tf32x3" if lowp else "ieee",
+        PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee",
         num_warps=num_warps, **extra,
     )
-    # split-KV merge (log-sum-exp rule); histograms are rescaled like l
+    # split-KV merge (log-sum-exp rule); histograms are rescaled like l. float64, so no split's
+    # mass is flushed by the merge (the output keeps the float32 of the partials).
     M = m_out.max(dim=-1, keepdim=True).values
-    w = torch.where(torch.isfinite(m_out), torch.exp(m_out - M), torch.zeros_like(m_out))  # empty splits: 0
+    w64 = torch.where(torch.isfinite(m_out), torch.exp((m_out - M).double()), torch.zeros_like(m_out, dtype=torch.float64))
+    w = w64.float()
     L = (w * l_out).sum(-1)
     o = (w[..., None] * acc_out).sum(-2) / L[..., None]
     lse = M[..., 0] + torch.log(L)
     rec = None
     if meter and epilogue:
-        h = (w[..., None] * hist).sum(-2) / L[..., None]  # [B, Hq, NB]
+        L64 = (w64 * l_out.double()).sum(-1)
+        h = (w64[..., None] * hist.double()).sum(-2) / L64[..., None]  # [B, Hq, NB]
         mx = stat.amax(dim=-2)
         bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
         qs = q  # exactly the query the kernel used
-        qnorm = qs.double().norm(dim=-1) * (sm * (1.0 + KERNEL_REL_SLACK))  # σ‖q_h‖ (rounded up)
+        qd = qs.double()
+        qnorm = qd.norm(dim=-1) * (sm * (1.0 + KERNEL_REL_SLACK))  # σ‖q_h‖ (rounded up)
         edges = key_edges(dev)
         lv_a = qnorm[..., None] * edges  # [B, Hq, K+1]
         eps_max = qnorm * mx[..., 0].double()
+        # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
+        n_pages = (sl.double() + T - 1).div(T).floor()
+        tiles = torch.ceil(torch.ceil(n_pages / S) / pages_per_tile)[:, None]  # [B, 1]
+        BLOCK_N = pages_per_tile * T
+        xi = qnorm * mx[..., 5].double() * dot_gamma(D, split3=cache.scheme == "int4_group") + KERNEL_EXP_REL
+        if cache.scheme == "int8_dither" and lowp:  # u ≈ u_hi + u_lo (bf16): |Δu| ≤ 2^-19
+            xi = xi + abs(sm) * qd.abs().sum(-1) * mx[..., 1].double() * 2.0**-19
+        eta = mass_eta(tiles, BLOCK_N)
+        xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)
+        # ρ: masses below FP32_FLUSH of a running maximum may be lost (tokens, and the NB
+        # histogram entries at each tile's rescale), relative to the merged denominator ≥ 1
+        lam = ((sl.double()[:, None] + NB * tiles * S + 16.0) * FP32_FLUSH / L64.clamp_min(1.0)).expand_as(xi)
         tb_max = lv_b = None
         if tier_b:
             cb = tier_b_coefficients(qs, sl, sm, delta_step)
@@ -381,7 +411,8 @@ def decode(
             tb_max = cb * mx[..., 1].double()
         rec = meter_epilogue(
             h[..., :KA], h[..., KA : 2 * KA] if tier_b else None, lv_a, lv_b, eps_max, tb_max,
-            pphi=h[..., NB - 1] * (1.0 + 2.0**-9), phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
-            single=(sl == 1)[:, None].expand(Bsz, Hq),
+            pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
+            single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam,
+            out_rel=(2.0**-8 if lowp else 0.0) + eta,
         )
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled)

@@ -14,9 +14,21 @@ exactly as to per-token radii rounded up onto levels:
   refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ is the tight
   knapsack multiplier, and the float error of each D is bounded and subtracted.
 
-``TV⁺ = min(tanh, e-form, tilt) + KERNEL_ABS_SLACK`` (covers the fp32 softmax of the decode
-pass), capped at 1; any non-finite input or counted non-finite radius saturates it to 1, and
-the output bound to +inf, with ``flag`` set.
+Floating point of the decode pass (SPEC §7; ``kernels.decode``): the histogram is of the
+distribution p̃ the kernel computed, whose log-ratio to the exact served p̂ is at most Ξ per row
+(``xi``), and masses totalling at most Λ (``lam``, relative to the denominator) may be missing.
+Every level and the maximum radius are raised by Ξ (p is a tilt of p̃ by δ + ξ, |δ + ξ| ≤ ε + Ξ),
+and
+
+    TV⁺ = min(tanh((ε_max + Ξ)/2), e-form, tilt) + tanh(Ξ/2) + ρ + FP64_SLACK,
+    ρ = Λ (1 + e^{ε_max + Ξ} / m),   m = Σ_k w_k e^{−(L_k + Ξ)},
+
+tanh(Ξ/2) covering TV(p̃, p̂) (log-ratio oscillation ≤ 2Ξ) and ρ the missing masses
+(TV(p, p̂) ≤ TV(p', p̂') + p(U) + p̂(U) for the lost part U, p(U) ≤ Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}).
+This replaces the former absolute 2^-9: when Ξ is small (moderate logit magnitudes) the floor
+is tanh(Ξ/2) ≈ Ξ/2, and where fp32 cannot resolve the logits (σ‖q‖‖k̂‖ ≳ 10^5) Ξ is large
+and the bound saturates honestly. Capped at 1; any non-finite input or counted non-finite
+radius saturates it to 1, and the output bound to +inf, with ``flag`` set.
 """
 
 from __future__ import annotations
@@ -27,10 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: absolute slack on the kernel's TV⁺: on the GPU the histogram is an fp16 dot (p̂ scaled by 2^14),
-#: so each p̂_j enters with a relative error η ≤ 2^-11 (fp32 in the interpreter); a relative perturbation η of the masses moves every t_S and p̂(S)
-#: by ≤ η, so the supremum by ≤ 2η = 2^-10. The fp32 softmax adds far less. 2^-9 covers both.
-KERNEL_ABS_SLACK = 2.0**-9
+#: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
+FP64_SLACK = 2.0**-40
 COARSE = 64
 REFINE_TOP = 8
 REFINE = 32
@@ -53,6 +63,8 @@ class MeterRecord:
     eform: torch.Tensor
     tilt: torch.Tensor
     flag: torch.Tensor  # bool: saturated because of non-finite inputs
+    xi: torch.Tensor | None = None  # [B, Hq] Ξ: the decode pass's log-ratio bound (SPEC §7)
+    rho: torch.Tensor | None = None  # [B, Hq] ρ: the lost-mass term (Tier A)
 
 
 def _dual_lower(ts: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor):
@@ -105,19 +117,24 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
 
 
-def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor):
+def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None):
     """Torch reference of ``tv_from_hist`` (same grid, tight λ by sorting).
 
-    (TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
+    (TV⁺, tanh, e-form, tilt, ρ) for histograms ``mass`` [..., NB] whose bin k holds radii
     ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
-    row's exact maximum radius. Levels above ``rmax`` are lowered to it (every radius is ≤ it)."""
+    row's exact maximum radius. Levels above ``rmax`` are lowered to it (every radius is ≤ it).
+    ``xi`` [...]: the decode's log-ratio bound Ξ (levels and rmax are raised by it, and
+    tanh(Ξ/2) is added); ``lam`` [...]: the lost mass Λ (ρ = Λ(1 + e^{rmax+Ξ}/m) is added)."""
     shp = mass.shape[:-1]
     nb = mass.shape[-1]
     w = mass.double().reshape(-1, nb).clamp_min(0.0)
     r = rmax.double().reshape(-1)
+    x = torch.zeros_like(r) if xi is None else xi.double().reshape(-1).expand_as(r)
+    la = torch.zeros_like(r) if lam is None else lam.double().reshape(-1).expand_as(r)
     lvr = lv.double().reshape(-1, lv.shape[-1])
     lvr = torch.cat([lvr[:, : nb - 1], r[:, None]], dim=-1) if lvr.shape[-1] == nb - 1 else lvr
-    lvr = torch.minimum(lvr, r[:, None]).clamp_min(0.0)
+    lvr = torch.minimum(lvr, r[:, None]).clamp_min(0.0) + x[:, None]
+    r = r + x
     wn = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     tanh = torch.tanh(r / 2.0)
     live = wn > 0
@@ -125,8 +142,12 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor)
     eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * nb * _EPS)).clamp(max=1.0)
     eform = torch.where(torch.isfinite(eform), eform, torch.ones_like(eform))
     tilt = tilt_from_hist(w, lvr)
-    tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + KERNEL_ABS_SLACK).clamp(max=1.0)
-    return tuple(x.reshape(shp) for x in (tv, tanh, eform, tilt))
+    m = (wn * torch.exp(-torch.where(live, lvr, torch.zeros_like(lvr)))).sum(-1) * (1.0 - 2.0**-40)
+    rho = torch.where(la > 0, la * (1.0 + torch.exp(r.clamp(max=700.0)) / m.clamp_min(1e-300)) * (1.0 + 2.0**-40),
+                      torch.zeros_like(la))
+    rho = torch.where(torch.isfinite(rho), rho, torch.ones_like(rho))
+    tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + torch.tanh(x / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
+    return tuple(t.reshape(shp) for t in (tv, tanh, eform, tilt, rho))
 
 
 @triton.jit
@@ -143,7 +164,7 @@ def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
 
 
 @triton.jit
-def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
+def _epilogue_kernel(MASS, LV, RMAX, XI, LAM, TV, TANH, EFORM, TILT, RHO, nb, s_m, s_l, SLACK,
                      NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr):
     """One program per row: §3 bounds of one histogram (fp64). Mirrors tv_from_hist_torch."""
     row = tl.program_id(0)
@@ -151,9 +172,12 @@ def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
     km = k < nb
     w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
     r = tl.load(RMAX + row).to(tl.float64)
+    xi = tl.load(XI + row).to(tl.float64)
+    lam = tl.load(LAM + row).to(tl.float64)
     lv = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     lv = tl.where(k == nb - 1, r, lv)
-    lv = tl.maximum(tl.minimum(lv, r), 0.0)
+    lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
+    r = r + xi
     w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
     lv = tl.where(w > 0, lv, 0.0)
     e2 = tl.exp(-r)
@@ -183,20 +207,27 @@ def _epilogue_kernel(MASS, LV, RMAX, TV, TANH, EFORM, TILT, nb, s_m, s_l, SLACK,
     tilt = tl.minimum(tl.maximum(tl.maximum(best, tl.max(U, axis=0)), 0.0), 1.0)
     tilt = tl.where(lmax == 0, 0.0, tilt)
     tilt = tl.where(lmax > 700.0, 1.0, tilt)
-    tv = tl.minimum(tl.minimum(tl.minimum(tanh, eform), tilt) + SLACK, 1.0)
+    mlo = m * (1.0 - 9.094947017729282e-13)
+    rho = lam * (1.0 + tl.exp(tl.minimum(r, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
+    rho = tl.where(lam > 0, rho, 0.0)
+    rho = tl.where(rho == rho, rho, 1.0)
+    ex = tl.exp(-xi)
+    tv = tl.minimum(tl.minimum(tl.minimum(tanh, eform), tilt) + (1.0 - ex) / (1.0 + ex) + rho + SLACK, 1.0)
     tl.store(TV + row, tv)
     tl.store(TANH + row, tanh)
     tl.store(EFORM + row, eform)
     tl.store(TILT + row, tilt)
+    tl.store(RHO + row, rho)
 
 
-def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, force_kernel: bool = False):
-    """(TV⁺, tanh, e-form, tilt) for histograms ``mass`` [..., NB] whose bin k holds radii
+def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False):
+    """(TV⁺, tanh, e-form, tilt, ρ) for histograms ``mass`` [..., NB] whose bin k holds radii
     ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
-    row's exact maximum radius; one Triton program per row on CUDA (see ``tv_from_hist_torch``,
-    which CPU tensors use: the interpreter is slow, and a test pins the two together)."""
+    row's exact maximum radius, ``xi`` / ``lam`` the decode's Ξ and Λ (None: 0); one Triton
+    program per row on CUDA (see ``tv_from_hist_torch``, which CPU tensors use: the
+    interpreter is slow, and a test pins the two together)."""
     if mass.device.type != "cuda" and not force_kernel:
-        return tv_from_hist_torch(mass, lv, rmax)
+        return tv_from_hist_torch(mass, lv, rmax, xi, lam)
     shp = mass.shape[:-1]
     nb = mass.shape[-1]
     w = mass.reshape(-1, nb).contiguous()
@@ -206,33 +237,51 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, force
         lvr = torch.cat([lvr, rmax.double().reshape(-1, 1)], dim=-1)
     lvr = lvr.contiguous()
     r = rmax.double().reshape(-1).contiguous()
-    outs = [torch.empty(Rn, dtype=torch.float64, device=w.device) for _ in range(4)]
+    x = (torch.zeros_like(r) if xi is None else xi.double().reshape(-1).expand_as(r)).contiguous()
+    la = (torch.zeros_like(r) if lam is None else lam.double().reshape(-1).expand_as(r)).contiguous()
+    outs = [torch.empty(Rn, dtype=torch.float64, device=w.device) for _ in range(5)]
     if Rn:
         NBP = triton.next_power_of_2(nb)
-        _epilogue_kernel[(Rn,)](w, lvr, r, *outs, nb, w.stride(0), lvr.stride(0), KERNEL_ABS_SLACK,
+        _epilogue_kernel[(Rn,)](w, lvr, r, x, la, *outs, nb, w.stride(0), lvr.stride(0), FP64_SLACK,
                                 NBP=NBP, N1=COARSE, R=REFINE_TOP, NR=REFINE,
                                 EPSC=(4.0 * NBP + 16.0) * 2.0**-52)
-    return tuple(x.reshape(shp) for x in outs)
+    return tuple(t.reshape(shp) for t in outs)
 
 
-def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None) -> MeterRecord:
+def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None,
+                   xi=None, lam=None, out_rel: float | torch.Tensor = 0.0) -> MeterRecord:
     """Histogram masses [B, Hq, K+2] with per-row bin levels [B, Hq, K+1] (the overflow bin's
-    level is ``eps_max`` / ``tb_max``). ``single`` [B, Hq]: rows over exactly one token (TV = 0)."""
+    level is ``eps_max`` / ``tb_max``). ``single`` [B, Hq]: rows over exactly one token (TV = 0).
+    ``xi``, ``lam`` [B, Hq]: the decode's Ξ and Λ (module doc). ``out_rel``: relative error of
+    the kernel's own output accumulation (bf16 p̂·s_v on the GPU, fp32 sums): the output bound
+    covers ‖ô_kernel − o‖, not only the exact-arithmetic ô of SPEC §4:
+
+        E⁺ = TV⁺ (2ν_max + φ_max) + Σ p̃ φ + (tanh(Ξ/2) + Λ) φ_max + ν_max (e^{2Ξ + out_rel} − 1)
+    """
     bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
-    tv_a, tanh, eform, tilt = tv_from_hist(torch.nan_to_num(mass), torch.nan_to_num(lv_a, posinf=1e30),
-                                           torch.nan_to_num(eps_max, posinf=1e30))
+    if xi is not None:
+        bad_rows = bad_rows | ~torch.isfinite(xi)
+        xi = torch.nan_to_num(xi.double(), posinf=1e30)
+    lam = None if lam is None else torch.nan_to_num(lam.double(), nan=1.0, posinf=1.0)
+    tv_a, tanh, eform, tilt, rho = tv_from_hist(torch.nan_to_num(mass), torch.nan_to_num(lv_a, posinf=1e30),
+                                                torch.nan_to_num(eps_max, posinf=1e30), xi, lam)
     if single is not None:
         tv_a = torch.where(single, torch.zeros_like(tv_a), tv_a)
     tv_a = torch.where(bad_rows, torch.ones_like(tv_a), tv_a)
+    x = torch.zeros_like(tv_a) if xi is None else xi
+    la = torch.zeros_like(tv_a) if lam is None else lam
 
     def out_bound(tv):
-        ob = (tv * (2.0 * nu_max.double() + phi_max.double()) + pphi.double()) * (1.0 + 2.0**-12) + KERNEL_ABS_SLACK
+        num = nu_max.double()
+        fm = phi_max.double()
+        own = num * torch.expm1((2.0 * x + out_rel).clamp(max=700.0))
+        ob = (tv * (2.0 * num + fm) + pphi.double() + (torch.tanh(x / 2.0) + la) * fm + own) * (1.0 + 2.0**-40) + FP64_SLACK
         return torch.where(bad_rows | ~torch.isfinite(ob), torch.full_like(ob, float("inf")), ob)
 
     tv_b = out_b = None
     if massb is not None:
         tv_b = tv_from_hist(torch.nan_to_num(massb), torch.nan_to_num(lv_b, posinf=1e30),
-                            torch.nan_to_num(tb_max, posinf=1e30))[0]
+                            torch.nan_to_num(tb_max, posinf=1e30), xi, lam)[0]
         if single is not None:
             tv_b = torch.where(single, torch.zeros_like(tv_b), tv_b)
         tv_b = torch.where(bad_rows, torch.ones_like(tv_b), tv_b)
@@ -240,5 +289,5 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
     return MeterRecord(
         tv_upper_a=tv_a, tv_upper_b=tv_b, out_err_upper=out_bound(tv_a), out_err_upper_b=out_b,
         eps_max=eps_max.double(), tb_max=None if tb_max is None else tb_max.double(),
-        hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows,
+        hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows, xi=xi, rho=rho,
     )

@@ -10,7 +10,10 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
                       [NB, Hkv, T, D/32] for int4_group, with k_zero / v_zero of the same shape
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
     v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
-    v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖
+    v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖), the magnitudes the
+                                        decode's split dot products add up)
+    k_norm            [NB, Hkv, TW]     κ ≥ ‖k̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖)): the decode's
+                                        logit-rounding radius Ξ is σ‖q_h‖·max κ·γ (SPEC §7)
     exact_k, exact_v  [NB, Hkv, T, D]   the exact backing store (model dtype); the serving path
                                         never writes it after the token's write
     block_table       [B, max_blocks]   int32 physical block ids per sequence
@@ -18,6 +21,17 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
 
 Per-token witnesses are stored in float16 rounded up; per-block witnesses in float32 (updated
 with an atomic running max, so a block can be filled over several writes).
+
+Floating point of the kernels (SPEC §7), the constants below:
+
+* every witness / norm is computed scaled by its largest entry (no squaring underflow), inflated
+  by ``KERNEL_REL_SLACK``, floored at ``KERNEL_WITNESS_FLOOR`` for lossy schemes (a residual whose
+  entries a flush-to-zero GPU treats as 0 is < √D·2^-126) and rounded **up** into its dtype;
+* a served logit σ·s_j·⟨q, c_j⟩ computed in fp32 (tensor cores: exact products, fp32 sums that
+  may truncate) is within ``σ ‖q‖ κ_j γ`` of the exact one, γ = ``dot_gamma(D)``;
+* a p̂ mass accumulated in fp32 (tf32x3 / ieee histogram dot, the running rescale by α per
+  tile) is within a relative ``mass_eta(tiles)`` of the exact one; masses below
+  ``FP32_FLUSH`` relative to the running maximum may be lost entirely (counted, ``ρ``).
 """
 
 from __future__ import annotations
@@ -44,6 +58,34 @@ INT4_GROUP = 32
 #: dequantized value s·(c − u)); then rounded up into the storage dtype.
 KERNEL_REL_SLACK = 2.0**-12
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+#: absolute floor added to every key / value witness of a lossy scheme (see the module doc)
+KERNEL_WITNESS_FLOOR = 2.0**-100
+#: unit roundoff assumed for an fp32 sum on tensor cores (2^-24 with round-to-nearest; 2^-23
+#: covers truncating accumulation)
+KERNEL_UNIT = 2.0**-23
+#: below this (relative to the running maximum) an fp32 mass may be lost or imprecise: flushed
+#: to 0 under 2^-126 (ftz), or its tf32x3 low part flushed; the epilogue's ρ counts it as lost
+FP32_FLUSH = 2.0**-100
+#: relative error of the fp32 exp of a logit difference (ex2.approx, the log2(e) product)
+KERNEL_EXP_REL = 2.0**-20
+
+
+def dot_gamma(head_dim: int, split3: bool = False) -> float:
+    """γ with |fl(σ s ⟨q, c⟩) − σ s ⟨q, c⟩| ≤ γ σ ‖q‖ κ: D exact products summed in fp32, each
+    add with relative error ≤ KERNEL_UNIT (truncation included), + the scale products and the
+    subtraction of the running max (+32); ``split3``: the int4 tf32x3 dot (three partial products
+    per term, each operand split into two tf32 parts: 3·2^-22 relative per product)."""
+    if split3:
+        return (3 * head_dim + 32) * KERNEL_UNIT + 2.0**-19
+    return (head_dim + 32) * KERNEL_UNIT
+
+
+def mass_eta(tiles: int, tile_tokens: int) -> float:
+    """Relative error of a p̂ mass accumulated by the decode kernel over ``tiles`` tiles of
+    ``tile_tokens`` tokens: the tf32x3 / ieee dot of one tile (≤ tile_tokens + 16 fp32 sums
+    and 2^-19 for the split), the running rescale by α = exp(m − m') (``KERNEL_EXP_REL`` per
+    tile) and the fp32 add per tile."""
+    return (tile_tokens + 16) * KERNEL_UNIT + 2.0**-19 + (tiles + 2) * (KERNEL_EXP_REL + KERNEL_UNIT)
 
 
 @dataclasses.dataclass
@@ -62,6 +104,7 @@ class PagedKV:
     k_wit: torch.Tensor
     v_wit: torch.Tensor
     v_norm: torch.Tensor
+    k_norm: torch.Tensor
     exact_k: torch.Tensor
     exact_v: torch.Tensor
     seed: int = 0
@@ -125,6 +168,7 @@ class PagedKV:
             k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
             v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
             v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
+            k_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
             # with_exact=False (benchmarks only): a 1-element placeholder, never read by decode
             exact_k=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
             exact_v=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
@@ -165,9 +209,9 @@ def bytes_per_token(
     if scheme == "kivi2":  # keys: per channel per block (fp16 scale+zero)/T; values: per 32 channels
         scales = 2 * 2 * head_dim / block_size + 2 * 2 * (head_dim // 32)
     if per_token_witness:
-        wit = (num_groups + 2) * witness_bytes  # G key witnesses + φ + ν
+        wit = (num_groups + 3) * witness_bytes  # G key witnesses + φ + ν + κ
     else:
-        wit = (num_groups + 2) * 4 / block_size
+        wit = (num_groups + 3) * 4 / block_size
     if scheme == "none":
         wit = 0
     total = codes + scales + wit

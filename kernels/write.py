@@ -1,15 +1,22 @@
 """Write path (SPEC §1, §5, §8): quantize new K/V tokens and write their witnesses, one pass.
 
-    write_kv(cache, k, v, slots, positions)
-        k, v       [N, Hkv, D]  new tokens (any float dtype; the model's exact values)
-        slots      [N] int      physical slot = block_id * T + offset
-        positions  [N] int      token positions (the dither key)
+    write_kv(cache, k, v, block_table, seq_ids, positions)
+        k, v         [N, Hkv, D]       new tokens (any float dtype; the model's exact values)
+        block_table  [B, max_pages]    int32 physical block ids per sequence (the decode's table)
+        seq_ids      [N] int           the sequence of each token
+        positions    [N] int           each token's logical index in its sequence
+
+The slot of a token is derived here, ``block_table[seq, pos // T]·T + pos % T``, from the same
+(sequence, logical index) pair the decode reads it by: the int8_dither key is that logical
+index, so the write and the decode's regeneration of the dither have one source of truth and
+cannot disagree (SPEC §5).
 
 One program per (tile of tokens, kv head) quantizes K and V with the cache's scheme, stores codes,
 float16 scales (the smallest float16 s with s·divisor ≥ max|x|, computed exactly), the exact
-copy, and the witnesses: per group ‖(k̂ − k)[g]‖, ‖v̂ − v‖ and ‖v̂‖, each inflated by
-KERNEL_REL_SLACK and rounded **up** into float16 (per token) or merged into the block's float32
-running max with an atomic max (per block). ``int8_dither`` draws its dither in-kernel from
+copy, and the witnesses: per group ‖(k̂ − k)[g]‖, ‖v̂ − v‖, ‖v̂‖ and κ ≥ ‖k̂‖, each computed
+scaled by its largest entry (no underflow of the squares), inflated by KERNEL_REL_SLACK, floored
+at KERNEL_WITNESS_FLOOR for lossy schemes, and rounded **up** into float16 (per token) or merged
+into the block's float32 running max with an atomic max (per block). ``int8_dither`` draws its dither in-kernel from
 the counter-based hash of ``witcert.schemes`` (bit-identical). Under TRITON_INTERPRET the
 float→fp8 cast is wrong, so fp8 codes are made by torch first and the kernel only loads them.
 """
@@ -24,7 +31,7 @@ import triton.language as tl
 
 from witcert import schemes as S
 
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV
+from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel restates (checked against witcert.schemes / SPEC by proofs_bridge)
@@ -93,6 +100,17 @@ def f16_round_up(x):
 
 
 @triton.jit
+def scaled_norm(x, sel):
+    """Row norms of x over the columns where ``sel``, computed as m·sqrt(Σ (x/m)²), m = max|x|:
+    squares cannot underflow (or overflow); ≥ m; not yet inflated or rounded."""
+    xm = tl.where(sel, x, 0.0)
+    am = tl.max(tl.abs(xm), axis=1)
+    safe = tl.where(am > 0, am, 1.0)
+    y = xm / safe[:, None]
+    return tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)) * am, am)
+
+
+@triton.jit
 def _store_codes(C, S, Z, E, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask,
                  SCHEME: tl.constexpr, STORE_EXACT: tl.constexpr):
     """Store one role's codes, scale(s) (and int4 zeros) and the exact copy."""
@@ -109,7 +127,7 @@ def _store_codes(C, S, Z, E, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rma
 @triton.jit
 def _write_kernel(
     K, V, SLOT, POS, GID,
-    KC, VC, KS, VS, KZ, VZ, KW, VW, VN, EK, EV, PK, PV,
+    KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, EK, EV, PK, PV,
     seed, layer, N,
     s_kn, s_kh, s_vn, s_vh,
     s_cb, s_ch, s_ct,
@@ -117,7 +135,7 @@ def _write_kernel(
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
-    INFL: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
+    INFL: tl.constexpr, FLOOR: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
     SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
 ):
@@ -174,6 +192,9 @@ def _write_kernel(
             c = tl.where(sf > 0, c, 0.0)
             code = c.to(tl.int8)
             xh = sf * (c - u)
+            # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u,
+            # ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8)) separately
+            mag = s.to(tl.float32) * (scaled_norm(c, d_idx[None, :] >= 0) + scaled_norm(u, d_idx[None, :] >= 0) * 1.0078125)
         elif SCHEME == 6:  # int4_group: per 32-channel group, fp16 zero (down) and scale (up)
             x3 = tl.reshape(x, [BLOCK_T, NG, 32])
             zg = f16_round_down(tl.min(x3, axis=2))
@@ -207,6 +228,8 @@ def _write_kernel(
                 else:
                     code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
             xh = sf * code.to(tl.float32)
+        if SCHEME != 2:
+            mag = scaled_norm(xh, d_idx[None, :] >= 0)
         r = xh - x
         gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]  # int4_group: one scale/zero per 32 channels
         if SCHEME == 6:
@@ -219,17 +242,23 @@ def _write_kernel(
             _store_codes(KC, KS, KZ, EK, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             for g in tl.static_range(G):
-                ng = tl.sqrt(tl.sum(tl.where(gid[None, :] == g, r * r, 0.0), axis=1)) * INFL
+                ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
                 if SCHEME == 6:
-                    ng += ABS * tl.sqrt(tl.sum(tl.where(gid[None, :] == g, xh * xh, 0.0), axis=1))
+                    ng += ABS * scaled_norm(xh, gid[None, :] == g)
                 if PER_TOKEN:
                     tl.store(waddr + g, f16_round_up(ng), mask=rmask)
                 else:
                     tl.atomic_max(waddr + g, ng, mask=rmask)
+            kap = mag * INFL
+            kaddr = blk * s_vwb + h * s_vwh + woff
+            if PER_TOKEN:
+                tl.store(KN + kaddr, f16_round_up(kap), mask=rmask)
+            else:
+                tl.atomic_max(KN + kaddr, kap, mask=rmask)
         else:
             _store_codes(VC, VS, VZ, EV, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
-            phi = tl.sqrt(tl.sum(r * r, axis=1)) * INFL + ABS * tl.sqrt(tl.sum(xh * xh, axis=1))
-            nu = tl.sqrt(tl.sum(xh * xh, axis=1)) * INFL
+            phi = scaled_norm(r, d_idx[None, :] >= 0) * INFL + ABS * mag + FLOOR
+            nu = mag * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff
             if PER_TOKEN:
                 tl.store(VW + vaddr, f16_round_up(phi), mask=rmask)
@@ -239,24 +268,45 @@ def _write_kernel(
                 tl.atomic_max(VN + vaddr, nu, mask=rmask)
 
 
-def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-             store_exact: bool = True) -> None:
-    """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` at ``slots`` (see module doc)."""
+def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Physical slots ``block_table[seq, pos // T]·T + pos % T`` [N] int64 (validated)."""
+    T = cache.block_size
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table: expected [B, max_pages], got {tuple(block_table.shape)}")
+    if seq_ids.dim() != 1 or positions.shape != seq_ids.shape:
+        raise ValueError("seq_ids, positions: expected equal shapes [N]")
+    dev = block_table.device
+    seq = seq_ids.to(device=dev, dtype=torch.int64)
+    pos = positions.to(device=dev, dtype=torch.int64)
+    if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= block_table.shape[0]):
+        raise ValueError(f"seq_ids: out of range for a block table of {block_table.shape[0]} sequences")
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= block_table.shape[1] * T):
+        raise ValueError(f"positions: logical indices must lie in [0, {block_table.shape[1] * T}) (the block table's pages)")
+    blk = block_table[seq, pos // T].to(torch.int64)
+    if blk.numel() and (int(blk.min()) < 0 or int(blk.max()) >= cache.k_codes.shape[0]):
+        raise ValueError("block_table: a block id is out of range for the cache's blocks")
+    return blk * T + pos % T
+
+
+def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor,
+             positions: torch.Tensor, store_exact: bool = True) -> None:
+    """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` (see the module doc)."""
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k, v: expected equal shapes [N, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     N, H, D = k.shape
     if H != cache.num_kv_heads or D != cache.head_dim:
         raise ValueError(f"k: [N, {H}, {D}] does not match the cache's [*, {cache.num_kv_heads}, {cache.head_dim}]")
-    if slots.shape != (N,) or positions.shape != (N,):
-        raise ValueError("slots, positions: expected shape [N]")
+    if seq_ids.shape != (N,) or positions.shape != (N,):
+        raise ValueError("seq_ids, positions: expected shape [N]")
+    if k.dtype == torch.float64:
+        raise ValueError("k: the kernels compute in fp32; a float64 model must use the reference path "
+                         "(WitCertCache(..., backend='reference'))")
     if N == 0:
         return
     k = k.contiguous()
     v = v.contiguous()
-    slots = slots.to(device=k.device, dtype=torch.int64).contiguous()
+    slots = token_slots(cache, block_table.to(k.device), seq_ids, positions).to(k.device).contiguous()
     positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
-    if torch.any(slots < 0) or torch.any(slots >= cache.k_codes.shape[0] * cache.block_size):
-        raise ValueError("slots: out of range for the cache's blocks")
     sid = SCHEME_IDS[cache.scheme]
     precoded = INTERPRET and sid in (3, 4, 5)
     pk = pv = k  # unused placeholders
@@ -264,11 +314,12 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tens
         pk = _torch_fp8_codes(cache.scheme, k)
         pv = _torch_fp8_codes(cache.scheme, v)
     kw = cache.k_wit
+    lossy = sid != SCHEME_IDS["none"] or k.dtype != cache.k_codes.dtype
     BLOCK_T = 16 if INTERPRET else 4
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
         cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero, kw, cache.v_wit,
-        cache.v_norm, cache.exact_k, cache.exact_v, pk, pv,
+        cache.v_norm, cache.k_norm, cache.exact_k, cache.exact_v, pk, pv,
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
@@ -276,7 +327,8 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, slots: torch.Tens
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
-        INFL=1.0 + KERNEL_REL_SLACK, DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
+        INFL=1.0 + KERNEL_REL_SLACK, FLOOR=KERNEL_WITNESS_FLOOR if lossy else 0.0,
+        DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
     )

@@ -11,14 +11,20 @@ Conventions
 * Vectors (queries, keys, values) have the **feature axis last**: ``q`` is ``[..., d]``,
   ``k`` / ``k_hat`` / ``v`` / ``v_hat`` are ``[..., n, d]``.
 * Leading dimensions broadcast with numpy rules.
-* A token with ``p_hat == 0`` is masked: it is not in any sum and not in any maximum (its
-  exact probability is 0 too, since p is a tilt of p̂, SPEC §0).
+* Masking comes from ``mask`` (bool, True = attended), never from ``p_hat == 0``: a masked token
+  is in no sum and no maximum. An attended token given ``p_hat == 0`` is taken at its word
+  (exact p̂ = 0 means exact p = 0, since p is a tilt of p̂, SPEC §0) -- but a p̂ that came out of
+  a floating-point softmax can have underflowed while its exact probability is large, so
+  callers holding served **logits** use ``tv_bound_parts_logits`` (log domain, SPEC §7).
 
 Floating point (SPEC §7)
 ------------------------
-Witnesses and radii are rounded **up** by the relative slack ``FP64_REL_SLACK`` so that the
-fp64 rounding of a norm or a dot product can never put a reference bound below the value it
-bounds; TV bounds get ``FP64_ABS_SLACK`` added. Inside the dual-grid bound (§3(c)) the
+Witnesses and radii are rounded **up** by the relative slack ``FP64_REL_SLACK`` and one more
+ulp (``_round_up``: the subnormal range, where a relative slack rounds away), and norms are
+taken with the vector scaled by its largest entry first (``_safe_norm``), so neither squaring
+nor a product can underflow a nonzero residual into a zero witness or radius; TV bounds get
+``FP64_ABS_SLACK`` added. ``dot_rounding_radius`` bounds the rounding of a served logit
+σ⟨q, k̂⟩ computed with unit roundoff u (fp64 here, fp32 in the kernels); callers add it to ε. Inside the dual-grid bound (§3(c)) the
 rounding error of each dual value is bounded explicitly (``_dual_values``) and subtracted, so a
 huge dual multiplier λ (tiny β) can never turn cancellation into an unsound bound.
 
@@ -51,7 +57,11 @@ __all__ = [
     "tv_bound_eform",
     "tv_bound_tilt",
     "tv_bound",
+    "tv_bound_parts",
+    "tv_bound_parts_logits",
+    "tv_bound_logits",
     "tv_sup_bruteforce",
+    "dot_rounding_radius",
     "output_error_bound",
     "dither_variance_proxy",
     "dither_bias_bound",
@@ -151,7 +161,30 @@ def _check_prob(p: np.ndarray, name: str) -> np.ndarray:
 
 
 def _round_up_rel(x: np.ndarray) -> np.ndarray:
-    return x * (1.0 + FP64_REL_SLACK)
+    """x·(1 + FP64_REL_SLACK), then one ulp up where x > 0: never below x, also in the
+    subnormal range (where a relative slack rounds back down to x). 0, inf and NaN stay."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        up = x * (1.0 + FP64_REL_SLACK)
+    return np.where((x > 0) & np.isfinite(x), np.nextafter(up, np.inf), x)
+
+
+def _safe_norm(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """‖x‖₂ along ``axis`` without under/overflow: m·sqrt(Σ (x/m)²), m = max|x| (SPEC §7).
+    Not yet rounded up; ≥ m (never 0 for a nonzero x); NaN/Inf propagate."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape[:-1])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        m = np.max(np.abs(x), axis=-1, keepdims=True)
+        fin = np.isfinite(m) & (m > 0)
+        mm = np.where(fin, m, 1.0)
+        scaled = np.where(fin, x / mm, 0.0)
+        nrm = np.sqrt(np.sum(scaled * scaled, axis=-1, keepdims=True)) * mm
+        nrm = np.where(fin, np.maximum(nrm, m), 0.0)
+        nrm = np.where(np.any(np.isinf(x), axis=-1, keepdims=True), np.inf, nrm)
+        nrm = np.where(np.any(np.isnan(x), axis=-1, keepdims=True), np.nan, nrm)
+    return nrm[..., 0]
 
 
 # --------------------------------------------------------------------------- §1 bands, groups
@@ -209,11 +242,13 @@ def _check_groups(groups: Sequence[Any], d: int, name: str = "groups") -> list[n
 
 
 def _group_norms_np(x: np.ndarray, gs: list[np.ndarray]) -> np.ndarray:
-    return np.stack([np.sqrt(np.sum(x[..., g] ** 2, axis=-1)) for g in gs], axis=-1)
+    """Group norms, scaled before squaring and rounded up (``_safe_norm``, ``_round_up_rel``)."""
+    return _round_up_rel(np.stack([_safe_norm(x[..., g], axis=-1) for g in gs], axis=-1))
 
 
 def group_norms(x, groups):
-    """``‖x[g]‖₂`` for every group: ``[..., d] -> [..., G]``."""
+    """``‖x[g]‖₂`` for every group: ``[..., d] -> [..., G]``, rounded up (never below the
+    exact norm, never 0 for a nonzero x[g], whatever its magnitude)."""
     xa = _as_np(x, "x")
     _need_ndim(xa, 1, "x", "feature axis last")
     gs = _check_groups(groups, xa.shape[-1])
@@ -295,8 +330,8 @@ def key_witness(k, k_hat, groups, block_size: int = 16):
     ka, kh = _exact_and_served(k, k_hat, "k")
     bs = _check_block_size(block_size)
     gs = _check_groups(groups, ka.shape[-1])
-    norms = _group_norms_np(kh - ka, gs)  # [..., n, G]
-    w = _round_up_rel(_block_max(norms, bs, axis=-2))
+    norms = _group_norms_np(kh - ka, gs)  # [..., n, G], rounded up
+    w = _block_max(norms, bs, axis=-2)
     return _wrap(w, k, k_hat)
 
 
@@ -304,8 +339,8 @@ def value_witness(v, v_hat, block_size: int = 16):
     """Value witnesses ``φ[..., block] = max_{j in block} ‖v̂_j - v_j‖`` (SPEC §1): ``[..., num_blocks]``."""
     va, vh = _exact_and_served(v, v_hat, "v")
     bs = _check_block_size(block_size)
-    norms = np.sqrt(np.sum((vh - va) ** 2, axis=-1))
-    return _wrap(_round_up_rel(_block_max(norms, bs, axis=-1)), v, v_hat)
+    norms = _round_up_rel(_safe_norm(vh - va, axis=-1))
+    return _wrap(_block_max(norms, bs, axis=-1), v, v_hat)
 
 
 def logit_radius(q, key_witness, groups, scale, block_size: int = 16, n: int | None = None):
@@ -330,14 +365,48 @@ def logit_radius(q, key_witness, groups, scale, block_size: int = 16, n: int | N
         n = nb * bs
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not (1 <= n <= nb * bs) or n <= (nb - 1) * bs:
         raise ValueError(f"n: expected an int in [{(nb - 1) * bs + 1}, {nb * bs}] for {nb} blocks of {bs}, got {n!r}")
-    qn = _group_norms_np(qa, gs)  # [..., G]
+    qn = _group_norms_np(qa, gs)  # [..., G], rounded up
     try:
-        eps_blk = abs(float(sc)) * np.sum(qn[..., None, :] * wa, axis=-1)  # [..., nb]
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            terms = abs(float(sc)) * qn[..., None, :] * wa  # [..., nb, G]
     except ValueError:
         raise ValueError(f"q with shape {qa.shape} does not broadcast with key_witness with shape {wa.shape}") from None
+    # a product of positive factors that underflowed to 0 is still a positive radius
+    pos = (qn[..., None, :] > 0) & (wa > 0) & (float(sc) != 0.0)
+    terms = np.where(pos & (terms == 0), np.nextafter(0.0, 1.0), terms)
+    with np.errstate(over="ignore", invalid="ignore"):
+        eps_blk = np.sum(terms, axis=-1)  # [..., nb]
     eps_blk = np.where(np.isfinite(eps_blk), eps_blk, np.inf)
     eps = np.repeat(eps_blk, bs, axis=-1)[..., :n]
     return _wrap(_round_up_rel(eps), q, key_witness)
+
+
+def dot_rounding_radius(q, k_hat, scale, unit_roundoff: float = 2.0**-53):
+    """Rounding of a served logit computed in floating point (SPEC §7): a d-term dot product
+    with unit roundoff u is within ``γ_d Σ_i |q_i||k̂_{j,i}|`` of the exact one, γ_d = d·u/(1 − d·u)
+    (recursive or blocked summation, any order), and the scaling by σ adds two more roundings:
+    ``ρ_j = |σ| γ_{d+2} Σ_i |q_i||k̂_{j,i}|``, rounded up. Add it to ε_j (Tier A) or t_j
+    (Tier B). ``q``: ``[..., d]``; ``k_hat``: ``[..., n, d]``; returns ``[..., n]``."""
+    qa = _as_np(q, "q")
+    ka = _as_np(k_hat, "k_hat")
+    _need_ndim(qa, 1, "q", "[..., d]")
+    _need_ndim(ka, 2, "k_hat", "[..., n, d]")
+    if ka.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"k_hat: feature axis {ka.shape[-1]} does not match q's {qa.shape[-1]}")
+    sc = _as_np(scale, "scale")
+    if sc.ndim != 0:
+        raise ValueError("scale: expected a scalar softmax scale")
+    if not (isinstance(unit_roundoff, (int, float)) and 0 < unit_roundoff < 1e-2):
+        raise ValueError(f"unit_roundoff: expected a number in (0, 0.01), got {unit_roundoff!r}")
+    d = qa.shape[-1] + 2
+    if d * unit_roundoff >= 0.5:
+        raise ValueError(f"unit_roundoff: d·u = {d * unit_roundoff} is too large for the γ_d bound")
+    gamma = d * unit_roundoff / (1.0 - d * unit_roundoff)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mag = np.einsum("...d,...nd->...n", np.abs(qa), np.abs(ka))
+        out = abs(float(sc)) * gamma * mag * (1.0 + 4 * qa.shape[-1] * _EPS64)
+    out = np.where(np.isfinite(out), _round_up_rel(out), np.inf)
+    return _wrap(out, q, k_hat)
 
 
 # --------------------------------------------------------------------------- §3 TV bounds
@@ -355,34 +424,59 @@ def tv(p, q):
     return _wrap(np.where(fp & fq, out, np.nan), p, q)
 
 
-def _prep_bound(p_hat, radius, *, need_p: bool = True):
-    """Shared validation for the §3 bounds: returns (p [..., n], eps [..., n], ok [...])."""
+def _mask_np(mask, shape, name: str = "mask") -> np.ndarray:
+    """Bool attention mask broadcast to ``shape`` (True = attended); None: all attended."""
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    if _is_torch(mask):
+        ma = mask.detach().cpu().numpy()
+    else:
+        ma = np.asarray(mask)
+    if ma.dtype != bool:
+        raise ValueError(f"{name}: expected a boolean array (True = attended), got dtype {ma.dtype}")
+    try:
+        return np.broadcast_to(ma, shape)
+    except ValueError:
+        raise ValueError(f"{name} with shape {ma.shape} does not broadcast to {shape}") from None
+
+
+def _prep_bound(p_hat, radius, *, need_p: bool = True, mask=None):
+    """Shared validation for the §3 bounds: returns (p [..., n], eps [..., n], ok [...], live [..., n]).
+
+    ``live`` is the mask (True = attended). Masked tokens must have p̂ = 0; their radii are
+    ignored (0), NaN/Inf included. ``ok``: the row's attended inputs are finite."""
     ea = _as_np(radius, "radius")
     if ea.ndim < 1 or ea.shape[-1] == 0:
         raise ValueError(f"radius: expected a non-empty token axis (last), got shape {ea.shape}")
     _check_nonneg(ea, "radius")
     if not need_p:
-        return None, ea, np.all(np.isfinite(ea), axis=-1)
+        live = _mask_np(mask, ea.shape)
+        ea = np.where(live, ea, 0.0)
+        return None, ea, np.all(np.isfinite(ea), axis=-1), live
     pa = _as_np(p_hat, "p_hat")
     if pa.ndim < 1 or pa.shape[-1] != ea.shape[-1]:
         raise ValueError(f"radius: last axis {ea.shape[-1:]} must equal p_hat's token axis {pa.shape[-1:]}")
     pa, ea = _broadcast("p_hat", pa, "radius", ea)
+    live = _mask_np(mask, pa.shape)
+    if np.any(np.where(live, 0.0, np.nan_to_num(pa, nan=1.0)) != 0):
+        raise ValueError("p_hat: a masked token (mask False) must have p_hat == 0")
+    ea = np.where(live, ea, 0.0)
     okp = _check_prob(pa, "p_hat")
     ok = okp & np.all(np.isfinite(ea), axis=-1)
-    return pa, ea, ok
+    return pa, ea, ok, live
 
 
-def tv_bound_tanh(radius):
-    """SPEC §3(a): ``TV ≤ tanh(ε_max / 2)`` (osc ≤ 2 ε_max). NaN/Inf → 1."""
-    _, ea, ok = _prep_bound(None, radius, need_p=False)
+def tv_bound_tanh(radius, mask=None):
+    """SPEC §3(a): ``TV ≤ tanh(ε_max / 2)`` over the attended tokens (osc ≤ 2 ε_max). NaN/Inf → 1."""
+    _, ea, ok, _ = _prep_bound(None, radius, need_p=False, mask=mask)
     emax = np.max(np.where(np.isfinite(ea), ea, 0.0), axis=-1)
     out = np.minimum(np.tanh(emax / 2.0) + FP64_ABS_SLACK, 1.0)
     return _wrap(np.where(ok, out, 1.0), radius)
 
 
-def tv_bound_eform(p_hat, radius):
+def tv_bound_eform(p_hat, radius, mask=None):
     """SPEC §3(b): ``TV ≤ ½ (A² − 1)``, ``A = Σ_j p̂_j e^{ε_j}`` (capped at 1). NaN/Inf → 1."""
-    pa, ea, ok = _prep_bound(p_hat, radius)
+    pa, ea, ok, _ = _prep_bound(p_hat, radius, mask=mask)
     with np.errstate(over="ignore", invalid="ignore"):
         w = np.where(ok[..., None], pa, 0.0)
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), 1e-300)
@@ -461,7 +555,7 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
     return float(min(1.0, max(0.0, float(np.max(ts[1:] - dsafe[:-1]))) + FP64_ABS_SLACK))
 
 
-def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15):
+def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15, mask=None):
     """SPEC §3(c): the dual-grid tilt bound, refined by branch and bound to within ``tol``.
 
     ``p_hat``, ``radius``: ``[..., n]``. With ``levels`` the radii are first rounded up onto
@@ -471,7 +565,7 @@ def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max
     """
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
-    pa, ea, ok = _prep_bound(p_hat, radius)
+    pa, ea, ok, _ = _prep_bound(p_hat, radius, mask=mask)
     if levels is not None:
         ea = _as_np(round_levels(np.where(np.isfinite(ea), ea, 0.0), levels), "radius")
     flat_p = pa.reshape(-1, pa.shape[-1])
@@ -483,24 +577,118 @@ def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max
     return _wrap(out.reshape(ok.shape), p_hat, radius)
 
 
-def tv_bound_parts(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
-    """The three §3 bounds ``(tanh, e-form, tilt)`` of ``tv_bound`` (each NaN/Inf → 1)."""
-    pa, ea, ok = _prep_bound(p_hat, radius)
-    masked = np.where(pa > 0, ea, 0.0)  # masked tokens are not in the maximum
-    parts = (tv_bound_tanh(masked), tv_bound_eform(pa, ea), tv_bound_tilt(pa, ea, levels=levels, tol=tol))
+def tv_bound_parts(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, mask=None):
+    """The three §3 bounds ``(tanh, e-form, tilt)`` of ``tv_bound`` (each NaN/Inf → 1).
+
+    ``p_hat`` is taken as exact; masking comes from ``mask`` only. For p̂ out of a
+    floating-point softmax use ``tv_bound_parts_logits``."""
+    pa, ea, ok, live = _prep_bound(p_hat, radius, mask=mask)
+    parts = (tv_bound_tanh(ea, mask=live), tv_bound_eform(pa, ea, mask=live),
+             tv_bound_tilt(pa, ea, levels=levels, tol=tol, mask=live))
     return tuple(_wrap(np.where(ok, _as_np(x, "bound"), 1.0), p_hat, radius) for x in parts)
 
 
-def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL):
+def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, mask=None):
     """The reported §3 bound: ``min(tanh, e-form, dual-grid tilt)``; NaN/Inf → 1."""
-    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts(p_hat, radius, levels=levels, tol=tol))
+    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts(p_hat, radius, levels=levels, tol=tol, mask=mask))
     return _wrap(np.minimum(np.minimum(a, b), c), p_hat, radius)
 
 
-def tv_sup_bruteforce(p_hat, radius):
+#: log p̂ below which a token's mass is not represented in the tilt's linear arithmetic: it is
+#: accounted for by the underflow term of ``tv_bound_parts_logits`` instead (SPEC §7)
+LOG_MASS_FLOOR = -700.0
+
+
+def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log Σ exp(x) along ``axis`` (−inf entries are empty; an all-empty row gives −inf)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(x, axis=axis, keepdims=True)
+        mf = np.where(np.isfinite(m), m, 0.0)
+        s = np.sum(np.exp(x - mf), axis=axis, keepdims=True)
+        with np.errstate(divide="ignore"):
+            out = np.log(s) + mf
+    return np.squeeze(out, axis=axis)
+
+
+def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, tilt: bool = True):
+    """The three §3 bounds ``(tanh, e-form, tilt)`` from served **logits** ŝ (SPEC §3, §7).
+
+    ``logits``, ``radius``, ``mask``: ``[..., n]`` (mask True = attended; None: all). p̂ =
+    softmax(ŝ) over the attended tokens is never formed where it could underflow:
+
+    * tanh: ``tanh(ε_max/2)`` over every attended token, whatever its p̂;
+    * e-form: ``log A = logsumexp(log p̂ + ε)`` in the log domain;
+    * tilt: on the tokens with ``log p̂ ≥ LOG_MASS_FLOOR`` (set V), renormalised, plus the
+      underflow term ``ρ = p̂(U) + Σ_U p̂_j e^{ε_j} / Σ_V p̂_j e^{−ε_j}`` for the rest U: with
+      p' = p|V and p̂' = p̂|V (p' is the same tilt of p̂'), ``TV(p, p̂) ≤ TV(p', p̂') + p(U) + p̂(U)``
+      and ``p(U) ≤ Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}``. The fp64 error of exp(log p̂) (≤ (|log p̂| + 4)
+      ulp relative) is added as ``2·η``.
+
+    Non-finite attended logits or radii saturate (1). A row with no attended token gives 0.
+    ``tilt=False`` skips (c) (reported as 1): the closed forms only, for long prefill chunks.
+    """
+    la = _as_np(logits, "logits")
+    ea = _as_np(radius, "radius")
+    if la.ndim < 1 or la.shape[-1] == 0:
+        raise ValueError(f"logits: expected a non-empty token axis (last), got shape {la.shape}")
+    if ea.shape[-1:] != la.shape[-1:]:
+        raise ValueError(f"radius: last axis {ea.shape[-1:]} must equal the logits' token axis {la.shape[-1:]}")
+    _check_nonneg(ea, "radius")
+    la, ea = _broadcast("logits", la, "radius", ea)
+    live = _mask_np(mask, la.shape)
+    n = la.shape[-1]
+    fl_l, fl_e, fl_live = la.reshape(-1, n), ea.reshape(-1, n), live.reshape(-1, n)
+    out = np.ones((3, fl_l.shape[0]))
+    for i in range(fl_l.shape[0]):
+        out[:, i] = _parts_logits_row(fl_l[i], fl_e[i], fl_live[i], levels, float(tol), bool(tilt))
+    shp = la.shape[:-1]
+    return tuple(_wrap(out[k].reshape(shp), logits, radius) for k in range(3))
+
+
+def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL):
+    """``min(tanh, e-form, tilt)`` of ``tv_bound_parts_logits``."""
+    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts_logits(logits, radius, mask=mask, levels=levels, tol=tol))
+    return _wrap(np.minimum(np.minimum(a, b), c), logits, radius)
+
+
+def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, tol: float, tilt: bool = True) -> np.ndarray:
+    if not live.any():
+        return np.zeros(3)
+    s, e = s[live], e[live]
+    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(e))):
+        return np.ones(3)
+    emax = float(e.max())
+    tanh = min(math.tanh(emax / 2.0) + FP64_ABS_SLACK, 1.0)
+    if s.size == 1:
+        return np.array([tanh, 0.0, 0.0])  # one token: p = p̂ = 1
+    lp = s - _logsumexp(s)
+    # e-form in the log domain; the rounding of logsumexp is bounded explicitly
+    x = lp + e
+    logA = float(_logsumexp(x))
+    errA = (4.0 * s.size + 8.0 + 2.0 * float(np.max(np.abs(x))) + 2.0 * float(np.max(np.abs(s)))) * _EPS64
+    with np.errstate(over="ignore"):
+        A2 = math.exp(min(2.0 * (logA + errA), 700.0))
+    eform = min(0.5 * (A2 - 1.0) + FP64_ABS_SLACK, 1.0)
+    if not tilt:
+        return np.array([tanh, eform, 1.0])
+    # tilt on the represented tokens V, plus the underflow term for U
+    if levels is not None:
+        e = _as_np(round_levels(e, levels), "radius")
+    V = lp >= LOG_MASS_FLOOR
+    w = np.exp(lp[V])
+    eta = (float(np.max(np.abs(lp[V]))) + 4.0 + 2.0 * float(np.max(np.abs(s)))) * _EPS64
+    tilt = _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta
+    if not V.all():
+        logm = float(_logsumexp(lp[V] - e[V]))
+        log_rho = np.logaddexp(float(_logsumexp(lp[~V])), float(_logsumexp(lp[~V] + e[~V])) - logm)
+        tilt += math.exp(min(float(log_rho) + 1e-12, 10.0))
+    return np.array([tanh, eform, min(tilt, 1.0)])
+
+
+def tv_sup_bruteforce(p_hat, radius, mask=None):
     """Exact ``sup TV(p, p̂)`` over the radius box by subset enumeration (n ≤ 16):
     ``max_S A_S / (A_S + C_S) − p̂(S)``, ``A_S = Σ_S p̂ e^{ε}``, ``C_S = Σ_{S^c} p̂ e^{−ε}``."""
-    pa, ea, ok = _prep_bound(p_hat, radius)
+    pa, ea, ok, _ = _prep_bound(p_hat, radius, mask=mask)
     n = pa.shape[-1]
     if n > 16:
         raise ValueError(f"p_hat: brute force enumerates 2^n subsets and supports n <= 16, got n = {n}")
@@ -522,12 +710,15 @@ def tv_sup_bruteforce(p_hat, radius):
 # --------------------------------------------------------------------------- §4 output bound
 
 
-def output_error_bound(p_hat, v_hat, value_witness_per_token, tv_upper):
+def output_error_bound(p_hat, v_hat, value_witness_per_token, tv_upper, mask=None):
     """SPEC §4: ``‖ô − o‖ ≤ TV⁺ (D_v + φ_max) + Σ_j p̂_j φ_j`` with ``D_v = 2 max_j ‖v̂_j‖``.
 
     ``p_hat``: ``[..., n]``; ``v_hat``: ``[..., n, d_v]``; ``value_witness_per_token``:
-    ``[..., n]``; ``tv_upper``: ``[...]``. Maxima run over unmasked tokens (p̂ > 0).
-    NaN/Inf anywhere (or TV⁺ ≥ 1 with an unbounded value) gives ``+inf``.
+    ``[..., n]``; ``tv_upper``: ``[...]``; ``mask`` (True = attended, default all): maxima run
+    over the attended tokens, never over ``p̂ > 0`` alone. Where p̂ came out of an fp64
+    softmax, an attended token's mass may have underflowed below the smallest normal double:
+    ``n · tiny · φ_max`` covers what Σ p̂ φ lost there.
+    NaN/Inf anywhere attended (or TV⁺ ≥ 1 with an unbounded value) gives ``+inf``.
     """
     pa = _as_np(p_hat, "p_hat")
     va = _as_np(v_hat, "v_hat")
@@ -541,19 +732,20 @@ def output_error_bound(p_hat, v_hat, value_witness_per_token, tv_upper):
     _check_nonneg(ta, "tv_upper")
     okp = _check_prob(pa, "p_hat")
     with np.errstate(over="ignore", invalid="ignore"):
-        nu = np.sqrt(np.sum(va**2, axis=-1))  # [..., n]
+        nu = _round_up_rel(_safe_norm(va, axis=-1))  # [..., n]
         try:
             pa_b, nu_b, fa_b = np.broadcast_arrays(pa, nu, fa)
-            live = pa_b > 0
+            live = _mask_np(mask, pa_b.shape)
             vmax = np.max(np.where(live, nu_b, 0.0), axis=-1)
             fmax = np.max(np.where(live, fa_b, 0.0), axis=-1)
             pf = np.sum(np.where(live, pa_b * fa_b, 0.0), axis=-1)
+            pf = pf + np.sum(live, axis=-1) * np.finfo(np.float64).tiny * fmax
             finite_in = np.all(np.isfinite(np.where(live, nu_b + fa_b, 0.0)), axis=-1) & okp
             out = np.minimum(ta, 1.0) * (2.0 * vmax + fmax) + pf
             out, finite_in, ta_b = np.broadcast_arrays(out, finite_in, ta)
         except ValueError:
             raise ValueError("p_hat, v_hat, value_witness_per_token and tv_upper have incompatible leading shapes") from None
-        out = _round_up_rel(out) + FP64_ABS_SLACK
+        out = _round_up_rel(out * (1.0 + 4 * pa.shape[-1] * _EPS64)) + FP64_ABS_SLACK
         out = np.where(finite_in & np.isfinite(ta_b) & np.isfinite(out), out, np.inf)
     return _wrap(out, p_hat, v_hat, value_witness_per_token, tv_upper)
 
@@ -612,18 +804,26 @@ def dither_bias_bound(q, scales, softmax_scale):
     return _wrap(np.where(np.isfinite(bias), _round_up_rel(bias), np.inf), q, scales)
 
 
-def dither_radius(variance_proxy, n: int, delta_step: float, bias=None):
+def dither_radius(variance_proxy, n: int, delta_step, bias=None):
     """SPEC §5: ``t_j = sqrt(2 V_j ln(2n / δ_step))`` (+ ``bias``, see ``dither_bias_bound``).
 
     For a query fixed independently of the dither, ``P(∃ j: |δ_j| > t_j) ≤ δ_step``.
+    ``delta_step``: a probability, or an array of them broadcasting to ``variance_proxy[..., 0]``
+    (one budget per query row: a chunk of L rows spends L budgets, never one).
     """
     Va = _as_np(variance_proxy, "variance_proxy")
     _check_nonneg(Va, "variance_proxy")
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n: expected a positive int (number of tokens in the union bound), got {n!r}")
-    if not (isinstance(delta_step, (int, float, np.floating)) and 0 < float(delta_step) < 1):
-        raise ValueError(f"delta_step: expected a probability in (0, 1), got {delta_step!r}")
-    t = np.sqrt(2.0 * Va * math.log(2.0 * n / float(delta_step)))
+    ds = _as_np(delta_step, "delta_step")
+    if ds.size == 0 or not np.all((ds > 0) & (ds < 1)):
+        raise ValueError(f"delta_step: expected probabilities in (0, 1), got {delta_step!r}")
+    if ds.ndim:
+        try:
+            ds = np.broadcast_to(ds, Va.shape[:-1])[..., None]
+        except ValueError:
+            raise ValueError(f"delta_step with shape {ds.shape} does not broadcast to variance_proxy's rows {Va.shape[:-1]}") from None
+    t = np.sqrt(2.0 * Va * np.log(2.0 * n / ds))
     if bias is not None:
         ba = _as_np(bias, "bias")
         _check_nonneg(ba, "bias")

@@ -51,7 +51,9 @@ Gate (SPEC §6), per (step, layer, sequence, kv head), after the meter:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import secrets
 import sys
 import threading
 from typing import Callable
@@ -76,6 +78,10 @@ TILT_MAX_ROWS_PER_HEAD = 4
 #: absolute tolerance of the audit (fp64 evaluation of both exact and served attention)
 AUDIT_ABS_TOL = 1e-12
 TIER_B_CAVEAT = "Tier B holds for queries that do not depend on the dither (non-adaptive); Tier A holds always."
+#: unit roundoff of the reference path's served logits (float64): ``witcert.bounds.dot_rounding_radius``
+REFERENCE_UNIT_ROUNDOFF = 2.0**-53
+
+log = logging.getLogger("witcert.cache")
 
 _ACTIVE = threading.local()
 
@@ -127,7 +133,8 @@ class StepRecord:
     flag: np.ndarray  # bool: not certified (gate budget spent) or non-finite inputs
     nonfinite: np.ndarray  # bool: saturated because of NaN/Inf
     pagein_blocks: np.ndarray  # [B, Hkv] blocks paged in at this step
-    delta_step: float | None = None
+    delta_step: float | np.ndarray | None = None  # Tier B budget per query row of this forward
+    delta_spent: float | None = None  # Σ over the forward's query rows: what each (layer, head) spent
     parts_pre: np.ndarray | None = None  # [3, B, Hq] tanh / e-form / tilt before repair
     tv_b_pre: np.ndarray | None = None
     tv_real: np.ndarray | None = None  # audit=True: realised TV against exact attention
@@ -178,8 +185,11 @@ class WitCertLayer(CacheLayerMixin):
         self.exact_v = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
         if pin:
             self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
-        self.k_hat = z(Bsz, H, 0, D, dt=torch.float32, dev=self.device)
-        self.v_hat = z(Bsz, H, 0, D, dt=torch.float32, dev=self.device)
+        # what attention reads: float32 holds every bf16 / fp16 / fp32 value exactly; a float64
+        # model keeps float64 (an unmetered cast to float32 would be a silent error)
+        self.served_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.k_hat = z(Bsz, H, 0, D, dt=self.served_dtype, dev=self.device)
+        self.v_hat = z(Bsz, H, 0, D, dt=self.served_dtype, dev=self.device)
         self.k_wit = z(Bsz, H, 0, o.num_groups, dt=torch.float64, dev=self.device)
         self.v_wit = z(Bsz, H, 0, dt=torch.float64, dev=self.device)
         self.k_scale = z(Bsz, H, 0, dt=torch.float32, dev=self.device)
@@ -252,10 +262,9 @@ class WitCertLayer(CacheLayerMixin):
         if n1 > o.max_tokens:
             raise ValueError(f"WitCertCache: {n1} tokens exceed max_tokens={o.max_tokens} of the kernel path")
         pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
-        per_seq = self.block_table.shape[1] * o.block_size
-        slots = (torch.arange(Bsz, device=self.device)[:, None] * per_seq + pos[None].long()).reshape(-1)
+        seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
         write_kv(self.paged, k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D),
-                 slots, pos.repeat(Bsz), store_exact=False)
+                 self.block_table, seq, pos.repeat(Bsz), store_exact=False)
 
     def _append_served(self, k, v):
         o = self.owner
@@ -268,8 +277,8 @@ class WitCertLayer(CacheLayerMixin):
             pad = torch.zeros(Bsz, H, nblk - self.repaired.shape[-1], dtype=torch.bool, device=self.device)
             self.repaired = torch.cat([self.repaired, pad], dim=-1)
         f64 = dict(dtype=torch.float64, device=self.device)
-        self.k_hat = torch.cat([self.k_hat, k.float()], dim=-2)
-        self.v_hat = torch.cat([self.v_hat, v.float()], dim=-2)
+        self.k_hat = torch.cat([self.k_hat, k.to(self.served_dtype)], dim=-2)
+        self.v_hat = torch.cat([self.v_hat, v.to(self.served_dtype)], dim=-2)
         self.k_wit = torch.cat([self.k_wit, torch.zeros(Bsz, H, m, o.num_groups, **f64)], dim=-2)
         self.v_wit = torch.cat([self.v_wit, torch.zeros(Bsz, H, m, **f64)], dim=-1)
         self.k_scale = torch.cat([self.k_scale, torch.zeros(Bsz, H, m, dtype=torch.float32, device=self.device)], dim=-1)
@@ -285,13 +294,13 @@ class WitCertLayer(CacheLayerMixin):
         common = dict(seed=o.seed, layer=self.layer_idx, positions=torch.arange(a, b), block_size=T)
         kh, kmeta = quantize(o.scheme, x_k.float().cpu(), QuantContext(role="key", **common))
         vh, _ = quantize(o.scheme, x_v.float().cpu(), QuantContext(role="value", **common))
-        kh, vh = kh.to(self.device), vh.to(self.device)
+        kh, vh = kh.to(self.device, self.served_dtype), vh.to(self.device, self.served_dtype)
         kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
         vw = B.value_witness(x_v.double(), vh.double(), block_size=1)
         # tokens of repaired blocks stay exact (repair is persistent)
         rep = self.repaired.repeat_interleave(T, dim=-1)[..., a:b]
-        self.k_hat[..., a:b, :] = torch.where(rep[..., None], x_k.float(), kh)
-        self.v_hat[..., a:b, :] = torch.where(rep[..., None], x_v.float(), vh)
+        self.k_hat[..., a:b, :] = torch.where(rep[..., None], x_k.to(self.served_dtype), kh)
+        self.v_hat[..., a:b, :] = torch.where(rep[..., None], x_v.to(self.served_dtype), vh)
         self.k_wit[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(kw), kw)
         self.v_wit[..., a:b] = torch.where(rep, torch.zeros_like(vw), vw)
         if "scale" in kmeta and o.scheme == "int8_dither":
@@ -308,8 +317,8 @@ class WitCertLayer(CacheLayerMixin):
         lo, hi = blk * T, min((blk + 1) * T, self.k_hat.shape[-2])
         ek = self.exact_k[b, h, lo:hi].to(self.device, non_blocking=True)
         ev = self.exact_v[b, h, lo:hi].to(self.device, non_blocking=True)
-        self.k_hat[b, h, lo:hi] = ek.float()
-        self.v_hat[b, h, lo:hi] = ev.float()
+        self.k_hat[b, h, lo:hi] = ek.to(self.served_dtype)
+        self.v_hat[b, h, lo:hi] = ev.to(self.served_dtype)
         self.k_wit[b, h, lo:hi] = 0
         self.v_wit[b, h, lo:hi] = 0
         self.k_scale[b, h, lo:hi] = 0
@@ -320,8 +329,12 @@ class WitCertLayer(CacheLayerMixin):
 class WitCertCache(Cache):
     """See the module docstring. ``scheme``: any registered scheme (``witcert.schemes``);
     ``num_groups`` G and ``witness`` ("token" | "block") choose the witness layout;
-    ``delta_req`` with ``schedule`` ("fixed" needs ``horizon`` = max decode steps; "anytime")
-    enables Tier B for ``int8_dither``."""
+    ``delta_req`` with ``schedule`` ("fixed" needs ``horizon`` = the maximum number of metered
+    query rows: decode steps plus the rows of later prefill chunks; "anytime") enables Tier B
+    for ``int8_dither``: every metered query row spends its own budget δ_step(row), so a
+    request spends ≤ δ_req however its rows are chunked. ``seed`` keys the dither; None (the
+    default) draws a fresh one per request (``reset()`` draws again), recorded in ``seed``
+    and ``summary()``."""
 
     def __init__(
         self,
@@ -333,7 +346,7 @@ class WitCertCache(Cache):
         block_size: int = 16,
         num_groups: int = 1,
         witness: str = "token",
-        seed: int = 0,
+        seed: int | None = None,
         delta_req: float | None = None,
         schedule: str = "anytime",
         horizon: int | None = None,
@@ -366,7 +379,11 @@ class WitCertCache(Cache):
         if Hq % Hkv:
             raise ValueError(f"model: {Hq} query heads are not a multiple of {Hkv} kv heads")
         self.scheme, self.meter, self.gate = scheme, bool(meter), gate
-        self.block_size, self.witness, self.seed = block_size, witness, int(seed)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
+            raise ValueError(f"seed: expected an int in [0, 2^32) or None (fresh per request), got {seed!r}")
+        self.block_size, self.witness = block_size, witness
+        self._fixed_seed = seed
+        self.seed = self._draw_seed()
         self.num_groups = num_groups
         self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
@@ -390,24 +407,55 @@ class WitCertCache(Cache):
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)
         self.step = 0
+        self.rows_metered = 0  # metered query rows so far (Tier B budget index)
+        self._row_range = (0, 0)  # rows of the current forward: (first, count)
         self.records: list[StepRecord] = []
         self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
         super().__init__(layers=[WitCertLayer(self, i) for i in range(L)])
 
     # -- bookkeeping
+    def _draw_seed(self) -> int:
+        if self._fixed_seed is not None:
+            return int(self._fixed_seed)
+        s = secrets.randbits(31)
+        log.info("WitCertCache: dither seed %d (fresh for this request)", s)
+        return s
+
     def reset(self):
         for layer in self.layers:
             layer.reset()
+        self.seed = self._draw_seed()
         self.step = 0
+        self.rows_metered = 0
+        self._row_range = (0, 0)
         self.records = []
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
 
+    def check_metered(self) -> None:
+        """Raise if a forward wrote this cache but its attention did not run through the meter
+        (the model was not switched with ``use_witcert``): its output would have attended
+        to the fresh K/V only, and no record would say so."""
+        for layer in self.layers:
+            if getattr(layer, "_pending", None) == "served":
+                raise RuntimeError(
+                    f"WitCertCache: layer {layer.layer_idx}'s attention did not run through the meter: the model "
+                    "attends with its own attention function, which sees only the fresh K/V. Call "
+                    "witcert.cache.use_witcert(model) before generating with a WitCertCache.")
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # the previous layer (or, at layer 0, the previous forward) must have been metered
+        prev = self.layers[layer_idx - 1] if layer_idx > 0 else self.layers[-1]
+        if getattr(prev, "_pending", None) == "served":
+            self.check_metered()
         if layer_idx == 0:
             if self.layers[0].get_seq_length() > 0:
                 self.step += 1
+                m = int(key_states.shape[-2])
+                self._row_range = (self.rows_metered, m)
+                if self.meter:
+                    self.rows_metered += m
             if self.pagein_blocks.shape[1] != key_states.shape[0]:
                 self.pagein_blocks = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
                 self.pagein_bytes = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
@@ -425,22 +473,32 @@ class WitCertCache(Cache):
                 and self.gate is None and not self.audit and self.num_groups == 1 and self.witness == "token"
                 and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
 
-    def delta_step(self) -> float | None:
+    def delta_step(self) -> np.ndarray | None:
+        """Tier B budget of each query row of the current forward [Lq] (SPEC §5): row r (1-based
+        over the request's metered rows) gets δ_req/(L·H·T_max) (fixed) or
+        δ_req·6/(π² r²)/(L·H) (anytime), so the request's total stays ≤ δ_req."""
         if self.delta_req is None:
             return None
+        r0, m = self._row_range
+        rows = range(r0 + 1, r0 + max(m, 1) + 1)
         if self.schedule == "fixed":
-            if self.step > self.horizon:
-                raise RuntimeError(f"Tier B: decode step {self.step} is past the fixed horizon {self.horizon}")
-            return B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, horizon=self.horizon)
-        return B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, step=max(self.step, 1))
+            if rows[-1] > self.horizon:
+                raise RuntimeError(f"Tier B: query row {rows[-1]} is past the fixed horizon {self.horizon} "
+                                   "(the horizon counts metered query rows: decode steps and later prefill chunks)")
+            return np.full(len(rows), B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, horizon=self.horizon))
+        return np.array([B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, step=r) for r in rows])
 
     def summary(self) -> dict:
-        """Request-level record: maxima of the bounds, flags and page-ins (per sequence)."""
+        """Request-level record: maxima of the bounds, flags and page-ins (per sequence).
+        Raises if a forward's attention bypassed the meter (``check_metered``)."""
+        self.check_metered()
         recs = self.records
         Bsz = self.pagein_blocks.shape[1]
         out = {
             "scheme": self.scheme,
+            "seed": self.seed,
             "steps": len({r.step for r in recs}),
+            "metered_rows": self.rows_metered if self.meter else 0,
             "max_tv_a": np.max([r.tv_a.max(-1) for r in recs], axis=0) if recs else np.zeros(Bsz),
             "median_tv_a": np.median([r.tv_a for r in recs], axis=(0, 2)) if recs else np.zeros(Bsz),
             "max_out_err": np.max([r.out_err.max(-1) for r in recs], axis=0) if recs else np.zeros(Bsz),
@@ -452,6 +510,8 @@ class WitCertCache(Cache):
         }
         if recs and recs[0].tv_b is not None:
             out["max_tv_b"] = np.max([r.tv_b.max(-1) for r in recs], axis=0)
+            # per (layer, head): Σ over the request's rows; summed over layers and heads ≤ δ_req
+            out["delta_spent"] = float(sum(r.delta_spent for r in recs if r.layer == 0)) * self.num_layers * self.num_q_heads
             out["tier_b_caveat"] = TIER_B_CAVEAT
         return out
 
@@ -484,7 +544,8 @@ class WitCertCache(Cache):
             raise ValueError("the kernel path serves single-token decode steps without padding; "
                              "use WitCertCache(..., backend='reference') for chunked prefill or padded batches")
         n = layer.get_seq_length()
-        ds = self.delta_step() if self.meter else None
+        dsa = self.delta_step() if self.meter else None
+        ds = None if dsa is None else float(dsa[0])
         out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
                      torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
                      num_splits=max(1, min(16, n // 2048)), delta_step=ds)
@@ -495,7 +556,7 @@ class WitCertCache(Cache):
                 step=self.step, layer=layer.layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
                 out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
                 flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
-                delta_step=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
+                delta_step=ds, delta_spent=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
                 tv_b_pre=None if r.tv_upper_b is None else a(r.tv_upper_b),
             ))
         return out.o[:, None].to(query.dtype), None
@@ -503,9 +564,15 @@ class WitCertCache(Cache):
     def _evaluate(self, layer, q, al, sm):
         kh = layer.k_hat.double()
         vh = layer.v_hat.double()
-        p, live_row = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", q, kh), al)
+        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, kh)
+        p, live_row = _softmax(logits, al)
         o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
-        return {"p": p, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
+        return {"p": p, "logits": logits, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
+
+    def _rounding_radius(self, layer, q, al, sm):
+        """float64 rounding of the served logits (``witcert.bounds.dot_rounding_radius``)."""
+        rr = B.dot_rounding_radius(q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF).to(q.device)
+        return torch.where(al, rr, torch.zeros_like(rr))
 
     def _radii(self, layer, q, al, sm):
         """ε [B, Hkv, GQ, Lq, n] (Tier A, ``witcert.bounds.logit_radius``) from the stored
@@ -518,6 +585,7 @@ class WitCertCache(Cache):
             Wp = torch.nn.functional.pad(W, (0, 0, 0, nb * T - n))
             W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2)
         eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
+        eps = eps + self._rounding_radius(layer, q, al, sm)
         return torch.where(al, eps, torch.zeros_like(eps))
 
     def _tier_b_radii(self, layer, q, al, sm, delta_step):
@@ -526,42 +594,49 @@ class WitCertCache(Cache):
         V = B.dither_variance_proxy(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
         bias = B.dither_bias_bound(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
         n = int(al.shape[-1])
-        t = B.dither_radius(V, n, delta_step, bias=bias)
+        t = B.dither_radius(V, n, delta_step, bias=bias) + self._rounding_radius(layer, q, al, sm)
         return torch.where(al, t, torch.zeros_like(t))
 
-    def _bounds(self, p, eps, live, v_hat, v_wit) -> dict:
-        """For p, eps [B, Hkv, GQ, Lq, n]: TV⁺ = min(tanh, e-form, tilt) and E⁺_V per row,
-        ``parts`` [3, rows] (the three §3 bounds), ``bad`` (non-finite: saturated, flagged)."""
+    def _bounds(self, ev, eps, v_hat, v_wit) -> dict:
+        """For ε [B, Hkv, GQ, Lq, n]: TV⁺ = min(tanh, e-form, tilt) from the served logits (log
+        domain: an underflowed p̂ never hides a token, ``witcert.bounds.tv_bound_parts_logits``)
+        and E⁺_V per row; ``parts`` [3, rows]; ``bad`` (non-finite: saturated, flagged)."""
+        p, live = ev["p"], ev["live"]
         shp = p.shape[:-1]
         dev = p.device
-        pn = p.detach().cpu().numpy().reshape(-1, p.shape[-1])
-        en = eps.detach().cpu().numpy().reshape(-1, p.shape[-1])
+        n = p.shape[-1]
+        al = ev["al"].expand(p.shape)
+        ln_ = ev["logits"].detach().cpu().numpy().reshape(-1, n)
+        en = eps.detach().cpu().numpy().reshape(-1, n)
+        mk = al.detach().cpu().numpy().reshape(-1, n)
         ln = live.detach().cpu().numpy().reshape(-1)
-        finite = np.isfinite(pn).all(-1) & ~np.isnan(en).any(-1)
+        finite = ~(mk & ~np.isfinite(ln_)).any(-1) & ~(mk & np.isnan(en)).any(-1)
         ok = ln & finite
-        pn = np.where(ok[:, None], pn, 0.0)
-        pn[~ok, 0] = 1.0  # dead / non-finite rows: a placeholder distribution, overwritten below
-        en = np.where(ok[:, None], en, 0.0)
-        parts = np.ones((3, pn.shape[0]))
+        parts = np.ones((3, ln_.shape[0]))
         if ok.any():
-            if shp[-1] <= TILT_MAX_ROWS_PER_HEAD:
-                parts[:, ok] = np.stack(B.tv_bound_parts(pn[ok], en[ok], levels=METER_LEVELS))
-            else:  # long prefill chunks: the closed forms only (sound, looser)
-                parts[0, ok] = B.tv_bound_tanh(np.where(pn[ok] > 0, en[ok], 0.0))
-                parts[1, ok] = B.tv_bound_eform(pn[ok], en[ok])
+            tilt = shp[-1] <= TILT_MAX_ROWS_PER_HEAD  # long prefill chunks: the closed forms (sound, looser)
+            parts[:, ok] = np.stack(B.tv_bound_parts_logits(ln_[ok], np.where(mk[ok], en[ok], 0.0), mask=mk[ok],
+                                                            levels=METER_LEVELS, tilt=tilt))
         bad = ln & ~finite
         parts = np.where(bad, 1.0, np.where(ln, parts, 0.0))
         t = lambda x: torch.from_numpy(np.ascontiguousarray(x).reshape(shp)).to(dev)  # noqa: E731
         tv = t(parts.min(0))
-        err = B.output_error_bound(torch.from_numpy(pn.reshape(p.shape)).to(dev), v_hat.double()[:, :, None, None],
-                                   v_wit[:, :, None, None], tv)
+        # rows without any attended key (left padding): a placeholder distribution on token 0, zeroed below
+        first = (torch.arange(n, device=dev) == 0).expand_as(al)
+        dead = ~live[..., None]
+        pz = torch.where(dead, first.double(), p)
+        err = B.output_error_bound(pz, v_hat.double()[:, :, None, None], v_wit[:, :, None, None], tv,
+                                   mask=al | (dead & first))
         err = torch.where(t(bad), torch.full_like(err, float("inf")), torch.where(t(ln), err, torch.zeros_like(err)))
         return {"tv": tv, "err": err, "bad": t(bad), "parts": torch.stack([t(x) for x in parts])}
 
     def _block_risk(self, layer, ev, eps, nb):
         """Risk of every block [B, Hkv, nb] (module docstring); 0 for repaired blocks."""
         p = ev["p"]
-        rt = p * torch.expm1(torch.clamp(eps, max=60.0))
+        # p̂_j (e^{ε_j} − 1) in the log domain: a token whose p̂ underflowed still carries its risk
+        lp = ev["logits"] - torch.logsumexp(ev["logits"].masked_fill(~ev["al"], float("-inf")), -1, keepdim=True)
+        lp = torch.where(ev["al"] & ev["live"][..., None], lp, torch.full_like(lp, float("-inf")))
+        rt = torch.exp(torch.clamp(lp + torch.clamp(eps, max=60.0), max=700.0)) - p
         if self.gate.tau_v is not None:
             rt = rt + p * layer.v_wit[:, :, None, None] / self.gate.tau_v
         rt = torch.nan_to_num(rt, nan=0.0, posinf=1e300).sum((2, 3))  # [B, Hkv, n]
@@ -577,11 +652,11 @@ class WitCertCache(Cache):
 
         def measure():
             eps = self._radii(layer, q, al, sm)
-            m = self._bounds(ev["p"], eps, ev["live"], layer.v_hat, layer.v_wit)
+            m = self._bounds(ev, eps, layer.v_hat, layer.v_wit)
             m["eps"] = eps
             if ds is not None:
                 tb = self._tier_b_radii(layer, q, al, sm, ds)
-                m["tv_b"] = self._bounds(ev["p"], tb, ev["live"], layer.v_hat, layer.v_wit)["tv"]
+                m["tv_b"] = self._bounds(ev, tb, layer.v_hat, layer.v_wit)["tv"]
             return m
 
         def over(m):
@@ -628,6 +703,7 @@ class WitCertCache(Cache):
             step=self.step, layer=layer.layer_idx, tv_a=red(m["tv"]), tv_a_pre=red(pre["tv"]), out_err=red(m["err"]),
             tv_b=red(m["tv_b"]) if ds is not None else None, flag=red(flag.double()) > 0,
             nonfinite=red(m["bad"].double()) > 0, pagein_blocks=pagein, delta_step=ds,
+            delta_spent=None if ds is None else float(np.sum(ds)),
             parts_pre=red(pre["parts"]), tv_b_pre=red(pre["tv_b"]) if ds is not None else None,
             tv_real=None if audit is None else red(audit[0]), out_err_real=None if audit is None else red(audit[1]),
             audit_violations=0 if audit is None else int(audit[2]),

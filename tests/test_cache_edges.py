@@ -1,0 +1,184 @@
+"""WitCertCache at the edges (issue 9): float64 models, an underflowed p̂ on the reference path,
+Tier B budgets per query row, fresh dither seeds, and a model that never ran the meter.
+
+A tiny random-weight Llama (2 layers, 2 query heads over 1 kv head, head dim 64) keeps these fast.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from witcert.cache import Gate, WitCertCache, use_witcert  # noqa: E402
+
+
+def tiny(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                      num_hidden_layers=2, intermediate_size=64, vocab_size=64, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).eval().to(dtype)
+    return model
+
+
+def gen(model, cache, n_prompt=40, new=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 64, (1, n_prompt), generator=g)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=new,
+                              do_sample=False, pad_token_id=0)
+
+
+class _Attn(torch.nn.Module):
+    """A stand-in attention module for driving ``served_attention`` directly."""
+
+    def __init__(self, layer_idx=0):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+
+# --------------------------------------------------------------------------- 4. float64 models
+
+
+@pytest.mark.parametrize("scheme,gate", [("none", None), ("kivi2", None), ("int8", Gate("certified", tau=0.01, max_pagein_blocks=3))])
+def test_float64_model_is_metered_exactly(scheme, gate):
+    """A float64 model: exact tokens (scheme none, the kivi2 tail, repaired blocks) are stored in
+    float64 -- a float32 copy with witness 0 would be an unmetered error (realised TV ~1e-7)."""
+    model = use_witcert(tiny(torch.float64))
+    cache = WitCertCache(model.config, scheme=scheme, audit=True, gate=gate)
+    gen(model, cache, n_prompt=41)
+    lay = cache.layers[0]
+    assert lay.k_hat.dtype == torch.float64
+    assert sum(r.audit_violations for r in cache.records) == 0
+    if scheme == "none":
+        assert torch.equal(lay.k_hat, lay.exact_k.to(lay.k_hat.device))
+        assert max(float(r.tv_real.max()) for r in cache.records) == 0.0
+    if gate is not None:
+        rep = lay.repaired.repeat_interleave(16, -1)[..., : lay.k_hat.shape[-2]]
+        if bool(rep.any()):
+            assert torch.equal(lay.k_hat[rep], lay.exact_k.to(lay.k_hat.device)[rep])
+
+
+# --------------------------------------------------------------------------- 1. reference path underflow
+
+
+def _drive_one_layer(cache, keys, values, query, scaling):
+    """Prefill ``keys[:-1]``, then one decode step whose own token is ``keys[-1]``; returns the record."""
+    lay = cache.layers[0]
+    k = keys[None, None]
+    v = values[None, None]
+    cache.update(k[:, :, :-1], v[:, :, :-1], 0)
+    lay._pending = None  # prefill attends exactly (not under test here)
+    cache.update(k[:, :, -1:], v[:, :, -1:], 0)
+    mask = torch.ones(1, 1, 1, keys.shape[0], dtype=torch.bool)
+    out, _ = cache.served_attention(_Attn(0), query[None, :, None, :], mask, scaling)
+    lay._pending = None
+    return cache.records[-1], out
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4_group", "int8_dither"])
+def test_underflowed_p_hat_reference_path(scheme):
+    """The review's reference-path case: S0 = 800, an outlier channel the query does not read;
+    the served logit of token 1 is ~0 while its exact logit ties with token 0's at 800."""
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, head_dim=64,
+                      num_hidden_layers=1, intermediate_size=32, vocab_size=16)
+    cache = WitCertCache(cfg, scheme=scheme, audit=True, seed=0)
+    x = 800.0 / 8
+    D = 64
+    keys = torch.zeros(3, D, dtype=torch.float32)
+    keys[0, 1] = x
+    keys[1, 0], keys[1, 1] = 1024 * x, x
+    keys[2, 1] = x  # the decode step's own token: the same logit as token 0
+    values = torch.zeros(3, D)
+    values[0, 0] = values[1, 1] = values[2, 0] = 1.0
+    q = torch.zeros(1, D)
+    q[0, 1] = 64.0
+    rec, _ = _drive_one_layer(cache, keys, values, q, 1.0 / 8)
+    assert float(rec.tv_real.max()) > 0.3  # exact p = (1/3, 1/3, 1/3); served p̂ ≈ (1/2, 0, 1/2)
+    assert rec.audit_violations == 0
+    assert float(rec.tv_a.min()) >= float(rec.tv_real.max())
+    assert float(rec.out_err.min()) >= float(rec.out_err_real.max())
+
+
+# --------------------------------------------------------------------------- 6. Tier B accounting
+
+
+def test_tier_b_budget_is_per_query_row():
+    """A later prefill chunk of L rows spends L budgets (each row its own δ), never one δ for all."""
+    model = use_witcert(tiny())
+    cache = WitCertCache(model.config, scheme="int8_dither", delta_req=1e-3)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (1, 40), generator=g)
+    with torch.no_grad():
+        model(ids[:, :20], past_key_values=cache, use_cache=True)  # prefill (exact)
+        model(ids[:, 20:27], past_key_values=cache, use_cache=True)  # a chunk of 7 rows, metered
+        model(ids[:, 27:28], past_key_values=cache, use_cache=True)  # a decode row
+    chunk = [r for r in cache.records if r.step == 1]
+    ds = np.asarray(chunk[0].delta_step)
+    assert ds.shape == (7,)
+    want = [1e-3 * 6 / (math.pi**2 * r**2) / (2 * 2) for r in range(1, 8)]
+    np.testing.assert_allclose(ds, want, rtol=1e-12)
+    dec = [r for r in cache.records if r.step == 2][0]
+    np.testing.assert_allclose(np.asarray(dec.delta_step), [1e-3 * 6 / (math.pi**2 * 64) / 4], rtol=1e-12)
+    s = cache.summary()
+    assert s["metered_rows"] == 8
+    assert s["delta_spent"] <= 1e-3 * (1 - 1e-9)
+    assert s["delta_spent"] == pytest.approx(sum(want) * 4 + 1e-3 * 6 / (math.pi**2 * 64))
+    # the fixed schedule's horizon counts rows: a 7-row chunk does not fit a horizon of 5
+    fixed = WitCertCache(model.config, scheme="int8_dither", delta_req=1e-3, schedule="fixed", horizon=5)
+    with torch.no_grad():
+        model(ids[:, :20], past_key_values=fixed, use_cache=True)
+        with pytest.raises(RuntimeError, match="horizon"):
+            model(ids[:, 20:27], past_key_values=fixed, use_cache=True)
+
+
+def test_dither_seed_is_fresh_per_request_and_recorded():
+    model = use_witcert(tiny())
+    a = WitCertCache(model.config, scheme="int8_dither")
+    b = WitCertCache(model.config, scheme="int8_dither")
+    assert a.seed != b.seed  # 2^31 values: a clash here has probability 5e-10
+    gen(model, a)
+    assert a.summary()["seed"] == a.seed
+    first = a.seed
+    a.reset()
+    assert a.seed != first  # a new request draws a new seed
+    fixed = WitCertCache(model.config, scheme="int8_dither", seed=7)
+    fixed.reset()
+    assert fixed.seed == 7
+    with pytest.raises(ValueError, match="seed"):
+        WitCertCache(model.config, scheme="int8_dither", seed=-1)
+
+
+# --------------------------------------------------------------------------- 7. silent misuse
+
+
+def test_generate_without_use_witcert_raises():
+    """Without use_witcert the model's own attention sees only the fresh K/V: refused at the
+    first decode step, before any token is produced from it; summary() refuses too."""
+    model = tiny()
+    model.set_attn_implementation("sdpa")
+    cache = WitCertCache(model.config, scheme="int8")
+    with pytest.raises(RuntimeError, match="use_witcert"):
+        gen(model, cache)
+    with pytest.raises(RuntimeError, match="use_witcert"):
+        cache.summary()
+    # a one-layer model: the unmetered last layer is caught by summary()
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, head_dim=64,
+                      num_hidden_layers=1, intermediate_size=32, vocab_size=16)
+    one = LlamaForCausalLM(cfg).eval()
+    one.set_attn_implementation("sdpa")
+    c1 = WitCertCache(cfg, scheme="int8")
+    ids = torch.randint(0, 16, (1, 8))
+    with torch.no_grad():
+        one(ids, past_key_values=c1, use_cache=True)
+        one(ids[:, :1], past_key_values=c1, use_cache=True)
+    with pytest.raises(RuntimeError, match="use_witcert"):
+        c1.summary()
+    # with the meter installed, the same runs are metered and summary() works
+    use_witcert(model)
+    ok = WitCertCache(model.config, scheme="int8")
+    gen(model, ok)
+    assert ok.summary()["metered_rows"] == 3 and len(ok.records) == 3 * 2
