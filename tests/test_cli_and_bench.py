@@ -9,7 +9,7 @@ from witcert import cli
 def test_demo_prints_table(capsys):
     assert cli.main(["demo", "--synthetic", "--steps", "1", "--lengths", "64"]) == 0
     out = capsys.readouterr().out
-    assert "int8_dither" in out and "kivi2" in out and "0 violations" in out
+    assert "int8_dither" in out and "kivi2" in out and "on 12 metered steps: 0 violations" in out
 
 
 def load_bench(name):
@@ -52,15 +52,26 @@ def test_real_model_meter_smoke(capsys):
 
 def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
     from witcert import demo
+    from witcert.trace import Tracer, read_trace
+    from witcert.traceviews import summarize
 
-    res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path))
+    with Tracer(tmp_path / "demo.trace.jsonl") as tr:
+        res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path), trace=tr)
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"exact"} | {s + sfx for s in demo.DEMO_SCHEMES for sfx in ("", " +gate")}
     assert all(r["violations"] == 0 for r in rows.values() if "violations" in r)
     assert rows["kivi2"]["max_tv"] > rows["int8_dither"]["median_tv"]  # 2-bit is riskier than 8-bit
     assert rows["kivi2 +gate"]["pagein_blocks"] > 0 and rows["kivi2"]["pagein_blocks"] == 0
-    for f in ("risk_heatmap.png", "risk_coverage.png", "results.json"):
+    for f in ("risk_heatmap.png", "risk_coverage.png", "risk_steps.png", "pageins.png", "results.json"):
         assert (tmp_path / f).stat().st_size > 1000
+    assert all(r["backend"] == "reference" for r in rows.values() if r["config"] != "exact")  # CPU
+    # the demo's trace: every config but exact, 2 decode steps x 30 layers x 9 heads each
+    t = read_trace(tmp_path / "demo.trace.jsonl")
+    assert set(t.configs()) == set(rows) - {"exact"} and len(t) == 8 * 2 * 30 * 9
+    s = summarize(t.where("req == 'kivi2 +gate'"))
+    assert s.overall.pagein_blocks == rows["kivi2 +gate"]["pagein_blocks"]
+    assert s.overall.pagein_bytes == rows["kivi2 +gate"]["pagein_bytes"]
+    assert summarize(t.where("req == 'kivi2'")).overall.max == rows["kivi2"]["max_tv"]
     out = capsys.readouterr().out
     assert "page-in blk" in out and "non-adaptive" in out
 
