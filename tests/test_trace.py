@@ -63,8 +63,9 @@ def test_in_memory_tracer_equals_the_file(recorded):
     m = tiny_model()
     from witcert.cache import WitCertCache
 
-    mem.new_request("kivi2")
-    generate(m, WitCertCache(m.config, scheme="kivi2", audit=True, trace=Tee(mem, None)), n=40, new=4)
+    tee = Tee(mem, None)
+    tee.new_request("kivi2")  # forwarded to the tracer
+    generate(m, WitCertCache(m.config, scheme="kivi2", audit=True, trace=tee), n=40, new=4)
     a = mem.to_trace()
     b = read_trace(path).where("req == 'kivi2'")
     for f in FIELDS:

@@ -84,9 +84,7 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
     results = []
     for name, scheme, gate in tqdm(configs, desc="configs", unit="run"):
         audit = not (cuda and gate is None)
-        memory.new_request(name)
-        if trace is not None and hasattr(trace, "new_request"):
-            trace.new_request(name)
+        sink.new_request(name)  # the request label in every trace
         cache = WitCertCache(model.config, scheme=scheme, meter=scheme != "none", gate=gate, audit=audit and scheme != "none",
                              delta_req=DELTA_REQ if scheme == "int8_dither" else None,
                              trace=sink if scheme != "none" else None)

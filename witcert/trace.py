@@ -431,6 +431,12 @@ class Tee:
         for s in self.sinks:
             s.record(rec, cache)
 
+    def new_request(self, label: str | None = None) -> None:
+        """Forwarded to every sink that labels requests (Tracers, nested Tees)."""
+        for s in self.sinks:
+            if hasattr(s, "new_request"):
+                s.new_request(label)
+
 
 # --------------------------------------------------------------------------- reader
 @dataclasses.dataclass

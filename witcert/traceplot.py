@@ -42,6 +42,12 @@ def _colors(configs):
     return {s: cmap(i % 10) for i, s in enumerate(schemes)}
 
 
+def _integer_x(ax):
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot(trace: Trace, out_dir, kinds=KINDS, field: str = "tv") -> list[pathlib.Path]:
     """Write the requested plots under ``out_dir`` (created); returns the files written."""
     if len(trace) == 0:
@@ -120,6 +126,7 @@ def plot_steps(trace: Trace, path, field: str = "tv"):
         ax.plot(steps, mx, ls, color=c, marker="o", ms=3, label=f"{name} max")
         ax.plot(steps, md, ls, color=c, alpha=0.45, label=f"{name} median")
     ax.set_xlabel("decode step")
+    _integer_x(ax)
     ax.set_ylabel(f"{field} over (layer, head)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
@@ -183,10 +190,12 @@ def plot_pageins(trace: Trace, path, field: str = "tv"):
         if not per_step:
             continue
         cum = np.cumsum([per_step.get(int(s), 0) for s in steps]) / 1e6
-        ax.step(steps, cum, where="post", color=colors[name.replace(" +gate", "")], label=name)
+        ax.plot(steps, cum, "o-", ms=3, color=colors[name.replace(" +gate", "")], label=name)
         any_line = True
     ax.set_xlabel("decode step")
     ax.set_ylabel("cumulative page-in (MB, all requests)")
+    ax.set_ylim(bottom=0)
+    _integer_x(ax)
     ax.grid(alpha=0.3)
     if any_line:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
