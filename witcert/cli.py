@@ -247,6 +247,8 @@ def main(argv=None) -> int:
         check_eval_args(ap.subcommands["eval"], args)
     if args.cmd == "demo" and not args.synthetic and (args.lengths != [1024, 4096, 16384] or args.steps != 8):
         ap.subcommands["demo"].error("--lengths and --steps need --synthetic")
+    if args.cmd == "demo" and args.scheme is not None and all(x == "none" for x in args.scheme):
+        ap.subcommands["demo"].error("argument --scheme: the demo needs at least one compressed scheme (not only auto / none)")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return args.func(args)
 

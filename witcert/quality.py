@@ -84,6 +84,8 @@ def check_eval_args(ap, args) -> None:
     """Checks across flags (argparse error, exit 2)."""
     if not args.sweep_layers and (args.layers is not None or args.sweep_out is not None):
         ap.error("--layers and --sweep-out need --sweep-layers")
+    if args.sweep_layers and all(x == "none" for x in args.schemes):
+        ap.error("argument --schemes: the sweep needs a compressed scheme (not only auto / none)")
     if args.layers is not None:
         n = EMBEDDED_LAYERS
         if args.model is not None:
