@@ -121,6 +121,13 @@ def test_layer_sweep_pieces(tmp_path):
     assert res.spearman_acc == 1.0 and res.spearman_kl == 1.0
     plot_sweep(res, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 5000
+    import dataclasses
+
+    from witcert.quality import write_json_atomic
+    from witcert.sweep import load_sweep
+
+    write_json_atomic(tmp_path / "sweep.json", {"results": [dataclasses.asdict(res)]})
+    assert load_sweep(tmp_path / "sweep.json") == [res]
 
 
 def test_compress_layers_meters_only_those_layers():

@@ -124,20 +124,35 @@ def test_torn_last_line_is_skipped_with_a_warning_and_repaired_on_append(tmp_pat
     with pytest.warns(UserWarning, match="torn last line"):
         t = read_trace(p)
     assert len(t) == n - 1 and t.skipped_torn == 1
-    # appending first truncates the torn tail, so nothing is glued to it
-    with pytest.warns(UserWarning, match="torn last line"):
-        tr = Tracer(p)
+    # appending first truncates the torn tail (at the first write), so nothing is glued to it
+    tr = Tracer(p)
     m = tiny_model()
     from witcert.cache import WitCertCache
 
     tr.new_request("after-crash")
-    generate(m, WitCertCache(m.config, scheme="int8", trace=tr), n=40, new=3)
+    with pytest.warns(UserWarning, match="torn last line"):
+        generate(m, WitCertCache(m.config, scheme="int8", trace=tr), n=40, new=3)
     tr.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         t2 = read_trace(p)
     assert len(t2) == n - 1 + tr.rows_written and tr.rows_written == 2 * 4 * 4
     assert (t2.where("req == 'after-crash'")["scheme"] == "int8").all()
+
+
+def test_nothing_written_before_the_first_row(tmp_path):
+    p = tmp_path / "new" / "sub" / "t.jsonl"
+    tr = Tracer(p, min_tv=0.99)
+    m = tiny_model()
+    from witcert.cache import WitCertCache
+
+    generate(m, WitCertCache(m.config, scheme="int8", trace=tr), n=24, new=2)  # int8: TV+ far below 0.99
+    tr.close()
+    assert tr.records_seen == 4 and tr.rows_written == 0 and not (tmp_path / "new").exists()
+    tr = Tracer(p)
+    generate(m, WitCertCache(m.config, scheme="int8", trace=tr), n=24, new=2)
+    tr.close()
+    assert len(read_trace(p)) == tr.rows_written == 4 * 4
 
 
 def test_torn_header_and_corrupt_middle(tmp_path):

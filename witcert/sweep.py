@@ -152,7 +152,8 @@ def plot_sweep(s: SweepResult, path) -> None:
     for q, st in (("tv_p50", "o-"), ("tv_p90", "s-"), ("tv_max", "^:")):
         axes[2].plot(x, [getattr(r, q) for r in s.layers], st, ms=3, label=q.replace("tv_", "TV+ "))
     axes[2].set_ylabel("meter: Tier A TV+")
-    axes[2].set_ylim(0, 1.02)
+    lo = min((r.tv_p50 for r in s.layers if np.isfinite(r.tv_p50)), default=0.0)
+    axes[2].set_ylim(max(0.0, lo - 0.05), 1.005)  # near-saturated schemes: zoom in on the spread
     axes[2].set_xlabel("compressed layer (all others exact)")
     axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     for ax in axes:
@@ -161,6 +162,17 @@ def plot_sweep(s: SweepResult, path) -> None:
                  f"Spearman(TV+ p90, KL) = {s.spearman_kl:+.2f}", fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def load_sweep(path) -> list[SweepResult]:
+    """The SweepResults of a ``sweep.json`` (e.g. to re-plot without re-running)."""
+    import json
+
+    out = []
+    for d in json.loads(pathlib.Path(path).read_text())["results"]:
+        d = dict(d, layers=tuple(LayerResult(**r) for r in d["layers"]))
+        out.append(SweepResult(**d))
+    return out
 
 
 def sweep_model(model, tok, scheme: str, layers, jobs, progress=None) -> tuple[list, dict]:

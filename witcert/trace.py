@@ -283,29 +283,36 @@ class Tracer:
         self._memory: list[dict] | None = [] if path is None else None
         self._fd = None
         if self.path is not None:
-            self._open()
+            self._check_existing()
 
     # -- file handling
-    def _open(self):
+    def _check_existing(self):
+        """Fail early (before any model work) on a path that cannot take this trace."""
         p = self.path
         if p.exists() and p.is_dir():
             raise ValueError(f"{p}: is a folder, expected a trace file")
-        existing = p.stat().st_size if p.exists() else 0
+        if not p.exists() or p.stat().st_size == 0:
+            return
+        with open(p, "rb") as f:
+            first = f.readline()
+        if not first.endswith(b"\n"):
+            return  # a torn header: repaired (truncated) when the first row is written
+        try:
+            TraceHeader.from_obj(json.loads(first), f"{p}:1")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise TraceError(f"{p}:1: not a witcert trace (cannot append to it)") from None
+
+    def _open(self):
+        """Open for appending at the first write: create the folder, truncate a torn last line,
+        write the header into a new (or empty) file."""
+        p = self.path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        keep = _repair_torn_tail(p) if p.exists() and p.stat().st_size else 0
         self._fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if existing:
-            keep = _repair_torn_tail(p)
-            if keep == 0:
-                self._write((self.header.to_json() + "\n").encode())
-            else:
-                with open(p, "rb") as f:
-                    first = f.readline()
-                try:
-                    TraceHeader.from_obj(json.loads(first), f"{p}:1")
-                except json.JSONDecodeError:
-                    raise TraceError(f"{p}:1: not a witcert trace (cannot append to it)") from None
-                log.info("trace: appending to %s (session %s)", p, self.session)
-        else:
+        if keep == 0:
             self._write((self.header.to_json() + "\n").encode())
+        else:
+            log.info("trace: appending to %s (session %s)", p, self.session)
 
     def _write(self, data: bytes):
         view = memoryview(data)
@@ -367,6 +374,8 @@ class Tracer:
             return
         data = _rows_json(cols, keep)
         if data:
+            if self._fd is None:
+                self._open()
             self._write(data)
             self.rows_written += int(keep.sum())
 
