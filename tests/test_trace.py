@@ -317,3 +317,30 @@ def test_prometheus_metrics_count_the_records():
     assert sum(pm.value("witcert_pagein_bytes_total", layer=str(i)) for i in range(L)) == c.pagein_bytes.sum() > 0
     assert pm.value("witcert_tv_upper_count", layer="0", tier="A") == 3 * Hq
     assert "witcert_tv_upper_bucket" in pm.text()
+
+
+def test_kernel_path_records_are_traced():
+    """backend='kernel' (Triton; the interpreter on the CPU) records through the same hook."""
+    import json as _json
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from _tiny import CONFIG
+    from witcert.cache import WitCertCache, use_witcert
+
+    cfg = _json.loads(CONFIG.read_text())
+    cfg.update(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64, hidden_size=128,
+               intermediate_size=256, vocab_size=512)
+    for k in ("_model_name_or_path", "architectures", "transformers_version"):
+        cfg.pop(k, None)
+    torch.manual_seed(0)
+    m = use_witcert(LlamaForCausalLM(LlamaConfig(**cfg)).eval())
+    tr = Tracer(None)
+    c = WitCertCache(m.config, scheme="int8_dither", backend="kernel", delta_req=1e-3, trace=tr)
+    generate(m, c, n=20, new=3)
+    assert c.layers[0].paged is not None
+    t = tr.to_trace()
+    assert len(t) == len(c.records) * 2 == 8 and (t["tier"] == "AB").all()
+    np.testing.assert_array_equal(t["tv"], np.concatenate([r.tv_a[0] for r in c.records]))
+    assert (t["delta_b"] > 0).all() and np.isfinite(t["eps_max"]).all() and not t["budget_spent"].any()
