@@ -9,7 +9,7 @@ from witcert import cli
 def test_demo_prints_table(capsys):
     assert cli.main(["demo", "--synthetic", "--steps", "1", "--lengths", "64"]) == 0
     out = capsys.readouterr().out
-    assert "int8_dither" in out and "kivi2" in out and "0 violations" in out
+    assert "int8_dither" in out and "kivi2" in out and "on 12 metered steps: 0 violations" in out
 
 
 def load_bench(name):
@@ -52,15 +52,26 @@ def test_real_model_meter_smoke(capsys):
 
 def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
     from witcert import demo
+    from witcert.trace import Tracer, read_trace
+    from witcert.traceviews import summarize
 
-    res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path))
+    with Tracer(tmp_path / "demo.trace.jsonl") as tr:
+        res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path), trace=tr)
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"exact"} | {s + sfx for s in demo.DEMO_SCHEMES for sfx in ("", " +gate")}
     assert all(r["violations"] == 0 for r in rows.values() if "violations" in r)
     assert rows["kivi2"]["max_tv"] > rows["int8_dither"]["median_tv"]  # 2-bit is riskier than 8-bit
     assert rows["kivi2 +gate"]["pagein_blocks"] > 0 and rows["kivi2"]["pagein_blocks"] == 0
-    for f in ("risk_heatmap.png", "risk_coverage.png", "results.json"):
+    for f in ("risk_heatmap.png", "risk_coverage.png", "risk_steps.png", "pageins.png", "results.json"):
         assert (tmp_path / f).stat().st_size > 1000
+    assert all(r["backend"] == "reference" for r in rows.values() if r["config"] != "exact")  # CPU
+    # the demo's trace: every config but exact, 2 decode steps x 30 layers x 9 heads each
+    t = read_trace(tmp_path / "demo.trace.jsonl")
+    assert set(t.configs()) == set(t["req"]) == set(rows) - {"exact"} and len(t) == 8 * 2 * 30 * 9
+    s = summarize(t.where("req == 'kivi2 +gate'"))
+    assert s.overall.pagein_blocks == rows["kivi2 +gate"]["pagein_blocks"]
+    assert s.overall.pagein_bytes == rows["kivi2 +gate"]["pagein_bytes"]
+    assert summarize(t.where("req == 'kivi2'")).overall.max == rows["kivi2"]["max_tv"]
     out = capsys.readouterr().out
     assert "page-in blk" in out and "non-adaptive" in out
 
@@ -76,3 +87,64 @@ def test_quality_report_and_paired_ci():
             for s in range(4) for c in ("exact", "x", "x+gate")]
     txt = report(rows, ["exact", "x", "x+gate"])
     assert "x+gate" in txt and "-0.75" in txt and "10.00" in txt
+
+
+def test_layer_sweep_pieces(tmp_path):
+    """witcert.sweep: rank correlation, generation comparison, per-layer summary and plot."""
+    import numpy as np
+    import torch
+
+    from witcert.sweep import compare_generations, plot_sweep, rankdata, spearman, summarize_sweep
+
+    assert rankdata([3, 1, 2, 2]).tolist() == [4.0, 1.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    lg = [torch.randn(1, 7, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    assert compare_generations([1, 2, 3, 4], lg, [1, 2, 3, 4], lg) == (1.0, 0.0)
+    other = [x.clone() for x in lg]
+    other[3] = other[3] + 5 * torch.arange(7.0)  # only after the divergence at position 2
+    agree, kl = compare_generations([1, 2, 3, 4], lg, [1, 2, 9, 9], other)
+    assert agree == 0.5 and kl == 0.0  # steps 1..2 compared; step 3's inputs differ and are not
+    other[1] = other[1] + torch.arange(7.0)
+    assert compare_generations([1, 2, 3, 4], lg, [1, 2, 9, 9], other)[1] > 0
+    rows = []
+    for s in range(4):
+        base = {"task": "single", "length": 64, "seed": s}
+        rows.append({**base, "config": "exact", "correct": 1, "agree": 1.0, "kl": 0.0})
+        rows.append({**base, "config": "layer0", "correct": 1, "agree": 1.0, "kl": 1e-4})
+        rows.append({**base, "config": "layer1", "correct": int(s < 2), "agree": 0.5, "kl": 1e-1})
+        rows.append({**base, "config": "layer2", "correct": 0, "agree": 0.2, "kl": 1.0})
+    meter = {0: [0.01, 0.02], 1: [0.3, 0.4], 2: [0.8, 0.9]}
+    res = summarize_sweep("kivi2", [0, 1, 2], rows, meter, 1.0)
+    assert [r.acc_diff for r in res.layers] == [0.0, -0.5, -1.0] and res.samples == 4 and res.exact_acc == 1.0
+    assert res.layers[1].ci_lo < -0.4 and res.layers[2].tv_max == 0.9
+    assert res.spearman_acc == 1.0 and res.spearman_kl == 1.0
+    plot_sweep(res, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 5000
+    import dataclasses
+
+    from witcert.quality import write_json_atomic
+    from witcert.sweep import load_sweep
+
+    write_json_atomic(tmp_path / "sweep.json", {"results": [dataclasses.asdict(res)]})
+    assert load_sweep(tmp_path / "sweep.json") == [res]
+
+
+def test_compress_layers_meters_only_those_layers():
+    import sys
+
+    import pytest
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from _tiny import generate, tiny_model
+
+    from witcert.cache import WitCertCache
+
+    m = tiny_model()
+    c = WitCertCache(m.config, scheme="kivi2", compress_layers={2})
+    generate(m, c, n=40, new=3)
+    assert {r.layer for r in c.records} == {2} and len(c.records) == 2
+    exact = generate(m, WitCertCache(m.config, scheme="none", meter=False), n=40, new=3)
+    assert (generate(m, WitCertCache(m.config, scheme="kivi2", compress_layers=set()), n=40, new=3) == exact).all()
+    with pytest.raises(ValueError, match="compress_layers"):
+        WitCertCache(m.config, scheme="kivi2", compress_layers={4})

@@ -61,7 +61,7 @@ from typing import Callable
 import numpy as np
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 from . import bounds as B
@@ -326,6 +326,12 @@ class WitCertLayer(CacheLayerMixin):
         return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
 
 
+class _ExactLayer(DynamicLayer):
+    """A layer outside ``compress_layers``: exact KV, base attention, no meter."""
+
+    _pending = None
+
+
 class WitCertCache(Cache):
     """See the module docstring. ``scheme``: any registered scheme (``witcert.schemes``);
     ``num_groups`` G and ``witness`` ("token" | "block") choose the witness layout;
@@ -353,6 +359,8 @@ class WitCertCache(Cache):
         audit: bool = False,
         backend: str = "auto",
         max_tokens: int = 8192,
+        trace=None,
+        compress_layers=None,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -412,7 +420,18 @@ class WitCertCache(Cache):
         self.records: list[StepRecord] = []
         self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
-        super().__init__(layers=[WitCertLayer(self, i) for i in range(L)])
+        # trace: a sink with .record(rec, cache) (witcert.trace.Tracer, witcert.metrics.PrometheusMetrics,
+        # witcert.trace.Tee of several) handed every StepRecord; None: no cost
+        self.trace = trace
+        # compress_layers: layer indices served compressed and metered; the others are exact,
+        # unmetered transformers DynamicLayers (the layer sweep, witcert.sweep)
+        if compress_layers is not None:
+            compress_layers = frozenset(compress_layers)
+            if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < L for i in compress_layers):
+                raise ValueError(f"compress_layers: expected layer indices in [0, {L}), got {sorted(compress_layers)!r}")
+        self.compress_layers = compress_layers
+        super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
+                                 else _ExactLayer() for i in range(L)])
 
     # -- bookkeeping
     def _draw_seed(self) -> int:
@@ -515,6 +534,12 @@ class WitCertCache(Cache):
             out["tier_b_caveat"] = TIER_B_CAVEAT
         return out
 
+    def _emit(self, rec: StepRecord) -> None:
+        """Keep a step's meter record and hand it to the trace sink, if any."""
+        self.records.append(rec)
+        if self.trace is not None:
+            self.trace.record(rec, self)
+
     # -- the served attention and its meter
     def served_attention(self, module, query, attention_mask, scaling):
         layer = self.layers[module.layer_idx]
@@ -552,7 +577,7 @@ class WitCertCache(Cache):
         if self.meter:
             r = out.meter
             a = lambda t: t.detach().cpu().numpy()  # noqa: E731
-            self.records.append(StepRecord(
+            self._emit(StepRecord(
                 step=self.step, layer=layer.layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
                 out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
                 flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
@@ -699,7 +724,7 @@ class WitCertCache(Cache):
             flag = flag | over(m)
         red = lambda x: x.amax(-1).reshape(*x.shape[:-4], Bsz, Hkv * GQ).cpu().numpy()  # noqa: E731
         audit = self._audit(layer, q, al, sm, ev, m) if self.audit else None
-        self.records.append(StepRecord(
+        self._emit(StepRecord(
             step=self.step, layer=layer.layer_idx, tv_a=red(m["tv"]), tv_a_pre=red(pre["tv"]), out_err=red(m["err"]),
             tv_b=red(m["tv_b"]) if ds is not None else None, flag=red(flag.double()) > 0,
             nonfinite=red(m["bad"].double()) > 0, pagein_blocks=pagein, delta_step=ds,

@@ -1,28 +1,74 @@
 """``witcert`` command line.
 
 ``witcert demo``: generates on the embedded SmolLM2-135M with a compressed, metered and gated
-KV cache (``witcert.demo``). ``witcert demo --synthetic``: the synthetic decode workload
-(heavy-tailed logits, sink tokens, outlier key channels), bounds next to the realised TV.
-``witcert eval``: the quality evaluation (``bench/quality.py`` runs the same code).
+KV cache (``witcert.demo``); ``--scheme``, ``--device``, ``--dtype``, ``--trace``,
+``--prometheus``. ``witcert demo --synthetic``: the synthetic decode workload (heavy-tailed
+logits, sink tokens, outlier key channels), bounds next to the realised TV.
+``witcert eval``: the quality evaluation (``bench/quality.py`` runs the same code);
+``witcert eval --sweep-layers``: the layer sweep (``witcert.sweep``).
+``witcert trace summary|top|compare|plot|schema``: views of a recorded trace (``witcert.trace``).
+
+Every argument is checked while parsing, before any model work: a bad value is one error
+line and exit status 2 (``witcert.argtypes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from . import __version__
+from . import argtypes as A
+
+SYNTHETIC_SCHEMES = ["fp8_e4m3", "fp8_e4m3_scaled", "int8", "int8_dither", "int4_group", "kivi2"]
+
+
+def _sinks(args):
+    """The --trace / --prometheus sinks of the demo (None when neither is asked for)."""
+    from .trace import Tee, Tracer
+
+    sinks = []
+    if args.trace:
+        sinks.append(Tracer(args.trace, sample_every=args.trace_sample, min_tv=args.trace_min_tv, where=args.trace_where,
+                            meta={"command": "witcert demo", "model": str(args.model or "embedded SmolLM2-135M"),
+                                  "tokens": args.tokens, "device": args.device, "dtype": args.dtype}))
+    if args.prometheus is not None or args.prometheus_file:
+        from .metrics import PrometheusMetrics
+
+        m = PrometheusMetrics()
+        if args.prometheus is not None:
+            m.serve(args.prometheus)
+        sinks.append(m)
+    return (Tee(*sinks) if len(sinks) > 1 else sinks[0]) if sinks else None, sinks
 
 
 def _demo(args) -> int:
     if not args.synthetic:
-        from .demo import run
+        from .demo import DEMO_SCHEMES, run
 
-        res = run(tokens=args.tokens, seed=args.seed, new_tokens=args.new_tokens, out=args.out, model_path=args.model)
+        sink, sinks = _sinks(args)
+        try:
+            res = run(tokens=args.tokens, seed=args.seed, new_tokens=args.new_tokens, out=args.out, model_path=args.model,
+                      schemes=args.scheme or list(DEMO_SCHEMES), device=args.device, dtype=args.dtype, trace=sink,
+                      gated=not args.no_gate)
+        finally:
+            for s in sinks:
+                if hasattr(s, "close"):
+                    s.close()
+        for s in sinks:
+            if hasattr(s, "write_textfile") and args.prometheus_file:
+                s.write_textfile(args.prometheus_file)
+                print(f"prometheus metrics: {args.prometheus_file}")
+            if hasattr(s, "rows_written"):
+                print(f"trace: {s.rows_written} rows in {s.path}")
         bad = sum(r.get("violations", 0) for r in res["rows"])
         return 1 if bad else 0
     from .synthetic import coverage_table, run_workload
 
-    schemes = ["fp8_e4m3", "fp8_e4m3_scaled", "int8", "int8_dither", "int4_group", "kivi2"]
-    lengths = [int(x) for x in args.lengths.split(",")]
+    schemes = args.scheme or SYNTHETIC_SCHEMES
+    schemes = [s for s in schemes if s != "none"]
+    lengths = args.lengths
     print(f"WitCert demo: synthetic decode, d=128, per-token witnesses (G=4), n in {lengths}, {args.steps} steps each")
 
     def progress(done, total):
@@ -33,28 +79,177 @@ def _demo(args) -> int:
         res += run_workload(schemes, lengths, args.steps, outlier_channels=oc, outlier_std=ostd, workload=wl, progress=progress)
     print(file=sys.stderr)
     print(coverage_table(res))
-    print("Every bound was checked against the realised TV on every step: 0 violations.")
+    viol = sum(not (r.realised_tv <= min(r.tanh, r.eform, r.tilt)) for r in res)
+    print(f"Every bound was checked against the realised TV on {len(res)} metered steps: {viol} violations.")
     print("Tier B (int8_dither) holds for non-adaptive queries; Tier A holds always.")
-    return 0
+    return 1 if viol or not res else 0
+
+
+def _eval(args) -> int:
+    from .quality import run
+
+    return run(args)
+
+
+# --------------------------------------------------------------------------- trace verbs
+def _trace(args) -> int:
+    from .predicate import PredicateError
+    from .trace import TraceError, read_trace, schema_markdown
+    from .traceviews import ViewError
+
+    try:
+        if args.verb == "schema":
+            print(schema_markdown())
+            return 0
+        from . import traceviews as V
+
+        if args.verb == "compare":
+            a = read_trace(args.trace_a).where(args.where).where(args.where_a)
+            b = read_trace(args.trace_b).where(args.where).where(args.where_b)
+            la = args.label_a or _label(args.trace_a, args.where_a)
+            lb = args.label_b or _label(args.trace_b, args.where_b)
+            print(V.format_compare(V.compare(a, b, by=args.by, field=args.field, taus=args.tau, labels=(la, lb))))
+            return 0
+        t = read_trace(args.trace).where(args.where)
+        if args.verb == "summary":
+            print(V.format_summary(V.summarize(t, by=args.by, field=args.field, taus=args.tau, worst=args.worst)))
+        elif args.verb == "top":
+            print(V.format_top(V.top(t, k=args.k, field=args.field), args.field))
+        elif args.verb == "plot":
+            from .traceplot import KINDS, plot
+
+            files = plot(t, args.out, kinds=KINDS if args.kind == ["all"] else args.kind, field=args.field)
+            for f in files:
+                print(f)
+        return 0
+    except (TraceError, ViewError, PredicateError) as e:
+        print(f"witcert trace {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _label(path, where):
+    return f"{path}" + (f" [{where}]" if where else "")
+
+
+def _by(s: str) -> tuple:
+    from .traceviews import ViewError, _check_by
+
+    try:
+        return _check_by(tuple(p.strip() for p in s.split(",")))
+    except ViewError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _field(s: str) -> str:
+    from .trace import FIELD_BY_NAME
+
+    f = FIELD_BY_NAME.get(s)
+    if f is None or f.kind not in ("float", "int"):
+        raise argparse.ArgumentTypeError(f"expected a numeric trace field, got {s!r}")
+    return s
+
+
+def _kinds(s: str) -> list[str]:
+    from .traceplot import KINDS
+
+    return A.choice_list(("all",) + KINDS, "plot kind")(s)
+
+
+def build_parser() -> A.OneLineParser:
+    ap = A.OneLineParser(prog="witcert", description="Sound runtime meter for KV-cache quantization")
+    ap.add_argument("--version", action="version", version=f"witcert {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log decisions (INFO)")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,trace}")
+
+    d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
+    d.add_argument("--tokens", type=A.int_at_least(64), default=2000, help="prompt length (needle in a haystack), >= 64")
+    d.add_argument("--new-tokens", type=A.int_at_least(2), default=10,
+                   help="tokens generated, >= 2 (the first comes from the exact prefill)")
+    d.add_argument("--seed", type=A.int_at_least(0), default=0)
+    d.add_argument("--scheme", type=A.scheme_list, default=None,
+                   help="KV scheme(s), comma-separated (default: fp8_e4m3,int4_group,kivi2,int8_dither); "
+                        "--kv-cache-dtype-style aliases: fp8 (= fp8_e4m3), int8, int4 (= int4_group), auto (exact only)")
+    d.add_argument("--no-gate", action="store_true", help="run the ungated configs only")
+    d.add_argument("--device", type=A.device, default="cpu",
+                   help="cpu, cuda[:N] or auto; on CUDA the ungated kernel-scheme configs run on the Triton kernels")
+    d.add_argument("--dtype", type=A.dtype_name, default="auto",
+                   help="model dtype: float32, float16, bfloat16 (auto: float32 on the CPU, bfloat16 on CUDA)")
+    d.add_argument("--out", type=A.out_dir, default="witcert-demo", help="folder for the plots and results.json")
+    d.add_argument("--model", type=A.model_dir, default=None, help="a local Hugging Face model folder (default: embedded SmolLM2)")
+    d.add_argument("--trace", type=A.out_file, default=None, help="append the trace (JSON Lines, witcert.trace) to this file")
+    d.add_argument("--trace-sample", type=A.int_at_least(1), default=1, help="--trace: keep steps with step %% N == 0")
+    d.add_argument("--trace-min-tv", type=A.float_in(0.0, 1.0), default=None, help="--trace: keep rows with TV+ (before repair) > this")
+    d.add_argument("--trace-where", type=A.predicate, default=None, help="--trace: keep rows matching, e.g. 'layer>=20 and tv>0.1'")
+    d.add_argument("--prometheus", type=A.int_at_least(1, 65535), default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port while the demo runs (off by default)")
+    d.add_argument("--prometheus-file", type=A.out_file, default=None,
+                   help="write the Prometheus metrics (text format) to this file at the end")
+    d.add_argument("--synthetic", action="store_true", help="the synthetic workload instead of the model")
+    d.add_argument("--lengths", type=A.int_list(16), default=[1024, 4096, 16384], help="--synthetic: context lengths (>= 16)")
+    d.add_argument("--steps", type=A.int_at_least(1), default=8, help="--synthetic: steps per length (>= 1)")
+    d.set_defaults(func=_demo)
+
+    from .quality import add_eval_arguments
+
+    e = sub.add_parser("eval", help="quality evaluation: accuracy exact / ungated / gated per scheme; --sweep-layers")
+    add_eval_arguments(e)
+    e.set_defaults(func=_eval)
+
+    t = sub.add_parser("trace", help="views of a recorded trace: summary, top, compare, plot, schema")
+    tv = t.add_subparsers(dest="verb", required=True, metavar="{summary,top,compare,plot,schema}")
+    common = A.OneLineParser(add_help=False)
+    common.add_argument("--where", type=A.predicate, default=None, help="rows matching, e.g. \"layer>=20 and tv>0.1\"")
+    common.add_argument("--field", type=_field, default="tv", help="the bound to rank / summarise (default tv: Tier A TV+ after repair)")
+    grp = A.OneLineParser(add_help=False)
+    grp.add_argument("--by", type=_by, default=("layer",), help="group by: layer, head, layer,head, config, scheme, req, step ...")
+    grp.add_argument("--tau", type=_taus, default=(0.1, 0.5),
+                     help="coverage thresholds, e.g. 0.1,0.5")
+    s = tv.add_parser("summary", parents=[common, grp], help="per layer / head quantiles, coverage at tau, worst steps")
+    s.add_argument("trace", type=A.in_file)
+    s.add_argument("--worst", type=A.int_at_least(0), default=5, help="worst (request, step, layer) cells to list")
+    s = tv.add_parser("top", parents=[common], help="the riskiest (layer, head, step) rows")
+    s.add_argument("trace", type=A.in_file)
+    s.add_argument("-k", type=A.int_at_least(1), default=10, help="rows to list")
+    s = tv.add_parser("compare", parents=[common, grp], help="two traces side by side (e.g. two schemes)")
+    s.add_argument("trace_a", type=A.in_file)
+    s.add_argument("trace_b", type=A.in_file)
+    s.add_argument("--where-a", type=A.predicate, default=None, help="rows of A (e.g. \"gate==null\")")
+    s.add_argument("--where-b", type=A.predicate, default=None, help="rows of B")
+    s.add_argument("--label-a", default=None)
+    s.add_argument("--label-b", default=None)
+    s = tv.add_parser("plot", parents=[common], help="heatmap, risk over steps, risk-coverage, page-ins")
+    s.add_argument("trace", type=A.in_file)
+    s.add_argument("--out", type=A.out_dir, required=True, help="folder for the PNG files")
+    s.add_argument("--kind", type=_kinds, default=["all"], help="all, or some of heatmap,steps,coverage,pageins")
+    tv.add_parser("schema", help="print the trace schema")
+    t.set_defaults(func=_trace)
+    ap.subcommands = {"demo": d, "eval": e, "trace": t}
+    return ap
+
+
+def _taus(s: str) -> tuple:
+    one = A.float_in(0.0, 1.0)
+    try:
+        return tuple(one(x.strip()) for x in s.split(","))
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (in {s!r})") from None
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="witcert", description="Sound runtime meter for KV-cache quantization")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
-    d.add_argument("--tokens", type=int, default=2000, help="prompt length (needle in a haystack)")
-    d.add_argument("--new-tokens", type=int, default=10)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default="witcert-demo", help="folder for the plots and results.json")
-    d.add_argument("--model", default=None, help="a local Hugging Face model folder (default: embedded SmolLM2)")
-    d.add_argument("--synthetic", action="store_true", help="the synthetic workload instead of the model")
-    d.add_argument("--lengths", default="1024,4096,16384", help="--synthetic: context lengths")
-    d.add_argument("--steps", type=int, default=8, help="--synthetic: steps per length")
-    d.set_defaults(func=_demo)
-    e = sub.add_parser("eval", help="quality evaluation: accuracy exact / ungated / gated per scheme")
-    e.add_argument("argv", nargs="*", help="arguments of bench/quality.py (see --help there)")
-    e.set_defaults(func=lambda a: __import__("witcert.quality", fromlist=["main"]).main(a.argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "eval" and argv[1] == "--":  # the old `witcert eval -- ...` spelling
+        argv.pop(1)
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.cmd == "eval":
+        from .quality import check_eval_args
+
+        check_eval_args(ap.subcommands["eval"], args)
+    if args.cmd == "demo" and not args.synthetic and (args.lengths != [1024, 4096, 16384] or args.steps != 8):
+        ap.subcommands["demo"].error("--lengths and --steps need --synthetic")
+    if args.cmd == "demo" and args.scheme is not None and all(x == "none" for x in args.scheme):
+        ap.subcommands["demo"].error("argument --scheme: the demo needs at least one compressed scheme (not only auto / none)")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return args.func(args)
 
 

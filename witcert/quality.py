@@ -1,6 +1,6 @@
 """Quality evaluation: accuracy of exact / ungated / gated KV caches on RULER-style probes.
 
-    python bench/quality.py --lengths 1024,2048,4096 --seeds 5      (or: witcert eval -- ...)
+    python bench/quality.py --lengths 1024,2048,4096 --seeds 5      (or: witcert eval --lengths ...)
 
 For every (task, length, seed) sample of ``witcert.tasks`` the embedded model answers greedily
 with the exact cache and with each scheme, ungated and gated (``witcert.demo.demo_gate``).
@@ -8,13 +8,15 @@ Serving semantics: prefill attends exactly and writes the cache compressed; deco
 Prints accuracy per configuration and length, the paired difference to exact with a 95 %
 bootstrap interval (resampling samples, 10 000 draws, fixed seed), and the page-in rate
 (blocks paged in / blocks in the cache across layers and kv heads) and bytes per request.
-Writes every sample's outcome to ``--json``.
+Writes every sample's outcome to ``--json`` at the end (atomically; nothing on a failed run).
+``--sweep-layers``: the layer sweep of ``witcert.sweep``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+import pathlib
 import time
 
 import numpy as np
@@ -31,39 +33,89 @@ def paired_ci(a, b, draws: int = 10000, seed: int = 0):
     return float(d.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="witcert eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lengths", default="1024,2048")
-    ap.add_argument("--tasks", default="single,multikey,multivalue,vartrack")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--schemes", default="fp8_e4m3,int4_group,kivi2,int8_dither")
-    ap.add_argument("--json", default="quality.json")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--tau", type=float, default=None, help="gate: page in only where TV+ > tau (default: the demo gate's)")
-    ap.add_argument("--max-blocks", type=int, default=None, help="gate: blocks per (step, layer, kv head)")
-    ap.add_argument("--min-share", type=float, default=None, help="gate: smallest share of a kv head's risk paged in")
-    args = ap.parse_args(argv)
+#: layers of the embedded SmolLM2-135M (witcert.model), to check --layers before loading it
+EMBEDDED_LAYERS = 30
 
+
+def add_eval_arguments(ap) -> None:
+    """The flags of ``witcert eval`` / ``bench/quality.py`` (every value checked while parsing)."""
+    from . import argtypes as A
+    from .tasks import TASKS
+
+    ap.add_argument("--lengths", type=A.int_list(64), default=[1024, 2048], help="prompt lengths in tokens (>= 64), e.g. 1024,2048")
+    ap.add_argument("--tasks", type=A.choice_list(TASKS, "task"), default=list(TASKS), help=f"tasks, from {','.join(TASKS)}")
+    ap.add_argument("--seeds", type=A.int_at_least(1), default=5, help="samples per (task, length)")
+    ap.add_argument("--schemes", type=A.scheme_list, default=["fp8_e4m3", "int4_group", "kivi2", "int8_dither"],
+                    help="KV schemes (aliases: fp8 = fp8_e4m3, int4 = int4_group, auto = none)")
+    ap.add_argument("--json", type=A.out_file, default=pathlib.Path("quality.json"),
+                    help="per-sample outcomes (written at the end, only when there are outcomes)")
+    ap.add_argument("--model", type=A.model_dir, default=None, help="a local Hugging Face model folder (default: embedded SmolLM2)")
+    ap.add_argument("--tau", type=A.float_in(0.0), default=None, help="gate: page in only where TV+ > tau (default: the demo gate's)")
+    ap.add_argument("--max-blocks", type=A.int_at_least(0), default=None, help="gate: blocks per (step, layer, kv head)")
+    ap.add_argument("--min-share", type=A.float_in(0.0, 1.0), default=None, help="gate: smallest share of a kv head's risk paged in")
+    ap.add_argument("--sweep-layers", action="store_true",
+                    help="layer sweep (witcert.sweep): compress one layer at a time, the others exact; per layer the "
+                         "accuracy change [95%% CI], KL to exact and the meter's TV+ quantiles, and their rank correlation")
+    ap.add_argument("--layers", type=A.layer_set, default=None, help="--sweep-layers: layers to sweep, e.g. 0-29 (default: all)")
+    ap.add_argument("--sweep-out", type=A.out_dir, default=None,
+                    help="--sweep-layers: folder for sweep.json and sweep.png (default: the --json file's folder)")
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write ``obj`` to ``path`` through a temporary file and a rename (never half a file)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    from .argtypes import OneLineParser
+
+    ap = OneLineParser(prog="witcert eval", description=__doc__.split("\n\n")[0])
+    add_eval_arguments(ap)
+    args = ap.parse_args(argv)
+    check_eval_args(ap, args)
+    return run(args)
+
+
+def check_eval_args(ap, args) -> None:
+    """Checks across flags (argparse error, exit 2)."""
+    if not args.sweep_layers and (args.layers is not None or args.sweep_out is not None):
+        ap.error("--layers and --sweep-out need --sweep-layers")
+    if args.sweep_layers and all(x == "none" for x in args.schemes):
+        ap.error("argument --schemes: the sweep needs a compressed scheme (not only auto / none)")
+    if args.layers is not None:
+        n = EMBEDDED_LAYERS
+        if args.model is not None:
+            n = json.loads((pathlib.Path(args.model) / "config.json").read_text()).get("num_hidden_layers", n)
+        if args.layers[-1] >= n:
+            ap.error(f"argument --layers: the model has layers 0-{n - 1}, got {args.layers[-1]}")
+
+
+def run(args) -> int:
+    if args.sweep_layers:
+        from .sweep import run_sweep
+
+        return run_sweep(args)
     import torch
     from tqdm import tqdm
 
     from . import tasks
-    from .cache import Gate, WitCertCache, use_witcert
-    from .demo import demo_gate
+    from .cache import WitCertCache, use_witcert
     from .model import load_model
 
     model, tok = load_model(args.model)
     use_witcert(model)
     L, Hkv = model.config.num_hidden_layers, model.config.num_key_value_heads
     configs = [("exact", "none", None)]
-    g = demo_gate()
-    gate = Gate("risk-ranked", tau=g.tau if args.tau is None else args.tau,
-                max_pagein_blocks=g.max_pagein_blocks if args.max_blocks is None else args.max_blocks,
-                min_share=g.min_share if args.min_share is None else args.min_share)
+    gate = eval_gate(args)
     print(f"# gate: {gate}")
-    for s in args.schemes.split(","):
-        configs += [(s, s, None), (s + "+gate", s, gate)]
-    jobs = [(t, int(n), sd) for n in args.lengths.split(",") for t in args.tasks.split(",") for sd in range(args.seeds)]
+    for s in args.schemes:
+        if s != "none":
+            configs += [(s, s, None), (s + "+gate", s, gate)]
+    jobs = [(t, n, sd) for n in args.lengths for t in args.tasks for sd in range(args.seeds)]
     rows = []
     t0 = time.time()
     for task, n, seed in tqdm(jobs, desc="samples", unit="sample"):
@@ -81,11 +133,23 @@ def main(argv=None) -> int:
                          "correct": tasks.score(smp, text), "text": text[:40],
                          "pagein_blocks": int(cache.pagein_blocks.sum()), "pagein_bytes": int(cache.pagein_bytes.sum()),
                          "pagein_frac": float(cache.pagein_blocks.sum()) / nblk})
-        with open(args.json, "w") as f:
-            json.dump(rows, f)
+    if not rows:
+        print("witcert eval: no samples were evaluated; nothing written")
+        return 1
+    write_json_atomic(args.json, rows)
     print(report(rows, [c[0] for c in configs]))
     print(f"# {len(jobs)} samples x {len(configs)} configurations in {time.time() - t0:.0f} s; outcomes in {args.json}")
     return 0
+
+
+def eval_gate(args):
+    from .cache import Gate
+    from .demo import demo_gate
+
+    g = demo_gate()
+    return Gate("risk-ranked", tau=g.tau if args.tau is None else args.tau,
+                max_pagein_blocks=g.max_pagein_blocks if args.max_blocks is None else args.max_blocks,
+                min_share=g.min_share if args.min_share is None else args.min_share)
 
 
 def report(rows, configs) -> str:
