@@ -102,6 +102,8 @@ def run_case(scheme, q, k, v, sigma, dtype=torch.bfloat16, positions=None, delta
     write_kv(cache, kx[:, None].to(DEV), vx[:, None].to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.long, device=DEV),
              pos.to(DEV))
     qq = q.to(dtype)
+    if DEV != "cpu" and dtype == torch.float32:  # the GPU dots in bf16: it takes only bf16-exact fp32 queries
+        qq = qq.bfloat16().float()
     qk = qq.float() if DEV == "cpu" else qq
     out = decode(cache, qk[None, None].to(DEV), bt.to(DEV), torch.tensor([n_log], device=DEV), sm_scale=sigma,
                  delta_step=delta)

@@ -153,7 +153,7 @@ def record_columns(rec, cache, req: str, kv_bytes: np.ndarray | None = None, now
 
     ``kv_bytes`` [B, Hkv]: bytes paged in at this step (else blocks × a full block's bytes).
     Reads StepRecord fields by name and tolerates missing optional ones (``eps_max``,
-    ``unmetered``, ``tier_b_delta_spent``), so fields added later do not break tracing."""
+    ``unmetered``, ``delta_spent``), so fields added later do not break tracing."""
     tv = np.asarray(rec.tv_a, dtype=float)
     Bsz, Hq = tv.shape
     Hkv = int(getattr(cache, "num_kv_heads", Hq))
@@ -163,7 +163,7 @@ def record_columns(rec, cache, req: str, kv_bytes: np.ndarray | None = None, now
     pre = np.asarray(rec.tv_a_pre, dtype=float)
     parts = getattr(rec, "parts_pre", None)
     tvb = _per_row(getattr(rec, "tv_b", None), shape)
-    delta = getattr(rec, "tier_b_delta_spent", None)
+    delta = getattr(rec, "delta_spent", None)
     if delta is None and tvb is not None:
         delta = getattr(rec, "delta_step", None)
     eps = _per_row(getattr(rec, "eps_max", None), shape)
