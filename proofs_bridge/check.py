@@ -192,8 +192,36 @@ def check_lean_statements(lean_dir: pathlib.Path):
     return out
 
 
+def check_fp_model(seed: int = 1, points: int = 100):
+    """SPEC §7: the rounding terms. ``witcert.bounds.dot_rounding_radius`` is σ γ_{d+2} Σ|q||k̂|
+    with γ_m = m·u/(1 − m·u); the kernels' ``dot_gamma(D)`` is at least that γ for their unit
+    roundoff (KERNEL_UNIT, which covers truncating fp32 sums), and their witness floor is
+    positive and below the smallest fp16 witness."""
+    from witcert import bounds as B
+
+    rng = np.random.default_rng(seed)
+    out = []
+    q = rng.normal(size=(points, 16)) * 10.0 ** rng.uniform(-3, 3, (points, 1))
+    k = rng.normal(size=(points, 5, 16)) * 10.0 ** rng.uniform(-3, 3, (points, 1, 1))
+    u = 2.0**-24
+    m = 16 + 2
+    want = 0.3 * (m * u / (1 - m * u)) * np.einsum("pd,pnd->pn", np.abs(q), np.abs(k))
+    out.append(("dot_rounding_radius = σ γ_{d+2} Σ|q||k̂|", _close_above(B.dot_rounding_radius(q, k, 0.3, u), want, 1e-9), ""))
+    try:
+        from kernels import paged as P
+
+        ok = all(P.dot_gamma(D) >= (D + 2) * P.KERNEL_UNIT / (1 - (D + 2) * P.KERNEL_UNIT) for D in P.SUPPORTED_HEAD_DIMS)
+        ok &= all(P.dot_gamma(D, split3=True) >= P.dot_gamma(D) for D in P.SUPPORTED_HEAD_DIMS)
+        out.append(("kernel dot_gamma(D) ≥ γ_{D+2}(KERNEL_UNIT)", ok and P.KERNEL_UNIT >= 2.0**-24, f"{P.KERNEL_UNIT}"))
+        out.append(("kernel witness floor in (0, 2^-24)", 0 < P.KERNEL_WITNESS_FLOOR < 2.0**-24, f"{P.KERNEL_WITNESS_FLOOR}"))
+        out.append(("kernel flush threshold ≥ 2^-126", P.FP32_FLUSH >= 2.0**-126, f"{P.FP32_FLUSH}"))
+    except ImportError as exc:
+        out.append(("kernel fp constants", False, f"cannot import kernels: {exc}"))
+    return out
+
+
 def run_checks(trials: int = 2000):
-    return check_constants() + check_formulas() + check_falsification(trials) + check_lean()
+    return check_constants() + check_formulas() + check_fp_model() + check_falsification(trials) + check_lean()
 
 
 def main(argv=None) -> int:

@@ -134,7 +134,7 @@ def assert_sound(rec, o_kernel, tv, o, what=""):
 # --------------------------------------------------------------------------- 1. underflowed p̂
 
 
-def outlier_pair(S0, D=64):
+def outlier_pair(S0, D=64, ratio=1024.0):
     """q = 64·e₁, k₀ = x·e₁, k₁ = 1024x·e₀ + x·e₁, v = e₀, e₁, σ = 1/8, x with exact logits S0, S0.
     int8 / int4 round k₁'s channel 1 to 0 (its scale is set by the outlier): served logits S0, 0."""
     x = S0 / 8.0
@@ -142,7 +142,7 @@ def outlier_pair(S0, D=64):
     q[1] = 64.0
     k = torch.zeros(2, D, dtype=torch.float64)
     k[0, 1] = x
-    k[1, 0], k[1, 1] = 1024 * x, x
+    k[1, 0], k[1, 1] = ratio * x, x
     v = torch.zeros(2, D, dtype=torch.float64)
     v[0, 0] = v[1, 1] = 1.0
     return q, k, v, 1.0 / 8
@@ -378,3 +378,47 @@ def test_search_reference_bounds():
             best = max(best, mpmath.fsum(abs(a / zw - b) for a, b in zip(w, ph)) / 2)
         bad += ub < float(best)
     assert bad == 0, f"{bad} of {trials} reference bounds below the exact supremum"
+
+
+# --------------------------------------------------------------------------- the slacks are needed
+
+
+def _logits_1e6_case():
+    """Logits ~1e6 (fp32 dot sums ~2^23, ulp 1): the 0.5 on channel 1 is rounded away; κ =
+    ‖k̂‖ ≈ 8192 stays inside fp16 (a key above 65504 overflows its fp16 κ and saturates)."""
+    D = 64
+    q = torch.zeros(D, dtype=torch.float64)
+    q[0], q[1] = 1024.0, 1.0
+    k = torch.zeros(2, D, dtype=torch.float64)
+    k[:, 0] = 8192.0
+    k[1, 1] = 0.5
+    v = torch.zeros(2, D, dtype=torch.float64)
+    v[0, 0] = v[1, 1] = 1.0
+    return q, k, v
+
+
+def test_dropping_the_logit_rounding_term_is_unsound(monkeypatch):
+    """Without Ξ's dot term the kernel's TV⁺ falls below what it served (pins the slack)."""
+    import kernels.decode as Dk
+
+    q, k, v = _logits_1e6_case()
+    rec, ok, tv, o, _ = run_case("none", q, k, v, 1.0 / 8)
+    served = ok[:2] / ok[:2].sum()
+    exact = torch.tensor([float(x) for x in o[:2]], dtype=torch.float64)
+    real = float((served - exact).abs().sum() / 2)
+    assert real > 0.01 and not bool(rec.flag.any()) and float(rec.tv_upper_a[0, 0]) >= real
+    monkeypatch.setattr(Dk, "dot_gamma", lambda D, split3=False: 0.0)
+    rec, ok, tv, o, _ = run_case("none", q, k, v, 1.0 / 8)
+    assert float(rec.tv_upper_a[0, 0]) < real
+
+
+def test_dropping_the_lost_mass_term_is_unsound(monkeypatch):
+    """Without ρ, a token whose fp32 mass underflowed (gap 120) is lost again (pins the slack)."""
+    import kernels.decode as Dk
+
+    q, k, v, sigma = outlier_pair(120.0, ratio=256.0)
+    rec, ok, tv, o, _ = run_case("int8", q, k, v, sigma)
+    assert float(tv) > 0.45 and float(rec.tv_upper_a[0, 0]) >= float(tv)
+    monkeypatch.setattr(Dk, "FP32_FLUSH", 0.0)
+    rec, ok, tv, o, _ = run_case("int8", q, k, v, sigma)
+    assert float(rec.tv_upper_a[0, 0]) < float(tv)

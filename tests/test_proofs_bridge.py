@@ -19,8 +19,24 @@ def failed(results):
 def test_bridge_passes():
     assert failed(C.check_constants()) == []
     assert failed(C.check_formulas()) == []
+    assert failed(C.check_fp_model()) == []
     assert failed(C.check_falsification(trials=300)) == []
     assert failed(C.check_lean()) == []
+
+
+def test_drift_in_the_fp_rounding_terms_fails(monkeypatch):
+    """SPEC §7: dropping or shrinking a rounding term fails the bridge."""
+    from kernels import paged as P
+    from witcert import bounds as B
+
+    real = B.dot_rounding_radius
+    monkeypatch.setattr(B, "dot_rounding_radius", lambda q, k, s, u=2.0**-53: real(q, k, s, u) * 0.5)
+    assert "dot_rounding_radius = σ γ_{d+2} Σ|q||k̂|" in failed(C.check_fp_model())
+    monkeypatch.setattr(B, "dot_rounding_radius", real)
+    monkeypatch.setattr(P, "dot_gamma", lambda D, split3=False: D * P.KERNEL_UNIT)
+    assert "kernel dot_gamma(D) ≥ γ_{D+2}(KERNEL_UNIT)" in failed(C.check_fp_model())
+    monkeypatch.setattr(P, "KERNEL_WITNESS_FLOOR", 0.0)
+    assert "kernel witness floor in (0, 2^-24)" in failed(C.check_fp_model())
 
 
 def test_drift_in_the_python_constant_fails(monkeypatch):
