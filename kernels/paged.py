@@ -176,6 +176,27 @@ class PagedKV:
             layer=layer,
         )
 
+    def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "PagedKV":
+        """A copy with room for ``new_pages`` pages per sequence, for a cache whose sequence b owns
+        blocks b·old_pages … (b+1)·old_pages − 1: block b·old_pages + j moves to b·new_pages + j.
+        Codes, scales, witnesses and norms move bit for bit (the dither is keyed by the logical
+        index, which does not change)."""
+        if new_pages < old_pages:
+            raise ValueError("regrouped: a cache never shrinks")
+        nb = self.k_codes.shape[0]
+        if nb != batch * old_pages:
+            raise ValueError(f"regrouped: {nb} blocks are not {batch} sequences x {old_pages} pages")
+        fields = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == nb and f.name != "group_id":
+                new = torch.zeros((batch * new_pages,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+                if t.dtype == torch.float16 and f.name in ("k_scale", "v_scale"):
+                    new.fill_(1.0)
+                new.view(batch, new_pages, *t.shape[1:])[:, :old_pages] = t.view(batch, old_pages, *t.shape[1:])
+                fields[f.name] = new
+        return dataclasses.replace(self, **fields)
+
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]
 

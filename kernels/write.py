@@ -268,8 +268,10 @@ def _write_kernel(
                 tl.atomic_max(VN + vaddr, nu, mask=rmask)
 
 
-def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Physical slots ``block_table[seq, pos // T]·T + pos % T`` [N] int64 (validated)."""
+def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor,
+                validate: bool = True) -> torch.Tensor:
+    """Physical slots ``block_table[seq, pos // T]·T + pos % T`` [N] int64 (range-checked when
+    ``validate``: that needs a device-to-host sync, which a serving loop that owns the table skips)."""
     T = cache.block_size
     if block_table.dim() != 2:
         raise ValueError(f"block_table: expected [B, max_pages], got {tuple(block_table.shape)}")
@@ -278,19 +280,20 @@ def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor
     dev = block_table.device
     seq = seq_ids.to(device=dev, dtype=torch.int64)
     pos = positions.to(device=dev, dtype=torch.int64)
-    if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= block_table.shape[0]):
+    if validate and seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= block_table.shape[0]):
         raise ValueError(f"seq_ids: out of range for a block table of {block_table.shape[0]} sequences")
-    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= block_table.shape[1] * T):
+    if validate and pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= block_table.shape[1] * T):
         raise ValueError(f"positions: logical indices must lie in [0, {block_table.shape[1] * T}) (the block table's pages)")
     blk = block_table[seq, pos // T].to(torch.int64)
-    if blk.numel() and (int(blk.min()) < 0 or int(blk.max()) >= cache.k_codes.shape[0]):
+    if validate and blk.numel() and (int(blk.min()) < 0 or int(blk.max()) >= cache.k_codes.shape[0]):
         raise ValueError("block_table: a block id is out of range for the cache's blocks")
     return blk * T + pos % T
 
 
 def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor,
-             positions: torch.Tensor, store_exact: bool = True) -> None:
-    """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` (see the module doc)."""
+             positions: torch.Tensor, store_exact: bool = True, validate: bool = True) -> None:
+    """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` (see the module doc).
+    ``validate=False`` skips the range checks of ``token_slots`` (no host sync)."""
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k, v: expected equal shapes [N, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     N, H, D = k.shape
@@ -305,7 +308,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         return
     k = k.contiguous()
     v = v.contiguous()
-    slots = token_slots(cache, block_table.to(k.device), seq_ids, positions).to(k.device).contiguous()
+    slots = token_slots(cache, block_table.to(k.device), seq_ids, positions, validate).to(k.device).contiguous()
     positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
     sid = SCHEME_IDS[cache.scheme]
     precoded = INTERPRET and sid in (3, 4, 5)

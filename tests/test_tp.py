@@ -67,6 +67,7 @@ def test_two_rank_reduction_matches_one_process(tmp_path):
     for k in ("pagein_blocks", "pagein_bytes", "pagein_blocks_per_layer", "flagged_rows"):
         np.testing.assert_array_equal(red[k], full[k])
     assert red["steps"] == full["steps"] == 3 and "median_tv_a" not in red
+    assert red["metered_rows"] == full["metered_rows"] == 3 and len(red["seeds"]) == 2
 
 
 def test_reduce_needs_an_initialized_group():

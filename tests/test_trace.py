@@ -74,14 +74,14 @@ def test_in_memory_tracer_equals_the_file(recorded):
 
 
 def test_optional_fields_missing_or_added_later(tmp_path):
-    """StepRecords with fields added later (unmetered, tier_b_delta_spent, eps_max) and without
+    """StepRecords with fields added later (unmetered, delta_spent, eps_max) and without
     the optional ones; rows with unknown fields; rows lacking optional fields."""
     from witcert.cache import StepRecord
 
     @dataclasses.dataclass
     class Later(StepRecord):
         unmetered: np.ndarray = None
-        tier_b_delta_spent: float = None
+        delta_spent: float = None
         eps_max: np.ndarray = None
 
     class FakeCache:
@@ -93,7 +93,7 @@ def test_optional_fields_missing_or_added_later(tmp_path):
     rec = Later(step=1, layer=1, tv_a=z + 0.2, tv_a_pre=z + 0.3, out_err=z + np.inf, tv_b=z + 0.1,
                 flag=np.array([[True, False]]), nonfinite=np.array([[True, False]]),
                 pagein_blocks=np.zeros((1, 1), dtype=np.int64), unmetered=np.array([[False, True]]),
-                tier_b_delta_spent=1e-6, eps_max=np.array([[np.inf, 0.5]]))
+                delta_spent=1e-6, eps_max=np.array([[np.inf, 0.5]]))
     tr = Tracer(tmp_path / "t.jsonl")
     tr.record(rec, FakeCache())
     tr.close()

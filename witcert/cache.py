@@ -66,6 +66,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 
 from . import bounds as B
 from .schemes import QuantContext, get_scheme, quantize
+from .store import ExactStore
 
 #: schemes whose key statistics are taken over a block of tokens: quantized per full block
 BLOCK_SCHEMES = frozenset({"kivi2"})
@@ -178,13 +179,14 @@ class WitCertLayer(CacheLayerMixin):
         # scheme "none" with the meter off stores nothing compressed: the exact store is what
         # attention reads, so it stays on the model's device (as in transformers' DynamicLayer)
         passthrough = o.scheme == "none" and not o.meter
-        host = self.device if passthrough else torch.device("cpu")
-        pin = self.device.type == "cuda" and not passthrough
         z = lambda *s, dt, dev: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
-        self.exact_k = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
-        self.exact_v = z(Bsz, H, 0, D, dt=self.dtype, dev=host)
-        if pin:
-            self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
+        if passthrough:
+            self._ek = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
+            self._ev = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
+        else:  # the backing store: host memory (pinned on CUDA), preallocated, async appends
+            pin = self.device.type == "cuda"
+            self._ek = ExactStore(Bsz, H, D, self.dtype, "cpu", pin=pin)
+            self._ev = ExactStore(Bsz, H, D, self.dtype, "cpu", pin=pin)
         # what attention reads: float32 holds every bf16 / fp16 / fp32 value exactly; a float64
         # model keeps float64 (an unmetered cast to float32 would be a silent error)
         self.served_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
@@ -207,8 +209,19 @@ class WitCertLayer(CacheLayerMixin):
         self.keys, self.values = self.exact_k, self.exact_v
         self.is_initialized = True
 
+    @property
+    def exact_k(self) -> torch.Tensor:
+        """The exact keys written so far [B, Hkv, n, D] (a view of the backing store)."""
+        return self._ek.data if isinstance(self._ek, ExactStore) else self._ek
+
+    @property
+    def exact_v(self) -> torch.Tensor:
+        return self._ev.data if isinstance(self._ev, ExactStore) else self._ev
+
     def get_seq_length(self) -> int:
-        return self.exact_k.shape[-2] if self.is_initialized else 0
+        if not self.is_initialized:
+            return 0
+        return len(self._ek) if isinstance(self._ek, ExactStore) else self._ek.shape[-2]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -232,15 +245,14 @@ class WitCertLayer(CacheLayerMixin):
         if key_states.shape[0] != self.exact_k.shape[0] or key_states.dtype != self.dtype:
             raise ValueError("WitCertCache: batch size / dtype changed inside a request; call cache.reset() between requests")
         first = self.get_seq_length() == 0
-        host = self.exact_k.device
-        ek = key_states.detach().to(host)
-        ev = value_states.detach().to(host)
-        self.exact_k = torch.cat([self.exact_k, ek], dim=-2)
-        self.exact_v = torch.cat([self.exact_v, ev], dim=-2)
-        if self.exact_k.device.type == "cpu" and self.device.type == "cuda":
-            self.exact_k, self.exact_v = self.exact_k.pin_memory(), self.exact_v.pin_memory()
-        self.keys, self.values = self.exact_k, self.exact_v
         passthrough = o.scheme == "none" and not o.meter
+        if passthrough:  # as transformers' DynamicLayer: concatenated on the model's device
+            self._ek = torch.cat([self._ek, key_states.detach()], dim=-2)
+            self._ev = torch.cat([self._ev, value_states.detach()], dim=-2)
+        else:  # O(new tokens), asynchronous on CUDA
+            self._ek.append(key_states)
+            self._ev.append(value_states)
+        self.keys, self.values = self.exact_k, self.exact_v
         if self.paged is not None:
             self._write_kernel(key_states.detach(), value_states.detach())
         elif not passthrough:
@@ -248,7 +260,7 @@ class WitCertLayer(CacheLayerMixin):
         self._pending = "base" if (passthrough or first) else "served"
         _ACTIVE.cache = o
         if passthrough:
-            return self.exact_k.to(self.device), self.exact_v.to(self.device)
+            return self._ek, self._ev
         return key_states, value_states  # not read by the "witcert" attention on the served path
 
     def _write_kernel(self, k, v):
@@ -259,12 +271,19 @@ class WitCertLayer(CacheLayerMixin):
         Bsz, H, m, D = k.shape
         n1 = self.get_seq_length()
         n0 = n1 - m
-        if n1 > o.max_tokens:
-            raise ValueError(f"WitCertCache: {n1} tokens exceed max_tokens={o.max_tokens} of the kernel path")
+        per_seq = self.block_table.shape[1]
+        if n1 > per_seq * o.block_size:  # grow geometrically: amortised O(1) per token, never an error
+            new_pages = per_seq
+            while new_pages * o.block_size < n1:
+                new_pages *= 2
+            log.info("WitCertCache layer %d: kernel cache grows from %d to %d pages per sequence",
+                     self.layer_idx, per_seq, new_pages)
+            self.paged = self.paged.regrouped(Bsz, per_seq, new_pages)
+            self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
         pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
         seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
         write_kv(self.paged, k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D),
-                 self.block_table, seq, pos.repeat(Bsz), store_exact=False)
+                 self.block_table, seq, pos.repeat(Bsz), store_exact=False, validate=False)
 
     def _append_served(self, k, v):
         o = self.owner
@@ -358,7 +377,7 @@ class WitCertCache(Cache):
         horizon: int | None = None,
         audit: bool = False,
         backend: str = "auto",
-        max_tokens: int = 8192,
+        max_tokens: int = 8192,  # kernel path: initial capacity per sequence (it grows by doubling)
         trace=None,
         compress_layers=None,
     ):
@@ -417,7 +436,8 @@ class WitCertCache(Cache):
         self.step = 0
         self.rows_metered = 0  # metered query rows so far (Tier B budget index)
         self._row_range = (0, 0)  # rows of the current forward: (first, count)
-        self.records: list[StepRecord] = []
+        self._records: list[StepRecord] = []
+        self._lazy: list = []  # kernel path: meter records still on the device (read on demand)
         self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
         # trace: a sink with .record(rec, cache) (witcert.trace.Tracer, witcert.metrics.PrometheusMetrics,
@@ -448,7 +468,8 @@ class WitCertCache(Cache):
         self.step = 0
         self.rows_metered = 0
         self._row_range = (0, 0)
-        self.records = []
+        self._records = []
+        self._lazy = []
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
 
@@ -534,23 +555,45 @@ class WitCertCache(Cache):
             out["tier_b_caveat"] = TIER_B_CAVEAT
         return out
 
+    @property
+    def records(self) -> list[StepRecord]:
+        """Per (forward step, layer) meter records. The kernel path keeps them on the device
+        until they are read here (one host transfer then, none per decode step)."""
+        if self._lazy:
+            lazy, self._lazy = self._lazy, []
+            for args in lazy:
+                self._records.append(self._kernel_record(*args))
+        return self._records
+
     def _emit(self, rec: StepRecord) -> None:
         """Keep a step's meter record and hand it to the trace sink, if any."""
         self.records.append(rec)
         if self.trace is not None:
             self.trace.record(rec, self)
 
+    def _kernel_record(self, step, layer_idx, r, ds, Bsz) -> StepRecord:
+        a = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        return StepRecord(
+            step=step, layer=layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
+            out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
+            flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
+            delta_step=ds, delta_spent=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
+            tv_b_pre=None if r.tv_upper_b is None else a(r.tv_upper_b),
+        )
+
     # -- the served attention and its meter
     def served_attention(self, module, query, attention_mask, scaling):
         layer = self.layers[module.layer_idx]
+        layer._pending = None  # this layer's forward runs through the meter
         Bsz, Hq, Lq, D = query.shape
         if Hq != self.num_q_heads or D != self.head_dim:
             raise ValueError(f"query [B, {Hq}, L, {D}] does not match the cache's model; a WitCertCache belongs to one model")
         n = layer.k_hat.shape[-2]
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(D)
-        allowed = _allowed(attention_mask, Bsz, Lq, n if layer.paged is None else layer.get_seq_length(), query.device)
         if layer.paged is not None:
+            allowed = None if attention_mask is None else _allowed(attention_mask, Bsz, Lq, layer.get_seq_length(), query.device)
             return self._kernel_attention(layer, query, allowed, sm)
+        allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)
         GQ = Hq // self.num_kv_heads
         q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
         al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
@@ -565,25 +608,22 @@ class WitCertCache(Cache):
         from kernels.decode import decode
 
         Bsz, Hq, Lq, D = query.shape
-        if Lq != 1 or not bool(allowed.all()):
+        # (allowed is None for an unmasked decode step: no device-to-host sync to check it)
+        if Lq != 1 or (allowed is not None and not bool(allowed.all())):
             raise ValueError("the kernel path serves single-token decode steps without padding; "
                              "use WitCertCache(..., backend='reference') for chunked prefill or padded batches")
         n = layer.get_seq_length()
         dsa = self.delta_step() if self.meter else None
         ds = None if dsa is None else float(dsa[0])
+        # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
         out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
                      torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
-                     num_splits=max(1, min(16, n // 2048)), delta_step=ds)
+                     num_splits=max(1, min(16, n // 2048)), delta_step=ds, validate=False)
         if self.meter:
-            r = out.meter
-            a = lambda t: t.detach().cpu().numpy()  # noqa: E731
-            self._emit(StepRecord(
-                step=self.step, layer=layer.layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
-                out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
-                flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
-                delta_step=ds, delta_spent=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
-                tv_b_pre=None if r.tv_upper_b is None else a(r.tv_upper_b),
-            ))
+            if self.trace is None:  # stays on the device until cache.records is read
+                self._lazy.append((self.step, layer.layer_idx, out.meter, ds, Bsz))
+            else:  # tracing reads the record now (its cost is one transfer per (step, layer))
+                self._emit(self._kernel_record(self.step, layer.layer_idx, out.meter, ds, Bsz))
         return out.o[:, None].to(query.dtype), None
 
     def _evaluate(self, layer, q, al, sm):

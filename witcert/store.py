@@ -1,0 +1,63 @@
+"""The exact backing store of one layer (SPEC §6): K or V as written, never changed by serving.
+
+    store = ExactStore(batch, heads, head_dim, dtype, device, pin=True)
+    store.append(x)        # x [B, H, m, D] on any device: an asynchronous copy, no host sync
+    store.data             # [B, H, n, D] view of the n tokens written so far
+
+Preallocated with geometric growth (capacity doubles), so a decode step costs O(m) copies, not
+O(context): the previous ``torch.cat`` + ``pin_memory`` per step and layer copied the whole
+store every step. On a CUDA model the store is pinned host memory and an append is a
+non-blocking device-to-host copy on the current stream; reads that move it back to the device
+(repair, audit) are stream-ordered after it. Growth (log₂ of the context times) synchronises the
+stream once, so the host-side copy of the old contents sees every pending append.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: tokens allocated at the first append (then doubled as needed)
+INITIAL_CAPACITY = 256
+
+
+class ExactStore:
+    def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device, pin: bool = False):
+        self.shape = (int(batch), int(heads), int(head_dim))
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.pin = bool(pin) and torch.cuda.is_available()
+        self.n = 0
+        self._buf = self._alloc(0)
+
+    def _alloc(self, capacity: int) -> torch.Tensor:
+        B, H, D = self.shape
+        return torch.empty(B, H, capacity, D, dtype=self.dtype, device=self.device, pin_memory=self.pin)
+
+    @property
+    def capacity(self) -> int:
+        return self._buf.shape[2]
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self._buf[:, :, : self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, x: torch.Tensor) -> None:
+        B, H, m, D = x.shape
+        if (B, H, D) != self.shape:
+            raise ValueError(f"ExactStore: expected [{self.shape[0]}, {self.shape[1]}, m, {self.shape[2]}], got {tuple(x.shape)}")
+        need = self.n + m
+        if need > self.capacity:
+            cap = max(INITIAL_CAPACITY, self.capacity)
+            while cap < need:
+                cap *= 2
+            new = self._alloc(cap)
+            if self.n:
+                if self.pin and torch.cuda.is_available():
+                    torch.cuda.current_stream().synchronize()  # pending appends land in the old buffer
+                new[:, :, : self.n].copy_(self._buf[:, :, : self.n])
+            self._buf = new
+        self._buf[:, :, self.n : need].copy_(x.detach(), non_blocking=self.pin)
+        self.n = need
