@@ -6,6 +6,7 @@ import WitCert.SubGaussian
 import WitCert.Budget
 import WitCert.SplitMerge
 import WitCert.Union
+import WitCert.FloatTV
 
 /-!
 # WitCert: the theorems of SPEC §9

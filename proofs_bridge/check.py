@@ -121,6 +121,37 @@ def check_formulas(seed: int = 0, points: int = 200):
         out.append(("kernel Tier B coefficient = formula + bias", _close_above(c, base + bias, 2.0**-11), ""))
     except ImportError as exc:
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
+    out += check_fp_terms(rng, points)
+    return out
+
+
+def check_fp_terms(rng, points: int = 200):
+    """SPEC §7: the epilogue's Ξ and ρ terms (``kernels.epilogue.tv_from_hist_torch``) against
+    ``formulas.XI_TERM`` / ``RHO_KERNEL`` / ``TANH_BOUND`` at radii ε + Ξ (lean/WitCert/FloatTV.lean)."""
+    out = []
+    try:
+        import torch
+
+        from kernels.epilogue import tv_from_hist_torch
+    except ImportError as exc:
+        return [("kernel Ξ and ρ terms", False, f"cannot import kernels: {exc}")]
+    nb = 9
+    w = torch.tensor(rng.dirichlet(np.ones(nb), points))
+    lv = torch.tensor(np.sort(rng.exponential(0.3, (points, nb - 1)), axis=-1))
+    rmax = lv[:, -1] + torch.tensor(rng.exponential(0.1, points))
+    xi = torch.tensor(rng.exponential(1e-3, points))
+    lam = torch.tensor(rng.exponential(1e-4, points))
+    tv, tanh, eform, tilt, rho = tv_from_hist_torch(w, lv, rmax, xi, lam)
+    lvr = torch.cat([torch.minimum(lv, rmax[:, None]).clamp_min(0.0), rmax[:, None]], dim=-1) + xi[:, None]
+    m = ((w / w.sum(-1, keepdim=True)) * torch.exp(-lvr)).sum(-1).numpy()
+    frho = sp.lambdify((F.Lam, F.eps_max, F.Xi, F.m), F.RHO_KERNEL, "numpy")
+    out.append(("kernel ρ = Λ(1 + e^{ε_max+Ξ}/m)", _close_above(rho.numpy(), frho(lam.numpy(), rmax.numpy(), xi.numpy(), m), 1e-9), ""))
+    ftanh = sp.lambdify(F.eps_max, F.TANH_BOUND, "numpy")
+    out.append(("kernel tanh column = tanh((ε_max+Ξ)/2)", _close_above(tanh.numpy(), ftanh(rmax.numpy() + xi.numpy()), 1e-12), ""))
+    fxi = sp.lambdify(F.Xi, F.XI_TERM, "numpy")
+    base = torch.minimum(torch.minimum(tanh, eform), tilt).numpy()
+    want = np.minimum(base + fxi(xi.numpy()) + rho.numpy(), 1.0)
+    out.append(("kernel TV⁺ ≥ min(§3 at ε+Ξ) + tanh(Ξ/2) + ρ", bool(np.all(tv.numpy() >= want * (1 - 1e-15))), ""))
     return out
 
 

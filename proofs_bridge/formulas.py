@@ -232,3 +232,64 @@ LEAN_DEFS.update({
     "ilvSnd": ("Bands", ["b"], 2 * _bb + 1),
     "coordNorm": ("Bands", ["S", "x"], sp.sqrt(Sum(sp.Symbol("S"), sp.Lambda(_i, _f("x")(_i) ** 2)))),
 })
+
+
+# ------------------------------------------- SPEC §7: the floating point of the decode pass
+# The kernel holds p̃ (log-ratio to p̂ at most Ξ) and may lose the tokens U (masses ≤ Λ):
+# TV⁺ = min(§3 bounds at radii ε + Ξ on p̃) + tanh(Ξ/2) + ρ (lean/WitCert/FloatTV.lean).
+Xi, F_, Lam = sp.symbols("Xi F Lambda", real=True)
+#: SPEC §7 (Ξ): tv_le_perturbed_base, TV(p, p̂) ≤ F + tanh(Ξ/2)
+XI_TERM = sp.tanh(Xi / 2)
+#: SPEC §7 (Ξ): the radii of p as a tilt of p̃ (tilt_rebase)
+REBASE_RADIUS = eps(_j) + Xi
+#: SPEC §7 (ρ): tilt_mass_lost_le, p(U) ≤ Σ_U p̂ e^ε / Σ p̂ e^{−ε}
+_U = sp.Symbol("U")
+LOST_MASS_BOUND = Sum(_U, sp.Lambda(_j, phat(_j) * sp.exp(eps(_j)))) / Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(-eps(_j))))
+#: SPEC §7 (ρ): the kernel's ρ = Λ (1 + e^{ε_max + Ξ} / m) (kernels/epilogue.py)
+RHO_KERNEL = Lam * (1 + sp.exp(eps_max + Xi) / m)
+#: the kernel's ρ is the Lean bound p̂(U) + LOST_MASS_BOUND with p̂(U) ≤ Λ, Σ_U p̂ e^ε ≤ Λ e^{ε_max+Ξ}
+#: (every radius of p over p̃ is ≤ ε_max + Ξ) and Σ p̂ e^{−ε} ≥ m
+_num, _den = sp.symbols("num den")
+assert sp.simplify((Lam + _num / _den).subs({_num: Lam * sp.exp(eps_max + Xi), _den: m}) - RHO_KERNEL) == 0
+
+FP_THEOREMS = [
+    "tilt_rebase",
+    "tv_le_perturbed_base",
+    "tv_le_perturbed_base_tanh",
+    "tv_le_restrict_add_lost",
+    "tilt_restrict",
+    "tilt_mass_lost_le",
+    "tilt_mass_lost_le_compl",
+    "tv_le_restrict_add_rho",
+]
+THEOREMS += FP_THEOREMS
+
+_P, _Ph, _Pt, _d = (sp.Symbol(k) for k in ("p", "phat", "ptilde", "d"))
+restrictNorm, IsTilt, delta_f, xi_f = _f("restrictNorm"), _f("IsTilt"), _f("delta"), _f("xi")
+_Uc = sp.Symbol("Uᶜ")
+_TV_RESTRICT = tv(restrictNorm(_P, _Uc), restrictNorm(_Ph, _Uc))
+_pU, _phU = Sum(_U, sp.Lambda(_j, p(_j))), Sum(_U, sp.Lambda(_j, phat(_j)))
+_HXI = [("∀", ("j",), [("≤", sp.Abs(xi_f(_j)), Xi)])]
+
+LEAN_THEOREMS.update({
+    "tilt_rebase": ("FloatTV", [IsTilt(_Pt, _d, _P), ("∀", ("j",), [("≤", sp.Abs(_f("d")(_j)), REBASE_RADIUS)])], {
+        "hd": [("∀", ("j",), [("=", _f("d")(_j), delta_f(_j) - xi_f(_j))])],
+        "hxi": _HXI,
+    }),
+    "tv_le_perturbed_base": ("FloatTV", [("≤", tv(_P, _Ph), F_ + XI_TERM)], {"hxi": _HXI}),
+    "tv_le_perturbed_base_tanh": ("FloatTV", [("≤", tv(_P, _Ph), TANH_BOUND.subs(eps_max, eps_max + Xi) + XI_TERM)], {
+        "hxi": _HXI,
+    }),
+    "tv_le_restrict_add_lost": ("FloatTV", [("≤", tv(_P, _Ph), _TV_RESTRICT + _pU + _phU)], {}),
+    "tilt_restrict": ("FloatTV", [IsTilt(restrictNorm(_Ph, _Uc), _d, restrictNorm(_P, _Uc))], {
+        "hd": [("∀", ("j",), [("=", _f("d")(_j), delta_f(_j))])],
+    }),
+    "tilt_mass_lost_le": ("FloatTV", [("≤", _pU, LOST_MASS_BOUND)], {}),
+    "tilt_mass_lost_le_compl": ("FloatTV", [("≤", _pU, LOST_MASS_BOUND.subs(UNIV, _Uc))], {}),
+    "tv_le_restrict_add_rho": ("FloatTV", [("≤", tv(_P, _Ph), _TV_RESTRICT + _phU + LOST_MASS_BOUND)], {}),
+})
+
+LEAN_DEFS.update({
+    # p restricted to the kept tokens V and renormalised (SPEC §7)
+    "restrictNorm": ("FloatTV", ["q", "V", "j"], q(_j) / Sum(sp.Symbol("V"), sp.Lambda(_i, q(_i)))),
+})

@@ -223,3 +223,60 @@ def test_drift_in_the_bias_formula_fails(monkeypatch):
     real = B.dither_bias_bound
     monkeypatch.setattr(B, "dither_bias_bound", lambda *a: real(*a) * 0.5)
     assert "dither_bias_bound = |σ| Σ |q| s 2⁻¹⁴" in failed(C.check_formulas())
+
+
+def test_every_fp_name_is_falsified_and_stated():
+    # SPEC §7 (lean/WitCert/FloatTV.lean): each theorem is named, parsed and falsified
+    from proofs_bridge import formulas as F
+
+    for name in F.FP_THEOREMS:
+        assert name in F.THEOREMS and name in F.LEAN_THEOREMS and name in Fz.STATEMENTS
+    assert "restrictNorm" in F.LEAN_DEFS
+
+
+def test_drift_in_an_fp_statement_fails(tmp_path):
+    cases = [
+        ("FloatTV", "tv p phat ≤ F + Real.tanh (Xi / 2)", "tv p phat ≤ F + Real.tanh (Xi / 4)",
+         "lean statement tv_le_perturbed_base = formula"),
+        ("FloatTV", "(hd : ∀ j, d j = delta j - xi j)", "(hd : ∀ j, d j = delta j + xi j)",
+         "lean statement tilt_rebase = formula"),
+        ("FloatTV", "IsTilt ptilde d p ∧ ∀ j, |d j| ≤ eps j + Xi", "IsTilt ptilde d p ∧ ∀ j, |d j| ≤ eps j",
+         "lean statement tilt_rebase = formula"),
+        ("FloatTV", "+ ∑ j ∈ U, p j + ∑ j ∈ U, phat j :=\n  tv_le_restrict_add_lost_of_nonneg",
+         "+ ∑ j ∈ U, p j :=\n  tv_le_restrict_add_lost_of_nonneg", "lean statement tv_le_restrict_add_lost = formula"),
+        ("FloatTV", "∑ j ∈ U, p j ≤ (∑ j ∈ U, phat j * Real.exp (eps j)) / ∑ j, phat j * Real.exp (-eps j) :=",
+         "∑ j ∈ U, p j ≤ (∑ j ∈ U, phat j * Real.exp (eps j)) / ∑ j, phat j * Real.exp (eps j) :=",
+         "lean statement tilt_mass_lost_le = formula"),
+        ("FloatTV", "(j : V) : ℝ := q j / ∑ i ∈ V, q i", "(j : V) : ℝ := q j / ∑ i, q i", "lean def restrictNorm = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]
+
+
+def test_a_false_fp_statement_is_falsified():
+    # tanh(Ξ/4) for the Ξ term, and the lost term p(U) alone (or max(p(U), p̂(U))/2): false
+    assert Fz.tv_le_perturbed_base(random.Random(1), 300, xi_term=lambda X: mp.tanh(X / 4))
+    assert Fz.tv_le_restrict_add_lost(random.Random(1), 300, lost=lambda pU, qU: pU)
+    assert Fz.tv_le_restrict_add_lost(random.Random(1), 300, lost=lambda pU, qU: max(pU, qU) / 2)
+
+
+def test_drift_in_the_kernel_fp_terms_fails(monkeypatch):
+    import kernels.epilogue as E
+
+    real = E.tv_from_hist_torch
+
+    def half_rho(*a):
+        tv, tanh, eform, tilt, rho = real(*a)
+        return tv, tanh, eform, tilt, rho * 0.5
+
+    monkeypatch.setattr(E, "tv_from_hist_torch", half_rho)
+    assert "kernel ρ = Λ(1 + e^{ε_max+Ξ}/m)" in failed(C.check_formulas())
+
+    def no_xi(mass, lv, rmax, xi=None, lam=None):
+        return real(mass, lv, rmax, None, lam)
+
+    monkeypatch.setattr(E, "tv_from_hist_torch", no_xi)
+    bad = failed(C.check_formulas())
+    assert "kernel tanh column = tanh((ε_max+Ξ)/2)" in bad and "kernel ρ = Λ(1 + e^{ε_max+Ξ}/m)" in bad
