@@ -151,6 +151,25 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
 
 
 @triton.jit
+def _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP: tl.constexpr):
+    """One row's normalised masses w, raised levels lv, a = e^lv, b = e^-lv, m = Σ w b, and r + Ξ."""
+    k = tl.arange(0, NBP)
+    km = k < nb
+    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
+    r = tl.load(RMAX + row).to(tl.float64)
+    xi = tl.load(XI + row).to(tl.float64)
+    lv = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
+    lv = tl.where(k == nb - 1, r, lv)
+    lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
+    lv = tl.where(w > 0, lv, 0.0)
+    a = tl.exp(lv)
+    b = tl.exp(-lv)
+    m = tl.sum(w * b, axis=0)
+    return w, lv, a, b, m, r + xi, xi
+
+
+@triton.jit
 def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
     """max over λ ∈ {0} ∪ {1/β_c : w_c > 0} of D(t, λ) minus its rounding-error bound.
     D(t, ·) is concave piecewise linear with breakpoints 1/β_c, so this is the tight D."""
@@ -164,74 +183,70 @@ def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
 
 
 @triton.jit
-def _epilogue_kernel(MASS, LV, RMAX, XI, LAM, TV, TANH, EFORM, TILT, RHO, nb, s_m, s_l, SLACK,
-                     NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr):
-    """One program per row: §3 bounds of one histogram (fp64). Mirrors tv_from_hist_torch."""
+def _epi_coarse_kernel(MASS, LV, RMAX, XI, LAM, U, STATS, nb, s_m, s_l,
+                       NBP: tl.constexpr, N1: tl.constexpr, TB: tl.constexpr, EPSC: tl.constexpr):
+    """Program (row, c): the coarse upper values U_i = t_{i+1} − D(t_i) for TB grid points; the
+    first program of a row also writes (tanh, e-form, ρ, max level) to STATS."""
     row = tl.program_id(0)
-    k = tl.arange(0, NBP)
-    km = k < nb
-    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
-    r = tl.load(RMAX + row).to(tl.float64)
-    xi = tl.load(XI + row).to(tl.float64)
-    lam = tl.load(LAM + row).to(tl.float64)
-    lv = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
-    lv = tl.where(k == nb - 1, r, lv)
-    lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
-    r = r + xi
-    w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
-    lv = tl.where(w > 0, lv, 0.0)
-    e2 = tl.exp(-r)
-    tanh = (1.0 - e2) / (1.0 + e2)  # tanh(r/2)
-    A = tl.sum(w * tl.exp(lv), axis=0)
-    eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
-    eform = tl.where(eform == eform, eform, 1.0)
-    a = tl.exp(lv)
-    b = tl.exp(-lv)
-    m = tl.sum(w * b, axis=0)
-    lmax = tl.max(lv, axis=0)
-    # coarse grid: U_i = t_{i+1} − D(t_i)
-    iv = tl.arange(0, N1)
-    U = tl.zeros([N1], tl.float64)
-    for i in range(N1):
-        ti = i * (1.0 / N1)
-        U = tl.where(iv == i, (i + 1) * (1.0 / N1) - _dual_max(ti, w, a, b, m, EPSC), U)
-    # refine the R intervals with the largest upper value into NR sub-intervals each
-    best = tl.zeros([], tl.float64)
-    for _ in range(R):
-        j = tl.argmax(U, axis=0)
-        U = tl.where(iv == j, -1.0, U)
-        t0 = j * (1.0 / N1)
-        for s in range(NR):
-            ts = t0 + s * (1.0 / (N1 * NR))
-            best = tl.maximum(best, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
-    tilt = tl.minimum(tl.maximum(tl.maximum(best, tl.max(U, axis=0)), 0.0), 1.0)
-    tilt = tl.where(lmax == 0, 0.0, tilt)
-    tilt = tl.where(lmax > 700.0, 1.0, tilt)
-    mlo = m * (1.0 - 9.094947017729282e-13)
-    rho = lam * (1.0 + tl.exp(tl.minimum(r, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
-    rho = tl.where(lam > 0, rho, 0.0)
-    rho = tl.where(rho == rho, rho, 1.0)
-    ex = tl.exp(-xi)
-    tv = tl.minimum(tl.minimum(tl.minimum(tanh, eform), tilt) + (1.0 - ex) / (1.0 + ex) + rho + SLACK, 1.0)
-    tl.store(TV + row, tv)
-    tl.store(TANH + row, tanh)
-    tl.store(EFORM + row, eform)
-    tl.store(TILT + row, tilt)
-    tl.store(RHO + row, rho)
+    c = tl.program_id(1)
+    w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
+    for j in tl.static_range(TB):
+        i = c * TB + j
+        tl.store(U + row * N1 + i, (i + 1) * (1.0 / N1) - _dual_max(i * (1.0 / N1), w, a, b, m, EPSC))
+    if c == 0:
+        e2 = tl.exp(-r)
+        tanh = (1.0 - e2) / (1.0 + e2)  # tanh(r/2)
+        A = tl.sum(w * a, axis=0)
+        eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
+        eform = tl.where(eform == eform, eform, 1.0)
+        lam = tl.load(LAM + row).to(tl.float64)
+        mlo = m * (1.0 - 9.094947017729282e-13)
+        rho = lam * (1.0 + tl.exp(tl.minimum(r, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
+        rho = tl.where(lam > 0, rho, 0.0)
+        rho = tl.where(rho == rho, rho, 1.0)
+        tl.store(STATS + row * 4 + 0, tanh)
+        tl.store(STATS + row * 4 + 1, eform)
+        tl.store(STATS + row * 4 + 2, rho)
+        tl.store(STATS + row * 4 + 3, tl.max(lv, axis=0))
+
+
+@triton.jit
+def _epi_refine_kernel(MASS, LV, RMAX, XI, TOP, SUB, nb, s_m, s_l,
+                       NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, TB: tl.constexpr,
+                       EPSC: tl.constexpr):
+    """Program (row, c): TB of the R·NR sub-interval upper values inside the R refined coarse
+    intervals (their indices in TOP)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
+    for j in tl.static_range(TB):
+        q = c * TB + j
+        t0 = tl.load(TOP + row * R + q // NR).to(tl.float64) * (1.0 / N1)
+        s = q % NR
+        ts = t0 + s * (1.0 / (N1 * NR))
+        tl.store(SUB + row * (R * NR) + q, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
+
+
+#: grid points per program of the epilogue kernels
+EPI_TB = 8
 
 
 def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False):
     """(TV⁺, tanh, e-form, tilt, ρ) for histograms ``mass`` [..., NB] whose bin k holds radii
     ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
-    row's exact maximum radius, ``xi`` / ``lam`` the decode's Ξ and Λ (None: 0); one Triton
-    program per row on CUDA (see ``tv_from_hist_torch``, which CPU tensors use: the
-    interpreter is slow, and a test pins the two together)."""
+    row's exact maximum radius, ``xi`` / ``lam`` the decode's Ξ and Λ (None: 0).
+
+    On CUDA two Triton launches, parallel over rows and grid points: the COARSE upper values
+    (one program per row and EPI_TB points), then, for each row's REFINE_TOP largest, the REFINE
+    sub-intervals; the combination is a few tensor ops. The same numbers as
+    ``tv_from_hist_torch`` (which CPU tensors use: the interpreter is slow; a test pins the two)."""
     if mass.device.type != "cuda" and not force_kernel:
         return tv_from_hist_torch(mass, lv, rmax, xi, lam)
     shp = mass.shape[:-1]
     nb = mass.shape[-1]
     w = mass.reshape(-1, nb).contiguous()
     Rn = w.shape[0]
+    dev = w.device
     lvr = lv.double().reshape(Rn, -1)
     if lvr.shape[-1] == nb - 1:
         lvr = torch.cat([lvr, rmax.double().reshape(-1, 1)], dim=-1)
@@ -239,13 +254,26 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     r = rmax.double().reshape(-1).contiguous()
     x = (torch.zeros_like(r) if xi is None else xi.double().reshape(-1).expand_as(r)).contiguous()
     la = (torch.zeros_like(r) if lam is None else lam.double().reshape(-1).expand_as(r)).contiguous()
-    outs = [torch.empty(Rn, dtype=torch.float64, device=w.device) for _ in range(5)]
-    if Rn:
-        NBP = triton.next_power_of_2(nb)
-        _epilogue_kernel[(Rn,)](w, lvr, r, x, la, *outs, nb, w.stride(0), lvr.stride(0), FP64_SLACK,
-                                NBP=NBP, N1=COARSE, R=REFINE_TOP, NR=REFINE,
-                                EPSC=(4.0 * NBP + 16.0) * 2.0**-52)
-    return tuple(t.reshape(shp) for t in outs)
+    if Rn == 0:
+        return tuple(torch.empty(shp, dtype=torch.float64, device=dev) for _ in range(5))
+    NBP = triton.next_power_of_2(nb)
+    epsc = (4.0 * NBP + 16.0) * 2.0**-52
+    U = torch.empty(Rn, COARSE, dtype=torch.float64, device=dev)
+    stats = torch.empty(Rn, 4, dtype=torch.float64, device=dev)
+    _epi_coarse_kernel[(Rn, COARSE // EPI_TB)](w, lvr, r, x, la, U, stats, nb, w.stride(0), lvr.stride(0),
+                                              NBP=NBP, N1=COARSE, TB=EPI_TB, EPSC=epsc)
+    R = min(REFINE_TOP, COARSE)
+    top = torch.topk(U, R, dim=-1).indices.to(torch.int32).contiguous()
+    sub = torch.empty(Rn, R * REFINE, dtype=torch.float64, device=dev)
+    _epi_refine_kernel[(Rn, R * REFINE // EPI_TB)](w, lvr, r, x, top, sub, nb, w.stride(0), lvr.stride(0),
+                                                  NBP=NBP, N1=COARSE, R=R, NR=REFINE, TB=EPI_TB, EPSC=epsc)
+    rest = U.scatter(1, top.long(), -1.0).amax(-1)
+    tanh, eform, rho, lmax = stats.unbind(-1)
+    tilt = torch.maximum(sub.amax(-1), rest).clamp(0.0, 1.0)
+    tilt = torch.where(lmax == 0, torch.zeros_like(tilt), tilt)
+    tilt = torch.where(lmax > 700.0, torch.ones_like(tilt), tilt)
+    tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + torch.tanh(x / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
+    return tuple(t.reshape(shp) for t in (tv, tanh, eform, tilt, rho))
 
 
 def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None,

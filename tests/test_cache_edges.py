@@ -211,3 +211,38 @@ def test_kernel_path_covers_the_reference_realised_tv(scheme):
         assert tv_ker.shape == real.shape and np.all(tv_ker >= real - 1e-6)
     assert sum(r.audit_violations for r in ref.records) == 0
     assert np.all(tv_ker <= 1.0) and not any(bool(r.flag.any()) for r in ker.records)
+
+
+# --------------------------------------------------------------------------- hot path: growth without copies of the context
+
+
+def test_exact_store_appends_and_grows():
+    from witcert.store import INITIAL_CAPACITY, ExactStore
+
+    g = torch.Generator().manual_seed(0)
+    st = ExactStore(2, 3, 8, torch.bfloat16, "cpu")
+    ref = torch.zeros(2, 3, 0, 8, dtype=torch.bfloat16)
+    caps = []
+    for m in [300, 1, 1, 5, 200, 1] + [1] * 40:
+        x = torch.randn(2, 3, m, 8, generator=g).bfloat16()
+        st.append(x)
+        ref = torch.cat([ref, x], dim=-2)
+        caps.append(st.capacity)
+        assert torch.equal(st.data, ref) and len(st) == ref.shape[-2]
+    assert caps[0] >= 450 and caps[0] >= INITIAL_CAPACITY  # headroom after the "prefill"
+    assert len(set(caps)) <= 3  # a few geometric growths, not one per step
+    with pytest.raises(ValueError, match="ExactStore"):
+        st.append(torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16))
+
+
+def test_kernel_path_grows_past_max_tokens():
+    """The kernel path's paged cache doubles instead of refusing past max_tokens; the served
+    ids and the records equal those of a cache allocated large enough up front."""
+    model = use_witcert(tiny())
+    small = WitCertCache(model.config, scheme="int8", backend="kernel", max_tokens=32, seed=1)
+    big = WitCertCache(model.config, scheme="int8", backend="kernel", max_tokens=512, seed=1)
+    a = gen(model, small, n_prompt=40, new=4)
+    b = gen(model, big, n_prompt=40, new=4)
+    assert torch.equal(a, b)
+    assert small.layers[0].block_table.shape[1] * 16 >= 43 > 32
+    np.testing.assert_array_equal(np.stack([r.tv_a for r in small.records]), np.stack([r.tv_a for r in big.records]))

@@ -4,7 +4,9 @@
     store.append(x)        # x [B, H, m, D] on any device: an asynchronous copy, no host sync
     store.data             # [B, H, n, D] view of the n tokens written so far
 
-Preallocated with geometric growth (capacity doubles), so a decode step costs O(m) copies, not
+Preallocated with geometric growth (capacity at least doubles, and a growth leaves half the
+needed size as headroom, so the decode steps after a long prefill do not grow it), so a
+decode step costs O(m) copies, not
 O(context): the previous ``torch.cat`` + ``pin_memory`` per step and layer copied the whole
 store every step. On a CUDA model the store is pinned host memory and an append is a
 non-blocking device-to-host copy on the current stream; reads that move it back to the device
@@ -50,9 +52,9 @@ class ExactStore:
             raise ValueError(f"ExactStore: expected [{self.shape[0]}, {self.shape[1]}, m, {self.shape[2]}], got {tuple(x.shape)}")
         need = self.n + m
         if need > self.capacity:
-            cap = max(INITIAL_CAPACITY, self.capacity)
-            while cap < need:
-                cap *= 2
+            # double, and leave at least half the need as headroom: a prefill of n tokens is
+            # followed by decode steps, which must not pay a growth (a pinned re-allocation)
+            cap = max(INITIAL_CAPACITY, 2 * self.capacity, need + need // 2)
             new = self._alloc(cap)
             if self.n:
                 if self.pin and torch.cuda.is_available():
