@@ -39,7 +39,8 @@ def main():
         root = os.path.join(root, "sglang")
     mod = ws.import_bare(ws.DECODE_MODULE, root)
     orig = mod.decode_attention_fwd
-    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: None)
+    # the folder given is SGLang 0.5.23's package unpacked from its wheel (not pip-installed there)
+    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: None, version="0.5.23")
     patched = mod.decode_attention_fwd
     dev = "cuda"
     Hq, Hkv, D, max_splits = 32, 8, 128, 16

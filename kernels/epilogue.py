@@ -190,7 +190,7 @@ def _epi_coarse_kernel(MASS, LV, RMAX, XI, LAM, U, STATS, nb, s_m, s_l,
     row = tl.program_id(0)
     c = tl.program_id(1)
     w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
-    for j in tl.static_range(TB):
+    for j in range(TB):
         i = c * TB + j
         tl.store(U + row * N1 + i, (i + 1) * (1.0 / N1) - _dual_max(i * (1.0 / N1), w, a, b, m, EPSC))
     if c == 0:
@@ -219,7 +219,7 @@ def _epi_refine_kernel(MASS, LV, RMAX, XI, TOP, SUB, nb, s_m, s_l,
     row = tl.program_id(0)
     c = tl.program_id(1)
     w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
-    for j in tl.static_range(TB):
+    for j in range(TB):
         q = c * TB + j
         t0 = tl.load(TOP + row * R + q // NR).to(tl.float64) * (1.0 / N1)
         s = q % NR
@@ -227,8 +227,10 @@ def _epi_refine_kernel(MASS, LV, RMAX, XI, TOP, SUB, nb, s_m, s_l,
         tl.store(SUB + row * (R * NR) + q, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
 
 
-#: grid points per program of the epilogue kernels
-EPI_TB = 8
+#: grid points per program of the epilogue kernels: few rows (small batches) are latency-bound,
+#: so their points spread over many programs; many rows fill the GPU with one program each
+#: (measured on the H200, bench/RESULTS.md: spreading 1024 rows' points was slower)
+EPI_TB_FEW_ROWS, EPI_ROWS_FEW = 8, 128
 
 
 def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False):
@@ -237,7 +239,8 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     row's exact maximum radius, ``xi`` / ``lam`` the decode's Ξ and Λ (None: 0).
 
     On CUDA two Triton launches, parallel over rows and grid points: the COARSE upper values
-    (one program per row and EPI_TB points), then, for each row's REFINE_TOP largest, the REFINE
+    (EPI_TB_FEW_ROWS points per program for ≤ EPI_ROWS_FEW rows, else a row per program), then,
+    for each row's REFINE_TOP largest, the REFINE
     sub-intervals; the combination is a few tensor ops. The same numbers as
     ``tv_from_hist_torch`` (which CPU tensors use: the interpreter is slow; a test pins the two)."""
     if mass.device.type != "cuda" and not force_kernel:
@@ -260,13 +263,16 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     epsc = (4.0 * NBP + 16.0) * 2.0**-52
     U = torch.empty(Rn, COARSE, dtype=torch.float64, device=dev)
     stats = torch.empty(Rn, 4, dtype=torch.float64, device=dev)
-    _epi_coarse_kernel[(Rn, COARSE // EPI_TB)](w, lvr, r, x, la, U, stats, nb, w.stride(0), lvr.stride(0),
-                                              NBP=NBP, N1=COARSE, TB=EPI_TB, EPSC=epsc)
+    few = Rn <= EPI_ROWS_FEW
+    tb = EPI_TB_FEW_ROWS if few else COARSE
+    _epi_coarse_kernel[(Rn, COARSE // tb)](w, lvr, r, x, la, U, stats, nb, w.stride(0), lvr.stride(0),
+                                          NBP=NBP, N1=COARSE, TB=tb, EPSC=epsc)
     R = min(REFINE_TOP, COARSE)
     top = torch.topk(U, R, dim=-1).indices.to(torch.int32).contiguous()
     sub = torch.empty(Rn, R * REFINE, dtype=torch.float64, device=dev)
-    _epi_refine_kernel[(Rn, R * REFINE // EPI_TB)](w, lvr, r, x, top, sub, nb, w.stride(0), lvr.stride(0),
-                                                  NBP=NBP, N1=COARSE, R=R, NR=REFINE, TB=EPI_TB, EPSC=epsc)
+    tb = EPI_TB_FEW_ROWS if few else R * REFINE
+    _epi_refine_kernel[(Rn, R * REFINE // tb)](w, lvr, r, x, top, sub, nb, w.stride(0), lvr.stride(0),
+                                              NBP=NBP, N1=COARSE, R=R, NR=REFINE, TB=tb, EPSC=epsc)
     rest = U.scatter(1, top.long(), -1.0).amax(-1)
     tanh, eform, rho, lmax = stats.unbind(-1)
     tilt = torch.maximum(sub.amax(-1), rest).clamp(0.0, 1.0)

@@ -301,7 +301,7 @@ def test_epilogue_single_bin_is_not_a_single_token():
     assert tv.item() >= math.tanh(L / 2)
 
 
-def test_epilogue_kernel_matches_torch_epilogue():
+def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
     g = torch.Generator().manual_seed(11)
     R, nb = 4 if DEV == "cpu" else 64, 32
     mass = torch.rand(R, nb, generator=g) ** 8
@@ -311,10 +311,12 @@ def test_epilogue_kernel_matches_torch_epilogue():
     rmax = lv[:, -1] * 1.3
     xi = torch.tensor([0.0, 1e-4, 3e-3, 0.5], dtype=torch.float64).repeat(R // 4)
     lam = torch.tensor([0.0, 1e-30, 0.0, 1e-20], dtype=torch.float64).repeat(R // 4)
-    a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV), force_kernel=True)
     b = E.tv_from_hist_torch(mass, lv, rmax, xi, lam)
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x.cpu(), y, rtol=0, atol=1e-12)
+    for rows_few in (E.EPI_ROWS_FEW, 0):  # both program layouts (points spread / a row per program)
+        monkeypatch.setattr(E, "EPI_ROWS_FEW", rows_few)
+        a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV), force_kernel=True)
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.cpu(), y, rtol=0, atol=1e-12)
 
 
 def test_gpu_query_dtype_rules():
