@@ -197,6 +197,20 @@ class PagedKV:
                 fields[f.name] = new
         return dataclasses.replace(self, **fields)
 
+    def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "PagedKV":
+        """A copy in which sequence b owns what sequence ``index[b]`` owned (beam search), for a
+        cache whose sequence b owns blocks b·pages … (b+1)·pages − 1. Copies, so beams never
+        share a block that a later write would change under the other."""
+        nb = self.k_codes.shape[0]
+        if nb != batch * pages:
+            raise ValueError(f"reordered: {nb} blocks are not {batch} sequences x {pages} pages")
+        fields = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == nb and f.name != "group_id":
+                fields[f.name] = t.view(batch, pages, *t.shape[1:]).index_select(0, index.to(t.device)).reshape(t.shape)
+        return dataclasses.replace(self, **fields)
+
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]
 

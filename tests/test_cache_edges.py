@@ -246,3 +246,65 @@ def test_kernel_path_grows_past_max_tokens():
     assert torch.equal(a, b)
     assert small.layers[0].block_table.shape[1] * 16 >= 43 > 32
     np.testing.assert_array_equal(np.stack([r.tv_a for r in small.records]), np.stack([r.tv_a for r in big.records]))
+
+
+def test_summary_and_records_serialize_to_json():
+    import json
+
+    from witcert.cache import jsonable
+
+    model = use_witcert(tiny())
+    cache = WitCertCache(model.config, scheme="int8_dither", delta_req=1e-3)
+    gen(model, cache)
+    s = json.loads(json.dumps(cache.summary_json()))
+    assert s["scheme"] == "int8_dither" and s["metered_rows"] == 3 and isinstance(s["max_tv_a"], list)
+    recs = json.loads(json.dumps(jsonable(cache.records)))
+    assert len(recs) == 3 * 2 and recs[0]["layer"] == 0 and len(recs[0]["tv_a"][0]) == 2
+    assert jsonable(np.array([np.inf, 1.0])) == [None, 1.0]  # non-finite → null, never a bare Infinity
+
+
+def test_kernel_backend_without_cuda_or_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = tiny()
+    with pytest.raises(ValueError, match="no CUDA device"):
+        WitCertCache(model.config, scheme="int8", backend="kernel")
+
+
+@pytest.mark.parametrize("backend,scheme", [("reference", "kivi2"), ("reference", "int8"), ("kernel", "int8")])
+def test_beam_search_stays_metered(backend, scheme):
+    """generate(num_beams=2): the cache reorders every per-sequence store; the reference path's
+    audit finds no bound below the realised TV on the beams."""
+    model = use_witcert(tiny())
+    cache = WitCertCache(model.config, scheme=scheme, backend=backend, audit=backend == "reference", seed=2)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 64, (1, 37), generator=g)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
+                             num_beams=2, do_sample=False, pad_token_id=0)
+    assert out.shape[1] == 41 and len(cache.records) > 0
+    if backend == "reference":
+        assert sum(r.audit_violations for r in cache.records) == 0
+    lay = cache.layers[0]
+    assert lay.exact_k.shape[0] == 2 and lay.get_seq_length() == 40
+
+
+@pytest.mark.parametrize("scheme", ["kivi2", "int8"])
+def test_crop_rolls_back_and_stays_metered(scheme):
+    model = use_witcert(tiny())
+    cache = WitCertCache(model.config, scheme=scheme, audit=True, seed=2)
+    gen(model, cache, n_prompt=40, new=4)  # 43 tokens cached
+    lay = cache.layers[0]
+    before = lay.exact_k.clone()
+    cache.crop(-5)
+    assert lay.get_seq_length() == 38 and lay.k_hat.shape[-2] == 38 and torch.equal(lay.exact_k, before[..., :38, :])
+    if scheme == "kivi2":  # the partial block 32..37 is exact again (KIVI residual)
+        assert torch.equal(lay.k_hat[..., 32:, :], lay.exact_k[..., 32:, :].float())
+        assert float(lay.k_wit[..., 32:, :].abs().max()) == 0.0
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(3)
+    ids = torch.randint(0, 64, (1, 1))
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    assert lay.get_seq_length() == 39
+    assert sum(r.audit_violations for r in cache.records) == 0

@@ -53,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import secrets
 import sys
 import threading
@@ -143,6 +144,28 @@ class StepRecord:
     audit_violations: int = 0  # rows where realised > bound (must stay 0)
 
 
+def jsonable(obj):
+    """``obj`` with numpy arrays / scalars and dataclasses turned into JSON types (lists, floats,
+    ints, dicts); non-finite floats become None. For ``summary()`` and ``StepRecord``s."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer, int)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    return obj
+
+
 def _model_dims(config):
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     Hq = text.num_attention_heads
@@ -160,7 +183,7 @@ class WitCertLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True
 
     def __init__(self, owner: "WitCertCache", layer_idx: int):
         super().__init__()
@@ -235,7 +258,55 @@ class WitCertLayer(CacheLayerMixin):
         self._pending = None
 
     def reorder_cache(self, beam_idx) -> None:
-        raise NotImplementedError("WitCertCache does not support beam search")
+        """Beam search: sequence b continues from sequence ``beam_idx[b]``. Every per-sequence
+        store is copied (exact, served, witnesses, repairs; the kernel path's blocks), so the
+        meter keeps reading each beam's own tokens."""
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device).long()
+        if isinstance(self._ek, ExactStore):
+            self._ek.reorder(idx)
+            self._ev.reorder(idx)
+        else:
+            self._ek, self._ev = self._ek.index_select(0, idx), self._ev.index_select(0, idx)
+        self.keys, self.values = self.exact_k, self.exact_v
+        for name in ("k_hat", "v_hat", "k_wit", "v_wit", "k_scale", "repaired"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.paged is not None:
+            Bsz, per_seq = self.block_table.shape
+            self.paged = self.paged.reordered(Bsz, per_seq, idx)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last ``-tokens_to_remove`` tokens (transformers' convention: a negative
+        count; assisted / speculative decoding rolls back rejected tokens). The served store,
+        witnesses and the exact store shrink together; a block scheme's partial block returns
+        to exact (KIVI's residual), so what stays is metered as before."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop: pass a negative number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        n = self.get_seq_length()
+        n1 = max(0, n + int(tokens_to_remove))
+        if isinstance(self._ek, ExactStore):
+            self._ek.crop(n1)
+            self._ev.crop(n1)
+        else:
+            self._ek, self._ev = self._ek[..., :n1, :], self._ev[..., :n1, :]
+        self.keys, self.values = self.exact_k, self.exact_v
+        o = self.owner
+        if self.k_hat.shape[-2] > n1:
+            self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
+            self.k_wit, self.v_wit, self.k_scale = self.k_wit[..., :n1, :], self.v_wit[..., :n1], self.k_scale[..., :n1]
+            T = o.block_size
+            self.repaired = self.repaired[..., : -(-n1 // T)]
+            keep = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
+            if keep < min(self.n_quantized, n1):  # a partial quantized block goes back to exact
+                self.k_hat[..., keep:n1, :] = self.exact_k[..., keep:n1, :].to(self.device, self.served_dtype)
+                self.v_hat[..., keep:n1, :] = self.exact_v[..., keep:n1, :].to(self.device, self.served_dtype)
+                self.k_wit[..., keep:n1, :] = 0
+                self.v_wit[..., keep:n1] = 0
+                self.k_scale[..., keep:n1] = 0
+            self.n_quantized = min(self.n_quantized, keep)
 
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):
@@ -420,6 +491,9 @@ class WitCertCache(Cache):
             from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
 
             why = []
+            if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+                why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "
+                           "triton to run the kernels on the CPU, slowly)")
             if scheme not in SCHEME_IDS or scheme == "none":
                 why.append(f"scheme {scheme!r} has no kernel (kernel schemes: {sorted(set(SCHEME_IDS) - {'none'})})")
             if D not in SUPPORTED_HEAD_DIMS:
@@ -527,6 +601,19 @@ class WitCertCache(Cache):
                                    "(the horizon counts metered query rows: decode steps and later prefill chunks)")
             return np.full(len(rows), B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, horizon=self.horizon))
         return np.array([B.step_budget(self.delta_req, self.num_layers, self.num_q_heads, step=r) for r in rows])
+
+    def reorder_cache(self, beam_idx):
+        """Beam search: every layer reorders (``WitCertLayer.reorder_cache``), and so do the
+        per-sequence page-in counts."""
+        super().reorder_cache(beam_idx)
+        idx = beam_idx.detach().cpu().numpy()
+        if self.pagein_blocks.shape[1] == len(idx):
+            self.pagein_blocks = self.pagein_blocks[:, idx]
+            self.pagein_bytes = self.pagein_bytes[:, idx]
+
+    def summary_json(self) -> dict:
+        """``summary()`` in JSON types (``json.dumps`` takes it); ``jsonable(cache.records)`` for the records."""
+        return jsonable(self.summary())
 
     def summary(self) -> dict:
         """Request-level record: maxima of the bounds, flags and page-ins (per sequence).

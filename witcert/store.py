@@ -46,6 +46,20 @@ class ExactStore:
     def __len__(self) -> int:
         return self.n
 
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` tokens (speculative decoding rolls back rejected tokens)."""
+        if not 0 <= n <= self.n:
+            raise ValueError(f"ExactStore.crop: {n} is outside [0, {self.n}]")
+        self.n = n
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Rows ``index`` of the batch (beam search); a copy, pinned again where it was."""
+        if self.pin and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()  # pending appends land first
+        new = self._alloc(self.capacity)
+        new[:, :, : self.n].copy_(self._buf.index_select(0, index.to(self._buf.device))[:, :, : self.n])
+        self._buf = new
+
     def append(self, x: torch.Tensor) -> None:
         B, H, m, D = x.shape
         if (B, H, D) != self.shape:

@@ -73,13 +73,17 @@ def meter_step(q, k, sigma, scheme: str, groups, levels=DEFAULT_LEVELS, seed: in
     p /= p.sum()
     p_hat = np.exp(s_hat - s_hat.max())
     p_hat /= p_hat.sum()
+    # the fp64 rounding of the served logits joins the radius; the bounds read the logits (log
+    # domain), so a p̂ that underflowed in the softmax above never hides a token (SPEC §7)
+    eps_served = eps + B.dot_rounding_radius(q, k_hat, sigma)
+    tanh, eform, tilt = (float(x) for x in B.tv_bound_parts_logits(s_hat, eps_served, levels=levels))
     return StepResult(
         n=n,
         scheme=scheme,
         realised_tv=float(B.tv(p, p_hat)),
-        tanh=float(B.tv_bound_tanh(np.where(p_hat > 0, eps, 0.0))),
-        eform=float(B.tv_bound_eform(p_hat, eps)),
-        tilt=float(B.tv_bound_tilt(p_hat, eps, levels=levels)),
+        tanh=tanh,
+        eform=eform,
+        tilt=tilt,
         max_abs_delta=float(np.max(np.abs(s_hat - s))),
         eps_max=float(np.max(eps)),
     )
