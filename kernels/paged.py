@@ -176,40 +176,44 @@ class PagedKV:
             layer=layer,
         )
 
-    def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "PagedKV":
-        """A copy with room for ``new_pages`` pages per sequence, for a cache whose sequence b owns
-        blocks b·old_pages … (b+1)·old_pages − 1: block b·old_pages + j moves to b·new_pages + j.
-        Codes, scales, witnesses and norms move bit for bit (the dither is keyed by the logical
-        index, which does not change)."""
-        if new_pages < old_pages:
-            raise ValueError("regrouped: a cache never shrinks")
-        nb = self.k_codes.shape[0]
-        if nb != batch * old_pages:
-            raise ValueError(f"regrouped: {nb} blocks are not {batch} sequences x {old_pages} pages")
-        fields = {}
-        for f in dataclasses.fields(self):
-            t = getattr(self, f.name)
-            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == nb and f.name != "group_id":
-                new = torch.zeros((batch * new_pages,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-                if t.dtype == torch.float16 and f.name in ("k_scale", "v_scale"):
-                    new.fill_(1.0)
-                new.view(batch, new_pages, *t.shape[1:])[:, :old_pages] = t.view(batch, old_pages, *t.shape[1:])
-                fields[f.name] = new
-        return dataclasses.replace(self, **fields)
+    #: tensors with one row per physical block (placeholders of shape (1,) are left alone)
+    BLOCK_FIELDS = ("k_codes", "v_codes", "k_scale", "v_scale", "k_zero", "v_zero", "k_wit", "v_wit", "v_norm",
+                    "k_norm", "exact_k", "exact_v")
 
-    def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "PagedKV":
-        """A copy in which sequence b owns what sequence ``index[b]`` owned (beam search), for a
-        cache whose sequence b owns blocks b·pages … (b+1)·pages − 1. Copies, so beams never
-        share a block that a later write would change under the other."""
+    def _per_sequence(self, batch: int, pages: int, fn, what: str) -> "PagedKV":
+        """Apply ``fn(name, t [batch, pages, ...]) -> [batch', pages', ...]`` to every per-block
+        tensor of a cache whose sequence b owns blocks b·pages … (b+1)·pages − 1."""
         nb = self.k_codes.shape[0]
         if nb != batch * pages:
-            raise ValueError(f"reordered: {nb} blocks are not {batch} sequences x {pages} pages")
+            raise ValueError(f"{what}: {nb} blocks are not {batch} sequences x {pages} pages")
         fields = {}
-        for f in dataclasses.fields(self):
-            t = getattr(self, f.name)
-            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == nb and f.name != "group_id":
-                fields[f.name] = t.view(batch, pages, *t.shape[1:]).index_select(0, index.to(t.device)).reshape(t.shape)
+        for name in self.BLOCK_FIELDS:
+            t = getattr(self, name)
+            if t.dim() >= 1 and t.shape[0] == nb and not (nb == 1 and t.dim() == 1):
+                out = fn(name, t.view(batch, pages, *t.shape[1:]))
+                fields[name] = out.reshape(out.shape[0] * out.shape[1], *t.shape[1:])
         return dataclasses.replace(self, **fields)
+
+    def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "PagedKV":
+        """A copy with room for ``new_pages`` pages per sequence: block b·old_pages + j moves to
+        b·new_pages + j. Codes, scales, witnesses and norms move bit for bit (the dither is keyed
+        by the logical index, which does not change)."""
+        if new_pages < old_pages:
+            raise ValueError("regrouped: a cache never shrinks")
+
+        def grow(name, t):
+            new = torch.zeros((t.shape[0], new_pages) + tuple(t.shape[2:]), dtype=t.dtype, device=t.device)
+            if name in ("k_scale", "v_scale"):
+                new.fill_(1.0)
+            new[:, :old_pages] = t
+            return new
+
+        return self._per_sequence(batch, old_pages, grow, "regrouped")
+
+    def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "PagedKV":
+        """A copy in which sequence b owns what sequence ``index[b]`` owned (beam search). Copies,
+        so beams never share a block that a later write would change under the other."""
+        return self._per_sequence(batch, pages, lambda name, t: t.index_select(0, index.to(t.device)), "reordered")
 
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]
