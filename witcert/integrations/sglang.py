@@ -268,6 +268,10 @@ def _as_logical(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return buf.view(dtype) if buf.dtype != dtype and buf.element_size() == torch.empty(0, dtype=dtype).element_size() else buf
 
 
+#: tokens per float64 chunk of ``record_write`` (a 4M-token write at once needed 32 GiB: bench/SGLANG.md)
+RECORD_CHUNK = 1 << 18
+
+
 def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=None, v_scale=None, dtype=None):
     """Witnesses of the tokens just written at ``loc`` (SGLang's stored values vs the exact K/V)."""
     dtype = dtype or k_buffer.dtype
@@ -276,15 +280,17 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
     kb, vb = _as_logical(k_buffer, dtype), _as_logical(v_buffer, dtype)
     ks = 1.0 if k_scale is None else float(k_scale)
     vs = 1.0 if v_scale is None else float(v_scale)
-    kh = kb[loc].double() * ks
-    vh = vb[loc].double() * vs
-    kx, vx = k_exact.double(), v_exact.double()
-    rk, rv = kh - kx, vh - vx
     G = side.k_wit.shape[-1]
-    side.k_wit[loc, :, 0] = _round_up_f16(_group_norms64(rk, side.group_id, G), (rk != 0).any(-1, keepdim=True))
-    side.v_wit[loc, :, 0] = _round_up_f16(rv.norm(dim=-1), (rv != 0).any(-1))
-    side.v_norm[loc, :, 0] = _round_up_f16(vh.norm(dim=-1), False)
-    side.k_norm[loc, :, 0] = _round_up_f16(kh.norm(dim=-1), False)
+    for c0 in range(0, loc.numel(), RECORD_CHUNK):  # float64 copies: bounded memory for long prefills
+        lc = loc[c0 : c0 + RECORD_CHUNK]
+        kh = kb[lc].double() * ks
+        vh = vb[lc].double() * vs
+        rk = kh - k_exact[c0 : c0 + RECORD_CHUNK].double()
+        rv = vh - v_exact[c0 : c0 + RECORD_CHUNK].double()
+        side.k_wit[lc, :, 0] = _round_up_f16(_group_norms64(rk, side.group_id, G), (rk != 0).any(-1, keepdim=True))
+        side.v_wit[lc, :, 0] = _round_up_f16(rv.norm(dim=-1), (rv != 0).any(-1))
+        side.v_norm[lc, :, 0] = _round_up_f16(vh.norm(dim=-1), False)
+        side.k_norm[lc, :, 0] = _round_up_f16(kh.norm(dim=-1), False)
     if side.ours is not None:
         from kernels.write import write_kv
 
