@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert import bounds as B
+from contract.constants import DITHER_BIAS_FACTOR
 
 from .epilogue import MeterRecord, meter_epilogue
 from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta
@@ -266,7 +266,7 @@ def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float
     qd = q.double()
     n = seq_lens.double().to(q.device)[:, None]
     log_term = torch.sqrt(2.0 * torch.log(2.0 * n / delta_step) / 12.0)
-    c = abs(sm_scale) * (qd.norm(dim=-1) * log_term + qd.abs().sum(-1) * B.DITHER_BIAS_FACTOR)
+    c = abs(sm_scale) * (qd.norm(dim=-1) * log_term + qd.abs().sum(-1) * DITHER_BIAS_FACTOR)
     return c * (1.0 + KERNEL_REL_SLACK)
 
 

@@ -40,7 +40,7 @@ import dataclasses
 
 import torch
 
-from witcert import bounds as B
+from contract.bands import group_slices
 
 # scheme ids shared by the kernels (constexpr SCHEME)
 SCHEME_IDS = {"none": 0, "int8": 1, "int8_dither": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "fp8_e4m3_scaled": 5, "int4_group": 6}
@@ -141,7 +141,7 @@ class PagedKV:
             raise ValueError(f"head_dim: the kernels support {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if block_size < 1 or block_size & (block_size - 1):
             raise ValueError(f"block_size: must be a power of two, got {block_size}")
-        groups = B.group_slices(head_dim, num_groups, rotary_dim, layout)
+        groups = group_slices(head_dim, num_groups, rotary_dim, layout)
         gid = torch.empty(head_dim, dtype=torch.int32)
         for g, idx in enumerate(groups):
             gid[torch.from_numpy(idx)] = g

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert import schemes as S
+from contract.rounding import round_up_to_dtype
 
 from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV
 
@@ -341,6 +341,6 @@ def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
     dt = torch.float8_e5m2 if scheme == "fp8_e5m2" else torch.float8_e4m3fn
     xf = x.float()
     if scheme == "fp8_e4m3_scaled":
-        s = S.round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / 448.0, torch.float16).float()
+        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / 448.0, torch.float16).float()
         xf = xf / torch.where(s > 0, s, torch.ones_like(s))
     return xf.to(dt).contiguous()

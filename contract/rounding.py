@@ -1,0 +1,47 @@
+"""Directed rounding of non-negative values into a storage dtype (witnesses, scales): the result
+is never below the input. Shared by the fp64 reference (``witcert.schemes``) and the kernels'
+interpreter path (``kernels.write``)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def round_up_f32(t: torch.Tensor) -> torch.Tensor:
+    """Round a float64 tensor up to float32 (never below the input)."""
+    t = t.to(torch.float64)
+    f = t.to(torch.float32)
+    low = f.to(torch.float64) < t
+    return torch.where(low, torch.nextafter(f, torch.full_like(f, float("inf"))), f)
+
+
+def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round non-negative values **up** into ``dtype`` (float32/float16/bfloat16/fp8 e4m3fn/e5m2).
+
+    Values above the dtype's largest finite number become +inf (fp8 e4m3fn, which has no inf,
+    stores NaN): both saturate the bounds downstream, never under-state them.
+    """
+    t64 = t.to(torch.float64)
+    if torch.any(t64 < 0):
+        raise ValueError("round_up_to_dtype: witnesses are non-negative")
+    if dtype == torch.float32:
+        return round_up_f32(t64)
+    if dtype in (torch.float16, torch.bfloat16):
+        f = t64.to(dtype)
+        low = f.to(torch.float64) < t64
+        bumped = (f.view(torch.int16) + 1).view(dtype)  # non-negative: next code = next value up
+        out = torch.where(low, bumped, f)
+        return torch.where(torch.isnan(t64), torch.full_like(out, float("nan")), out)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        fmax = float(torch.finfo(dtype).max)
+        clamped = torch.clamp(t64, max=fmax)
+        f = clamped.to(torch.float32).to(dtype)
+        low = f.to(torch.float64) < clamped
+        bits = f.view(torch.uint8)
+        bumped = (bits + 1).view(dtype)  # non-negative fp8: the next code is the next value up
+        out = torch.where(low, bumped, f)
+        over = t64 > fmax
+        bad = torch.tensor(float("nan") if dtype == torch.float8_e4m3fn else float("inf"), dtype=torch.float32).to(dtype)
+        out = torch.where(over | torch.isnan(t64), bad.expand_as(out), out)
+        return out
+    raise ValueError(f"round_up_to_dtype: unsupported storage dtype {dtype}")
