@@ -295,7 +295,8 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
         from kernels.write import write_kv
 
         n = loc.numel()
-        write_kv(side.ours, k_exact.to(side.ours.exact_k.dtype), v_exact.to(side.ours.exact_k.dtype),
+        # the exact K/V as SGLang gave them (write_kv meters against these, in any float dtype)
+        write_kv(side.ours, k_exact, v_exact,
                  loc.to(torch.int32)[:, None], torch.arange(n, device=loc.device),
                  torch.zeros(n, dtype=torch.long, device=loc.device))
     return side
