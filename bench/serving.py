@@ -1,12 +1,16 @@
-"""End-to-end decode speed with transformers' own ``generate`` (issue 11), on a CUDA GPU.
+"""End-to-end decode speed of a transformers model (issue 11): stock vs metered, per decode step.
 
 Random weights (the device machine has no model files) of two shapes: SmolLM2-135M (30 layers,
 9/3 heads, head dim 64) and Llama-8B (32 layers, 32/8 heads, head dim 128), bf16, batch 1.
-Decode ms per token = (time of generate with N+1 new tokens − time with 1) / N, so prefill is
-excluded; each configuration is run once untimed first (Triton compiles), then twice, and the
-smaller value is reported.
+
+Each configuration prefills the prompt once, then runs a greedy decode loop of ``--new`` steps
+(``model(next_token, past_key_values=cache)``), each step timed with CUDA events; the median
+step is reported. The first configuration's loop is run twice and only the second counts
+(Triton compiles). This replaces the earlier difference of two ``generate`` calls, which was
+too noisy to give ratios (bench/SERVING.md).
 
     python3 bench/serving.py [--prompts 4096,32768] [--new 32] [--shapes smollm2,llama8b]
+    python3 bench/serving.py --smoke        # tiny shapes on the CPU (interpreter): checks the script runs
 
 Configurations: stock (sdpa, DynamicCache); WitCertCache int8 and fp8_e4m3 on the kernel path
 (meter on); scheme none with the meter off (the pass-through cache).
@@ -18,21 +22,26 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHAPES = {
     "smollm2": None,  # bench/smollm2_config.json
     "llama8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, num_hidden_layers=32,
                     intermediate_size=14336, vocab_size=32000, max_position_embeddings=131072, rope_theta=500000.0),
+    "tiny": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_hidden_layers=2,
+                 intermediate_size=64, vocab_size=256, max_position_embeddings=4096),
 }
 
 
-def build(shape):
+def build(shape, device, dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if SHAPES[shape] is None:
@@ -42,66 +51,104 @@ def build(shape):
     else:
         cfg = LlamaConfig(**SHAPES[shape])
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
     return cfg, model
 
 
-def timed_generate(model, ids, cache_fn, new):
-    cache = cache_fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
+class _Timer:
+    def __init__(self, device):
+        self.cuda = device == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.a.record()
+        else:
+            self.t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.b.record()
+        else:
+            self.ms = (time.perf_counter() - self.t) * 1e3
+
+    def elapsed(self):
+        if self.cuda:
+            self.b.synchronize()
+            return self.a.elapsed_time(self.b)
+        return self.ms
+
+
+def decode_steps(model, ids, cache, new, device):
+    """Prefill, then ``new`` greedy decode steps; returns the per-step times (ms) and the cache."""
     with torch.no_grad():
-        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=new,
-                       min_new_tokens=new, do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t, cache
+        out = model(ids, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(new):
+            t = _Timer(device)
+            with t:
+                out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            times.append(t)
+        return [t.elapsed() for t in times], cache
 
 
 def main(argv=None):
+    from transformers import DynamicCache
+
     from witcert.cache import WitCertCache, use_witcert
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", default="4096,32768")
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--shapes", default="smollm2,llama8b")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
     args = ap.parse_args(argv)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; random weights, bf16, batch 1, "
-          f"decode ms/token over {args.new} tokens (prefill excluded)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke or device == "cpu":
+        args.shapes, args.prompts, args.new = "tiny", "40", 3
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
+    print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, batch 1, median decode step over "
+          f"{args.new} steps (CUDA events; prefill excluded)")
     print("| shape | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock |")
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
-        cfg, model = build(shape)
+        cfg, model = build(shape, device, dtype)
         for n in map(int, args.prompts.split(",")):
-            ids = torch.randint(100, cfg.vocab_size, (1, n), device="cuda")
+            ids = torch.randint(10, cfg.vocab_size, (1, n), device=device)
             row = {}
-            for name, attn, fn in (
-                ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
-                ("stock", "sdpa", lambda: None),
+            configs = (
+                ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
                 ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64)),
                 ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64)),
-            ):
+                ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
+            )
+            for i, (key, attn, make) in enumerate(configs):
                 if attn == "sdpa":
                     model.set_attn_implementation("sdpa")
                 else:
                     use_witcert(model)
-                timed_generate(model, ids, fn, 2)  # warm: compile
-                best = float("inf")
-                for _ in range(2):  # the smaller of two measurements (clock ramps, allocator warm-up)
-                    t1, _ = timed_generate(model, ids, fn, 1)
-                    tn, cache = timed_generate(model, ids, fn, args.new + 1)
-                    best = min(best, (tn - t1) / args.new * 1e3)
-                row[name] = best
-                if cache is not None and name in ("int8", "fp8"):
+                if i == 0 or key in ("int8", "fp8"):  # compile / warm the allocator
+                    decode_steps(model, ids, make(), 2, device)
+                times, cache = decode_steps(model, ids, make(), args.new, device)
+                row[key] = statistics.median(times)
+                if key in ("int8", "fp8"):
                     recs = cache.records
                     assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
                 del cache
-                torch.cuda.empty_cache()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
             s = row["stock"]
-            print(f"| {shape} | {n} | {s:.1f} | {row['int8']:.1f} | {row['int8'] / s:.2f} | {row['fp8']:.1f} | "
-                  f"{row['fp8'] / s:.2f} | {row['none']:.1f} | {row['none'] / s:.2f} |", flush=True)
+            print(f"| {shape} | {n} | {s:.2f} | {row['int8']:.2f} | {row['int8'] / s:.2f} | {row['fp8']:.2f} | "
+                  f"{row['fp8'] / s:.2f} | {row['none']:.2f} | {row['none'] / s:.2f} |", flush=True)
         del model
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

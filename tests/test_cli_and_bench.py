@@ -148,3 +148,11 @@ def test_compress_layers_meters_only_those_layers():
     assert (generate(m, WitCertCache(m.config, scheme="kivi2", compress_layers=set()), n=40, new=3) == exact).all()
     with pytest.raises(ValueError, match="compress_layers"):
         WitCertCache(m.config, scheme="kivi2", compress_layers={4})
+
+
+def test_serving_bench_smoke(capsys):
+    """bench/serving.py runs end to end on tiny shapes (CPU: the interpreter; the H200 run is the measurement)."""
+    load_bench("serving").main(["--smoke"])
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(row) == 1 and len(row[0].split("|")) == 11
