@@ -197,15 +197,18 @@ def _decode_kernel(
                 wbase += off * s_wt
             # ‖W_j‖₂ scaled by the largest group witness: squares of tiny fp32 (per-block)
             # witnesses would underflow to a zero radius; ≥ that largest witness, never 0
-            wmx = tl.zeros([BLOCK_N], tl.float32)
-            for g in tl.static_range(G):
-                wmx = tl.maximum(wmx, tl.load(KW + wbase + g, mask=valid, other=0.0).to(tl.float32))
-            wsafe = tl.where(wmx > 0, wmx, 1.0)
-            w2 = tl.zeros([BLOCK_N], tl.float32)
-            for g in tl.static_range(G):
-                wr = tl.load(KW + wbase + g, mask=valid, other=0.0).to(tl.float32) / wsafe
-                w2 += wr * wr
-            wn = tl.where(valid, tl.maximum(tl.sqrt(w2) * wmx, wmx) * INFL, 0.0)
+            if G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
+                wn = tl.where(valid, tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32) * INFL, 0.0)
+            else:
+                wmx = tl.zeros([BLOCK_N], tl.float32)
+                for g in tl.static_range(G):
+                    wmx = tl.maximum(wmx, tl.load(KW + wbase + g, mask=valid, other=0.0).to(tl.float32))
+                wsafe = tl.where(wmx > 0, wmx, 1.0)
+                w2 = tl.zeros([BLOCK_N], tl.float32)
+                for g in tl.static_range(G):
+                    wr = tl.load(KW + wbase + g, mask=valid, other=0.0).to(tl.float32) / wsafe
+                    w2 += wr * wr
+                wn = tl.where(valid, tl.maximum(tl.sqrt(w2) * wmx, wmx) * INFL, 0.0)
             vwoff = blk * s_vwb + kvh * s_vwh
             if PER_TOKEN:
                 vwoff += off
