@@ -23,9 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if not torch.cuda.is_available():  # no GPU: run the kernels in Triton's interpreter (smoke only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.decode import decode  # noqa: E402
-from kernels.decode import KEY_LEVELS, key_edges  # noqa: E402
-from kernels.epilogue import tv_from_hist  # noqa: E402
+from kernels.decode import KEY_LEVELS, choose_splits, decode  # noqa: E402
 from kernels.paged import PagedKV, bytes_per_token  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 
@@ -89,7 +87,7 @@ def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
     caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(2)]
     q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
     sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-    S = splits_for(B, Hkv, n, sms)
+    S = choose_splits(B, Hkv, n, 16, sms)
     print(f"# diag B={B} n={n} splits={S}: warps pages | regs spills (meter on) | kernel-only ms on / off | full on ms")
     for warps, pages, stages in ((4, 2, 3), (4, 4, 2), (4, 4, 3), (4, 8, 2), (4, 8, 3), (4, 8, 4), (8, 8, 3)):
         def f(c, bt, meter, epi):
@@ -105,23 +103,19 @@ def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
         print(f"#   w{warps} p{pages} s{stages} | {regs} {spills} | {t_on:.4f} / {t_off:.4f} ({t_on / t_off:.3f}x) | {t_full:.4f}", flush=True)
 
 
-def splits_for(B, Hkv, n, sms):
-    pages = math.ceil(n / 16)
-    return max(1, min(64, math.ceil(2 * sms / (B * Hkv)), pages // 4 or 1))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--lengths", default="4096,32768,131072")
-    ap.add_argument("--pages-per-tile", type=int, default=None)
-    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--lengths", default="32768,131072")
+    ap.add_argument("--heads", default="32,64", help="query heads (kv heads 8)")
+    ap.add_argument("--tau", type=float, default=0.1, help="the gate threshold passed as tilt_above for 'on'")
     ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     smoke = args.smoke or dev == "cpu"
-    Hq, Hkv, D = (32, 8, 128) if not smoke else (4, 2, 64)
+    Hkv, D = (8, 128) if not smoke else (2, 64)
+    heads = [int(x) for x in args.heads.split(",")] if not smoke else [4]
     batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
     lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
     sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
@@ -130,76 +124,73 @@ def main(argv=None):
         import triton
 
         print(f"# {p.name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# Hq/Hkv = {Hq}/{Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 1), "
-          f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins")
-    print("# on/off/own: CUDA-graph replay of the whole decode call (kernel + merge + epilogue);"
-          " on-py: the same call from Python; x sdpa = sdpa / on; x own = own bf16 (meter off) / on")
+    print(f"# Hkv = {Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 1), "
+          f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins; splits by choose_splits")
+    print(f"# whole decode call (kernel + fused merge/epilogue), CUDA-graph replay. on: tilt only where the closed"
+          f" forms exceed tau = {args.tau} (a gate's question); full: the tilt on every row; page: as on, with"
+          f" page-level bins (levels='page'); epi: full minus the same call without the record")
     if args.diag and not smoke:
-        diag(Hq, Hkv, D, dev, sms)
-    hdr = (f"{'B':>3} {'n':>7} {'splits':>6} {'on ms':>8} {'off ms':>8} {'on/off':>7} {'TB/s on':>8} {'TB/s off':>8} "
-           f"{'sdpa ms':>8} {'sdpa TB/s':>9} {'x sdpa':>7} {'bf16own ms':>10} {'x own':>6} {'epi ms':>7} {'on-py ms':>8}")
+        diag(32, Hkv, D, dev, sms)
+    hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S':>3} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
+           f"{'full/off':>8} {'page/off':>8} "
+           f"{'sdpa ms':>8} {'sdpa/on':>7} {'sdpa/off':>8} {'own ms':>8} {'epi ms':>7} {'TB/s off':>8} {'sdpa TB/s':>9}")
     print(hdr)
     rows = []
-    for B in batches:
-        for n in lengths:
-            torch.manual_seed(0)
-            kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
-            wit_bytes = B * n * Hkv * (1 * 2 + 2 + 2 + 2)  # G = 1 key witness, φ, ν, κ (fp16)
-            copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
-            caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-            q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-            sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-            S = splits_for(B, Hkv, n, sms)
-            it = [0]
+    for Hq in heads:
+        for B in batches:
+            for n in lengths:
+                torch.manual_seed(0)
+                kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
+                copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
+                caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+                q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+                sl = torch.full((B,), n, device=dev, dtype=torch.int32)
 
-            def run(meter, cs=caches):
-                c, bt = cs[it[0] % len(cs)]
-                it[0] += 1
-                return decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=args.pages_per_tile,
-                              num_warps=args.num_warps, validate=False)
+                def one(c, bt, meter, tau=-1.0, epi=True, levels="token"):
+                    return lambda: decode(c, q, bt, sl, meter=meter, validate=False, tilt_above=tau, epilogue=epi,
+                                          levels=levels)
 
-            t_on_py = bench(lambda: run(True), smoke)
-            if smoke:
-                t_on, t_off = t_on_py, bench(lambda: run(False), smoke)
-            else:
-                def one(c, bt, meter):
-                    return lambda: decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=args.pages_per_tile,
-                                          num_warps=args.num_warps, validate=False)
-                t_on = bench(graphed([one(c, bt, True) for c, bt in caches]), smoke)
-                t_off = bench(graphed([one(c, bt, False) for c, bt in caches]), smoke)
-            del caches
-            bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
-            if smoke:
-                t_own = bench(lambda: run(False, bf), smoke)
-            else:
-                t_own = bench(graphed([lambda c=c, bt=bt: decode(c, q, bt, sl, meter=False, num_splits=S,
-                                                                 validate=False) for c, bt in bf]), smoke)
-            del bf
-            # SDPA baseline on bf16 KV of the same shape (contiguous, enable_gqa)
-            sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
-            sv = [torch.randn_like(x) for x in sk]
-            qs = q[:, :, None, :]
-            j = [0]
+                def timed(meter, tau=-1.0, epi=True, cs=None, levels="token"):
+                    cs = caches if cs is None else cs
+                    try:
+                        if smoke:
+                            return bench(one(*cs[0], meter, tau, epi, levels), smoke)
+                        return bench(graphed([one(c, bt, meter, tau, epi, levels) for c, bt in cs]), smoke)
+                    except Exception as exc:  # a variant that fails to build is reported, not fatal
+                        print(f"# {levels} meter={meter}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        return float("nan")
 
-            def sdpa():
-                i = j[0] % len(sk)
-                j[0] += 1
-                return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
+                S = choose_splits(B, Hkv, caches[0][1].shape[1] * 16, 16, sms)
+                t_on = timed(True, args.tau)
+                t_full = timed(True)
+                t_noepi = timed(True, epi=False)
+                t_off = timed(False)
+                t_page = timed(True, args.tau, levels="page")
+                del caches
+                bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
+                t_own = timed(False, cs=bf)
+                del bf
+                sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
+                sv = [torch.randn_like(x) for x in sk]
+                qs = q[:, :, None, :]
+                j = [0]
 
-            t_sdpa = bench(sdpa, smoke)
-            del sk, sv
-            mass = torch.rand(B * Hq, KEY_LEVELS + 2, device=dev, dtype=torch.float32)
-            lvl = torch.rand(B * Hq, 1, device=dev, dtype=torch.float64) * key_edges(dev) * 4
-            t_epi = bench(lambda: tv_from_hist(mass, lvl, torch.rand(B * Hq, device=dev)), smoke)
-            bw_on = (kv_bytes_i8 + wit_bytes) / (t_on * 1e-3) / 1e12
-            bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
-            bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
-            row = (f"{B:>3} {n:>7} {S:>6} {t_on:>8.4f} {t_off:>8.4f} {t_on / t_off:>7.3f} {bw_on:>8.2f} {bw_off:>8.2f} "
-                   f"{t_sdpa:>8.4f} {bw_sdpa:>9.2f} {t_sdpa / t_on:>7.2f} {t_own:>10.4f} {t_own / t_on:>6.2f} {t_epi:>7.4f} {t_on_py:>8.4f}")
-            print(row, flush=True)
-            rows.append(row)
-            if dev == "cuda":
-                torch.cuda.empty_cache()
+                def sdpa():
+                    i = j[0] % len(sk)
+                    j[0] += 1
+                    return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
+
+                t_sdpa = bench(sdpa, smoke)
+                del sk, sv
+                bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
+                bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
+                row = (f"{Hq:>3} {B:>3} {n:>7} {S:>3} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
+                       f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
+                       f"{t_full - t_noepi:>7.4f} {bw_off:>8.2f} {bw_sdpa:>9.2f}")
+                print(row, flush=True)
+                rows.append(row)
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
     # write path vs a plain quantize
     N = 4096 if not smoke else 32
     c = PagedKV.allocate(math.ceil(N / 16) + 1, Hkv, D, scheme="int8_dither", device=dev)

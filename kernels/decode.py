@@ -1,7 +1,7 @@
 """Decode path with the meter (SPEC §2, §3, §5, §8): one pass over the paged KV.
 
-    out = decode(cache, q, block_table, seq_lens, sm_scale, meter=True, num_splits=1,
-                 delta_step=None)
+    out = decode(cache, q, block_table, seq_lens, sm_scale, meter=True, num_splits=None,
+                 delta_step=None, tilt_above=-1.0)
         q            [B, Hq, D]       (Hq = GQ · Hkv, GQ in 1…8)
         block_table  [B, max_pages]   int32
         seq_lens     [B]              int32, ≥ 1
@@ -51,8 +51,8 @@ import triton.language as tl
 
 from contract.constants import DITHER_BIAS_FACTOR
 
-from .epilogue import MeterRecord, meter_epilogue
-from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta
+from .epilogue import MergeConstants, MeterRecord, merge
+from .paged import HIST_SPLIT_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -82,7 +82,7 @@ def _decode_kernel(
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
-    PREC32: tl.constexpr, PREC_HIST: tl.constexpr,
+    PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -108,14 +108,15 @@ def _decode_kernel(
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
     hist = tl.zeros([BLOCK_H, NB], tl.float32)
-    wmax = tl.zeros([BLOCK_H], tl.float32)
-    smax = tl.zeros([BLOCK_H], tl.float32)
-    phimax = tl.zeros([BLOCK_H], tl.float32)
-    numax = tl.zeros([BLOCK_H], tl.float32)
-    kapmax = tl.zeros([BLOCK_H], tl.float32)
-    bad = tl.zeros([BLOCK_H], tl.float32)
-
     BLOCK_N: tl.constexpr = PAGES * T
+    # running maxima / counts per token lane, reduced once after the loop (not per tile)
+    wmax = tl.zeros([BLOCK_N], tl.float32)
+    smax = tl.zeros([BLOCK_N], tl.float32)
+    phimax = tl.zeros([BLOCK_N], tl.float32)
+    numax = tl.zeros([BLOCK_N], tl.float32)
+    kapmax = tl.zeros([BLOCK_N], tl.float32)
+    bad = tl.zeros([BLOCK_N], tl.float32)
+
     D2: tl.constexpr = D // 2
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
@@ -208,31 +209,64 @@ def _decode_kernel(
                 for g in tl.static_range(G):
                     wr = tl.load(KW + wbase + g, mask=valid, other=0.0).to(tl.float32) / wsafe
                     w2 += wr * wr
-                wn = tl.where(valid, tl.maximum(tl.sqrt(w2) * wmx, wmx) * INFL, 0.0)
+                # (a NaN / inf group witness makes w2 NaN: kept NaN, so it is counted and flags the row;
+                # the GPU's max drops NaN operands)
+                wn = tl.where(valid, tl.where(w2 == w2, tl.maximum(tl.sqrt(w2) * wmx, wmx) * INFL, float("nan")), 0.0)
             vwoff = blk * s_vwb + kvh * s_vwh
             if PER_TOKEN:
                 vwoff += off
-            phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
-            nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
-            kap = tl.load(KN + vwoff, mask=valid, other=0.0).to(tl.float32)
+            if ABLATE // 2 % 2 == 1:  # (diagnosis) no φ / ν / κ loads
+                phi = tl.where(valid, 0.5, 0.0)
+                nu = phi
+                kap = phi
+            else:
+                phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
+                nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
+                kap = tl.load(KN + vwoff, mask=valid, other=0.0).to(tl.float32)
             # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf")) \
                 | (kap != kap) | (kap == float("inf"))
-            bad += tl.sum(nf.to(tl.float32), axis=0)
+            bad += nf.to(tl.float32)
             la = _key_level(wn, X0, K)
-            onehot = col[None, :] == la[:, None]
-            if TIER_B:
-                onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
+            if PAGE_LEVELS:
+                # page granularity: each token's level rounded up to its page's largest (sound: any
+                # levels ≥ the radii are, SPEC §3(c)); page masses are fp32 sums of T tokens, so no
+                # operand split and no one-hot dot; Σ p̂ φ is summed per token, exactly as before
+                oh_pg = col[None, :] == tl.max(tl.reshape(la, [PAGES, T]), axis=1)[:, None]  # [PAGES, NB]
+                if TIER_B:
+                    lb = _key_level(ks, X0, K)
+                    oh_pg = oh_pg | (col[None, :] == (tl.max(tl.reshape(lb, [PAGES, T]), axis=1) + KA)[:, None])
+                psum = tl.sum(tl.reshape(p, [BLOCK_H, PAGES, T]), axis=2)  # [BLOCK_H, PAGES]
+                hd = tl.sum(psum[:, :, None] * oh_pg.to(tl.float32)[None, :, :], axis=1)
+                hd = tl.where(col[None, :] == NB - 1, tl.sum(p * phi[None, :], axis=1)[:, None], hd)
+            else:
+                onehot = col[None, :] == la[:, None]
+                if TIER_B:
+                    onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
             # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
-            oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
-            # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
-            hd = tl.dot(p, oh, input_precision=PREC_HIST)
+            if PAGE_LEVELS:
+                pass
+            elif ABLATE % 2 == 1:  # (diagnosis) no histogram dot
+                hd = tl.zeros([BLOCK_H, NB], tl.float32)
+            elif HIST_BF16:
+                # p̂ = p_hi + p_lo (bf16 each: |p̂ − p_hi − p_lo| ≤ 2^-16 p̂, fp32's exponent range, so
+                # nothing above 2^-126 is flushed); 0/1 exact in bf16; φ rounded up into bf16
+                phi_up = ((phi.to(tl.int32, bitcast=True) + 0xFFFF) & -65536).to(tl.float32, bitcast=True)
+                ohb = tl.where(col[None, :] == NB - 1, phi_up[:, None], onehot.to(tl.float32)).to(tl.bfloat16)
+                p_hi = p.to(tl.bfloat16)
+                p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+                hd = tl.dot(p_lo, ohb, acc=tl.dot(p_hi, ohb))
+            else:
+                oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
+                # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
+                hd = tl.dot(p, oh, input_precision=PREC_HIST)
             hist = hist * alpha[:, None] + hd
-            wmax = tl.maximum(wmax, tl.max(wn, axis=0))
-            smax = tl.maximum(smax, tl.max(ks, axis=0))
-            phimax = tl.maximum(phimax, tl.max(phi, axis=0))
-            numax = tl.maximum(numax, tl.max(nu, axis=0))
-            kapmax = tl.maximum(kapmax, tl.max(kap, axis=0))
+            if ABLATE // 4 % 2 == 0:
+                wmax = tl.maximum(wmax, wn)
+            smax = tl.maximum(smax, ks)
+            phimax = tl.maximum(phimax, phi)
+            numax = tl.maximum(numax, nu)
+            kapmax = tl.maximum(kapmax, kap)
         m = m_new
 
     o_idx = (b * Hq + heads) * num_splits + sp
@@ -242,12 +276,13 @@ def _decode_kernel(
     if METER:
         tl.store(HIST_OUT + o_idx[:, None] * NB + col[None, :], hist, mask=hmask[:, None])
         st = STAT_OUT + o_idx * 6
-        tl.store(st + 0, wmax, mask=hmask)
-        tl.store(st + 1, smax, mask=hmask)
-        tl.store(st + 2, phimax, mask=hmask)
-        tl.store(st + 3, numax, mask=hmask)
-        tl.store(st + 4, bad, mask=hmask)
-        tl.store(st + 5, kapmax, mask=hmask)
+        zero = tl.zeros([BLOCK_H], tl.float32)
+        tl.store(st + 0, zero + tl.max(wmax, axis=0), mask=hmask)
+        tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask)
+        tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask)
+        tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask)
+        tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask)
+        tl.store(st + 5, zero + tl.max(kapmax, axis=0), mask=hmask)
 
 
 @dataclasses.dataclass
@@ -279,6 +314,28 @@ def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float
     return c * (1.0 + KERNEL_REL_SLACK)
 
 
+def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int) -> int:
+    """Split-KV count for a decode launch of ``batch × kv_heads`` (sequence, kv head) pairs over at
+    most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
+    multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
+    bench/RESULTS.md: more, shorter splits keep more bytes in flight than a few long ones), at
+    most 64, and no split shorter than 8 pages. The one split heuristic of the library."""
+    pages = max(1, -(-max_len // block_size))
+    s = max(-(-2 * sms // max(1, batch * kv_heads)), 16)
+    return max(1, min(s, 64, pages // 8))
+
+
+_SMS: dict = {}
+
+
+def _sm_count(dev) -> int:
+    if dev.type != "cuda":
+        return 4
+    if dev not in _SMS:
+        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SMS[dev]
+
+
 def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) -> torch.Tensor:
     """The query for the GPU path, whose tensor-core dots run in q's dtype. A rounding of q
     would change the served logits without being metered, so q must already be bf16/fp16, or a
@@ -303,16 +360,27 @@ def decode(
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
     meter: bool = True,
-    num_splits: int = 1,
+    num_splits: int | None = None,
     delta_step: float | None = None,
     pages_per_tile: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
     validate: bool = True,
     epilogue: bool = True,
+    tilt_above: float = -1.0,
+    hist_split: str | None = None,
+    levels: str = "token",
+    _ablate: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
-    ``epilogue=False`` (benchmarks) stops after the merge, without the meter record."""
+    ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
+    ``num_splits=None``: ``choose_splits`` (the one heuristic). ``tilt_above`` ≥ 0: the
+    dual-grid tilt is computed only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp
+    terms) is above it (a gate with threshold τ passes τ: at or below it the row is certified
+    without the tilt), the others report tilt 1; TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
+    split on the GPU, "bf16x2" (default) or "tf32x3" (``paged.HIST_SPLIT_REL``). ``levels``:
+    "token" (each token binned by its own radius) or "page" (by its page's largest: looser where
+    radii vary within a page, and cheaper: no one-hot dot, bench/RESULTS.md)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -328,6 +396,17 @@ def decode(
             raise ValueError("seq_lens: every sequence needs at least one cached token")
         if torch.any(seq_lens > block_table.shape[1] * cache.block_size):
             raise ValueError("seq_lens: longer than the block table covers")
+    if _ablate and not meter or _ablate and epilogue:
+        raise ValueError("_ablate (benchmark diagnosis only: drops parts of the meter) needs meter=True, epilogue=False")
+    if levels not in ("token", "page"):
+        raise ValueError(f"levels: expected 'token' or 'page', got {levels!r}")
+    if hist_split is None:
+        hist_split = "bf16x2"
+    if hist_split not in ("bf16x2", "tf32x3"):
+        raise ValueError(f"hist_split: expected one of {sorted(HIST_SPLIT_REL)}, got {hist_split!r}")
+    if num_splits is None:  # from the table's capacity, not seq_lens: no device sync
+        num_splits = choose_splits(Bsz, Hkv, block_table.shape[1] * cache.block_size, cache.block_size,
+                                   _sm_count(q.device))
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if delta_step is not None and not 0 < delta_step < 1:
@@ -348,6 +427,10 @@ def decode(
     if num_stages is None and not INTERPRET:
         num_stages = 2
     lowp = not INTERPRET and dev.type == "cuda"
+    if not lowp:
+        hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
+    if meter and levels == "page":
+        hist_split = "page"  # fp32 sums, no operand split
     if lowp:
         q = tensor_core_query(q, cache, validate)
     q = q.contiguous()
@@ -378,50 +461,16 @@ def decode(
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
         PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
-        PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee",
+        PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
+        ABLATE=_ablate, PAGE_LEVELS=levels == "page",
         num_warps=num_warps, **extra,
     )
-    # split-KV merge (log-sum-exp rule); histograms are rescaled like l. float64, so no split's
-    # mass is flushed by the merge (the output keeps the float32 of the partials).
-    M = m_out.max(dim=-1, keepdim=True).values
-    w64 = torch.where(torch.isfinite(m_out), torch.exp((m_out - M).double()), torch.zeros_like(m_out, dtype=torch.float64))
-    w = w64.float()
-    L = (w * l_out).sum(-1)
-    o = (w[..., None] * acc_out).sum(-2) / L[..., None]
-    lse = M[..., 0] + torch.log(L)
-    rec = None
-    if meter and epilogue:
-        L64 = (w64 * l_out.double()).sum(-1)
-        h = (w64[..., None] * hist.double()).sum(-2) / L64[..., None]  # [B, Hq, NB]
-        mx = stat.amax(dim=-2)
-        bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
-        qs = q  # exactly the query the kernel used
-        qd = qs.double()
-        qnorm = qd.norm(dim=-1) * (sm * (1.0 + KERNEL_REL_SLACK))  # σ‖q_h‖ (rounded up)
-        edges = key_edges(dev)
-        lv_a = qnorm[..., None] * edges  # [B, Hq, K+1]
-        eps_max = qnorm * mx[..., 0].double()
-        # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
-        n_pages = (sl.double() + T - 1).div(T).floor()
-        tiles = torch.ceil(torch.ceil(n_pages / S) / pages_per_tile)[:, None]  # [B, 1]
-        BLOCK_N = pages_per_tile * T
-        xi = qnorm * mx[..., 5].double() * dot_gamma(D, split3=cache.scheme == "int4_group") + KERNEL_EXP_REL
-        if cache.scheme == "int8_dither" and lowp:  # u ≈ u_hi + u_lo (bf16): |Δu| ≤ 2^-19
-            xi = xi + abs(sm) * qd.abs().sum(-1) * mx[..., 1].double() * 2.0**-19
-        eta = mass_eta(tiles, BLOCK_N)
-        xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)
-        # ρ: masses below FP32_FLUSH of a running maximum may be lost (tokens, and the NB
-        # histogram entries at each tile's rescale), relative to the merged denominator ≥ 1
-        lam = ((sl.double()[:, None] + NB * tiles * S + 16.0) * FP32_FLUSH / L64.clamp_min(1.0)).expand_as(xi)
-        tb_max = lv_b = None
-        if tier_b:
-            cb = tier_b_coefficients(qs, sl, sm, delta_step)
-            lv_b = cb[..., None] * edges
-            tb_max = cb * mx[..., 1].double()
-        rec = meter_epilogue(
-            h[..., :KA], h[..., KA : 2 * KA] if tier_b else None, lv_a, lv_b, eps_max, tb_max,
-            pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
-            single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam,
-            out_rel=(2.0**-8 if lowp else 0.0) + eta,
-        )
+    consts = MergeConstants(
+        D=D, T=T, PAGES=pages_per_tile, NB=NB, KA=KA, sm=sm, tier_b=tier_b,
+        delta_step=delta_step, gamma=dot_gamma(D, split3=cache.scheme == "int4_group"),
+        dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
+        eta=mass_eta_terms(pages_per_tile * T, hist_split), out_rel0=2.0**-8 if lowp else 0.0,
+    )
+    o, lse, rec = merge(m_out, l_out, acc_out, hist if meter else None, stat if meter else None, q, sl, consts,
+                        epilogue=meter and epilogue, tilt_above=tilt_above)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled)

@@ -34,10 +34,15 @@ radius saturates it to 1, and the output bound to +inf, with ``flag`` set.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import triton
 import triton.language as tl
+
+from contract.constants import DITHER_BIAS_FACTOR
+
+from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
@@ -45,6 +50,7 @@ COARSE = 64
 REFINE_TOP = 8
 REFINE = 32
 _EPS = torch.finfo(torch.float64).eps
+FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
 
 
 @dataclasses.dataclass
@@ -151,98 +157,292 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
 
 
 @triton.jit
-def _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP: tl.constexpr):
-    """One row's normalised masses w, raised levels lv, a = e^lv, b = e^-lv, m = Σ w b, and r + Ξ."""
+def _dense_d(ts, w, a, b, m, SCR, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """For each t of ``ts`` [TP]: max over λ ∈ {0} ∪ {1/β_c(t) : w_c > 0} of D(t, λ) minus its
+    rounding-error bound (EPSC · magnitude). D(t, ·) is concave piecewise linear with its
+    breakpoints at the 1/β_c, so this is the tight D (SPEC §3(c)). ``w, a, b`` [NBP] are the
+    row's masses, e^{L}, e^{-L}; SCR holds the same three vectors (scalar reads of bin c'
+    in the loop form). DENSE3D (interpreter): the [TP, NBP, NBP] form in one step."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
+    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
+    tm = (ts * m)[:, None]
+    if DENSE3D:
+        x = lam[:, :, None] * beta[:, None, :]
+        act = tl.maximum(x - 1.0, 0.0)
+        dsum = tl.sum(w[None, None, :] * act, axis=2)
+        msum = tl.sum(tl.where(act > 0, w[None, None, :] * (x + 1.0), 0.0), axis=2)
+    else:
+        dsum = tl.zeros_like(beta)
+        msum = tl.zeros_like(beta)
+        for c2 in range(NB):
+            w2 = tl.load(SCR + c2)
+            x = lam * ((1.0 - ts)[:, None] * tl.load(SCR + NBP + c2) + ts[:, None] * tl.load(SCR + 2 * NBP + c2))
+            act = tl.maximum(x - 1.0, 0.0)
+            dsum += w2 * act
+            msum += tl.where(act > 0, w2 * (x + 1.0), 0.0)
+    D = lam * tm - dsum
+    mag = lam * tm + msum + 1.0
+    return tl.maximum(tl.max(D - EPSC * mag, axis=1), 0.0)
+
+
+@triton.jit
+def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
+            NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
+            EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
+    bin levels ``lvl`` [NBP] (the last bin NB − 1 is the overflow bin, its level ``r``), the row's
+    maximum radius ``r``, the decode's Ξ and Λ. Returns (TV⁺, tanh, e-form, tilt, ρ).
+
+    The dual-grid tilt (coarse N1 intervals, then the RT of largest upper value split into NR)
+    is computed only when the closed forms' TV⁺ (min(tanh, e-form) + tanh(Ξ/2) + ρ + slack) is
+    above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
+    otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound."""
     k = tl.arange(0, NBP)
-    km = k < nb
-    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
-    r = tl.load(RMAX + row).to(tl.float64)
-    xi = tl.load(XI + row).to(tl.float64)
-    lv = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
-    lv = tl.where(k == nb - 1, r, lv)
+    lv = tl.where(k == NB - 1, r, lvl)
     lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
     w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
-    lv = tl.where(w > 0, lv, 0.0)
+    live = w > 0
+    lv = tl.where(live, lv, 0.0)
     a = tl.exp(lv)
     b = tl.exp(-lv)
     m = tl.sum(w * b, axis=0)
-    return w, lv, a, b, m, r + xi, xi
+    rx = r + xi
+    e2 = tl.exp(-rx)
+    tanh = (1.0 - e2) / (1.0 + e2)  # tanh((r + Ξ)/2)
+    A = tl.sum(w * a, axis=0)
+    eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
+    eform = tl.where(eform == eform, eform, 1.0)
+    mlo = m * (1.0 - 9.094947017729282e-13)
+    rho = lam * (1.0 + tl.exp(tl.minimum(rx, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
+    rho = tl.where(lam > 0, rho, 0.0)
+    rho = tl.where(rho == rho, rho, 1.0)
+    lmax = tl.max(lv, axis=0)
+    cheap = tl.minimum(tanh, eform)
+    e1 = tl.exp(-xi)
+    fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
+    tilt = tl.full([], 1.0, tl.float64)
+    if lmax == 0:
+        tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
+    elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
+        tl.store(SCR + k, w)
+        tl.store(SCR + NBP + k, a)
+        tl.store(SCR + 2 * NBP + k, b)
+        tl.debug_barrier()
+        i = tl.arange(0, N1)
+        U = (i + 1).to(tl.float64) * (1.0 / N1) - _dense_d(i.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, NB, NBP,
+                                                            EPSC, DENSE3D)
+        sel = i < 0
+        best = tl.full([], -1.0, tl.float64)
+        s = tl.arange(0, NR)
+        for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
+            um = tl.where(sel, -2.0, U)
+            mx = tl.max(um, axis=0)
+            idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+            sel = sel | (i == idx)
+            t0 = idx.to(tl.float64) * (1.0 / N1)
+            up = t0 + (s + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
+                t0 + s.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
+            best = tl.maximum(best, tl.max(up, axis=0))
+        rest = tl.max(tl.where(sel, -1.0, U), axis=0)
+        tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
+        tl.debug_barrier()  # SCR is reused by the next call
+    tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
+    return tv, tanh, eform, tilt, rho
+
 
 
 @triton.jit
-def _dual_max(t, w, a, b, m, EPSC: tl.constexpr):
-    """max over λ ∈ {0} ∪ {1/β_c : w_c > 0} of D(t, λ) minus its rounding-error bound.
-    D(t, ·) is concave piecewise linear with breakpoints 1/β_c, so this is the tight D."""
-    beta = (1.0 - t) * a + t * b
-    lam = tl.where(w > 0, 1.0 / beta, 0.0)
-    x = lam[:, None] * beta[None, :]
-    act = tl.maximum(x - 1.0, 0.0)
-    D = lam * (t * m) - tl.sum(w[None, :] * act, axis=1)
-    mag = lam * (t * m) + tl.sum(tl.where(act > 0, w[None, :] * (x + 1.0), 0.0), axis=1) + 1.0
-    return tl.maximum(tl.max(D - EPSC * mag, axis=0), 0.0)
-
-
-@triton.jit
-def _epi_coarse_kernel(MASS, LV, RMAX, XI, LAM, U, STATS, nb, s_m, s_l,
-                       NBP: tl.constexpr, N1: tl.constexpr, TB: tl.constexpr, EPSC: tl.constexpr):
-    """Program (row, c): the coarse upper values U_i = t_{i+1} − D(t_i) for TB grid points; the
-    first program of a row also writes (tanh, e-form, ρ, max level) to STATS."""
+def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above,
+               NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
+               EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """Program ``row``: ``_tv_row`` on one histogram row; OUT[row] = (TV⁺, tanh, e-form, tilt, ρ)."""
     row = tl.program_id(0)
-    c = tl.program_id(1)
-    w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
-    for j in range(TB):
-        i = c * TB + j
-        tl.store(U + row * N1 + i, (i + 1) * (1.0 / N1) - _dual_max(i * (1.0 / N1), w, a, b, m, EPSC))
-    if c == 0:
-        e2 = tl.exp(-r)
-        tanh = (1.0 - e2) / (1.0 + e2)  # tanh(r/2)
-        A = tl.sum(w * a, axis=0)
-        eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
-        eform = tl.where(eform == eform, eform, 1.0)
-        lam = tl.load(LAM + row).to(tl.float64)
-        mlo = m * (1.0 - 9.094947017729282e-13)
-        rho = lam * (1.0 + tl.exp(tl.minimum(r, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
-        rho = tl.where(lam > 0, rho, 0.0)
-        rho = tl.where(rho == rho, rho, 1.0)
-        tl.store(STATS + row * 4 + 0, tanh)
-        tl.store(STATS + row * 4 + 1, eform)
-        tl.store(STATS + row * 4 + 2, rho)
-        tl.store(STATS + row * 4 + 3, tl.max(lv, axis=0))
+    k = tl.arange(0, NBP)
+    km = k < NB
+    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
+    lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
+    r = tl.load(RMAX + row).to(tl.float64)
+    tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
+                                         tilt_above, SCR + row * 3 * NBP, NB, NBP, N1, RT, NR, EPSC, DENSE3D)
+    o = OUT + row * 5
+    tl.store(o + 0, tv)
+    tl.store(o + 1, tanh)
+    tl.store(o + 2, eform)
+    tl.store(o + 3, tilt)
+    tl.store(o + 4, rho)
 
 
 @triton.jit
-def _epi_refine_kernel(MASS, LV, RMAX, XI, TOP, SUB, nb, s_m, s_l,
-                       NBP: tl.constexpr, N1: tl.constexpr, R: tl.constexpr, NR: tl.constexpr, TB: tl.constexpr,
-                       EPSC: tl.constexpr):
-    """Program (row, c): TB of the R·NR sub-interval upper values inside the R refined coarse
-    intervals (their indices in TOP)."""
+def _expm1_up(y):
+    """An upper bound of e^y − 1 for 0 ≤ y (float64): the series y + y²/2 + y³ below 2^-10 (its
+    tail y³/6 + … ≤ y³ there), else e^y − 1; both with a relative 2^-40 for their rounding."""
+    small = y + 0.5 * y * y + y * y * y
+    big = tl.exp(y) - 1.0
+    return tl.where(y < 0.0009765625, small, big) * (1.0 + 9.094947017729282e-13)
+
+
+@triton.jit
+def _merge_meter_kernel(
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR,
+    Hq, S, sm, qn_infl, log_delta, tilt_above, s_qb, s_qh,
+    D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
+    NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
+    METER: tl.constexpr, EPI: tl.constexpr, TIER_B: tl.constexpr,
+    GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
+    FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
+    N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
+):
+    """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
+    float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
+    and, with EPI, the meter record REC[row] (columns ``REC_*``): Ξ, Λ, both tiers' TV⁺ and E⁺.
+    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch."""
     row = tl.program_id(0)
-    c = tl.program_id(1)
-    w, lv, a, b, m, r, xi = _row_setup(MASS, LV, RMAX, XI, row, nb, s_m, s_l, NBP)
-    for j in range(TB):
-        q = c * TB + j
-        t0 = tl.load(TOP + row * R + q // NR).to(tl.float64) * (1.0 / N1)
-        s = q % NR
-        ts = t0 + s * (1.0 / (N1 * NR))
-        tl.store(SUB + row * (R * NR) + q, t0 + (s + 1) * (1.0 / (N1 * NR)) - _dual_max(ts, w, a, b, m, EPSC))
+    b = row // Hq
+    h = row % Hq
+    s = tl.arange(0, SP)
+    smask = s < S
+    ms = tl.load(M_IN + row * S + s, mask=smask, other=float("-inf"))
+    ls = tl.load(L_IN + row * S + s, mask=smask, other=0.0)
+    mx = tl.max(ms, axis=0)
+    fin = (ms == ms) & (ms != float("inf")) & (ms != float("-inf"))
+    w64 = tl.where(fin, tl.exp((ms - mx).to(tl.float64)), 0.0)
+    w32 = w64.to(tl.float32)
+    L = tl.sum(w32 * ls, axis=0)
+    d = tl.arange(0, D)
+    acc = tl.load(ACC_IN + (row * S + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(w32[:, None] * acc, axis=0) / L
+    tl.store(O + row * D + d, o)
+    tl.store(LSE + row, mx + tl.log(L))
+    if METER:
+        L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
+        c = tl.arange(0, NB)
+        hs = tl.load(HIST_IN + (row * S + s)[:, None] * NB + c[None, :], mask=smask[:, None], other=0.0)
+        hm = tl.sum(w64[:, None] * hs.to(tl.float64), axis=0) / L64
+        tl.store(HOUT + row * NB + c, hm)
+        if EPI:
+            st = STAT_IN + (row * S + s) * 6
+            wmx = tl.max(tl.load(st + 0, mask=smask, other=0.0), axis=0)
+            smx = tl.max(tl.load(st + 1, mask=smask, other=0.0), axis=0)
+            phmx = tl.max(tl.load(st + 2, mask=smask, other=0.0), axis=0)
+            numx = tl.max(tl.load(st + 3, mask=smask, other=0.0), axis=0)
+            kpmx = tl.max(tl.load(st + 5, mask=smask, other=0.0), axis=0)
+            # non-finite: counted radii, the partials' stats (a max may drop a NaN), L, o, the masses
+            bad = tl.sum(tl.load(st + 4, mask=smask, other=0.0), axis=0)
+            for col in tl.static_range(6):
+                sv = tl.load(st + col, mask=smask, other=0.0)
+                bad += tl.sum(((sv != sv) | (sv == float("inf"))).to(tl.float32), axis=0)
+            bad += ((L != L) | (L == float("inf")) | (L == float("-inf"))).to(tl.float32)
+            bad += tl.sum(((o != o) | (o == float("inf")) | (o == float("-inf"))).to(tl.float32), axis=0)
+            bad += tl.sum(((hm != hm) | (hm == float("inf"))).to(tl.float32), axis=0)
+            n = tl.load(SL + b)
+            qv = tl.load(Q + b * s_qb + h * s_qh + d).to(tl.float64)
+            qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
+            qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
+            q1 = tl.sum(tl.abs(qv), axis=0)
+            eps_max = qn * wmx.to(tl.float64)
+            n_pages = (n + T - 1) // T
+            tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES
+            eta = ETA0 + ETA1 * tiles.to(tl.float64)
+            # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
+            xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
+            xi = (xi + 2.1 * eta) * (1.0 + 9.5367431640625e-07)
+            lam = (n.to(tl.float64) + NB * tiles.to(tl.float64) * S + 16.0) * FLUSH / tl.maximum(L64, 1.0)
+            bad += ((xi != xi) | (xi == float("inf")) | (eps_max != eps_max) | (eps_max == float("inf"))
+                    | (lam != lam)).to(tl.float32)
+            single = n == 1
+            k = tl.arange(0, KP)
+            km = k < KA
+            edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
+            # tier A's bins, merged again from the partials (a register vector has no slices)
+            ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :], mask=smask[:, None] & km[None, :], other=0.0)
+            ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
+            ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)
+            pphi = tl.sum(tl.where(c == NB - 1, hm, 0.0), axis=0)
+            out_rel = OUT_REL0 + eta
+            fm = phmx.to(tl.float64)
+            num = numx.to(tl.float64)
+            e1 = tl.exp(-xi)
+            own = num * _expm1_up(tl.minimum(2.0 * xi + out_rel, 700.0))
+            extra = pphi + ((1.0 - e1) / (1.0 + e1) + lam) * fm + own
+            r = REC + row * REC_COLS
+            tva = tl.full([], 1.0, tl.float64)
+            if bad == 0:
+                tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above,
+                                                      SCR + row * 6 * KP, KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                tl.store(r + REC_TANH, tanh)
+                tl.store(r + REC_EFORM, eform)
+                tl.store(r + REC_TILT, tilt)
+                tl.store(r + REC_RHO, rho)
+                if single:
+                    tva = tl.full([], 0.0, tl.float64)
+                ea = (tva * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+                ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
+            else:
+                tl.store(r + REC_TANH, 1.0)
+                tl.store(r + REC_EFORM, 1.0)
+                tl.store(r + REC_TILT, 1.0)
+                tl.store(r + REC_RHO, 1.0)
+                ea = tl.full([], float("inf"), tl.float64)
+            tl.store(r + REC_TVA, tva)
+            tl.store(r + REC_EA, ea)
+            tl.store(r + REC_EPS, eps_max)
+            tl.store(r + REC_XI, xi)
+            tl.store(r + REC_FLAG, (bad > 0).to(tl.float64))
+            if TIER_B:
+                # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
+                lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
+                cb = (qnorm * lt + q1 * BIAS) * qn_infl
+                tbm = cb * smx.to(tl.float64)
+                tl.store(r + REC_TB, tbm)
+                tvb = tl.full([], 1.0, tl.float64)
+                eb = tl.full([], float("inf"), tl.float64)
+                hb = tl.load(HIST_IN + (row * S + s)[:, None] * NB + KA + k[None, :], mask=smask[:, None] & km[None, :],
+                             other=0.0)
+                hb = tl.sum(w64[:, None] * hb.to(tl.float64), axis=0) / L64
+                hb = tl.maximum(tl.where(hb == hb, hb, 0.0), 0.0)
+                if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
+                    # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
+                    tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above,
+                                                  SCR + row * 6 * KP + 3 * KP, KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                    if single:
+                        tvb = tl.full([], 0.0, tl.float64)
+                    eb = (tvb * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+                    eb = tl.where((eb == eb) & (eb != float("inf")), eb, float("inf"))
+                tl.store(r + REC_TVB, tvb)
+                tl.store(r + REC_EB, eb)
 
 
-#: grid points per program of the epilogue kernels: few rows (small batches) are latency-bound,
-#: so their points spread over many programs; many rows fill the GPU with one program each
-#: (measured on the H200, bench/RESULTS.md: spreading 1024 rows' points was slower)
-EPI_TB_FEW_ROWS, EPI_ROWS_FEW = 8, 128
+#: columns of the fused merge's record (float64 per row)
+REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_FLAG, REC_XI, REC_RHO = range(12)
+REC_COLS = 16
+for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
+              "REC_FLAG", "REC_XI", "REC_RHO", "REC_COLS"):
+    globals()[_name] = tl.constexpr(globals()[_name])
 
 
-def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False):
+#: None: the [TP, K, K] form of the dense D off the GPU (numpy-fast in the interpreter), the loop
+#: over bins on the GPU (registers); tests set it to run both forms in the interpreter
+DENSE3D_OVERRIDE: bool | None = None
+
+
+def _dense3d(dev) -> bool:
+    return (torch.device(dev).type != "cuda") if DENSE3D_OVERRIDE is None else DENSE3D_OVERRIDE
+
+
+def _epsc(nbp: int) -> float:
+    """Relative rounding-error coefficient of one float64 D(t, λ) evaluation over nbp bins."""
+    return (4.0 * nbp + 16.0) * 2.0**-52
+
+
+def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False,
+                 tilt_above: float = -1.0):
     """(TV⁺, tanh, e-form, tilt, ρ) for histograms ``mass`` [..., NB] whose bin k holds radii
     ≤ ``lv[..., k]`` (the last bin is the overflow bin, level ``rmax``), ``rmax`` [...] the
     row's exact maximum radius, ``xi`` / ``lam`` the decode's Ξ and Λ (None: 0).
 
-    On CUDA two Triton launches, parallel over rows and grid points: the COARSE upper values
-    (EPI_TB_FEW_ROWS points per program for ≤ EPI_ROWS_FEW rows, else a row per program), then,
-    for each row's REFINE_TOP largest, the REFINE
-    sub-intervals; the combination is a few tensor ops. The same numbers as
-    ``tv_from_hist_torch`` (which CPU tensors use: the interpreter is slow; a test pins the two)."""
+    On CUDA (or ``force_kernel``) one Triton launch, a program per row (``_tv_row``, the code
+    the decode's fused merge runs); CPU tensors use ``tv_from_hist_torch`` (a test pins the two).
+    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1)."""
     if mass.device.type != "cuda" and not force_kernel:
         return tv_from_hist_torch(mass, lv, rmax, xi, lam)
     shp = mass.shape[:-1]
@@ -260,26 +460,12 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     if Rn == 0:
         return tuple(torch.empty(shp, dtype=torch.float64, device=dev) for _ in range(5))
     NBP = triton.next_power_of_2(nb)
-    epsc = (4.0 * NBP + 16.0) * 2.0**-52
-    U = torch.empty(Rn, COARSE, dtype=torch.float64, device=dev)
-    stats = torch.empty(Rn, 4, dtype=torch.float64, device=dev)
-    few = Rn <= EPI_ROWS_FEW
-    tb = EPI_TB_FEW_ROWS if few else COARSE
-    _epi_coarse_kernel[(Rn, COARSE // tb)](w, lvr, r, x, la, U, stats, nb, w.stride(0), lvr.stride(0),
-                                          NBP=NBP, N1=COARSE, TB=tb, EPSC=epsc)
-    R = min(REFINE_TOP, COARSE)
-    top = torch.topk(U, R, dim=-1).indices.to(torch.int32).contiguous()
-    sub = torch.empty(Rn, R * REFINE, dtype=torch.float64, device=dev)
-    tb = EPI_TB_FEW_ROWS if few else R * REFINE
-    _epi_refine_kernel[(Rn, R * REFINE // tb)](w, lvr, r, x, top, sub, nb, w.stride(0), lvr.stride(0),
-                                              NBP=NBP, N1=COARSE, R=R, NR=REFINE, TB=tb, EPSC=epsc)
-    rest = U.scatter(1, top.long(), -1.0).amax(-1)
-    tanh, eform, rho, lmax = stats.unbind(-1)
-    tilt = torch.maximum(sub.amax(-1), rest).clamp(0.0, 1.0)
-    tilt = torch.where(lmax == 0, torch.zeros_like(tilt), tilt)
-    tilt = torch.where(lmax > 700.0, torch.ones_like(tilt), tilt)
-    tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + torch.tanh(x / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
-    return tuple(t.reshape(shp) for t in (tv, tanh, eform, tilt, rho))
+    out = torch.empty(Rn, 5, dtype=torch.float64, device=dev)
+    scr = torch.empty(Rn, 3 * NBP, dtype=torch.float64, device=dev)
+    _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), float(tilt_above),
+                      NB=nb, NBP=NBP, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(NBP),
+                      DENSE3D=_dense3d(dev))
+    return tuple(t.reshape(shp) for t in out.unbind(-1))
 
 
 def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None,
@@ -325,3 +511,123 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
         eps_max=eps_max.double(), tb_max=None if tb_max is None else tb_max.double(),
         hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows, xi=xi, rho=rho,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeConstants:
+    """What the merge needs from the decode launch (SPEC §7 terms of ``kernels.paged``)."""
+
+    D: int
+    T: int  # tokens per page
+    PAGES: int  # pages per tile
+    NB: int  # histogram columns (tier A bins, tier B bins, the Σ p̂ φ column)
+    KA: int  # bins per tier
+    sm: float  # σ
+    tier_b: bool
+    delta_step: float | None
+    gamma: float  # ``paged.dot_gamma``
+    dither_u: float  # |σ| 2^-19 for the bf16 hi + lo dither split, else 0
+    eta: tuple  # ``paged.mass_eta_terms``
+    out_rel0: float  # 2^-8 on the GPU (bf16 p̂·s_v), 0 in the interpreter
+
+
+_EDGES: dict = {}
+
+
+def _edges(dev, ka: int) -> torch.Tensor:
+    from .decode import key_edges  # the decode's level grid (cached per device: no per-call kernels)
+
+    key = (str(dev), ka)
+    if key not in _EDGES:
+        e = key_edges(dev)
+        assert e.numel() == ka - 1
+        _EDGES[key] = e.contiguous()
+    return _EDGES[key]
+
+
+def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
+          tilt_above: float = -1.0):
+    """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
+    record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
+    q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec)."""
+    Bsz, Hq, S = m_out.shape
+    dev = m_out.device
+    rows = Bsz * Hq
+    meter = hist is not None
+    o = torch.empty(Bsz, Hq, c.D, device=dev, dtype=torch.float32)
+    lse = torch.empty(Bsz, Hq, device=dev, dtype=torch.float32)
+    KP = triton.next_power_of_2(c.KA)
+    f64 = dict(device=dev, dtype=torch.float64)
+    hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
+    rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
+    scr = torch.empty(rows, 6 * KP, **f64) if meter and epilogue else lse
+    edges = _edges(dev, c.KA) if meter and epilogue else lse
+    if c.tier_b:
+        rec[:, REC_TVB.value] = 1.0  # (written by the kernel; set so a skipped row reads saturated)
+    _merge_meter_kernel[(rows,)](
+        m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
+        Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
+        math.log(c.delta_step) if c.tier_b else 0.0, float(tilt_above), q.stride(0), q.stride(1),
+        D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
+        METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
+        GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
+        FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
+        N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
+    )
+    record = None
+    if meter and epilogue:
+        col = lambda k: rec[:, k.value].view(Bsz, Hq)  # noqa: E731
+        record = MeterRecord(
+            tv_upper_a=col(REC_TVA), tv_upper_b=col(REC_TVB) if c.tier_b else None,
+            out_err_upper=col(REC_EA), out_err_upper_b=col(REC_EB) if c.tier_b else None,
+            eps_max=col(REC_EPS), tb_max=col(REC_TB) if c.tier_b else None,
+            hist=hout[..., : c.KA], hist_b=hout[..., c.KA : 2 * c.KA] if c.tier_b else None,
+            tanh=col(REC_TANH), eform=col(REC_EFORM), tilt=col(REC_TILT), flag=col(REC_FLAG) > 0,
+            xi=col(REC_XI), rho=col(REC_RHO),
+        )
+    return o, lse, record
+
+
+def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
+    """Torch reference of ``merge`` (the former host-side path: float64 weights, the same Ξ, Λ
+    and ``meter_epilogue``); tests pin the kernel to it."""
+    Bsz, Hq, S = m_out.shape
+    dev = m_out.device
+    M = m_out.max(dim=-1, keepdim=True).values
+    w64 = torch.where(torch.isfinite(m_out), torch.exp((m_out - M).double()), torch.zeros_like(m_out, dtype=torch.float64))
+    w = w64.float()
+    L = (w * l_out).sum(-1)
+    o = (w[..., None] * acc_out).sum(-2) / L[..., None]
+    lse = M[..., 0] + torch.log(L)
+    if hist is None:
+        return o, lse, None
+    sm = c.sm
+    L64 = (w64 * l_out.double()).sum(-1)
+    h = (w64[..., None] * hist.double()).sum(-2) / L64[..., None]
+    mx = stat.amax(dim=-2)
+    bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
+    qd = q.double()
+    qnorm = qd.norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
+    edges = _edges(dev, c.KA)
+    lv_a = qnorm[..., None] * edges
+    eps_max = qnorm * mx[..., 0].double()
+    n_pages = (sl.double() + c.T - 1).div(c.T).floor()
+    tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None]
+    xi = qnorm * mx[..., 5].double() * c.gamma + KERNEL_EXP_REL + c.dither_u * qd.abs().sum(-1) * mx[..., 1].double()
+    eta = c.eta[0] + tiles * c.eta[1]
+    xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)
+    lam = ((sl.double()[:, None] + c.NB * tiles * S + 16.0) * FP32_FLUSH / L64.clamp_min(1.0)).expand_as(xi)
+    tb_max = lv_b = None
+    if c.tier_b:
+        n = sl.double().to(dev)[:, None]
+        cb = abs(sm) * (qd.norm(dim=-1) * torch.sqrt(2.0 * torch.log(2.0 * n / c.delta_step) / 12.0)
+                        + qd.abs().sum(-1) * DITHER_BIAS_FACTOR) * (1.0 + KERNEL_REL_SLACK)
+        lv_b = cb[..., None] * edges
+        tb_max = cb * mx[..., 1].double()
+    KA, NB = c.KA, c.NB
+    rec = meter_epilogue(
+        h[..., :KA], h[..., KA : 2 * KA] if c.tier_b else None, lv_a, lv_b, eps_max, tb_max,
+        pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
+        single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta,
+    )
+    return o, lse, rec

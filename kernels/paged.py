@@ -80,12 +80,26 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     return (head_dim + 32) * KERNEL_UNIT
 
 
-def mass_eta(tiles: int, tile_tokens: int) -> float:
+#: relative error of the p̂ operand split of the histogram dot: tf32x3 (the dropped lo·lo product
+#: and the tf32 rounding of the lo parts; also used for the interpreter's ieee dot) and bf16x2
+#: (p̂ = p_hi + p_lo in bf16, each rounded to nearest: |p̂ − p_hi − p_lo| ≤ 2^-8 · 2^-8 p̂); "page":
+#: page-level bins, masses summed in fp32 (≤ tile_tokens + 16 adds, already counted), no split
+HIST_SPLIT_REL = {"tf32x3": 2.0**-19, "bf16x2": 2.0**-16, "page": 0.0}
+
+
+def mass_eta_terms(tile_tokens: int, split: str = "tf32x3") -> tuple[float, float]:
+    """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``."""
+    a = (tile_tokens + 16) * KERNEL_UNIT + HIST_SPLIT_REL[split] + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)
+    return a, KERNEL_EXP_REL + KERNEL_UNIT
+
+
+def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3"):
     """Relative error of a p̂ mass accumulated by the decode kernel over ``tiles`` tiles of
-    ``tile_tokens`` tokens: the tf32x3 / ieee dot of one tile (≤ tile_tokens + 16 fp32 sums
-    and 2^-19 for the split), the running rescale by α = exp(m − m') (``KERNEL_EXP_REL`` per
-    tile) and the fp32 add per tile."""
-    return (tile_tokens + 16) * KERNEL_UNIT + 2.0**-19 + (tiles + 2) * (KERNEL_EXP_REL + KERNEL_UNIT)
+    ``tile_tokens`` tokens: the histogram dot of one tile (≤ tile_tokens + 16 fp32 sums and
+    the operand split ``HIST_SPLIT_REL[split]``), the running rescale by α = exp(m − m')
+    (``KERNEL_EXP_REL`` per tile) and the fp32 add per tile."""
+    a, b = mass_eta_terms(tile_tokens, split)
+    return a + tiles * b
 
 
 @dataclasses.dataclass

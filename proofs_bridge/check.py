@@ -119,10 +119,46 @@ def check_formulas(seed: int = 0, points: int = 200):
         base = fr(sig**2 * (q**2).sum(-1) / 12, 1000, 1e-6)  # the radius for s = 1
         bias = sig * np.abs(q).sum(-1) * B.DITHER_BIAS_FACTOR
         out.append(("kernel Tier B coefficient = formula + bias", _close_above(c, base + bias, 2.0**-11), ""))
+        out.append(_check_kernel_tier_b(q, sig, base + bias))
     except ImportError as exc:
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
     return out
+
+
+def _check_kernel_tier_b(q, sig, want):
+    """The Tier B coefficient the decode's fused merge kernel computes (``kernels.epilogue.merge``:
+    its record's ``tb_max`` = c · max s_j, read here with max s_j = 1, n = 1000, δ = 1e-6)."""
+    import os
+
+    import torch
+
+    name = "kernel record Tier B coefficient (fused merge) = formula + bias"
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
+    from kernels import epilogue as E
+    from kernels.decode import KEY_LEVELS
+    from kernels.paged import dot_gamma, mass_eta_terms
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    pts, d = q.shape
+    D = 1 << max(3, (d - 1).bit_length())  # a power of two; the padding channels are 0
+    qt = torch.zeros(pts, 1, D, dtype=torch.float32)
+    qt[:, 0, :d] = torch.tensor(q, dtype=torch.float32)
+    KA = KEY_LEVELS + 2
+    NB = 64
+    m = torch.zeros(pts, 1, 1)
+    hist = torch.zeros(pts, 1, 1, NB)
+    hist[..., 0] = 1.0
+    stat = torch.zeros(pts, 1, 1, 6)
+    stat[..., 1] = 1.0  # max s_j
+    c = E.MergeConstants(D=D, T=16, PAGES=8, NB=NB, KA=KA, sm=sig, tier_b=True, delta_step=1e-6, gamma=dot_gamma(D),
+                         dither_u=0.0, eta=mass_eta_terms(128), out_rel0=0.0)
+    args = [t.to(dev) for t in (m, m + 1.0, torch.zeros(pts, 1, 1, D), hist, stat, qt)]
+    _, _, rec = E.merge(*args, torch.full((pts,), 1000, dtype=torch.int32, device=dev), c)
+    got = rec.tb_max[:, 0].double().cpu().numpy()
+    # the kernel takes q in fp32: compare at the fp32 query (relative 2^-11 covers it and the slack)
+    return (name, _close_above(got, want, 2.0**-11), "")
 
 
 def check_fp_terms(rng, points: int = 200):

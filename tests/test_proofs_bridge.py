@@ -73,6 +73,15 @@ def test_drift_in_a_kernel_formula_fails(monkeypatch):
     assert "kernel Tier B coefficient = formula + bias" in failed(C.check_formulas())
 
 
+def test_drift_in_the_fused_merge_kernel_fails(monkeypatch):
+    import kernels.epilogue as Ek
+
+    name = "kernel record Tier B coefficient (fused merge) = formula + bias"
+    assert name not in failed(C.check_formulas())
+    monkeypatch.setattr(Ek, "DITHER_BIAS_FACTOR", Ek.DITHER_BIAS_FACTOR * 1000)  # a kernel constant that drifts
+    assert name in failed(C.check_formulas())
+
+
 def test_a_false_statement_is_falsified():
     # tanh(osc/8) in place of tanh(osc/4): false, and the search must find it
     bad = Fz.tilt_tv_le_tanh(random.Random(3), 500, tanh=lambda osc: mp.tanh(osc / 8))

@@ -705,7 +705,7 @@ class WitCertCache(Cache):
         # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
         out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
                      torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
-                     num_splits=max(1, min(16, n // 2048)), delta_step=ds, validate=False)
+                     num_splits=None, delta_step=ds, validate=False)
         if self.meter:
             if self.trace is None:  # stays on the device until cache.records is read
                 self._lazy.append((self.step, layer.layer_idx, out.meter, ds, Bsz))

@@ -1,0 +1,130 @@
+"""Decode tuning sweep on a CUDA GPU (issue 10): tile, pipeline depth, split count, int8
+conversion and histogram split, meter on / off, whole call (kernel + fused merge/epilogue) by
+CUDA-graph replay, beside bf16 SDPA. Prints one line per configuration and writes JSON.
+
+    python bench/tune_decode.py --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.decode import bench, fill_cache, graphed  # noqa: E402
+from kernels.decode import choose_splits, decode  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default="1:32768,8:32768,8:131072,32:32768")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ablate", action="store_true")
+    args = ap.parse_args(argv)
+    dev = "cuda"
+    Hq, Hkv, D = 32, 8, 128
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = []
+    for shp in args.shapes.split(","):
+        B, n = (int(x) for x in shp.split(":"))
+        torch.manual_seed(0)
+        kvb = B * n * Hkv * (D * 2 + 4)
+        copies = max(1, math.ceil(4 * 60e6 / kvb))
+        caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+        q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+        sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+        pages_total = math.ceil(n / 16)
+        s0 = max(1, math.ceil(2 * sms / (B * Hkv)))
+        sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
+        sv = [torch.randn_like(x) for x in sk]
+        qs = q[:, :, None, :]
+        j = [0]
+
+        def sdpa():
+            i = j[0] % len(sk)
+            j[0] += 1
+            return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
+
+        t_sdpa = bench(sdpa, False)
+        del sk, sv
+        print(f"# B={B} n={n} sdpa {t_sdpa:.4f} ms ({B * n * Hkv * D * 4 / t_sdpa / 1e9:.2f} TB/s)", flush=True)
+        splits = sorted({min(64, s) for s in (s0, 2 * s0, 4 * s0, 8 * s0, 16) if s <= max(1, pages_total // 8)})
+
+        def t(meter, S, pages, stages, magic, hist="bf16x2", warps=4, epi=True, tilt_above=-1.0):
+            def one(c, bt):
+                return lambda: decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps,
+                                      num_stages=stages, validate=False, epilogue=epi, hist_split=hist,
+                                      _ablate=magic, tilt_above=tilt_above)
+            out = decode(caches[0][0], q, caches[0][1], sl, meter=meter, num_splits=S, pages_per_tile=pages,
+                         num_warps=warps, num_stages=stages, validate=False, epilogue=epi, hist_split=hist,
+                         _ablate=magic, tilt_above=tilt_above)
+            k = out.compiled
+            ms = bench(graphed([one(c, bt) for c, bt in caches]), False)
+            r = dict(B=B, n=n, meter=meter, S=S, pages=pages, stages=stages, magic=magic, hist=hist, warps=warps,
+                     epi=epi, tilt_above=tilt_above, ms=ms, sdpa=t_sdpa, regs=getattr(k, "n_regs", None),
+                     spills=getattr(k, "n_spills", None))
+            res.append(r)
+            print(f"  {'on ' if meter else 'off'} S={S:<3} p{pages} s{stages} w{warps} magic{magic} {hist if meter else '':7}"
+                  f" epi={int(epi)} tau={tilt_above:+.2f} | {ms:.4f} ms  sdpa/x {t_sdpa / ms:.3f}  regs {r['regs']} "
+                  f"spills {r['spills']}", flush=True)
+            return ms
+
+        if args.ablate:  # kernel only (no record): what each part of the meter costs ("magic" = _ablate bits)
+            S = choose_splits(B, Hkv, n, 16, sms)
+            t(False, S, 4, 2, 0)
+            t(False, S, 8, 2, 0)
+            for ab in (0, 1, 2, 3, 4, 7):
+                t(True, S, 8, 2, ab, epi=False)
+            t(True, S, 8, 2, 0, epi=False, hist="tf32x3")
+            t(True, S, 8, 2, 0)
+            t(True, S, 8, 2, 0, tilt_above=0.1)
+            continue
+        # correctness of the variants on this shape: hist splits close
+        base = decode(caches[0][0], q, caches[0][1], sl, num_splits=s0, validate=False, hist_split="tf32x3")
+        for magic in (0,):
+            o = decode(caches[0][0], q, caches[0][1], sl, num_splits=s0, validate=False, hist_split="bf16x2")
+            print(f"  check bf16x2: o equal {torch.equal(o.o, base.o)}, max |dTV| "
+                  f"{(o.meter.tv_upper_a - base.meter.tv_upper_a).abs().max().item():.3e}, "
+                  f"TV range {base.meter.tv_upper_a.min().item():.3e}..{base.meter.tv_upper_a.max().item():.3e}, "
+                  f"tilt<cheap rows {(base.meter.tilt < torch.minimum(base.meter.tanh, base.meter.eform)).float().mean().item():.2f}",
+                  flush=True)
+        best_off = {}
+        grid_off = itertools.product(splits, (4, 8), (2, 3, 4), (0,))
+        if args.quick:
+            grid_off = itertools.product(splits[:2], (4,), (2, 3), (0,))
+        for S, pages, stages, magic in grid_off:
+            ms = t(False, S, pages, stages, magic)
+            best_off[ms] = (S, pages, stages, magic)
+        bo = best_off[min(best_off)]
+        print(f"# best off {min(best_off):.4f} ms {bo}", flush=True)
+        best_on = {}
+        grid_on = itertools.product(splits, (4, 8), (2, 3), ("bf16x2", "tf32x3"))
+        if args.quick:
+            grid_on = itertools.product(splits[:2], (8,), (2,), ("bf16x2", "tf32x3"))
+        for S, pages, stages, hist in grid_on:
+            ms = t(True, S, pages, stages, bo[3], hist)
+            best_on[ms] = (S, pages, stages, hist)
+        bn = best_on[min(best_on)]
+        print(f"# best on {min(best_on):.4f} ms {bn}", flush=True)
+        S, pages, stages, hist = bn
+        t(True, S, pages, stages, bo[3], hist, epi=False)  # kernel + merge, no meter record
+        t(True, S, pages, stages, bo[3], hist, tilt_above=0.1)  # lazy tilt at a gate's tau = 0.1
+        t(True, S, pages, stages, bo[3], hist, warps=8)
+        t(False, bo[0], bo[1], bo[2], bo[3], warps=8)
+        del caches
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
