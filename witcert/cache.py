@@ -65,12 +65,21 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
+from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
+
 from . import bounds as B
 from .schemes import QuantContext, get_scheme, quantize
 from .store import ExactStore
 
-#: schemes whose key statistics are taken over a block of tokens: quantized per full block
-BLOCK_SCHEMES = frozenset({"kivi2"})
+#: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
+#: quantized per full block (``contract.schemes``: granularity "block")
+
+
+def _kernel_scheme(scheme: str) -> bool:
+    """A scheme the kernel path serves: implemented by the kernels and lossy (``none`` with the
+    meter on is served by the reference path)."""
+    row = SCHEMES.get(scheme)
+    return row is not None and row.kernel_supported and row.lossy
 #: levels the tilt bound rounds radii up onto: 0 and 2^-14 … 16 with ratio 2^(1/4) (any set of
 #: levels is sound, SPEC §3(c); radii above 16 use the row maximum, where every bound is ≈ 1)
 METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
@@ -488,14 +497,15 @@ class WitCertCache(Cache):
         if backend not in ("auto", "reference", "kernel"):
             raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
         if backend == "kernel":
-            from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+            from kernels.paged import SUPPORTED_HEAD_DIMS
 
             why = []
             if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
                 why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "
                            "triton to run the kernels on the CPU, slowly)")
-            if scheme not in SCHEME_IDS or scheme == "none":
-                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: {sorted(set(SCHEME_IDS) - {'none'})})")
+            if not _kernel_scheme(scheme):
+                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: "
+                           f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n))})")
             if D not in SUPPORTED_HEAD_DIMS:
                 why.append(f"head_dim {D} is not supported by the kernels {SUPPORTED_HEAD_DIMS}")
             if gate is not None or audit or num_groups != 1 or witness != "token" or block_size != 16:
@@ -581,9 +591,9 @@ class WitCertCache(Cache):
             return True
         if self.backend == "reference" or device.type != "cuda" or batch != 1:
             return False
-        from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+        from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        return (self.scheme in SCHEME_IDS and self.scheme != "none" and self.head_dim in SUPPORTED_HEAD_DIMS
+        return (_kernel_scheme(self.scheme) and self.head_dim in SUPPORTED_HEAD_DIMS
                 and self.gate is None and not self.audit and self.num_groups == 1 and self.witness == "token"
                 and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
 
