@@ -889,11 +889,60 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register("witcert_eager", eager_mask)
 
 
+def _check_new_request(module, args, kwargs):
+    """Forward pre-hook of ``use_witcert``: refuse, before anything is written, a forward that
+    starts a new request on a cache still holding an earlier one's tokens.
+
+    transformers' ``generate`` takes ``input_ids`` on a non-empty cache as the cached prefix plus
+    new tokens and feeds only ``input_ids[:, n:]`` (n = the cached length), with positions from the
+    attention mask. A fresh prompt of length L on a cache of n tokens is then fed whole at
+    positions 0 … (L = n), or as nothing (L < n: an empty forward), or as its last L − n tokens at
+    positions L − (n − L) … (n/2 < L ≤ n), or as nothing (L ≤ n/2: an empty forward), or as its
+    last L − n tokens at positions n … (L > n: indistinguishable here from a continuation). While
+    the cache holds tokens, these are refused: a forward with no tokens; a 2-D attention mask
+    shorter than the cached plus the new tokens (it cannot describe the keys attention would
+    read); 2-D position ids whose every row starts at 0, or, without a mask (``generate`` drops an
+    all-ones mask: no padding, so positions are token indices), below n. A continuation
+    (multi-turn: the full history plus the new turn) starts at position n and passes; so does a
+    forward without position ids (the model numbers its tokens from n)."""
+    cache = kwargs.get("past_key_values")
+    if not isinstance(cache, WitCertCache):
+        return None
+    n = cache.get_seq_length()
+    if n == 0:
+        return None
+    x = kwargs.get("input_ids", args[0] if args else None)
+    if x is None:
+        x = kwargs.get("inputs_embeds")
+    fix = ("Call cache.reset() before reusing a WitCertCache for a new request (to continue the same "
+           "request, pass the full history: the cached tokens followed by the new ones).")
+    if x is not None and x.dim() >= 2 and x.shape[1] == 0:
+        raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request and this forward has no "
+                         f"new tokens (generate drops the first {n} of input_ids as already cached): a new prompt on "
+                         f"a used cache. " + fix)
+    mask = kwargs.get("attention_mask")
+    if x is not None and isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] < n + x.shape[1]:
+        raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request, but the attention mask "
+                         f"covers {mask.shape[-1]} tokens, fewer than those plus the {x.shape[1]} new ones: the input "
+                         f"does not continue the cached sequence (a new prompt on a used cache). " + fix)
+    pos = kwargs.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.dim() == 2 and pos.numel():
+        p0 = pos[:, 0]
+        if bool((p0 == 0).all()) or (mask is None and bool((p0 < n).all())):
+            raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request and this forward starts "
+                             f"at position {int(p0.min())}, not after them (a fresh prompt): its tokens would be "
+                             f"appended after the old ones and attend to them. " + fix)
+    return None
+
+
 def use_witcert(model, base: str = "sdpa"):
     """Switch ``model`` to the witcert attention (``base``: the attention used for prefill and
-    when the cache is off: "sdpa" or "eager"). Returns the model."""
+    when the cache is off: "sdpa" or "eager"), and refuse a new prompt on a used cache
+    (``_check_new_request``). Returns the model."""
     if base not in ("sdpa", "eager"):
         raise ValueError(f"base: expected 'sdpa' or 'eager', got {base!r}")
     register()
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
+    if getattr(model, "_witcert_reuse_hook", None) is None:
+        model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
     return model
