@@ -41,18 +41,12 @@ import dataclasses
 import torch
 
 from contract.bands import group_slices
+from contract.schemes import INT4_GROUP, KERNEL_SCHEME_IDS, SCHEMES, scale_bytes_per_token
 
-# scheme ids shared by the kernels (constexpr SCHEME)
-SCHEME_IDS = {"none": 0, "int8": 1, "int8_dither": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "fp8_e4m3_scaled": 5, "int4_group": 6}
-CODE_DTYPES = {
-    "int8": torch.int8,
-    "int8_dither": torch.int8,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-    "fp8_e4m3_scaled": torch.float8_e4m3fn,
-    "int4_group": torch.uint8,  # two 4-bit codes per byte: channel i (low) and i + D/2 (high)
-}
-INT4_GROUP = 32
+#: scheme ids shared by the kernels (constexpr SCHEME), from the scheme table (re-exported)
+SCHEME_IDS = dict(KERNEL_SCHEME_IDS)
+#: the storage dtype of each kernel scheme's codes ("none" stores the model dtype)
+CODE_DTYPES = {name: getattr(torch, SCHEMES[name].code_dtype) for name in SCHEME_IDS if SCHEMES[name].code_dtype}
 #: relative inflation of every fp32 witness / radius computed in a kernel (covers fp32
 #: rounding of the residual, the sum of squares over ≤ 256 channels and the sqrt, and of the
 #: dequantized value s·(c − u)); then rounded up into the storage dtype.
@@ -159,11 +153,14 @@ class PagedKV:
         gid = torch.empty(head_dim, dtype=torch.int32)
         for g, idx in enumerate(groups):
             gid[torch.from_numpy(idx)] = g
+        row = SCHEMES[scheme]
         cdt = CODE_DTYPES.get(scheme, model_dtype)
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        cshape = shape[:3] + (head_dim // 2,) if scheme == "int4_group" else shape
-        sshape = shape[:3] + (head_dim // INT4_GROUP,) if scheme == "int4_group" else shape[:3]
-        zshape = sshape if scheme == "int4_group" else (1,)
+        packed = row.code_bits is not None and row.code_bits < 8  # int4_group: two codes per byte
+        grouped = row.granularity == "channel-group"  # one scale / zero per INT4_GROUP channels
+        cshape = shape[:3] + (head_dim * row.code_bits // 8,) if packed else shape
+        sshape = shape[:3] + (head_dim // INT4_GROUP,) if grouped else shape[:3]
+        zshape = sshape if grouped else (1,)
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
         kw = dict(device=device)
@@ -250,22 +247,23 @@ def bytes_per_token(
     backing store lives in host memory and is not counted. Returns the breakdown and the ratio
     of tokens that fit at equal memory versus an unquantized ``model_bytes`` cache.
     """
-    code_bytes = {"none": model_bytes, "int8": 1, "int8_dither": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-                  "fp8_e4m3_scaled": 1, "int4_group": 0.5, "kivi2": 0.25}
-    if scheme not in code_bytes:
+    row = SCHEMES.get(scheme)
+    if row is None:
         raise ValueError(f"scheme: unknown {scheme!r}")
-    codes = 2 * head_dim * code_bytes[scheme]
-    has_scale = scheme in ("int8", "int8_dither", "fp8_e4m3_scaled")
-    scales = 2 * scale_bytes if has_scale else 0
-    if scheme == "int4_group":  # fp16 scale + fp16 zero per 32 channels, K and V
-        scales = 2 * 2 * 2 * (head_dim // 32)
-    if scheme == "kivi2":  # keys: per channel per block (fp16 scale+zero)/T; values: per 32 channels
-        scales = 2 * 2 * head_dim / block_size + 2 * 2 * (head_dim // 32)
+    if row.code_bits is None:  # "none": the model's dtype
+        code_bytes = model_bytes
+    else:  # whole bytes stay ints; sub-byte codes are counted packed
+        code_bytes = row.code_bits // 8 if row.code_bits % 8 == 0 else row.code_bits / 8
+    codes = 2 * head_dim * code_bytes
+    # K and V: one fp16 scale per token ("token"); fp16 scale + zero per 32 channels ("group");
+    # kivi2 keys: fp16 scale + zero per channel per block, shared by block_size tokens
+    scales = (scale_bytes_per_token(row.key_scales, head_dim, block_size, scale_bytes)
+              + scale_bytes_per_token(row.value_scales, head_dim, block_size, scale_bytes))
     if per_token_witness:
         wit = (num_groups + 3) * witness_bytes  # G key witnesses + φ + ν + κ
     else:
         wit = (num_groups + 3) * 4 / block_size
-    if scheme == "none":
+    if not row.lossy:
         wit = 0
     total = codes + scales + wit
     base = 2 * head_dim * model_bytes

@@ -30,13 +30,17 @@ import triton
 import triton.language as tl
 
 from contract.rounding import round_up_to_dtype
+from contract.schemes import SCHEMES
 
+from .ids import (FP8_E4M3_SCALED_ID, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID,
+                  INT8_ID, NONE_ID)
 from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-#: the divisors the kernel restates (checked against witcert.schemes / SPEC by proofs_bridge)
-KERNEL_DITHER_DIVISOR = 126.5
-KERNEL_INT8_DIVISOR = 127.0
+#: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
+#: value by proofs_bridge: a drift of either the table or these fails the bridge)
+KERNEL_DITHER_DIVISOR = SCHEMES["int8_dither"].divisor
+KERNEL_INT8_DIVISOR = SCHEMES["int8"].divisor
 
 
 @triton.jit
@@ -115,7 +119,7 @@ def _store_codes(C, S, Z, E, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rma
                  SCHEME: tl.constexpr, STORE_EXACT: tl.constexpr):
     """Store one role's codes, scale(s) (and int4 zeros) and the exact copy."""
     tl.store(C + caddr, code, mask=m2)
-    if SCHEME == 6:
+    if SCHEME == INT4_GROUP_ID:
         tl.store(S + gaddr, s, mask=m2)
         tl.store(Z + gaddr, zg, mask=m2)
     else:
@@ -153,10 +157,10 @@ def _write_kernel(
     cbase = blk * s_cb + h * s_ch + off * s_ct
     sbase = blk * s_sb + h * s_sh + off * s_st
     ebase = blk * s_eb + h * s_eh + off * s_et
-    NG: tl.constexpr = D // 32
+    NG: tl.constexpr = D // GROUP
     D2: tl.constexpr = D // 2
     # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
-    ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == 6 else 0.0  # 2^-22
+    ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == INT4_GROUP_ID else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
@@ -164,14 +168,14 @@ def _write_kernel(
         else:
             x = tl.load(V + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
         amax = tl.max(tl.abs(x), axis=1)
-        if SCHEME == 0:
+        if SCHEME == NONE_ID:
             s = tl.full([BLOCK_T], 1.0, tl.float16)
             if which == 0:
                 code = x.to(KC.dtype.element_ty)
             else:
                 code = x.to(VC.dtype.element_ty)
             xh = code.to(tl.float32)
-        elif SCHEME == 1:
+        elif SCHEME == INT8_ID:
             s = fp16_scale_up(amax, DIV_INT8)
             sf = s.to(tl.float32)[:, None]
             y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
@@ -181,7 +185,7 @@ def _write_kernel(
             c = tl.where(sf > 0, c, 0.0)
             code = c.to(tl.int8)
             xh = sf * c
-        elif SCHEME == 2:
+        elif SCHEME == INT8_DITHER_ID:
             s = fp16_scale_up(amax, DIV_DITHER)
             sf = s.to(tl.float32)[:, None]
             h_tok = token_hash(seed, layer, h, pos, which)
@@ -195,14 +199,14 @@ def _write_kernel(
             # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u,
             # ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8)) separately
             mag = s.to(tl.float32) * (scaled_norm(c, d_idx[None, :] >= 0) + scaled_norm(u, d_idx[None, :] >= 0) * 1.0078125)
-        elif SCHEME == 6:  # int4_group: per 32-channel group, fp16 zero (down) and scale (up)
-            x3 = tl.reshape(x, [BLOCK_T, NG, 32])
+        elif SCHEME == INT4_GROUP_ID:  # per 32-channel group, fp16 zero (down) and scale (up)
+            x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
             zg = f16_round_down(tl.min(x3, axis=2))
             zf = zg.to(tl.float32)
-            sgr = fp16_scale_up(tl.max(x3, axis=2) - zf, 15.0)
+            sgr = fp16_scale_up(tl.max(x3, axis=2) - zf, INT4_DIVISOR)
             sgf = sgr.to(tl.float32)
-            zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, 32]), [BLOCK_T, D])
-            sb = tl.reshape(tl.broadcast_to(sgf[:, :, None], [BLOCK_T, NG, 32]), [BLOCK_T, D])
+            zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+            sb = tl.reshape(tl.broadcast_to(sgf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
             y = tl.math.div_rn(x - zb, tl.where(sb > 0, sb, 1.0))
             fl = tl.floor(y)
             c = tl.clamp(fl + tl.where(y - fl >= 0.5, 1.0, 0.0), 0.0, 15.0)
@@ -211,9 +215,9 @@ def _write_kernel(
             lo, hi = tl.split(tl.permute(tl.reshape(c, [BLOCK_T, 2, D2]), (0, 2, 1)))
             code = (lo + 16.0 * hi).to(tl.uint8)
             s = sgr
-        else:
-            if SCHEME == 5:
-                s = fp16_scale_up(amax, 448.0)
+        else:  # the fp8 schemes: raw casts, or scaled per token
+            if SCHEME == FP8_E4M3_SCALED_ID:
+                s = fp16_scale_up(amax, FP8_SCALED_DIVISOR)
             else:
                 s = tl.full([BLOCK_T], 1.0, tl.float16)
             sf = s.to(tl.float32)[:, None]
@@ -228,11 +232,11 @@ def _write_kernel(
                 else:
                     code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
             xh = sf * code.to(tl.float32)
-        if SCHEME != 2:
+        if SCHEME != INT8_DITHER_ID:
             mag = scaled_norm(xh, d_idx[None, :] >= 0)
         r = xh - x
         gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]  # int4_group: one scale/zero per 32 channels
-        if SCHEME == 6:
+        if SCHEME == INT4_GROUP_ID:
             caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
         else:
             caddr = cbase[:, None] + d_idx[None, :]
@@ -243,7 +247,7 @@ def _write_kernel(
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             for g in tl.static_range(G):
                 ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
-                if SCHEME == 6:
+                if SCHEME == INT4_GROUP_ID:
                     ng += ABS * scaled_norm(xh, gid[None, :] == g)
                 if PER_TOKEN:
                     tl.store(waddr + g, f16_round_up(ng), mask=rmask)
@@ -310,14 +314,15 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     v = v.contiguous()
     slots = token_slots(cache, block_table.to(k.device), seq_ids, positions, validate).to(k.device).contiguous()
     positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
+    row = SCHEMES[cache.scheme]
     sid = SCHEME_IDS[cache.scheme]
-    precoded = INTERPRET and sid in (3, 4, 5)
+    precoded = INTERPRET and row.code_dtype is not None and row.code_dtype.startswith("float8")
     pk = pv = k  # unused placeholders
     if precoded:  # interpreter only: torch makes the fp8 codes (same rounding as the GPU cast)
         pk = _torch_fp8_codes(cache.scheme, k)
         pv = _torch_fp8_codes(cache.scheme, v)
     kw = cache.k_wit
-    lossy = sid != SCHEME_IDS["none"] or k.dtype != cache.k_codes.dtype
+    lossy = row.lossy or k.dtype != cache.k_codes.dtype
     BLOCK_T = 16 if INTERPRET else 4
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
@@ -338,9 +343,10 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
 
 
 def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
-    dt = torch.float8_e5m2 if scheme == "fp8_e5m2" else torch.float8_e4m3fn
+    row = SCHEMES[scheme]
+    dt = getattr(torch, row.code_dtype)
     xf = x.float()
-    if scheme == "fp8_e4m3_scaled":
-        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / 448.0, torch.float16).float()
+    if row.divisor is not None:  # fp8_e4m3_scaled
+        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / row.divisor, torch.float16).float()
         xf = xf / torch.where(s > 0, s, torch.ones_like(s))
     return xf.to(dt).contiguous()

@@ -54,11 +54,18 @@ def _close_above(got, want, rel):
 
 
 def check_constants():
+    from contract import schemes as T
     from witcert import bounds as B
     from witcert import schemes as S
 
     out = []
     out.append(("int8_dither divisor = 126.5", float(S.INT8_DITHER_DIVISOR) == float(F.INT8_DITHER_DIVISOR), f"{S.INT8_DITHER_DIVISOR}"))
+    out.append(("scheme table: int8_dither divisor = 126.5",
+                float(T.SCHEMES["int8_dither"].divisor) == float(F.INT8_DITHER_DIVISOR), f"{T.SCHEMES['int8_dither'].divisor}"))
+    ids = [r.kernel_id for r in T.SCHEMES.values() if r.kernel_id is not None]
+    out.append(("scheme table: kernel ids distinct, 'none' is 0, the built-ins are the table",
+                len(set(ids)) == len(ids) and T.SCHEMES["none"].kernel_id == 0
+                and set(S.available_schemes()) >= set(T.SCHEMES), f"{T.KERNEL_SCHEME_IDS}"))
     out.append(("tilt tolerance default = 2^-12", B.TILT_DEFAULT_TOL == 2.0**-12, f"{B.TILT_DEFAULT_TOL}"))
     out.append(("dither grid = 2^23 points", B.DITHER_RESOLUTION_BITS == 23, f"{B.DITHER_RESOLUTION_BITS}"))
     try:
@@ -69,6 +76,10 @@ def check_constants():
                     f"{W.KERNEL_DITHER_DIVISOR}"))
         out.append(("kernel int8 divisor = 127", float(W.KERNEL_INT8_DIVISOR) == float(S.INT8_DIVISOR), f"{W.KERNEL_INT8_DIVISOR}"))
         out.append(("kernel witness round-up ≥ 1", P.KERNEL_REL_SLACK > 0, f"{P.KERNEL_REL_SLACK}"))
+        from kernels import ids as I
+
+        kid = {n: int(getattr(I, n.upper() + "_ID").value) for n in P.SCHEME_IDS}
+        out.append(("kernel constexpr scheme ids = the scheme table", kid == T.KERNEL_SCHEME_IDS == P.SCHEME_IDS, f"{kid}"))
     except ImportError as exc:  # kernels need triton
         out.append(("kernel constants", False, f"cannot import kernels: {exc}"))
     return out

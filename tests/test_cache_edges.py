@@ -308,3 +308,83 @@ def test_crop_rolls_back_and_stays_metered(scheme):
         model(ids, past_key_values=cache, use_cache=True)
     assert lay.get_seq_length() == 39
     assert sum(r.audit_violations for r in cache.records) == 0
+
+
+# --------------------------------------------------------------------------- reuse without reset
+
+
+def _fresh_tokens(model, ids, mask=None, new=3):
+    c = WitCertCache(model.config, scheme="int8", seed=0)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask, past_key_values=c,
+                              max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("length", [10, 30, 43])
+def test_a_new_prompt_on_a_used_cache_is_refused(length):
+    """generate on a cache that holds an earlier request's 43 tokens takes input_ids as that prefix
+    plus new tokens: a fresh prompt of ≤ 43 tokens was fed as nothing (a reshape error), as its tail
+    at positions 13 … (L = 30), or whole after the old tokens (L = 43, silently different tokens).
+    Now a ValueError says to call reset(), before anything is written; after reset() the same
+    prompt gives what a fresh cache gives."""
+    model = use_witcert(tiny())
+    cache = WitCertCache(model.config, scheme="int8", seed=0)
+    gen(model, cache, n_prompt=40, new=4)
+    n, recs, steps = cache.get_seq_length(), len(cache.records), cache.step
+    assert n == 43
+    g = torch.Generator().manual_seed(5)
+    fresh = torch.randint(1, 64, (1, length), generator=g)
+    with pytest.raises(ValueError, match=r"cache\.reset\(\)") as e:
+        with torch.no_grad():
+            model.generate(fresh, attention_mask=torch.ones_like(fresh), past_key_values=cache, max_new_tokens=3,
+                           do_sample=False, pad_token_id=0)
+    assert "43 tokens of an earlier request" in str(e.value)
+    assert (cache.get_seq_length(), len(cache.records), cache.step) == (n, recs, steps)  # nothing written
+    cache.reset()
+    with torch.no_grad():
+        out = model.generate(fresh, attention_mask=torch.ones_like(fresh), past_key_values=cache, max_new_tokens=3,
+                             min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, _fresh_tokens(model, fresh))
+    assert cache.get_seq_length() == length + 2 and cache.summary()["metered_rows"] == 2
+
+
+def test_a_new_padded_batch_on_a_used_cache_is_refused():
+    model = use_witcert(tiny())
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, 64, (2, 20), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    cache = WitCertCache(model.config, scheme="int8", seed=0)
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        with pytest.raises(ValueError, match=r"reset\(\)"):
+            model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=3, do_sample=False,
+                           pad_token_id=0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_continuing_the_same_request_is_allowed(padded):
+    """Multi-turn on one cache: input_ids = the whole history (prompt + generated) + the new turn
+    (its mask covering both): generate feeds only what is not cached, and the tokens equal a fresh
+    run over the whole history."""
+    model = use_witcert(tiny())
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 64, (2, 24), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :6] = 0
+    cache = WitCertCache(model.config, scheme="int8", seed=0)
+    with torch.no_grad():
+        first = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=3, min_new_tokens=3,
+                               do_sample=False, pad_token_id=0)
+    turn = torch.cat([first, torch.randint(1, 64, (2, 5), generator=g)], 1)
+    tmask = torch.cat([mask, torch.ones(2, turn.shape[1] - mask.shape[1], dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        out = model.generate(turn, attention_mask=tmask, past_key_values=cache, max_new_tokens=3, min_new_tokens=3,
+                             do_sample=False, pad_token_id=0)
+    assert torch.equal(out, _fresh_tokens(model, turn, tmask))
+    assert cache.get_seq_length() == turn.shape[1] + 2
+    # a manual forward without position ids continues the cache (chunked prefill): allowed
+    with torch.no_grad():
+        model(out[:, -1:], past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == turn.shape[1] + 3

@@ -46,6 +46,23 @@ def test_drift_in_the_python_constant_fails(monkeypatch):
     assert "int8_dither divisor = 126.5" in failed(C.check_constants())
 
 
+def test_drift_in_the_scheme_table_fails(monkeypatch):
+    import dataclasses
+
+    import triton.language as tl
+
+    from contract import schemes as T
+    from kernels import ids as I
+
+    row = T.SCHEMES["int8_dither"]
+    monkeypatch.setitem(T.SCHEMES, "int8_dither", dataclasses.replace(row, divisor=127.0))
+    assert "scheme table: int8_dither divisor = 126.5" in failed(C.check_constants())
+    monkeypatch.setitem(T.SCHEMES, "int8_dither", row)
+    assert failed(C.check_constants()) == []
+    monkeypatch.setattr(I, "INT4_GROUP_ID", tl.constexpr(5))
+    assert "kernel constexpr scheme ids = the scheme table" in failed(C.check_constants())
+
+
 def test_drift_in_the_kernel_constant_fails(monkeypatch):
     from kernels import write as W
 

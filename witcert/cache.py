@@ -32,20 +32,11 @@ Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
 Schemes whose key statistics span a block of tokens (``kivi2``) quantize a block when it is
 full; until then its tokens stay exact (KIVI's full-precision residual), with witness 0.
 
-Gate (SPEC §6), per (step, layer, sequence, kv head), after the meter:
-
-* ``certified`` (τ < 1): while some query head of the kv head has ``TV⁺ > τ`` (or ``E⁺_V > τ_v``),
-  page in the exact block of highest risk, recompute the meter, until the bounds hold or
-  ``max_pagein_blocks`` are spent; then the row is flagged.
-* ``risk-ranked``: when the bound exceeds τ (default 0: always), page in the top
-  ``max_pagein_blocks`` blocks by risk.
-* risk of a block = Σ_{j∈B} Σ_heads p̂_j (e^{ε_j} − 1) (+ Σ p̂_j φ_j / τ_v with τ_v), the block's
-  first-order contribution to the e-form bound. A block is paged in only if its risk is > 0,
-  ≥ ``min_risk`` and ≥ ``min_share`` × the total risk of its (sequence, kv head): with
-  ``min_share`` the gate repairs the blocks that carry the bound (attention sinks, the tokens
-  being read), not the many blocks that each carry a sliver of it.
-  Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
-  page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
+Gate (SPEC §6): ``witcert.gate`` (the policy, block risk, the choice of blocks and the repair
+loop, model-free); ``Gate`` is re-exported here. Per (step, layer) the cache hands it whether the
+bounds hold per (sequence, kv head), the block risks from its meter, and ``WitCertLayer.page_in``.
+Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
+page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
 """
 
 from __future__ import annotations
@@ -65,12 +56,22 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
+from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
+
 from . import bounds as B
+from .gate import Gate, block_risk, exceeds, repair
 from .schemes import QuantContext, get_scheme, quantize
 from .store import ExactStore
 
-#: schemes whose key statistics are taken over a block of tokens: quantized per full block
-BLOCK_SCHEMES = frozenset({"kivi2"})
+#: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
+#: quantized per full block (``contract.schemes``: granularity "block")
+
+
+def _kernel_scheme(scheme: str) -> bool:
+    """A scheme the kernel path serves: implemented by the kernels and lossy (``none`` with the
+    meter on is served by the reference path)."""
+    row = SCHEMES.get(scheme)
+    return row is not None and row.kernel_supported and row.lossy
 #: levels the tilt bound rounds radii up onto: 0 and 2^-14 … 16 with ratio 2^(1/4) (any set of
 #: levels is sound, SPEC §3(c); radii above 16 use the row maximum, where every bound is ≈ 1)
 METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
@@ -86,40 +87,6 @@ REFERENCE_UNIT_ROUNDOFF = 2.0**-53
 log = logging.getLogger("witcert.cache")
 
 _ACTIVE = threading.local()
-
-
-@dataclasses.dataclass(frozen=True)
-class Gate:
-    """Repair policy (SPEC §6). ``max_pagein_blocks``: per (step, layer, sequence, kv head)."""
-
-    policy: str = "certified"
-    tau: float | None = None
-    tau_v: float | None = None
-    max_pagein_blocks: int = 8
-    tier: str = "A"
-    min_risk: float = 0.0
-    min_share: float = 0.0
-
-    def __post_init__(self):
-        if self.policy not in ("certified", "risk-ranked"):
-            raise ValueError(f"Gate.policy: expected 'certified' or 'risk-ranked', got {self.policy!r}")
-        tau = self.tau
-        if tau is None:
-            object.__setattr__(self, "tau", 0.1 if self.policy == "certified" else 0.0)
-        elif not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0):
-            raise ValueError(f"Gate.tau: expected a finite number >= 0, got {tau!r}")
-        if self.policy == "certified" and not self.tau < 1:
-            raise ValueError("Gate.tau: the certified policy needs tau < 1 (TV⁺ ≤ 1 always); use 'risk-ranked'")
-        if self.tau_v is not None and not (isinstance(self.tau_v, (int, float)) and self.tau_v > 0):
-            raise ValueError(f"Gate.tau_v: expected a number > 0, got {self.tau_v!r}")
-        if not isinstance(self.max_pagein_blocks, int) or isinstance(self.max_pagein_blocks, bool) or self.max_pagein_blocks < 0:
-            raise ValueError(f"Gate.max_pagein_blocks: expected an int >= 0, got {self.max_pagein_blocks!r}")
-        if not (isinstance(self.min_risk, (int, float)) and self.min_risk >= 0):
-            raise ValueError(f"Gate.min_risk: expected a number >= 0, got {self.min_risk!r}")
-        if not (isinstance(self.min_share, (int, float)) and 0 <= self.min_share <= 1):
-            raise ValueError(f"Gate.min_share: expected a number in [0, 1], got {self.min_share!r}")
-        if self.tier not in ("A", "B"):
-            raise ValueError(f"Gate.tier: expected 'A' or 'B', got {self.tier!r}")
 
 
 @dataclasses.dataclass
@@ -488,14 +455,15 @@ class WitCertCache(Cache):
         if backend not in ("auto", "reference", "kernel"):
             raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
         if backend == "kernel":
-            from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+            from kernels.paged import SUPPORTED_HEAD_DIMS
 
             why = []
             if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
                 why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "
                            "triton to run the kernels on the CPU, slowly)")
-            if scheme not in SCHEME_IDS or scheme == "none":
-                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: {sorted(set(SCHEME_IDS) - {'none'})})")
+            if not _kernel_scheme(scheme):
+                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: "
+                           f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n))})")
             if D not in SUPPORTED_HEAD_DIMS:
                 why.append(f"head_dim {D} is not supported by the kernels {SUPPORTED_HEAD_DIMS}")
             if gate is not None or audit or num_groups != 1 or witness != "token" or block_size != 16:
@@ -581,9 +549,9 @@ class WitCertCache(Cache):
             return True
         if self.backend == "reference" or device.type != "cuda" or batch != 1:
             return False
-        from kernels.paged import SCHEME_IDS, SUPPORTED_HEAD_DIMS
+        from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        return (self.scheme in SCHEME_IDS and self.scheme != "none" and self.head_dim in SUPPORTED_HEAD_DIMS
+        return (_kernel_scheme(self.scheme) and self.head_dim in SUPPORTED_HEAD_DIMS
                 and self.gate is None and not self.audit and self.num_groups == 1 and self.witness == "token"
                 and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
 
@@ -783,19 +751,9 @@ class WitCertCache(Cache):
         return {"tv": tv, "err": err, "bad": t(bad), "parts": torch.stack([t(x) for x in parts])}
 
     def _block_risk(self, layer, ev, eps, nb):
-        """Risk of every block [B, Hkv, nb] (module docstring); 0 for repaired blocks."""
-        p = ev["p"]
-        # p̂_j (e^{ε_j} − 1) in the log domain: a token whose p̂ underflowed still carries its risk
-        lp = ev["logits"] - torch.logsumexp(ev["logits"].masked_fill(~ev["al"], float("-inf")), -1, keepdim=True)
-        lp = torch.where(ev["al"] & ev["live"][..., None], lp, torch.full_like(lp, float("-inf")))
-        rt = torch.exp(torch.clamp(lp + torch.clamp(eps, max=60.0), max=700.0)) - p
-        if self.gate.tau_v is not None:
-            rt = rt + p * layer.v_wit[:, :, None, None] / self.gate.tau_v
-        rt = torch.nan_to_num(rt, nan=0.0, posinf=1e300).sum((2, 3))  # [B, Hkv, n]
-        T = self.block_size
-        n = rt.shape[-1]
-        rb = torch.nn.functional.pad(rt, (0, nb * T - n)).view(*rt.shape[:2], nb, T).sum(-1)
-        return torch.where(layer.repaired[..., :nb], torch.zeros_like(rb), rb)
+        """Risk of every block [B, Hkv, nb] (``witcert.gate.block_risk``); 0 for repaired blocks."""
+        return block_risk(ev["p"], ev["logits"], ev["al"], ev["live"], eps, block_size=self.block_size,
+                          num_blocks=nb, repaired=layer.repaired, v_wit=layer.v_wit, tau_v=self.gate.tau_v)
 
     def _meter_and_gate(self, layer, q, al, sm, ev):
         Bsz, Hkv, GQ, Lq, n = ev["p"].shape
@@ -812,40 +770,29 @@ class WitCertCache(Cache):
             return m
 
         def over(m):
-            gtv = m["tv"] if gate.tier == "A" else torch.minimum(m["tv"], m["tv_b"])
-            o = gtv > gate.tau
-            if gate.tau_v is not None:
-                o = o | (m["err"] > gate.tau_v)
-            return o
+            return exceeds(gate, m["tv"], m.get("tv_b"), m["err"])
 
         m = pre = measure()
         pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
-        if gate is not None and gate.max_pagein_blocks > 0:
+        if gate is not None and gate.max_pagein_blocks > 0:  # the repair loop: witcert.gate.repair
             nb = -(-n // self.block_size)
-            risk_ranked = gate.policy == "risk-ranked"
-            for _ in range(1 if risk_ranked else gate.max_pagein_blocks):
-                need = over(m).flatten(2).any(-1).cpu().numpy() & (pagein < gate.max_pagein_blocks)
-                if not need.any():
-                    break
-                rb = self._block_risk(layer, ev, m["eps"], nb)
-                floor = torch.clamp(gate.min_share * rb.sum(-1, keepdim=True), min=gate.min_risk)  # [B, Hkv, 1]
-                moved = False
-                for b, h in zip(*np.nonzero(need)):
-                    k = gate.max_pagein_blocks - int(pagein[b, h]) if risk_ranked else 1
-                    vals, idx = torch.topk(rb[b, h], min(k, nb))
-                    for val, blk in zip(vals.tolist(), idx.tolist()):
-                        if val <= 0 or val < float(floor[b, h, 0]):
-                            break
-                        nbytes = layer.page_in(int(b), int(h), blk)
-                        if nbytes:
-                            pagein[b, h] += 1
-                            self.pagein_blocks[layer.layer_idx, b] += 1
-                            self.pagein_bytes[layer.layer_idx, b] += nbytes
-                            moved = True
-                if not moved:
-                    break
+            cur = {"m": m}
+
+            def page_in(b, h, blk):
+                nbytes = layer.page_in(b, h, blk)
+                if nbytes:
+                    self.pagein_blocks[layer.layer_idx, b] += 1
+                    self.pagein_bytes[layer.layer_idx, b] += nbytes
+                return nbytes
+
+            def remeasure():
                 ev.update(self._evaluate(layer, q, al, sm))
-                m = measure()
+                cur["m"] = measure()
+
+            pagein = repair(gate, over=lambda: over(cur["m"]).flatten(2).any(-1).cpu().numpy(),
+                            risk=lambda: self._block_risk(layer, ev, cur["m"]["eps"], nb),
+                            page_in=page_in, remeasure=remeasure).pagein
+            m = cur["m"]
         flag = m["bad"]
         if gate is not None and gate.policy == "certified":
             flag = flag | over(m)
@@ -942,11 +889,60 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register("witcert_eager", eager_mask)
 
 
+def _check_new_request(module, args, kwargs):
+    """Forward pre-hook of ``use_witcert``: refuse, before anything is written, a forward that
+    starts a new request on a cache still holding an earlier one's tokens.
+
+    transformers' ``generate`` takes ``input_ids`` on a non-empty cache as the cached prefix plus
+    new tokens and feeds only ``input_ids[:, n:]`` (n = the cached length), with positions from the
+    attention mask. A fresh prompt of length L on a cache of n tokens is then fed whole at
+    positions 0 … (L = n), or as nothing (L < n: an empty forward), or as its last L − n tokens at
+    positions L − (n − L) … (n/2 < L ≤ n), or as nothing (L ≤ n/2: an empty forward), or as its
+    last L − n tokens at positions n … (L > n: indistinguishable here from a continuation). While
+    the cache holds tokens, these are refused: a forward with no tokens; a 2-D attention mask
+    shorter than the cached plus the new tokens (it cannot describe the keys attention would
+    read); 2-D position ids whose every row starts at 0, or, without a mask (``generate`` drops an
+    all-ones mask: no padding, so positions are token indices), below n. A continuation
+    (multi-turn: the full history plus the new turn) starts at position n and passes; so does a
+    forward without position ids (the model numbers its tokens from n)."""
+    cache = kwargs.get("past_key_values")
+    if not isinstance(cache, WitCertCache):
+        return None
+    n = cache.get_seq_length()
+    if n == 0:
+        return None
+    x = kwargs.get("input_ids", args[0] if args else None)
+    if x is None:
+        x = kwargs.get("inputs_embeds")
+    fix = ("Call cache.reset() before reusing a WitCertCache for a new request (to continue the same "
+           "request, pass the full history: the cached tokens followed by the new ones).")
+    if x is not None and x.dim() >= 2 and x.shape[1] == 0:
+        raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request and this forward has no "
+                         f"new tokens (generate drops the first {n} of input_ids as already cached): a new prompt on "
+                         f"a used cache. " + fix)
+    mask = kwargs.get("attention_mask")
+    if x is not None and isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] < n + x.shape[1]:
+        raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request, but the attention mask "
+                         f"covers {mask.shape[-1]} tokens, fewer than those plus the {x.shape[1]} new ones: the input "
+                         f"does not continue the cached sequence (a new prompt on a used cache). " + fix)
+    pos = kwargs.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.dim() == 2 and pos.numel():
+        p0 = pos[:, 0]
+        if bool((p0 == 0).all()) or (mask is None and bool((p0 < n).all())):
+            raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request and this forward starts "
+                             f"at position {int(p0.min())}, not after them (a fresh prompt): its tokens would be "
+                             f"appended after the old ones and attend to them. " + fix)
+    return None
+
+
 def use_witcert(model, base: str = "sdpa"):
     """Switch ``model`` to the witcert attention (``base``: the attention used for prefill and
-    when the cache is off: "sdpa" or "eager"). Returns the model."""
+    when the cache is off: "sdpa" or "eager"), and refuse a new prompt on a used cache
+    (``_check_new_request``). Returns the model."""
     if base not in ("sdpa", "eager"):
         raise ValueError(f"base: expected 'sdpa' or 'eager', got {base!r}")
     register()
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
+    if getattr(model, "_witcert_reuse_hook", None) is None:
+        model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
     return model

@@ -27,7 +27,7 @@ DELTA_REQ = 1e-3
 
 
 def demo_gate():
-    from .cache import Gate
+    from .gate import Gate
 
     # where the Tier A bound is near saturation (TV+ > 0.9, SPEC §6's risk-ranked case), repair the
     # blocks that carry >= 20 % of a kv head's risk, at most 2 per (step, layer, kv head)

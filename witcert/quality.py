@@ -143,7 +143,7 @@ def run(args) -> int:
 
 
 def eval_gate(args):
-    from .cache import Gate
+    from .gate import Gate
     from .demo import demo_gate
 
     g = demo_gate()

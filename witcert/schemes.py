@@ -7,7 +7,8 @@ The witness is computed from ``x̂ − x`` by :mod:`witcert.bounds`, so every sc
 registered by a user -- is metered the same way.
 
 Built-ins: ``none``, ``fp8_e4m3``, ``fp8_e5m2`` (raw casts: the failure mode users hit),
-``fp8_e4m3_scaled``, ``int8``, ``int8_dither`` (SPEC §5), ``int4_group``, ``kivi2``.
+``fp8_e4m3_scaled``, ``int8``, ``int8_dither`` (SPEC §5), ``int4_group``, ``kivi2``; their facts
+(kernel id, code dtype, scale rule and divisor, granularity) are the rows of ``contract.schemes``.
 
 ``int8_dither`` exactly (all fp32, as the write kernel does it):
 
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from contract.rounding import round_up_f32, round_up_to_dtype  # noqa: F401 (re-exported)
+from contract.schemes import INT4_GROUP, SCHEMES
 
 __all__ = [
     "QuantContext",
@@ -54,9 +56,11 @@ __all__ = [
     "FP8_E4M3_MAX",
 ]
 
-INT8_DITHER_DIVISOR = 126.5  # SPEC §5: |x/s| ≤ 126.5 and |u| < ½ keep the code in [−127, 127]
-INT8_DIVISOR = 127.0
-FP8_E4M3_MAX = 448.0
+# the divisors of the scale rules, from the scheme table (contract.schemes)
+INT8_DITHER_DIVISOR = SCHEMES["int8_dither"].divisor  # SPEC §5: |x/s| ≤ 126.5 and |u| < ½ keep the code in [−127, 127]
+INT8_DIVISOR = SCHEMES["int8"].divisor
+FP8_E4M3_MAX = SCHEMES["fp8_e4m3_scaled"].divisor  # the largest finite fp8 e4m3fn value
+INT4_DIVISOR = SCHEMES["int4_group"].divisor  # codes 0 … 15
 _MASK32 = 0xFFFFFFFF
 
 
@@ -263,14 +267,14 @@ def _int4_group(x, ctx):
     c = floor(y) + [y − floor(y) ≥ ½] clamped to [0, 15], x̂ = z + s·c (two fp32 roundings)."""
     x = x.to(torch.float32)
     d = x.shape[-1]
-    g = min(32, d)
+    g = min(INT4_GROUP, d)
     if d % g:
         raise ValueError(f"int4_group: head dim {d} is not a multiple of the group size {g}")
     xg = x.reshape(*x.shape[:-1], d // g, g)
     mn = xg.amin(-1, keepdim=True)
     mx = xg.amax(-1, keepdim=True)
     z = round_down_f16(mn).to(torch.float32)
-    s = round_up_to_dtype((mx - z).to(torch.float64) / 15.0, torch.float16).to(torch.float32)
+    s = round_up_to_dtype((mx - z).to(torch.float64) / INT4_DIVISOR, torch.float16).to(torch.float32)
     safe = torch.where(s > 0, s, torch.ones_like(s))
     y = (xg - z) / safe
     f = torch.floor(y)
@@ -280,10 +284,13 @@ def _int4_group(x, ctx):
     return xh.reshape(x.shape), {"codes": c.reshape(x.shape).to(torch.uint8), "scale": s[..., 0], "zero": z[..., 0], "group": g}
 
 
+_KIVI2_LEVELS = 2 ** SCHEMES["kivi2"].code_bits
+
+
 def _kivi2(x, ctx):
     if ctx.role == "key":  # per channel, over blocks of tokens
-        return _asym_groups(x, 4, -2, ctx.block_size)
-    return _asym_groups(x, 4, -1, min(32, x.shape[-1]))  # per token, channel groups
+        return _asym_groups(x, _KIVI2_LEVELS, -2, ctx.block_size)
+    return _asym_groups(x, _KIVI2_LEVELS, -1, min(INT4_GROUP, x.shape[-1]))  # per token, channel groups
 
 
 # --------------------------------------------------------------------------- registry
@@ -348,7 +355,7 @@ def quantize(name: str, x, ctx: QuantContext | None = None) -> tuple[torch.Tenso
     return x_hat.to(torch.float32), meta
 
 
-for _name, _fn in {
+_BUILTINS = {
     "none": _none,
     "fp8_e4m3": _fp8_raw(torch.float8_e4m3fn),
     "fp8_e5m2": _fp8_raw(torch.float8_e5m2),
@@ -357,5 +364,8 @@ for _name, _fn in {
     "int8_dither": _int8_dither,
     "int4_group": _int4_group,
     "kivi2": _kivi2,
-}.items():
+}
+if set(_BUILTINS) != set(SCHEMES):  # the table (contract.schemes) lists exactly the built-ins
+    raise ImportError(f"witcert.schemes: built-ins {sorted(_BUILTINS)} differ from the scheme table {sorted(SCHEMES)}")
+for _name, _fn in _BUILTINS.items():
     register_scheme(_name, _fn)

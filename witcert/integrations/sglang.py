@@ -58,6 +58,8 @@ import types
 
 import torch
 
+from contract.schemes import SCHEMES
+
 log = logging.getLogger("witcert.sglang")
 
 SUPPORTED_VERSIONS = ("0.5.23",)
@@ -73,7 +75,9 @@ DECODE_PARAMS = ("q", "k_buffer", "v_buffer", "o", "kv_indptr", "kv_indices", "a
 POOL_PARAMS = ("self", "layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale")
 WITNESS_SLACK = 2.0**-12
 WITNESS_FLOOR = 2.0**-100
-OUR_SCHEMES = ("int8", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled", "int4_group")
+#: our kernel schemes SGLang can serve: lossy, and not keyed by the token's logical index
+#: (SGLang's write does not carry it: int8_dither is refused), from the scheme table
+OUR_SCHEMES = tuple(r.name for r in SCHEMES.values() if r.kernel_supported and r.lossy and not r.position_keyed)
 
 
 class UnsupportedSGLang(RuntimeError):

@@ -1,0 +1,138 @@
+"""The scheme table: one row per built-in quantization scheme, the facts that the fp64 reference
+(``witcert.schemes``, ``witcert.cache``), the kernels (``kernels.paged``, ``kernels.write``,
+``kernels.decode``) and the memory accounting (``kernels.paged.bytes_per_token``) read from here
+instead of restating them.
+
+A row states what a scheme **is** (its code, scale and granularity); how it is computed lives in
+``witcert.schemes`` (fp64 reference, bit for bit with the kernels) and ``kernels.write``.
+
+    granularity   "token"          one token is quantized on its own (scale per token, or none)
+                  "channel-group"  per token, one scale + zero per ``INT4_GROUP`` channels
+                  "block"          key statistics span a block of T tokens: a block is quantized
+                                   when it is full, its tokens stay exact until then (KIVI's
+                                   full-precision residual)
+    key_scales,   "none"           no scale stored
+    value_scales  "token"          one scale per token (``scale_bytes`` each, fp16 rounded up)
+                  "group"          fp16 scale + fp16 zero per 32 channels (per token)
+                  "channel-block"  fp16 scale + fp16 zero per channel per block of T tokens
+
+Pure data: no torch, no numpy (the kernels map ``code_dtype`` names to torch dtypes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: channels per scale / zero of the group schemes (int4_group; kivi2 values)
+INT4_GROUP = 32
+
+GRANULARITIES = ("token", "channel-group", "block")
+SCALE_KINDS = ("none", "token", "group", "channel-block")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """One built-in scheme (see the module doc for the vocabulary)."""
+
+    name: str
+    #: the kernels' constexpr SCHEME id; None: no kernel implements it (reference path only)
+    kernel_id: int | None
+    #: the torch dtype (by name) codes are stored in; None: the model's dtype (no quantization)
+    code_dtype: str | None
+    #: bits of information per code element (what ``bytes_per_token`` counts, packed); None: the
+    #: model dtype's width
+    code_bits: int | None
+    #: how the scale is chosen, in words (the arithmetic is in witcert.schemes / kernels.write)
+    scale_rule: str
+    granularity: str
+    key_scales: str
+    value_scales: str
+    #: the divisor of the scale rule (s = the smallest fp16 with s·divisor ≥ the range: max|x| or
+    #: max − zero); None: no such rule (no scale, or kivi2's exact fp32 range/3)
+    divisor: float | None = None
+    #: the codes depend on the token's logical index (the dither key): a writer must know it
+    position_keyed: bool = False
+
+    def __post_init__(self):
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"Scheme {self.name}: granularity {self.granularity!r} not in {GRANULARITIES}")
+        for role in (self.key_scales, self.value_scales):
+            if role not in SCALE_KINDS:
+                raise ValueError(f"Scheme {self.name}: scale kind {role!r} not in {SCALE_KINDS}")
+
+    @property
+    def kernel_supported(self) -> bool:
+        """Whether the Triton kernels implement this scheme (write and metered decode)."""
+        return self.kernel_id is not None
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the served values can differ from the exact ones (every scheme but ``none``)."""
+        return self.code_bits is not None
+
+    @property
+    def per_block(self) -> bool:
+        """Whether a token waits for its block to fill before it is quantized (``granularity == "block"``)."""
+        return self.granularity == "block"
+
+
+_ROWS = (
+    Scheme("none", 0, None, None, "none (the model's values)", "token", "none", "none"),
+    Scheme("int8", 1, "int8", 8, "per-token fp16 rounded up (amax/127), round half up", "token", "token", "token",
+           127.0),
+    Scheme("int8_dither", 2, "int8", 8, "per-token fp16 rounded up (amax/126.5), subtractive dither (SPEC §5)",
+           "token", "token", "token", 126.5, position_keyed=True),
+    Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast)", "token", "none", "none"),
+    Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast)", "token", "none", "none"),
+    Scheme("fp8_e4m3_scaled", 5, "float8_e4m3fn", 8, "per-token fp16 rounded up (amax/448)", "token", "token",
+           "token", 448.0),
+    Scheme("int4_group", 6, "uint8", 4,
+           "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
+           "channel-group", "group", "group", 15.0),
+    Scheme("kivi2", None, "uint8", 2,  # reference only: one 2-bit code per byte (counted packed)
+           "keys: per channel over a block of T tokens, fp32 scale (range/3) + zero; values: the same per 32 channels of a token",
+           "block", "channel-block", "group"),
+)
+
+#: the table, by name (insertion order = kernel id order, then the reference-only schemes)
+SCHEMES: dict[str, Scheme] = {s.name: s for s in _ROWS}
+
+#: scheme name → kernel id, for the schemes the kernels implement
+KERNEL_SCHEME_IDS: dict[str, int] = {s.name: s.kernel_id for s in _ROWS if s.kernel_supported}
+#: schemes whose key statistics are taken over a block of tokens: quantized per full block
+BLOCK_SCHEMES: frozenset[str] = frozenset(s.name for s in _ROWS if s.per_block)
+
+
+def scheme(name: str) -> Scheme:
+    """The table's row for ``name`` (``ValueError`` naming the known schemes)."""
+    try:
+        return SCHEMES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"scheme: unknown {name!r}; the table has {sorted(SCHEMES)}") from None
+
+
+def kernel_id(name: str) -> int:
+    """The kernels' constexpr id of ``name`` (``ValueError`` if no kernel implements it)."""
+    row = scheme(name)
+    if row.kernel_id is None:
+        raise ValueError(f"scheme {name!r} has no kernel (kernel schemes: {sorted(KERNEL_SCHEME_IDS)})")
+    return row.kernel_id
+
+
+def kernel_supported(name: str) -> bool:
+    """Whether the kernels implement ``name`` (False for schemes outside the table: user schemes)."""
+    row = SCHEMES.get(name)
+    return row is not None and row.kernel_supported
+
+
+def scale_bytes_per_token(kind: str, head_dim: int, block_size: int, scale_bytes: int) -> float:
+    """Bytes of scales (and zeros) per token for one role (K or V) stored with ``kind``."""
+    if kind == "none":
+        return 0
+    if kind == "token":
+        return scale_bytes
+    if kind == "group":  # fp16 scale + fp16 zero per INT4_GROUP channels
+        return 2 * 2 * (head_dim // INT4_GROUP)
+    if kind == "channel-block":  # fp16 scale + fp16 zero per channel, shared by a block of T tokens
+        return 2 * 2 * head_dim / block_size
+    raise ValueError(f"scale kind: {kind!r} not in {SCALE_KINDS}")
