@@ -52,6 +52,7 @@ import triton.language as tl
 from contract.constants import DITHER_BIAS_FACTOR
 
 from .epilogue import MergeConstants, MeterRecord, merge
+from .ids import INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
 from .paged import HIST_SPLIT_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
@@ -129,7 +130,7 @@ def _decode_kernel(
         blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
-        if SCHEME == 6:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
+        if SCHEME == INT4_GROUP_ID:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
             d2 = tl.arange(0, D2)
             gidx = sbase[:, None] + (d // 32)[None, :]
             kb = tl.load(KC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
@@ -151,7 +152,7 @@ def _decode_kernel(
         else:
             kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             vc = tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            if SCHEME == 0:
+            if SCHEME == NONE_ID:
                 ks = tl.full([BLOCK_N], 1.0, tl.float32)
                 vs = tl.full([BLOCK_N], 1.0, tl.float32)
             else:
@@ -164,7 +165,7 @@ def _decode_kernel(
                 kc = kc.to(tl.float32)
                 vc = vc.to(tl.float32)
             qk = tl.dot(q, tl.trans(kc))
-            if SCHEME == 2:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
+            if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])
                 if LOWP:
                     uk_hi = uk.to(Q.dtype.element_ty)
@@ -182,7 +183,7 @@ def _decode_kernel(
             if LOWP:
                 pv = pv.to(Q.dtype.element_ty)
             pvv = tl.dot(pv, vc)
-            if SCHEME == 2:
+            if SCHEME == INT8_DITHER_ID:
                 uv = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[:, None], d[None, :])
                 if LOWP:
                     uv_hi = uv.to(Q.dtype.element_ty)
