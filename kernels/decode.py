@@ -69,7 +69,7 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL,
+    Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
     seed, layer, sm_scale, num_splits,
     s_qb, s_qh,
@@ -77,13 +77,14 @@ def _decode_kernel(
     s_sb, s_sh, s_st,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
-    s_btb,
+    s_btb, s_tmb,
     Hq,
     INFL: tl.constexpr, X0: tl.constexpr,
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -127,6 +128,8 @@ def _decode_kernel(
         tok = page * T + off
         pvalid = page < p_end
         valid = pvalid & (tok < seq_len)
+        if HAS_MASK:  # token mask (padding): a masked token is not attended and not metered
+            valid = valid & (tl.load(TM + b * s_tmb + tok, mask=valid, other=0) != 0)
         blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
@@ -371,6 +374,7 @@ def decode(
     tilt_above: float = -1.0,
     hist_split: str | None = None,
     levels: str = "token",
+    token_mask: torch.Tensor | None = None,
     _ablate: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
@@ -381,7 +385,9 @@ def decode(
     without the tilt), the others report tilt 1; TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
     split on the GPU, "bf16x2" (default) or "tf32x3" (``paged.HIST_SPLIT_REL``). ``levels``:
     "token" (each token binned by its own radius) or "page" (by its page's largest: looser where
-    radii vary within a page, and cheaper: no one-hot dot, bench/RESULTS.md)."""
+    radii vary within a page, and cheaper: no one-hot dot, bench/RESULTS.md). ``token_mask``
+    [B, ≥ max seq_len] bool (True = attend; left padding of a batch): masked tokens are neither
+    attended nor metered (Tier B's n and Λ still count them: conservative)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -445,10 +451,21 @@ def decode(
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
+    if token_mask is not None:
+        if token_mask.dim() != 2 or token_mask.shape[0] != Bsz or token_mask.dtype != torch.bool:
+            raise ValueError(f"token_mask: expected a bool [B={Bsz}, max_len] tensor, got "
+                             f"{token_mask.dtype} {tuple(token_mask.shape)}")
+        if validate and torch.any(seq_lens.to(token_mask.device) > token_mask.shape[1]):
+            raise ValueError("token_mask: shorter than a sequence")
+        if token_mask.stride(1) != 1:
+            token_mask = token_mask.contiguous()
+        tm = token_mask.to(dev).view(torch.uint8)
+    else:
+        tm = sl
     extra = {} if num_stages is None else {"num_stages": num_stages}
     compiled = _decode_kernel[(Bsz, Hkv, S)](
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
-        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl,
+        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl, tm,
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
@@ -456,14 +473,14 @@ def decode(
         cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
-        bt.stride(0),
+        bt.stride(0), tm.stride(0),
         Hq,
         INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
         PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
         PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
-        ABLATE=_ablate, PAGE_LEVELS=levels == "page",
+        ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
         num_warps=num_warps, **extra,
     )
     consts = MergeConstants(

@@ -213,6 +213,44 @@ def test_kernel_path_covers_the_reference_realised_tv(scheme):
     assert np.all(tv_ker <= 1.0) and not any(bool(r.flag.any()) for r in ker.records)
 
 
+def test_kernel_path_serves_a_left_padded_batch():
+    """Batch 2 with left padding on the kernel path (the mask reaches the kernel as a per-token
+    mask, no host sync): the same ids as the fp64 reference path, and every row's TV⁺ covers the
+    reference's realised TV; with tilt_above, rows certified by the closed forms skip the tilt
+    (reported 1) and keep a TV⁺ ≤ tilt_above."""
+    import os
+
+    dev = os.environ.get("WITCERT_DEVICE", "cpu")
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    model = use_witcert(tiny(dtype).to(dev))
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, 64, (2, 40), generator=g)
+    am = torch.ones_like(ids)
+    ids[1, :13] = 0  # left padding of the shorter prompt
+    am[1, :13] = 0
+    ids, am = ids.to(dev), am.to(dev)
+    ref = WitCertCache(model.config, scheme="int8", backend="reference", audit=True, seed=5)
+    ker = WitCertCache(model.config, scheme="int8", backend="kernel", seed=5)
+    lazy = WitCertCache(model.config, scheme="int8", backend="kernel", seed=5, tilt_above=0.5)
+    out = []
+    with torch.no_grad():
+        for c in (ref, ker, lazy):
+            out.append(model.generate(ids, attention_mask=am, past_key_values=c, max_new_tokens=4, do_sample=False,
+                                      pad_token_id=0))
+    assert ker.layers[0].paged is not None
+    real = np.stack([r.tv_real for r in ref.records])
+    tv_ker = np.stack([r.tv_a for r in ker.records])
+    tv_lazy = np.stack([r.tv_a for r in lazy.records])
+    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+    assert tv_ker.shape == real.shape and real.shape[1] == 2
+    assert np.all(tv_ker >= real - 1e-6) and not any(bool(r.flag.any()) for r in ker.records)
+    assert sum(r.audit_violations for r in ref.records) == 0
+    # the padded row is metered over its own tokens: unlike an unmasked decode over the pads
+    assert np.all(tv_lazy >= tv_ker - 1e-12) and np.all(tv_lazy[tv_lazy > tv_ker + 1e-12] <= 0.5)
+    with pytest.raises(ValueError, match="tilt_above"):
+        WitCertCache(model.config, scheme="int8", tilt_above=float("nan"))
+
+
 # --------------------------------------------------------------------------- hot path: growth without copies of the context
 
 

@@ -418,3 +418,54 @@ def test_fused_merge_matches_torch_merge(tier_b):
             torch.testing.assert_close(a, b, rtol=rt, atol=1e-12, msg=lambda m, f=f: f"{f}: {m}")
     torch.testing.assert_close(r1.hist, r2.hist.to(torch.float64), rtol=1e-12, atol=1e-15)
     assert torch.all(r1.tv_upper_a[1:][ok[1:]] > 0)
+
+
+@pytest.mark.parametrize("levels", ["token", "page"])
+def test_token_mask_is_left_padding(levels):
+    """A batch with left padding (and one masked token in the middle): decoding the padded cache
+    with ``token_mask`` equals decoding a cache holding only the attended tokens (int8 is per
+    token, so their codes and witnesses are the same), and TV⁺ bounds the exact TV over them."""
+    from witcert import bounds as B
+
+    g = torch.Generator().manual_seed(21)
+    T, D, Hkv, GQ = 16, 64, 2, 2
+    lens, pads = [70, 70], [0, 37]
+    sigma = 1 / math.sqrt(D)
+    ks = [torch.randn(n, Hkv, D, generator=g).bfloat16() for n in lens]
+    vs = [torch.randn(n, Hkv, D, generator=g).bfloat16() for n in lens]
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[1, : pads[1]] = False
+    mask[0, 50] = False
+    keep = [mask[b].nonzero().flatten() for b in range(2)]
+    q = (torch.randn(2, Hkv * GQ, D, generator=g) * 1.5).bfloat16().float()
+
+    def fill(tokens):
+        pages = max(math.ceil(len(t) / T) for t in tokens)
+        c = PagedKV.allocate(2 * pages, Hkv, D, scheme="int8", block_size=T, num_groups=1, device=DEV)
+        bt = torch.arange(2 * pages, dtype=torch.int32).view(2, pages)
+        for b, t in enumerate(tokens):
+            write_kv(c, ks[b][t].to(DEV), vs[b][t].to(DEV), bt.to(DEV), torch.full((len(t),), b).to(DEV),
+                     torch.arange(len(t)).to(DEV))
+        return c, bt
+
+    full, bt_full = fill([torch.arange(n) for n in lens])
+    comp, bt_comp = fill(keep)
+    a = to_cpu(decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), sm_scale=sigma,
+                      token_mask=mask.to(DEV), levels=levels, num_splits=2))
+    b = to_cpu(decode(comp, q.to(DEV), bt_comp.to(DEV), torch.tensor([len(t) for t in keep]).to(DEV), sm_scale=sigma,
+                      levels=levels, num_splits=2))
+    tol = 1e-5 if DEV == "cpu" else 1e-2
+    assert (a.o - b.o).abs().max() <= tol * max(1.0, float(b.o.abs().max()))
+    assert not a.meter.flag.any()
+    for bb in range(2):
+        for h in range(Hkv * GQ):
+            kx = ks[bb][keep[bb], h // GQ].double()
+            kh, _ = dequant(on_cpu(full), bt_full, bb, lens[bb], h // GQ)
+            qq = q[bb, h].double()
+            p = torch.softmax(sigma * (kx @ qq), 0)
+            p_hat = torch.softmax(sigma * (kh[keep[bb]] @ qq), 0)
+            assert B.tv(p, p_hat).item() <= a.meter.tv_upper_a[bb, h].item()
+    if levels == "token":  # the same bins: the same bound up to Ξ's tile count and fp32 sums
+        torch.testing.assert_close(a.meter.tv_upper_a, b.meter.tv_upper_a, rtol=0, atol=1e-3)
+    with pytest.raises(ValueError, match="token_mask"):
+        decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), token_mask=mask.int().to(DEV))

@@ -416,6 +416,7 @@ class WitCertCache(Cache):
         audit: bool = False,
         backend: str = "auto",
         max_tokens: int = 8192,  # kernel path: initial capacity per sequence (it grows by doubling)
+        tilt_above: float | None = None,  # kernel path: the tilt only where the closed forms exceed it
         trace=None,
         compress_layers=None,
     ):
@@ -473,6 +474,11 @@ class WitCertCache(Cache):
             if why:
                 raise ValueError("backend='kernel': " + "; ".join(why))
         self.backend = backend
+        if tilt_above is not None and not (isinstance(tilt_above, (int, float)) and math.isfinite(tilt_above)):
+            raise ValueError(f"tilt_above: expected a finite number or None, got {tilt_above!r}")
+        # (kernels.decode's tilt_above: rows whose closed-form TV⁺ is ≤ it skip the dual-grid tilt
+        # and report tilt 1; TV⁺ stays sound; None: the tilt on every row)
+        self.tilt_above = -1.0 if tilt_above is None else float(tilt_above)
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)
         self.step = 0
@@ -547,7 +553,7 @@ class WitCertCache(Cache):
         """Whether a layer on ``device`` is served by the Triton kernels (see ``backend``)."""
         if self.backend == "kernel":
             return True
-        if self.backend == "reference" or device.type != "cuda" or batch != 1:
+        if self.backend == "reference" or device.type != "cuda":
             return False
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
@@ -663,17 +669,19 @@ class WitCertCache(Cache):
         from kernels.decode import decode
 
         Bsz, Hq, Lq, D = query.shape
-        # (allowed is None for an unmasked decode step: no device-to-host sync to check it)
-        if Lq != 1 or (allowed is not None and not bool(allowed.all())):
-            raise ValueError("the kernel path serves single-token decode steps without padding; "
-                             "use WitCertCache(..., backend='reference') for chunked prefill or padded batches")
+        if Lq != 1 or (allowed is not None and allowed.shape[1] != 1):
+            raise ValueError("the kernel path serves single-token decode steps (padding masks shared by the heads); "
+                             "use WitCertCache(..., backend='reference') for chunked prefill or per-head masks")
+        # padding (a batch's left padding): a per-token mask read by the kernel, no host sync
+        token_mask = None if allowed is None else allowed[:, 0, 0, :]
         n = layer.get_seq_length()
         dsa = self.delta_step() if self.meter else None
         ds = None if dsa is None else float(dsa[0])
         # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
         out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
                      torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
-                     num_splits=None, delta_step=ds, validate=False)
+                     num_splits=None, delta_step=ds, validate=False, token_mask=token_mask,
+                     tilt_above=self.tilt_above)
         if self.meter:
             if self.trace is None:  # stays on the device until cache.records is read
                 self._lazy.append((self.step, layer.layer_idx, out.meter, ds, Bsz))
