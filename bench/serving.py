@@ -1,7 +1,7 @@
 """End-to-end decode speed of a transformers model (issue 11): stock vs metered, per decode step.
 
 Random weights (the device machine has no model files) of two shapes: SmolLM2-135M (30 layers,
-9/3 heads, head dim 64) and Llama-8B (32 layers, 32/8 heads, head dim 128), bf16, batch 1.
+9/3 heads, head dim 64) and Llama-8B (32 layers, 32/8 heads, head dim 128), bf16, batch 1 and 8.
 
 Each configuration prefills the prompt once, then runs a greedy decode loop of ``--new`` steps
 (``model(next_token, past_key_values=cache)``), each step timed with CUDA events; the median
@@ -84,7 +84,7 @@ class _Timer:
 def decode_steps(model, ids, cache, new, device):
     """Prefill, then ``new`` greedy decode steps; returns the per-step times (ms) and the cache."""
     with torch.no_grad():
-        out = model(ids, past_key_values=cache, use_cache=True)
+        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         nxt = out.logits[:, -1:].argmax(-1)
         times = []
@@ -106,46 +106,52 @@ def main(argv=None):
     ap.add_argument("--prompts", default="4096,32768")
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--shapes", default="smollm2,llama8b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--tau", type=float, default=0.1, help="tilt_above of the metered caches (a gate's tau)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke or device == "cpu":
-        args.shapes, args.prompts, args.new = "tiny", "40", 3
+        args.shapes, args.prompts, args.new, args.batches = "tiny", "40", 3, "1,2"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
-    print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, batch 1, median decode step over "
-          f"{args.new} steps (CUDA events; prefill excluded)")
-    print("| shape | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, median decode step over "
+          f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
+    print("| shape | batch | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
-        for n in map(int, args.prompts.split(",")):
-            ids = torch.randint(10, cfg.vocab_size, (1, n), device=device)
-            row = {}
-            configs = (
-                ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
-                ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64)),
-                ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64)),
-                ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
-            )
-            for i, (key, attn, make) in enumerate(configs):
-                if attn == "sdpa":
-                    model.set_attn_implementation("sdpa")
-                else:
-                    use_witcert(model)
-                if i == 0 or key in ("int8", "fp8"):  # compile / warm the allocator
-                    decode_steps(model, ids, make(), 2, device)
-                times, cache = decode_steps(model, ids, make(), args.new, device)
-                row[key] = statistics.median(times)
-                if key in ("int8", "fp8"):
-                    recs = cache.records
-                    assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
-                del cache
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-            s = row["stock"]
-            print(f"| {shape} | {n} | {s:.2f} | {row['int8']:.2f} | {row['int8'] / s:.2f} | {row['fp8']:.2f} | "
-                  f"{row['fp8'] / s:.2f} | {row['none']:.2f} | {row['none'] / s:.2f} |", flush=True)
+        for Bsz in map(int, args.batches.split(",")):
+            for n in map(int, args.prompts.split(",")):
+                ids = torch.randint(10, cfg.vocab_size, (Bsz, n), device=device)
+                row = {}
+                tau = args.tau
+                configs = (
+                    ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
+                    ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64,
+                                                             tilt_above=tau)),
+                    ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
+                                                            tilt_above=tau)),
+                    ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
+                )
+                for i, (key, attn, make) in enumerate(configs):
+                    if attn == "sdpa":
+                        model.set_attn_implementation("sdpa")
+                    else:
+                        use_witcert(model)
+                    if i == 0 or key in ("int8", "fp8"):  # compile / warm the allocator
+                        decode_steps(model, ids, make(), 2, device)
+                    times, cache = decode_steps(model, ids, make(), args.new, device)
+                    row[key] = statistics.median(times)
+                    if key in ("int8", "fp8"):
+                        recs = cache.records
+                        assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
+                    del cache
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                s0 = row["stock"]
+                print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | {row['fp8']:.2f} | "
+                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} |", flush=True)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -28,6 +28,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="1:32768,8:32768,8:131072,32:32768")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--final", action="store_true", help="block-table prefetch x tile x warps x bins, whole call, tau 0.1")
     args = ap.parse_args(argv)
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -58,25 +59,42 @@ def main(argv=None):
         print(f"# B={B} n={n} sdpa {t_sdpa:.4f} ms ({B * n * Hkv * D * 4 / t_sdpa / 1e9:.2f} TB/s)", flush=True)
         splits = sorted({min(64, s) for s in (s0, 2 * s0, 4 * s0, 8 * s0, 16) if s <= max(1, pages_total // 8)})
 
-        def t(meter, S, pages, stages, magic, hist="bf16x2", warps=4, epi=True, tilt_above=-1.0):
+        def t(meter, S, pages, stages, magic, hist="bf16x2", warps=4, epi=True, tilt_above=-1.0, levels="token",
+              pf=False):
+            kw = dict(meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps, num_stages=stages,
+                      validate=False, epilogue=epi, hist_split=hist, _ablate=magic, tilt_above=tilt_above,
+                      levels=levels, prefetch_bt=pf)
+
             def one(c, bt):
-                return lambda: decode(c, q, bt, sl, meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps,
-                                      num_stages=stages, validate=False, epilogue=epi, hist_split=hist,
-                                      _ablate=magic, tilt_above=tilt_above)
-            out = decode(caches[0][0], q, caches[0][1], sl, meter=meter, num_splits=S, pages_per_tile=pages,
-                         num_warps=warps, num_stages=stages, validate=False, epilogue=epi, hist_split=hist,
-                         _ablate=magic, tilt_above=tilt_above)
+                return lambda: decode(c, q, bt, sl, **kw)
+            try:
+                out = decode(caches[0][0], q, caches[0][1], sl, **kw)
+            except Exception as exc:
+                print(f"  FAILED {kw}: {type(exc).__name__}: {exc}"[:400], flush=True)
+                return float("nan")
             k = out.compiled
             ms = bench(graphed([one(c, bt) for c, bt in caches]), False)
             r = dict(B=B, n=n, meter=meter, S=S, pages=pages, stages=stages, magic=magic, hist=hist, warps=warps,
                      epi=epi, tilt_above=tilt_above, ms=ms, sdpa=t_sdpa, regs=getattr(k, "n_regs", None),
                      spills=getattr(k, "n_spills", None))
             res.append(r)
-            print(f"  {'on ' if meter else 'off'} S={S:<3} p{pages} s{stages} w{warps} magic{magic} {hist if meter else '':7}"
+            r.update(levels=levels, pf=pf)
+            print(f"  {'on ' if meter else 'off'} {levels if meter else '':5} pf{int(pf)} S={S:<3} p{pages} s{stages} w{warps} "
+                  f"magic{magic} {hist if meter else '':7}"
                   f" epi={int(epi)} tau={tilt_above:+.2f} | {ms:.4f} ms  sdpa/x {t_sdpa / ms:.3f}  regs {r['regs']} "
                   f"spills {r['spills']}", flush=True)
             return ms
 
+        if args.final:
+            S = choose_splits(B, Hkv, n, 16, sms)
+            for pf in (False, True):
+                for pages in (4, 8):
+                    t(False, S, pages, 2, 0, pf=pf)
+                t(False, S, 4, 2, 0, warps=2, pf=pf)
+                t(True, S, 8, 2, 0, tilt_above=0.1, pf=pf)
+                for pages in (4, 8):
+                    t(True, S, pages, 2, 0, tilt_above=0.1, levels="page", pf=pf)
+            continue
         if args.ablate:  # kernel only (no record): what each part of the meter costs ("magic" = _ablate bits)
             S = choose_splits(B, Hkv, n, 16, sms)
             t(False, S, 4, 2, 0)

@@ -84,7 +84,7 @@ def _decode_kernel(
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
-    HAS_MASK: tl.constexpr,
+    HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -123,6 +123,9 @@ def _decode_kernel(
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
     off = n_idx % T
+    # the block-table entries of the next tile are loaded one iteration ahead (PREFETCH_BT), so a
+    # tile's code loads do not wait behind its own table load
+    bt_next = tl.load(BT + b * s_btb + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
     for p0 in range(p_start, p_end, PAGES):
         page = p0 + pg_in
         tok = page * T + off
@@ -130,7 +133,12 @@ def _decode_kernel(
         valid = pvalid & (tok < seq_len)
         if HAS_MASK:  # token mask (padding): a masked token is not attended and not metered
             valid = valid & (tl.load(TM + b * s_tmb + tok, mask=valid, other=0) != 0)
-        blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
+        if PREFETCH_BT:
+            blk = bt_next.to(tl.int64)
+            pn = page + PAGES
+            bt_next = tl.load(BT + b * s_btb + pn, mask=pn < p_end, other=0)
+        else:
+            blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
         if SCHEME == INT4_GROUP_ID:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
@@ -375,6 +383,7 @@ def decode(
     hist_split: str | None = None,
     levels: str = "token",
     token_mask: torch.Tensor | None = None,
+    prefetch_bt: bool = False,
     _ablate: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
@@ -481,6 +490,7 @@ def decode(
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
         PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
         ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
+        PREFETCH_BT=prefetch_bt,
         num_warps=num_warps, **extra,
     )
     consts = MergeConstants(

@@ -165,7 +165,13 @@ def test_decode_conformance_page_levels(case):
     check_case(*case, levels="page")
 
 
-def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token"):
+@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 1, 8)], ids=["int8", "int8_dither", "int4_group"])
+def test_decode_conformance_prefetched_block_table(case):
+    """prefetch_bt=True (the next tile's block-table entries loaded one iteration ahead)."""
+    check_case(*case, prefetch_bt=True)
+
+
+def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False):
     cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
     Hq = Hkv * GQ
     q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
@@ -174,7 +180,7 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
     sigma = 1 / math.sqrt(D)
     delta = 1e-3
     qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
-    out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels)
+    out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels, prefetch_bt=prefetch_bt)
     off = decode(cache, qd, btd, sld, num_splits=splits, meter=False, pages_per_tile=128 // cache.block_size)
     off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels)
