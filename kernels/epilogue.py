@@ -234,15 +234,29 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
         sel = i < 0
         best = tl.full([], -1.0, tl.float64)
         s = tl.arange(0, NR)
-        for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
-            um = tl.where(sel, -2.0, U)
-            mx = tl.max(um, axis=0)
-            idx = tl.min(tl.where(um == mx, i, N1), axis=0)
-            sel = sel | (i == idx)
-            t0 = idx.to(tl.float64) * (1.0 / N1)
-            up = t0 + (s + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
-                t0 + s.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
-            best = tl.maximum(best, tl.max(up, axis=0))
+        if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
+            rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
+            idxv = tl.zeros([RT], tl.int32)
+            for _r in range(RT):
+                um = tl.where(sel, -2.0, U)
+                mx = tl.max(um, axis=0)
+                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                sel = sel | (i == idx)
+                idxv = tl.where(rr == _r, idx, idxv)
+            ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1) + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)),
+                            [RT * NR])
+            up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
+            best = tl.max(up, axis=0)
+        else:
+            for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
+                um = tl.where(sel, -2.0, U)
+                mx = tl.max(um, axis=0)
+                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                sel = sel | (i == idx)
+                t0 = idx.to(tl.float64) * (1.0 / N1)
+                up = t0 + (s + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
+                    t0 + s.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
+                best = tl.maximum(best, tl.max(up, axis=0))
         rest = tl.max(tl.where(sel, -1.0, U), axis=0)
         tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call

@@ -34,6 +34,15 @@ mpmath.mp.dps = 50
 # --------------------------------------------------------------------------- exact oracle
 
 
+
+@pytest.fixture(autouse=True)
+def _fused_merge_kernel(monkeypatch):
+    """Off the GPU the decode serves its merge with the torch twin by default (the interpreter is
+    slow); this suite runs the fused Triton merge / epilogue itself."""
+    import kernels.decode as Dk
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+
 def _exact_logits(q, k, sigma):
     """σ⟨q, k_j⟩ as exact rationals (q [D], k [n, D], float64 values that are exact)."""
     qf = [Fraction(float(x)) for x in q.tolist()]

@@ -41,6 +41,15 @@ XI_MODERATE = 2.0**-8  # the outlier cases (σ‖q‖‖k̂‖ ≈ 100) reach 2.
 KERNEL_RADIUS_FACTOR = 1.0 + 2.0**-10
 
 
+
+@pytest.fixture(autouse=True)
+def _fused_merge_kernel(monkeypatch):
+    """Off the GPU the decode serves its merge with the torch twin by default (the interpreter is
+    slow); this suite runs the fused Triton merge / epilogue itself."""
+    import kernels.decode as Dk
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+
 def build(scheme, lens, Hkv, D, T=16, G=4, per_token=True, seed=0, outliers=False):
     g = torch.Generator().manual_seed(seed)
     pages = [math.ceil(n / T) for n in lens]
