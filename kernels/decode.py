@@ -348,6 +348,7 @@ _SMS: dict = {}
 
 
 def _sm_count(dev) -> int:
+    """Multiprocessors of a device (cached; 4 off the GPU, where only the interpreter runs)."""
     if dev.type != "cuda":
         return 4
     if dev not in _SMS:

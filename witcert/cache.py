@@ -666,7 +666,7 @@ class WitCertCache(Cache):
 
     def _kernel_attention(self, layer, query, allowed, sm):
         """Kernel path: one metered split-KV decode (kernels.decode) per step."""
-        from kernels.decode import decode
+        from kernels.decode import _sm_count, choose_splits, decode
 
         Bsz, Hq, Lq, D = query.shape
         if Lq != 1 or (allowed is not None and allowed.shape[1] != 1):
@@ -680,7 +680,8 @@ class WitCertCache(Cache):
         # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
         out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
                      torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
-                     num_splits=None, delta_step=ds, validate=False, token_mask=token_mask,
+                     num_splits=choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device)),
+                     delta_step=ds, validate=False, token_mask=token_mask,
                      tilt_above=self.tilt_above)
         if self.meter:
             if self.trace is None:  # stays on the device until cache.records is read
