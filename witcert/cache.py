@@ -14,7 +14,7 @@ Serving semantics (what a paged server does):
   then reads the compressed cache: ``ô = softmax(σ q k̂ᵀ + mask) v̂``, computed in float64 on
   the model's device (the reference path of the kernels), and metered per (layer, query
   head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
-  (Tier B). The Triton kernels of ``kernels/`` implement the same decode for the kernel
+  (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``. The Triton kernels of ``kernels/`` implement the same decode for the kernel
   schemes; this cache does not call them (see README, "Status").
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
