@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from witcert import bounds as B
+from witcert.meter import measure
 from witcert.model import load_model
 from witcert.schemes import QuantContext, quantize
 from witcert.synthetic import DEFAULT_LEVELS
@@ -89,7 +90,7 @@ def main(argv=None):
                         eps = B.logit_radius(qq, W[kv, :nb], groups, scaling, block_size=T, n=m)
                         assert np.all(np.abs(delta) <= eps)
                         # from the served logits (log domain: an underflowed p̂ never hides a token)
-                        bound = float(B.tv_bound_logits(sh, eps, levels=DEFAULT_LEVELS))
+                        bound = float(measure(sh, eps, levels=DEFAULT_LEVELS).tv)
                         real = float(B.tv(p, ph))
                         assert real <= bound, (sch, layer, h, pos)
                         rows[(sch, lname)][0].append(bound)

@@ -14,7 +14,7 @@ Serving semantics (what a paged server does):
   then reads the compressed cache: ``ô = softmax(σ q k̂ᵀ + mask) v̂``, computed in float64 on
   the model's device (the reference path of the kernels), and metered per (layer, query
   head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
-  (Tier B). The Triton kernels of ``kernels/`` implement the same decode for the kernel
+  (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``. The Triton kernels of ``kernels/`` implement the same decode for the kernel
   schemes; this cache does not call them (see README, "Status").
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
@@ -59,6 +59,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
 
 from . import bounds as B
+from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from .schemes import QuantContext, get_scheme, quantize
 from .store import ExactStore
@@ -82,7 +83,7 @@ TILT_MAX_ROWS_PER_HEAD = 4
 AUDIT_ABS_TOL = 1e-12
 TIER_B_CAVEAT = "Tier B holds for queries that do not depend on the dither (non-adaptive); Tier A holds always."
 #: unit roundoff of the reference path's served logits (float64): ``witcert.bounds.dot_rounding_radius``
-REFERENCE_UNIT_ROUNDOFF = 2.0**-53
+REFERENCE_UNIT_ROUNDOFF = M.FP64_UNIT_ROUNDOFF
 
 log = logging.getLogger("witcert.cache")
 
@@ -698,14 +699,10 @@ class WitCertCache(Cache):
         o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
         return {"p": p, "logits": logits, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
 
-    def _rounding_radius(self, layer, q, al, sm):
-        """float64 rounding of the served logits (``witcert.bounds.dot_rounding_radius``)."""
-        rr = B.dot_rounding_radius(q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF).to(q.device)
-        return torch.where(al, rr, torch.zeros_like(rr))
-
     def _radii(self, layer, q, al, sm):
         """ε [B, Hkv, GQ, Lq, n] (Tier A, ``witcert.bounds.logit_radius``) from the stored
-        witnesses (per token, or their maximum over each block of T tokens); 0 at masked tokens."""
+        witnesses (per token, or their maximum over each block of T tokens), plus the float64
+        rounding of the served logits (``witcert.meter.served_radius``); 0 at masked tokens."""
         W = layer.k_wit  # [B, Hkv, n, G]
         n = W.shape[-2]
         T = self.block_size if self.witness == "block" else 1
@@ -714,50 +711,14 @@ class WitCertCache(Cache):
             Wp = torch.nn.functional.pad(W, (0, 0, 0, nb * T - n))
             W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2)
         eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
-        eps = eps + self._rounding_radius(layer, q, al, sm)
-        return torch.where(al, eps, torch.zeros_like(eps))
+        return M.served_radius(eps, q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
 
     def _tier_b_radii(self, layer, q, al, sm, delta_step):
+        """t [B, Hkv, GQ, Lq, n] (Tier B, ``witcert.meter.tier_b_radius``) plus the rounding; 0 at masked tokens."""
         s = layer.k_scale.double()[:, :, None, None, :]  # [B, Hkv, 1, 1, n]
         qq = q.double()
-        V = B.dither_variance_proxy(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
-        bias = B.dither_bias_bound(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm)
-        n = int(al.shape[-1])
-        t = B.dither_radius(V, n, delta_step, bias=bias) + self._rounding_radius(layer, q, al, sm)
-        return torch.where(al, t, torch.zeros_like(t))
-
-    def _bounds(self, ev, eps, v_hat, v_wit) -> dict:
-        """For ε [B, Hkv, GQ, Lq, n]: TV⁺ = min(tanh, e-form, tilt) from the served logits (log
-        domain: an underflowed p̂ never hides a token, ``witcert.bounds.tv_bound_parts_logits``)
-        and E⁺_V per row; ``parts`` [3, rows]; ``bad`` (non-finite: saturated, flagged)."""
-        p, live = ev["p"], ev["live"]
-        shp = p.shape[:-1]
-        dev = p.device
-        n = p.shape[-1]
-        al = ev["al"].expand(p.shape)
-        ln_ = ev["logits"].detach().cpu().numpy().reshape(-1, n)
-        en = eps.detach().cpu().numpy().reshape(-1, n)
-        mk = al.detach().cpu().numpy().reshape(-1, n)
-        ln = live.detach().cpu().numpy().reshape(-1)
-        finite = ~(mk & ~np.isfinite(ln_)).any(-1) & ~(mk & np.isnan(en)).any(-1)
-        ok = ln & finite
-        parts = np.ones((3, ln_.shape[0]))
-        if ok.any():
-            tilt = shp[-1] <= TILT_MAX_ROWS_PER_HEAD  # long prefill chunks: the closed forms (sound, looser)
-            parts[:, ok] = np.stack(B.tv_bound_parts_logits(ln_[ok], np.where(mk[ok], en[ok], 0.0), mask=mk[ok],
-                                                            levels=METER_LEVELS, tilt=tilt))
-        bad = ln & ~finite
-        parts = np.where(bad, 1.0, np.where(ln, parts, 0.0))
-        t = lambda x: torch.from_numpy(np.ascontiguousarray(x).reshape(shp)).to(dev)  # noqa: E731
-        tv = t(parts.min(0))
-        # rows without any attended key (left padding): a placeholder distribution on token 0, zeroed below
-        first = (torch.arange(n, device=dev) == 0).expand_as(al)
-        dead = ~live[..., None]
-        pz = torch.where(dead, first.double(), p)
-        err = B.output_error_bound(pz, v_hat.double()[:, :, None, None], v_wit[:, :, None, None], tv,
-                                   mask=al | (dead & first))
-        err = torch.where(t(bad), torch.full_like(err, float("inf")), torch.where(t(ln), err, torch.zeros_like(err)))
-        return {"tv": tv, "err": err, "bad": t(bad), "parts": torch.stack([t(x) for x in parts])}
+        t = M.tier_b_radius(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm, int(al.shape[-1]), delta_step)
+        return M.served_radius(t, q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
 
     def _block_risk(self, layer, ev, eps, nb):
         """Risk of every block [B, Hkv, nb] (``witcert.gate.block_risk``); 0 for repaired blocks."""
@@ -770,12 +731,17 @@ class WitCertCache(Cache):
         gate = self.gate
 
         def measure():
+            """TV⁺ = min(tanh, e-form, tilt) from the served logits (log domain: an underflowed p̂
+            never hides a token), E⁺_V, ``bad`` (non-finite: saturated, flagged): ``witcert.meter``."""
             eps = self._radii(layer, q, al, sm)
-            m = self._bounds(ev, eps, layer.v_hat, layer.v_wit)
-            m["eps"] = eps
+            tb = self._tier_b_radii(layer, q, al, sm, ds) if ds is not None else None
+            # long prefill chunks: the closed forms (sound, looser)
+            r = M.measure(ev["logits"], eps, mask=ev["al"], p_hat=ev["p"], values=layer.v_hat.double()[:, :, None, None],
+                          value_witness=layer.v_wit[:, :, None, None], radius_b=tb, levels=METER_LEVELS,
+                          tilt=Lq <= TILT_MAX_ROWS_PER_HEAD)
+            m = {"tv": r.tv, "err": r.err, "bad": r.bad, "parts": r.parts, "eps": eps}
             if ds is not None:
-                tb = self._tier_b_radii(layer, q, al, sm, ds)
-                m["tv_b"] = self._bounds(ev, tb, layer.v_hat, layer.v_wit)["tv"]
+                m["tv_b"] = r.tv_b
             return m
 
         def over(m):
@@ -831,14 +797,8 @@ class WitCertCache(Cache):
         return tv, err, viol.sum()
 
 
-def _softmax(logits, al):
-    """Masked softmax over the last axis (float64); rows without any key give p = 0."""
-    logits = logits.masked_fill(~al, float("-inf"))
-    live_row = al.any(-1)  # left-padded query rows have no key
-    mx = torch.where(live_row, logits.amax(-1), torch.zeros_like(logits[..., 0]))
-    e = torch.exp(logits - mx[..., None])
-    e = torch.where(al, e, torch.zeros_like(e))
-    return e / e.sum(-1, keepdim=True).clamp_min(1e-300), live_row
+#: masked softmax of the reference path (float64): ``witcert.meter.softmax``
+_softmax = M.softmax
 
 
 def _allowed(mask, Bsz, Lq, n, device) -> torch.Tensor:

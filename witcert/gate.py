@@ -12,7 +12,8 @@ Per (step, layer, sequence, kv head), after the meter:
 * ``risk-ranked``: when the bound exceeds τ (default 0: always), page in the top
   ``max_pagein_blocks`` blocks by risk, in one round.
 * risk of a block (``block_risk``) = Σ_{j∈B} Σ_heads p̂_j (e^{ε_j} − 1) (+ Σ p̂_j φ_j / τ_v with τ_v),
-  the block's first-order contribution to the e-form bound; 0 for repaired blocks. A block is
+  the block's first-order contribution to the e-form bound (the per-token terms are
+  ``witcert.meter.token_risk``); 0 for repaired blocks. A block is
   paged in only if its risk is > 0, ≥ ``min_risk`` and ≥ ``min_share`` × the total risk of its
   (sequence, kv head): with ``min_share`` the gate repairs the blocks that carry the bound
   (attention sinks, the tokens being read), not the many blocks that each carry a sliver of it.
@@ -29,6 +30,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from .meter import token_risk
 
 __all__ = ["Gate", "GateResult", "exceeds", "block_risk", "select_blocks", "repair"]
 
@@ -94,12 +97,8 @@ def block_risk(p, logits, allowed, live, eps, *, block_size: int, num_blocks: in
     ``p``, ``logits``, ``allowed``, ``eps``: [B, Hkv, GQ, Lq, n] (served p̂, served logits, the
     mask, Tier A radii); ``live`` [B, Hkv, GQ, Lq] (rows with a key); ``repaired`` [B, Hkv, ≥ nb]
     bool; ``v_wit`` [B, Hkv, n] with ``tau_v``."""
-    # p̂_j (e^{ε_j} − 1) in the log domain: a token whose p̂ underflowed still carries its risk
-    lp = logits - torch.logsumexp(logits.masked_fill(~allowed, float("-inf")), -1, keepdim=True)
-    lp = torch.where(allowed & live[..., None], lp, torch.full_like(lp, float("-inf")))
-    rt = torch.exp(torch.clamp(lp + torch.clamp(eps, max=60.0), max=700.0)) - p
-    if tau_v is not None:
-        rt = rt + p * v_wit[:, :, None, None] / tau_v
+    # p̂_j (e^{ε_j} − 1) (+ p̂_j φ_j / τ_v) per token, in the log domain: witcert.meter.token_risk
+    rt = token_risk(p, logits, allowed, live, eps, None if tau_v is None else v_wit[:, :, None, None], tau_v)
     rt = torch.nan_to_num(rt, nan=0.0, posinf=1e300).sum((2, 3))  # [B, Hkv, n]
     T = block_size
     nb = num_blocks

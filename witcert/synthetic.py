@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import bounds as B
+from .meter import measure, served_radius
 from .schemes import QuantContext, quantize
 
 #: radius levels for the level-rounded tilt bound of the reference tables: 0 plus a geometric
@@ -60,7 +61,8 @@ def make_step(rng: np.random.Generator, n: int, d: int = 128, outlier_channels: 
 
 def meter_step(q, k, sigma, scheme: str, groups, levels=DEFAULT_LEVELS, seed: int = 0, block_size: int = 1) -> StepResult:
     """Quantize the keys with ``scheme`` and return realised TV and the §3 bounds
-    (witnesses per token for ``block_size`` 1, else block maxima)."""
+    (witnesses per token for ``block_size`` 1, else block maxima). The bounds are
+    ``witcert.meter.measure`` (the meter step of the cache's reference path) on this workload."""
     n = k.shape[0]
     k_t = torch.from_numpy(k)
     k_hat = quantize(scheme, k_t.unsqueeze(0), QuantContext(role="key", seed=seed))[0][0].double().numpy()
@@ -73,10 +75,10 @@ def meter_step(q, k, sigma, scheme: str, groups, levels=DEFAULT_LEVELS, seed: in
     p /= p.sum()
     p_hat = np.exp(s_hat - s_hat.max())
     p_hat /= p_hat.sum()
-    # the fp64 rounding of the served logits joins the radius; the bounds read the logits (log
+    # the fp64 rounding of the served logits joins the radius; the meter reads the logits (log
     # domain), so a p̂ that underflowed in the softmax above never hides a token (SPEC §7)
-    eps_served = eps + B.dot_rounding_radius(q, k_hat, sigma)
-    tanh, eform, tilt = (float(x) for x in B.tv_bound_parts_logits(s_hat, eps_served, levels=levels))
+    eps_served = served_radius(eps, q, k_hat, sigma)
+    tanh, eform, tilt = (float(x) for x in measure(s_hat, eps_served, levels=levels).parts)
     return StepResult(
         n=n,
         scheme=scheme,
