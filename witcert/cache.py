@@ -14,8 +14,10 @@ Serving semantics (what a paged server does):
   then reads the compressed cache: ``ô = softmax(σ q k̂ᵀ + mask) v̂``, computed in float64 on
   the model's device (the reference path of the kernels), and metered per (layer, query
   head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
-  (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``. The Triton kernels of ``kernels/`` implement the same decode for the kernel
-  schemes; this cache does not call them (see README, "Status").
+  (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``
+  (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an ungated,
+  unaudited cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per
+  layer on a paged copy written by ``kernels.write.write_kv`` (README, "Metering a model").
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
 
