@@ -328,3 +328,260 @@ def test_record_write_in_chunks_matches_one_pass(monkeypatch):
     for a, b in zip(*sides):
         assert torch.equal(a, b)
     assert float(sides[0][0].min()) > 0  # fp8 residuals: every key witness positive
+
+
+# ---------------------------------------------------------------- trace / metrics export
+
+
+def _decode_twice(pool, q, slots, indptr, ks):
+    outs = []
+    for _ in range(2):  # two decode calls of layer 0: steps 1 and 2
+        outs.append(sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, ks, ks))
+    return outs
+
+
+def test_trace_and_metrics_receive_state_records(tmp_path):
+    from witcert.metrics import PrometheusMetrics
+    from witcert.trace import Tee, Tracer, read_trace
+
+    q, k, v, slots, indptr = scenario(2)
+    mem, prom = Tracer(None), PrometheusMetrics()
+    path = tmp_path / "sgl.trace.jsonl"
+    ftr = Tracer(path)
+    ftr.new_request("sglang-test")
+    ws.install(force=True, targets=("decode",), bare=True, trace=Tee(mem, prom, ftr), flush_every=100)
+    pool = _MeteredPool(torch.float8_e4m3fn)
+    fill(pool, k, v, slots, 0.25, 0.25)
+    outs = _decode_twice(pool, q, slots, indptr, 0.25)
+    assert mem.rows_written == 0 and len(ws.STATE.pending) == 2  # still on the device: nothing synced yet
+    recs = [r for _, r in ws.STATE.records]
+    assert len(recs) == 2
+    assert ws.flush() == 2 and not ws.STATE.pending
+    Bsz = q.shape[0]
+    t = mem.to_trace()
+    assert len(t) == 2 * Bsz * HQ and mem.records_seen == 2
+    exp = lambda f: torch.cat([getattr(r, f).reshape(-1) for r in recs]).numpy()  # noqa: E731
+    assert (t["tv"] == exp("tv_upper_a")).all() and (t["tv_pre"] == exp("tv_upper_a")).all()
+    assert (t["err"] == exp("out_err_upper")).all() and (t["eps_max"] == exp("eps_max")).all()
+    assert (t["tv_tanh"] == exp("tanh")).all() and (t["tv_tilt"] == exp("tilt")).all()
+    assert list(t["step"]) == [1] * (Bsz * HQ) + [2] * (Bsz * HQ)
+    assert (t["layer"] == 0).all() and list(t["seq"][: Bsz * HQ]) == [b for b in range(Bsz) for _ in range(HQ)]
+    assert list(t["head"][:HQ]) == list(range(HQ)) and list(t["kv_head"][:HQ]) == [h // GQ for h in range(HQ)]
+    assert set(t["scheme"]) == {"sglang:fp8_e4m3"} and set(t["tier"]) == {"A"} and set(t["gate"]) == {None}
+    assert not t["nan"].any() and not t["budget_spent"].any() and (t["blocks"] == 0).all()
+    assert prom.value("witcert_rows_total", layer="0") == 2 * Bsz * HQ
+    assert prom.value("witcert_tv_upper_count", layer="0", tier="A") == 2 * Bsz * HQ
+    assert prom.value("witcert_rows_certified_total", layer="0") == float((exp("tv_upper_a") <= 0.1).sum())
+    ws.uninstall()
+    ftr.close()
+    ft = read_trace(path)
+    assert len(ft) == 2 * Bsz * HQ and set(ft["req"]) == {"sglang-test"}
+    assert (ft["tv"] == exp("tv_upper_a")).all()
+    # tracing changes nothing served: the same decode without a trace is bit-identical
+    ws.install(force=True, targets=("decode",), bare=True)
+    pool2 = _MeteredPool(torch.float8_e4m3fn)
+    fill(pool2, k, v, slots, 0.25, 0.25)
+    o2, lse2 = sglang_decode(SGL.decode_attention_fwd, q, pool2, slots, indptr, 0.25, 0.25)
+    assert torch.equal(o2, outs[0][0]) and torch.equal(lse2, outs[0][1])
+    assert torch.equal(ws.STATE.records[-1][1].tv_upper_a, recs[0].tv_upper_a)
+
+
+def test_trace_flush_every_and_install_checks():
+    from witcert.trace import Tracer
+
+    mem = Tracer(None)
+    ws.install(force=True, targets=("decode",), bare=True, trace=mem, flush_every=1)
+    q, k, v, slots, indptr = scenario(2)
+    pool = _MeteredPool(torch.float8_e4m3fn)
+    fill(pool, k, v, slots, 0.25, 0.25)
+    sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, 0.25, 0.25)
+    assert mem.rows_written == q.shape[0] * HQ and not ws.STATE.pending
+    ws.uninstall()
+    with pytest.raises(ValueError, match="trace"):
+        ws.install(force=True, targets=("decode",), bare=True, trace=object())
+    with pytest.raises(ValueError, match="flush_every"):
+        ws.install(force=True, targets=("decode",), bare=True, trace=mem, flush_every=0)
+    assert not ws.installed()
+
+
+# ---------------------------------------------------------------- the gate
+
+
+class _FakeStore:
+    """The exact K/V by SGLang slot (what the test handed the pool), counting page-ins."""
+
+    def __init__(self, k, v, slots, corrupt=0.0):
+        self.pos = torch.full((SIZE,), -1, dtype=torch.long)
+        self.pos[slots] = torch.arange(slots.numel())
+        self.k, self.v, self.corrupt, self.calls = k, v, corrupt, []
+
+    def __call__(self, layer_id, s):
+        self.calls.append(s.tolist())
+        p = self.pos[s.long()]
+        assert (p >= 0).all()
+        return self.k[p] + self.corrupt, self.v[p]
+
+
+def exact_attention(q, k, v, slots, indptr):
+    o = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        sl = slice(int(indptr[b]), int(indptr[b + 1]))
+        for hq in range(HQ):
+            s_ = k[sl, hq // GQ].double() @ q[b, hq].double() / math.sqrt(D)
+            o[b, hq] = torch.softmax(s_, 0) @ v[sl, hq // GQ].double()
+    return o
+
+
+def _run_fp8(seed=2, **kw):
+    q, k, v, slots, indptr = scenario(seed)
+    ws.install(force=True, targets=("decode",), bare=True, **kw)
+    pool = _MeteredPool(torch.float8_e4m3fn)
+    fill(pool, k, v, slots, 0.25, 0.25)
+    side = [t.clone() for t in (ws.STATE.layers[0].k_wit, ws.STATE.layers[0].v_wit)]
+    o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, 0.25, 0.25)
+    rec = ws.STATE.records[-1][1]
+    report = ws.STATE.gate_log[-1] if ws.STATE.gate_log else None
+    after = [ws.STATE.layers[0].k_wit.clone(), ws.STATE.layers[0].v_wit.clone()]
+    ws.uninstall()
+    return dict(q=q, k=k, v=v, slots=slots, indptr=indptr, o=o, lse=lse, rec=rec, report=report, pool=pool,
+                side=side, side_after=after)
+
+
+def _check_gated_row_sound(r, row):
+    """The returned record bounds the realised error of what was served for a repaired row:
+    the overlay's values (exact at paged-in tokens, k̂ elsewhere), in fp64."""
+    ov, slots, offs, lens, rows = r["report"].overlay
+    i = rows.index(row)
+    a, n = offs[i], lens[i]
+    sl = slice(int(r["indptr"][row]), int(r["indptr"][row + 1]))
+    for hq in range(HQ):
+        h = hq // GQ
+        qq = r["q"][row, hq].double()
+        kh, vh = ov.k_codes[a : a + n, h, 0].double(), ov.v_codes[a : a + n, h, 0].double()
+        kx, vx = r["k"][sl, h].double(), r["v"][sl, h].double()
+        assert torch.all(ov.k_wit[a : a + n, h, 0, 0].double() >= (kh - kx).norm(dim=-1))
+        assert torch.all(ov.v_wit[a : a + n, h, 0].double() >= (vh - vx).norm(dim=-1))
+        p_hat = torch.softmax(kh @ qq / math.sqrt(D), 0)
+        p = torch.softmax(kx @ qq / math.sqrt(D), 0)
+        assert B.tv(p, p_hat).item() <= r["rec"].tv_upper_a[row, hq].item()
+        assert ((p_hat @ vh) - (p @ vx)).norm().item() <= r["rec"].out_err_upper[row, hq].item()
+
+
+@pytest.mark.parametrize("policy,tau", [("risk-ranked", 0.3), ("certified", 0.25)])
+def test_gate_pages_in_rows_over_tau(policy, tau):
+    from witcert.gate import Gate
+
+    base = _run_fp8()
+    store = _FakeStore(base["k"], base["v"], base["slots"])
+    g = _run_fp8(gate=Gate(policy, tau=tau, max_pagein_blocks=4), exact_store=store)
+    rep, pre, post = g["report"], base["rec"], g["rec"]
+    over = (pre.tv_upper_a > tau).any(-1)
+    assert rep.rows == torch.nonzero(over).flatten().tolist() and rep.rows and store.calls
+    assert torch.equal(rep.tv_pre, pre.tv_upper_a)
+    assert rep.repaired_rows and rep.pagein.sum() == len(rep.paged) <= 4 * HKV * len(rep.rows)
+    assert (rep.pagein <= 4).all() and rep.rejected == 0
+    o_exact = exact_attention(base["q"], base["k"], base["v"], base["slots"], base["indptr"])
+    ov, slots, offs, lens, rows = rep.overlay
+    for row in rep.repaired_rows:
+        # the repaired row's bound drops, on every kv head that paged in
+        for h in range(HKV):
+            hs = slice(h * GQ, (h + 1) * GQ)
+            if rep.pagein[row, h]:
+                assert post.tv_upper_a[row, hs].max() < pre.tv_upper_a[row, hs].max()
+        # served output closer to exact attention
+        e_pre = (base["o"][row].double() - o_exact[row]).norm()
+        e_post = (g["o"][row].double() - o_exact[row]).norm()
+        assert e_post < e_pre
+        _check_gated_row_sound(g, row)
+    # the paged-in (slot, kv head) pairs are exact in the overlay: witnesses 0
+    i_of = {(rows[i], t): offs[i] + t for i in range(len(rows)) for t in range(lens[i])}
+    for row, h, slot, nbytes in rep.paged:
+        t = (slots[offs[rows.index(row)] : offs[rows.index(row)] + lens[rows.index(row)]] == slot).nonzero().item()
+        idx = i_of[(row, t)]
+        assert float(ov.k_wit[idx, h].max()) == 0 and float(ov.v_wit[idx, h].max()) == 0
+        assert nbytes == 2 * D * 2  # bf16 K + V of one slot, one kv head
+    # rows not repaired: bit-identical output and record
+    for row in range(base["q"].shape[0]):
+        if row not in rep.repaired_rows:
+            assert torch.equal(g["o"][row], base["o"][row]) and torch.equal(post.tv_upper_a[row], pre.tv_upper_a[row])
+    # SGLang's fp8 buffers and the side witnesses are not written (the fp8 code cannot hold the exact value)
+    assert torch.equal(g["pool"].k_buffer[0].view(torch.uint8), base["pool"].k_buffer[0].view(torch.uint8))
+    assert all(torch.equal(a, b) for a, b in zip(g["side"], g["side_after"]))
+    if policy == "certified":
+        assert ((post.tv_upper_a <= tau) | torch.from_numpy(rep.budget_spent)).all()
+
+
+def test_gate_under_tau_does_nothing():
+    from witcert.gate import Gate
+
+    base = _run_fp8()
+    store = _FakeStore(base["k"], base["v"], base["slots"])
+    tau = float(base["rec"].tv_upper_a.max()) + 0.05
+    g = _run_fp8(gate=Gate("certified", tau=tau), exact_store=store)
+    assert not store.calls and g["report"] is None
+    assert torch.equal(g["o"], base["o"]) and torch.equal(g["lse"], base["lse"])
+    assert torch.equal(g["rec"].tv_upper_a, base["rec"].tv_upper_a)
+
+
+def test_gate_refuses_inconsistent_store():
+    """A store whose K is not the slot's exact K (stale, wrong key) is refused: nothing paged in."""
+    from witcert.gate import Gate
+
+    base = _run_fp8()
+    store = _FakeStore(base["k"], base["v"], base["slots"], corrupt=1.0)
+    g = _run_fp8(gate=Gate("risk-ranked", tau=0.3, max_pagein_blocks=2), exact_store=store)
+    assert store.calls and g["report"].rejected > 0 and not g["report"].paged
+    assert torch.equal(g["o"], base["o"]) and torch.equal(g["rec"].tv_upper_a, base["rec"].tv_upper_a)
+    assert ws.STATE.gate_rejected["store value farther from the stored one than its witness"] > 0
+
+
+def test_host_exact_store_fed_by_the_write_and_traced():
+    from witcert.gate import Gate
+    from witcert.trace import Tracer
+
+    base = _run_fp8()
+    fake = _run_fp8(gate=Gate("risk-ranked", tau=0.3, max_pagein_blocks=4),
+                    exact_store=_FakeStore(base["k"], base["v"], base["slots"]))
+    mem = Tracer(None)
+    host = ws.HostExactStore()
+    g = _run_fp8(gate=Gate("risk-ranked", tau=0.3, max_pagein_blocks=4), exact_store=host, trace=mem)
+    assert torch.equal(host.k[0][base["slots"]], base["k"])  # the wrapped write kept the exact K
+    assert torch.equal(g["o"], fake["o"]) and torch.equal(g["rec"].tv_upper_a, fake["rec"].tv_upper_a)
+    t = mem.to_trace()  # uninstall() flushed
+    rep = g["report"]
+    assert (t["tv"] == g["rec"].tv_upper_a.reshape(-1).numpy()).all()
+    assert (t["tv_pre"] == base["rec"].tv_upper_a.reshape(-1).numpy()).all()
+    assert set(t["gate"]) == {"risk-ranked@0.3"}
+    blocks = rep.pagein[:, t["kv_head"][:HQ]].reshape(-1)
+    assert (t["blocks"] == blocks).all() and (t["bytes"] == blocks * 2 * D * 2).all()
+
+
+def test_gate_install_checks():
+    from witcert.gate import Gate
+
+    with pytest.raises(ValueError, match="exact_store"):
+        ws.install(force=True, targets=("decode",), bare=True, gate=Gate("risk-ranked", tau=0.3))
+    with pytest.raises(ValueError, match="scheme='sglang'"):
+        ws.install(force=True, targets=("decode",), bare=True, scheme="int8", gate=Gate(), exact_store=lambda *a: a)
+    with pytest.raises(ValueError, match="only used with a gate"):
+        ws.install(force=True, targets=("decode",), bare=True, exact_store=lambda *a: a)
+    assert not ws.installed()
+
+
+def test_failing_store_or_gate_serves_the_first_pass(monkeypatch):
+    """A store that raises refuses the page-in; a gate that raises serves the ungated pass,
+    flagged under a certified gate (never a half-written row)."""
+    from witcert.gate import Gate
+
+    base = _run_fp8()
+
+    def broken(layer_id, s):
+        raise KeyError("slot not in store")
+
+    g = _run_fp8(gate=Gate("risk-ranked", tau=0.3, max_pagein_blocks=2), exact_store=broken)
+    assert g["report"].rejected > 0 and not g["report"].paged and torch.equal(g["o"], base["o"])
+    monkeypatch.setattr(ws, "_overlay", lambda *a: 1 / 0)
+    g = _run_fp8(gate=Gate("certified", tau=0.3), exact_store=_FakeStore(base["k"], base["v"], base["slots"]))
+    assert torch.equal(g["o"], base["o"]) and torch.equal(g["rec"].tv_upper_a, base["rec"].tv_upper_a)
+    assert any(k.startswith("gate: ZeroDivisionError") for k in ws.STATE.unmetered)
+    assert (g["report"].budget_spent == (base["rec"].tv_upper_a > 0.3).numpy()).all() and g["report"].budget_spent.any()
