@@ -59,6 +59,23 @@ def fill_cache(B, n, Hkv, D, scheme, dev, G=1, gen=None):
     return c, bt
 
 
+def time_sdpa(q, Hkv, n, copies, smoke=False):
+    """ms of torch SDPA (enable_gqa) for q [B, Hq, D] over contiguous bf16 K/V [B, Hkv, n, D],
+    rotating over ``copies`` K/V sets (past the L2): the baseline of every decode table."""
+    B, _, D = q.shape
+    sk = [torch.randn(B, Hkv, n, D, device=q.device, dtype=torch.bfloat16) for _ in range(copies)]
+    sv = [torch.randn_like(x) for x in sk]
+    qs = q[:, :, None, :]
+    j = [0]
+
+    def sdpa():
+        i = j[0] % len(sk)
+        j[0] += 1
+        return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
+
+    return bench(sdpa, smoke)
+
+
 def graphed(fns):
     """Capture each fn in a CUDA graph; return a callable replaying them in rotation."""
     s = torch.cuda.Stream()
@@ -170,18 +187,7 @@ def main(argv=None):
                 bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
                 t_own = timed(False, cs=bf)
                 del bf
-                sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
-                sv = [torch.randn_like(x) for x in sk]
-                qs = q[:, :, None, :]
-                j = [0]
-
-                def sdpa():
-                    i = j[0] % len(sk)
-                    j[0] += 1
-                    return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
-
-                t_sdpa = bench(sdpa, smoke)
-                del sk, sv
+                t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2), smoke)
                 bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
                 bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
                 row = (f"{Hq:>3} {B:>3} {n:>7} {S:>3} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.decode import bench, fill_cache, graphed  # noqa: E402
+from bench.decode import bench, fill_cache, graphed, time_sdpa  # noqa: E402
 from kernels.decode import choose_splits, decode  # noqa: E402
 
 
@@ -44,18 +44,7 @@ def main(argv=None):
         sl = torch.full((B,), n, device=dev, dtype=torch.int32)
         pages_total = math.ceil(n / 16)
         s0 = max(1, math.ceil(2 * sms / (B * Hkv)))
-        sk = [torch.randn(B, Hkv, n, D, device=dev, dtype=torch.bfloat16) for _ in range(max(1, copies // 2))]
-        sv = [torch.randn_like(x) for x in sk]
-        qs = q[:, :, None, :]
-        j = [0]
-
-        def sdpa():
-            i = j[0] % len(sk)
-            j[0] += 1
-            return torch.nn.functional.scaled_dot_product_attention(qs, sk[i], sv[i], enable_gqa=True)
-
-        t_sdpa = bench(sdpa, False)
-        del sk, sv
+        t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2))
         print(f"# B={B} n={n} sdpa {t_sdpa:.4f} ms ({B * n * Hkv * D * 4 / t_sdpa / 1e9:.2f} TB/s)", flush=True)
         splits = sorted({min(64, s) for s in (s0, 2 * s0, 4 * s0, 8 * s0, 16) if s <= max(1, pages_total // 8)})
 
