@@ -154,5 +154,6 @@ def test_serving_bench_smoke(capsys):
     """bench/serving.py runs end to end on tiny shapes (CPU: the interpreter; the H200 run is the measurement)."""
     load_bench("serving").main(["--smoke"])
     out = capsys.readouterr().out
-    row = [line for line in out.splitlines() if line.startswith("| tiny |")]
-    assert len(row) == 1 and len(row[0].split("|")) == 11
+    rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    # one row per batch (1 and 2 in the smoke), each with the 10 columns of the table
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"] and all(len(r.split("|")) == 12 for r in rows)
