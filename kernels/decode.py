@@ -50,11 +50,9 @@ import torch
 import triton
 import triton.language as tl
 
-from contract.constants import DITHER_BIAS_FACTOR
-
-from .epilogue import MergeConstants, MeterRecord, merge, merge_torch
+from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
-from .paged import HIST_SPLIT_REL, KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta_terms
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -126,7 +124,8 @@ def _decode_kernel(
     off = n_idx % T
     # the block-table entries of the next tile are loaded one iteration ahead (PREFETCH_BT), so a
     # tile's code loads do not wait behind its own table load
-    bt_next = tl.load(BT + b * s_btb + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
+    if PREFETCH_BT:
+        bt_next = tl.load(BT + b * s_btb + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
     for p0 in range(p_start, p_end, PAGES):
         page = p0 + pg_in
         tok = page * T + off
@@ -256,23 +255,21 @@ def _decode_kernel(
                 onehot = col[None, :] == la[:, None]
                 if TIER_B:
                     onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
-            # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
-            if PAGE_LEVELS:
-                pass
-            elif ABLATE % 2 == 1:  # (diagnosis) no histogram dot
-                hd = tl.zeros([BLOCK_H, NB], tl.float32)
-            elif HIST_BF16:
-                # p̂ = p_hi + p_lo (bf16 each: |p̂ − p_hi − p_lo| ≤ 2^-16 p̂, fp32's exponent range, so
-                # nothing above 2^-126 is flushed); 0/1 exact in bf16; φ rounded up into bf16
-                phi_up = ((phi.to(tl.int32, bitcast=True) + 0xFFFF) & -65536).to(tl.float32, bitcast=True)
-                ohb = tl.where(col[None, :] == NB - 1, phi_up[:, None], onehot.to(tl.float32)).to(tl.bfloat16)
-                p_hi = p.to(tl.bfloat16)
-                p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-                hd = tl.dot(p_lo, ohb, acc=tl.dot(p_hi, ohb))
-            else:
-                oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
-                # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
-                hd = tl.dot(p, oh, input_precision=PREC_HIST)
+                # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
+                if ABLATE % 2 == 1:  # (diagnosis) no histogram dot
+                    hd = tl.zeros([BLOCK_H, NB], tl.float32)
+                elif HIST_BF16:
+                    # p̂ = p_hi + p_lo (bf16 each: |p̂ − p_hi − p_lo| ≤ 2^-16 p̂, fp32's exponent range, so
+                    # nothing above 2^-126 is flushed); 0/1 exact in bf16; φ rounded up into bf16
+                    phi_up = ((phi.to(tl.int32, bitcast=True) + 0xFFFF) & -65536).to(tl.float32, bitcast=True)
+                    ohb = tl.where(col[None, :] == NB - 1, phi_up[:, None], onehot.to(tl.float32)).to(tl.bfloat16)
+                    p_hi = p.to(tl.bfloat16)
+                    p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+                    hd = tl.dot(p_lo, ohb, acc=tl.dot(p_hi, ohb))
+                else:
+                    oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
+                    # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
+                    hd = tl.dot(p, oh, input_precision=PREC_HIST)
             hist = hist * alpha[:, None] + hd
             if ABLATE // 4 % 2 == 0:
                 wmax = tl.maximum(wmax, wn)
@@ -321,16 +318,6 @@ def key_edges(device=None) -> torch.Tensor:
     """Upper edges of the key-side bins 0..K (bin 0 = exactly 0), float64."""
     m = torch.arange(1, KEY_LEVELS + 1, dtype=torch.float64, device=device)
     return torch.cat([torch.zeros(1, dtype=torch.float64, device=device), X0 * torch.exp2((m - 1) / 2)])
-
-
-def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, delta_step: float) -> torch.Tensor:
-    """c[b, h] with Tier B radius t_j = c · s_j (SPEC §5 with per-token scale s_j):
-    ``|σ| (‖q‖ sqrt(2 ln(2n/δ) / 12) + ‖q‖₁ · DITHER_BIAS_FACTOR)``, n = seq_lens[b]. float64."""
-    qd = q.double()
-    n = seq_lens.double().to(q.device)[:, None]
-    log_term = torch.sqrt(2.0 * torch.log(2.0 * n / delta_step) / 12.0)
-    c = abs(sm_scale) * (qd.norm(dim=-1) * log_term + qd.abs().sum(-1) * DITHER_BIAS_FACTOR)
-    return c * (1.0 + KERNEL_REL_SLACK)
 
 
 def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int) -> int:
@@ -406,7 +393,9 @@ def decode(
     [B, ≥ max seq_len] bool (True = attend; left padding of a batch): masked tokens are neither
     attended nor metered (Tier B's n and Λ still count them: conservative). ``prefetch_bt``
     (None: with the meter): load the next tile's block-table entries one iteration ahead
-    (measured on the H200, bench/RESULTS.md: 3–7 % faster with the meter, neutral without)."""
+    (measured on the H200, bench/RESULTS.md run E: 2–7 % faster with the meter, mixed without).
+    Off the GPU the merge / epilogue runs as ``epilogue.merge_torch`` (``MERGE_OFF_GPU``), which
+    computes the tilt on every row whatever ``tilt_above`` is."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -429,7 +418,7 @@ def decode(
     if hist_split is None:
         hist_split = "bf16x2"
     if hist_split not in ("bf16x2", "tf32x3"):
-        raise ValueError(f"hist_split: expected one of {sorted(HIST_SPLIT_REL)}, got {hist_split!r}")
+        raise ValueError(f"hist_split: expected 'bf16x2' or 'tf32x3', got {hist_split!r}")
     if num_splits is None:  # from the table's capacity, not seq_lens: no device sync
         num_splits = choose_splits(Bsz, Hkv, block_table.shape[1] * cache.block_size, cache.block_size,
                                    _sm_count(q.device))

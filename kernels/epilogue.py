@@ -576,8 +576,6 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
     scr = torch.empty(rows, 6 * KP, **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
-    if c.tier_b:
-        rec[:, REC_TVB.value] = 1.0  # (written by the kernel; set so a skipped row reads saturated)
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
@@ -600,6 +598,17 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
             xi=col(REC_XI), rho=col(REC_RHO),
         )
     return o, lse, record
+
+
+def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, delta_step: float) -> torch.Tensor:
+    """c[b, h] with Tier B radius t_j = c · s_j (SPEC §5 with per-token scale s_j):
+    ``|σ| (‖q‖ sqrt(2 ln(2n/δ) / 12) + ‖q‖₁ · DITHER_BIAS_FACTOR)``, n = seq_lens[b]. float64.
+    The torch form of the fused merge's ``cb`` (the bridge checks both)."""
+    qd = q.double()
+    n = seq_lens.double().to(q.device)[:, None]
+    log_term = torch.sqrt(2.0 * torch.log(2.0 * n / delta_step) / 12.0)
+    c = abs(sm_scale) * (qd.norm(dim=-1) * log_term + qd.abs().sum(-1) * DITHER_BIAS_FACTOR)
+    return c * (1.0 + KERNEL_REL_SLACK)
 
 
 def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
@@ -633,9 +642,7 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     lam = ((sl.double()[:, None] + c.NB * tiles * S + 16.0) * FP32_FLUSH / L64.clamp_min(1.0)).expand_as(xi)
     tb_max = lv_b = None
     if c.tier_b:
-        n = sl.double().to(dev)[:, None]
-        cb = abs(sm) * (qd.norm(dim=-1) * torch.sqrt(2.0 * torch.log(2.0 * n / c.delta_step) / 12.0)
-                        + qd.abs().sum(-1) * DITHER_BIAS_FACTOR) * (1.0 + KERNEL_REL_SLACK)
+        cb = tier_b_coefficients(q, sl, sm, c.delta_step)
         lv_b = cb[..., None] * edges
         tb_max = cb * mx[..., 1].double()
     KA, NB = c.KA, c.NB
