@@ -1,6 +1,6 @@
 """H200 timing of the metered decode on SGLang's layout vs SGLang's own Triton decode (issue 12).
 
-NOT RUN in this repository yet: run it on a CUDA machine, then record the table in bench/SGLANG.md.
+Results: bench/SGLANG.md (run on the lent H200).
 
     python bench/sglang_h200.py --sglang-root /path/to/sglang   # or WITCERT_SGLANG_ROOT=...
 
@@ -10,7 +10,9 @@ running ``sglang/__init__``). Default: the installed package.
 
 For bf16 and fp8 (e4m3, per-layer scale) KV, B ∈ {8, 32}, n ∈ {32K, 128K}, Hq=32, Hkv=8, D=128:
 time of SGLang's ``decode_attention_fwd`` and of the patched one (metered kernel + epilogue),
-their ratio, and the max |Δo| between them (relative to max |o|).
+their ratio, and the max |Δo| between them (relative to max |o|). Two timings of each: eager
+(CUDA events around 20 calls from Python: launch and wrapper overheads included) and CUDA-graph
+replay of one call (what SGLang's server does for decode batches): the GPU time alone.
 """
 
 from __future__ import annotations
@@ -23,6 +25,33 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def graph_ms(call, iters: int) -> float:
+    """ms per replay of ``call`` captured in a CUDA graph (NaN, with the reason printed, if the
+    capture fails)."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        g.replay()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(iters):
+            g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1) / iters
+    except Exception as e:  # noqa: BLE001 (reported, the eager column stands)
+        print(f"(graph capture failed: {type(e).__name__}: {e})", flush=True)
+        torch.cuda.synchronize()
+        return float("nan")
 
 
 def main():
@@ -44,8 +73,9 @@ def main():
     patched = mod.decode_attention_fwd
     dev = "cuda"
     Hq, Hkv, D, max_splits = 32, 8, 128, 16
-    print("| KV | B | n | SGLang ms | metered ms | ratio | max|Δo|/max|o| |")
-    print("|---|---|---|---|---|---|---|")
+    print("| KV | B | n | SGLang ms | metered ms | ratio | SGLang graph ms | metered graph ms | graph ratio "
+          "| max|Δo|/max|o| |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kv in ("bf16", "fp8"):
         for Bsz in map(int, args.batches.split(",")):
             for n in map(int, args.lens.split(",")):
@@ -63,7 +93,7 @@ def main():
                 ws.record_write(kb, vb, 0, loc, k, v, scale, scale, dtype)
                 indptr = torch.arange(0, size + 1, n, device=dev, dtype=torch.int32)
                 q = torch.randn(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
-                outs, times = [], []
+                outs, times, gtimes = [], [], []
                 for fn in (orig, patched):
                     o = torch.empty(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
                     lg = torch.empty(Bsz, Hq, max_splits, D, device=dev)
@@ -81,8 +111,12 @@ def main():
                     torch.cuda.synchronize()
                     times.append(e0.elapsed_time(e1) / args.iters)
                     outs.append(o.float().clone())
+                    gtimes.append(graph_ms(call, args.iters))
                 err = float((outs[0] - outs[1]).abs().max() / outs[0].abs().max())
-                print(f"| {kv} | {Bsz} | {n} | {times[0]:.3f} | {times[1]:.3f} | {times[1] / times[0]:.2f} | {err:.2e} |")
+                g0, g1 = gtimes
+                gr = f"{g1 / g0:.2f}" if g0 == g0 and g1 == g1 else "—"
+                print(f"| {kv} | {Bsz} | {n} | {times[0]:.3f} | {times[1]:.3f} | {times[1] / times[0]:.2f} "
+                      f"| {g0:.3f} | {g1:.3f} | {gr} | {err:.2e} |", flush=True)
                 del kb, vb, k, v
                 ws.STATE.layers.clear()
                 ws.STATE.by_buffer.clear()

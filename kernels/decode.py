@@ -83,12 +83,18 @@ def _decode_kernel(
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
-    HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr,
+    HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
-    seq_len = tl.load(SL + b)
+    if CSR:  # SL is kv_indptr [B + 1], T = 1: sequence b's token slots are BT[SL[b] : SL[b + 1]]
+        row0 = tl.load(SL + b)
+        seq_len = tl.load(SL + b + 1) - row0
+        BT += row0.to(tl.int64)
+    else:
+        BT += b * s_btb
+        seq_len = tl.load(SL + b)
     n_pages = tl.cdiv(seq_len, T)
     per_split = tl.cdiv(n_pages, num_splits)
     p_start = sp * per_split
@@ -125,7 +131,7 @@ def _decode_kernel(
     # the block-table entries of the next tile are loaded one iteration ahead (PREFETCH_BT), so a
     # tile's code loads do not wait behind its own table load
     if PREFETCH_BT:
-        bt_next = tl.load(BT + b * s_btb + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
+        bt_next = tl.load(BT + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
     for p0 in range(p_start, p_end, PAGES):
         page = p0 + pg_in
         tok = page * T + off
@@ -136,9 +142,9 @@ def _decode_kernel(
         if PREFETCH_BT:
             blk = bt_next.to(tl.int64)
             pn = page + PAGES
-            bt_next = tl.load(BT + b * s_btb + pn, mask=pn < p_end, other=0)
+            bt_next = tl.load(BT + pn, mask=pn < p_end, other=0)
         else:
-            blk = tl.load(BT + b * s_btb + page, mask=pvalid, other=0).to(tl.int64)
+            blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
         if SCHEME == INT4_GROUP_ID:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
@@ -364,7 +370,7 @@ def decode(
     cache: PagedKV,
     q: torch.Tensor,
     block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    seq_lens: torch.Tensor | None,
     sm_scale: float | None = None,
     meter: bool = True,
     num_splits: int | None = None,
@@ -379,6 +385,7 @@ def decode(
     levels: str = "token",
     token_mask: torch.Tensor | None = None,
     prefetch_bt: bool | None = None,
+    kv_indptr: torch.Tensor | None = None,
     _ablate: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
@@ -394,6 +401,10 @@ def decode(
     attended nor metered (Tier B's n and Λ still count them: conservative). ``prefetch_bt``
     (None: with the meter): load the next tile's block-table entries one iteration ahead
     (measured on the H200, bench/RESULTS.md run E: 2–7 % faster with the meter, mixed without).
+    ``kv_indptr`` [≥ B + 1] int32 (SGLang's layout, block size 1 only): ``block_table`` is then the
+    flat ``kv_indices`` (token slots; sequence b's are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``)
+    and ``seq_lens`` must be None: the kernel reads the CSR rows directly (no [B, max_len] table, no
+    host sync); ``num_splits=None`` then sizes the split count from the mean length.
     Off the GPU the merge / epilogue runs as ``epilogue.merge_torch`` (``MERGE_OFF_GPU``), which
     computes the tilt on every row whatever ``tilt_above`` is."""
     if q.dim() != 3:
@@ -404,13 +415,32 @@ def decode(
         raise ValueError(f"q: head dim {D} does not match the cache's {cache.head_dim}")
     if Hq % Hkv or not 1 <= Hq // Hkv <= 8:
         raise ValueError(f"q: {Hq} query heads over {Hkv} kv heads: GQA group must be an integer in 1..8")
-    if seq_lens.shape != (Bsz,) or block_table.dim() != 2 or block_table.shape[0] != Bsz:
-        raise ValueError("seq_lens [B] and block_table [B, max_pages] must match q's batch")
-    if validate:
-        if torch.any(seq_lens < 1):
-            raise ValueError("seq_lens: every sequence needs at least one cached token")
-        if torch.any(seq_lens > block_table.shape[1] * cache.block_size):
-            raise ValueError("seq_lens: longer than the block table covers")
+    csr = kv_indptr is not None
+    if csr:
+        if seq_lens is not None:
+            raise ValueError("kv_indptr: seq_lens must be None (the lengths are kv_indptr's differences)")
+        if cache.block_size != 1:
+            raise ValueError(f"kv_indptr: the CSR layout is for block size 1 (token slots), the cache has {cache.block_size}")
+        if kv_indptr.dim() != 1 or kv_indptr.shape[0] < Bsz + 1 or kv_indptr.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"kv_indptr: expected an int32/int64 [≥ B + 1 = {Bsz + 1}] tensor, got "
+                             f"{kv_indptr.dtype} {tuple(kv_indptr.shape)}")
+        if block_table.dim() != 1:
+            raise ValueError(f"kv_indptr: block_table must be the flat kv_indices [total], got {tuple(block_table.shape)}")
+        kv_indptr = kv_indptr[: Bsz + 1].to(device=q.device, dtype=torch.int32)
+        seq_lens = kv_indptr[1:] - kv_indptr[:-1]  # on the device: no sync
+        if validate:
+            if torch.any(seq_lens < 1):
+                raise ValueError("seq_lens: every sequence needs at least one cached token")
+            if int(kv_indptr[-1]) > block_table.shape[0] or int(kv_indptr[0]) < 0:
+                raise ValueError("kv_indptr: rows reach outside kv_indices")
+    else:
+        if seq_lens is None or seq_lens.shape != (Bsz,) or block_table.dim() != 2 or block_table.shape[0] != Bsz:
+            raise ValueError("seq_lens [B] and block_table [B, max_pages] must match q's batch")
+        if validate:
+            if torch.any(seq_lens < 1):
+                raise ValueError("seq_lens: every sequence needs at least one cached token")
+            if torch.any(seq_lens > block_table.shape[1] * cache.block_size):
+                raise ValueError("seq_lens: longer than the block table covers")
     if _ablate and not meter or _ablate and epilogue:
         raise ValueError("_ablate (benchmark diagnosis only: drops parts of the meter) needs meter=True, epilogue=False")
     if levels not in ("token", "page"):
@@ -419,9 +449,9 @@ def decode(
         hist_split = "bf16x2"
     if hist_split not in ("bf16x2", "tf32x3"):
         raise ValueError(f"hist_split: expected 'bf16x2' or 'tf32x3', got {hist_split!r}")
-    if num_splits is None:  # from the table's capacity, not seq_lens: no device sync
-        num_splits = choose_splits(Bsz, Hkv, block_table.shape[1] * cache.block_size, cache.block_size,
-                                   _sm_count(q.device))
+    if num_splits is None:  # from the table's capacity (CSR: the mean length), not seq_lens: no device sync
+        cap = max(1, block_table.shape[0] // max(Bsz, 1)) if csr else block_table.shape[1] * cache.block_size
+        num_splits = choose_splits(Bsz, Hkv, cap, cache.block_size, _sm_count(q.device))
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if delta_step is not None and not 0 < delta_step < 1:
@@ -459,6 +489,7 @@ def decode(
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
+    sl_or_indptr = kv_indptr.contiguous() if csr else sl
     if token_mask is not None:
         if token_mask.dim() != 2 or token_mask.shape[0] != Bsz or token_mask.dtype != torch.bool:
             raise ValueError(f"token_mask: expected a bool [B={Bsz}, max_len] tensor, got "
@@ -473,7 +504,7 @@ def decode(
     extra = {} if num_stages is None else {"num_stages": num_stages}
     compiled = _decode_kernel[(Bsz, Hkv, S)](
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
-        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl, tm,
+        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
@@ -481,7 +512,7 @@ def decode(
         cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
-        bt.stride(0), tm.stride(0),
+        0 if csr else bt.stride(0), tm.stride(0),
         Hq,
         INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
@@ -489,7 +520,7 @@ def decode(
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
         PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
         ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
-        PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt),
+        PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr,
         num_warps=num_warps, **extra,
     )
     consts = MergeConstants(

@@ -484,3 +484,37 @@ def test_token_mask_is_left_padding(levels):
         torch.testing.assert_close(a.meter.tv_upper_a, b.meter.tv_upper_a, rtol=0, atol=1e-3)
     with pytest.raises(ValueError, match="token_mask"):
         decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), token_mask=mask.int().to(DEV))
+
+
+def test_csr_layout_matches_block_table():
+    """SGLang's layout (``kv_indptr`` + flat ``kv_indices`` of token slots, block size 1) read by
+    the kernel directly gives the same output and record, bit for bit, as the [B, max_len] block
+    table built from it (the same tiles, the same split count); misuse is refused."""
+    g = torch.Generator().manual_seed(5)
+    D, Hkv, GQ, lens = 64, 2, 2, [37, 5, 70]
+    total = sum(lens)
+    cache = PagedKV.allocate(total + 3, Hkv, D, scheme="int8", block_size=1, num_groups=1, device=DEV)
+    slots = torch.randperm(total + 3, generator=g)[:total].int()
+    indptr = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+    bt = torch.zeros(len(lens), max(lens), dtype=torch.int32)
+    for b, n in enumerate(lens):
+        bt[b, :n] = slots[indptr[b] : indptr[b + 1]]
+        k = torch.randn(n, Hkv, D, generator=g).bfloat16()
+        v = torch.randn(n, Hkv, D, generator=g).bfloat16()
+        write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.full((n,), b).to(DEV), torch.arange(n).to(DEV))
+    q = (torch.randn(len(lens), Hkv * GQ, D, generator=g) * 1.5).bfloat16().float().to(DEV)
+    a = to_cpu(decode(cache, q, bt.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), num_splits=2))
+    c = to_cpu(decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), num_splits=2))
+    assert torch.equal(a.o, c.o) and torch.equal(a.lse, c.lse)
+    for f in ("tv_upper_a", "out_err_upper", "xi", "eps_max"):
+        assert torch.equal(getattr(a.meter, f), getattr(c.meter, f)), f
+    assert not c.meter.flag.any()
+    with pytest.raises(ValueError, match="seq_lens must be None"):
+        decode(cache, q, slots.to(DEV), torch.tensor(lens).to(DEV), kv_indptr=indptr.to(DEV))
+    with pytest.raises(ValueError, match="outside kv_indices"):
+        decode(cache, q, slots[:50].to(DEV), None, kv_indptr=indptr.to(DEV))
+    with pytest.raises(ValueError, match="flat kv_indices"):
+        decode(cache, q, bt.to(DEV), None, kv_indptr=indptr.to(DEV))
+    c16, bt16, _ = build("int8", [20], 1, 64, seed=3)
+    with pytest.raises(ValueError, match="block size 1"):
+        decode(c16, q[:1, :1].contiguous(), bt16.flatten().to(DEV), None, kv_indptr=torch.tensor([0, 20]).int().to(DEV))

@@ -187,6 +187,10 @@ class LayerSide:
     group_id: torch.Tensor
     dtype: torch.dtype  # the pool's logical dtype (its buffers may be stored as uint8)
     ours: object = None  # kernels.paged.PagedKV when a scheme of ours serves the attention
+    #: the last ``paged_view`` of SGLang's buffers and its key (buffer pointers, shapes, scales):
+    #: rebuilt only when one changes (no per-call allocation / host transfer)
+    view: object = None
+    view_key: tuple | None = None
 
 
 @dataclasses.dataclass
@@ -485,6 +489,10 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
 
     if side.ours is not None:
         return side.ours
+    key = (k_buffer.data_ptr(), v_buffer.data_ptr(), tuple(k_buffer.shape), k_buffer.dtype, float(k_scale),
+           float(v_scale), side.k_wit.data_ptr())
+    if side.view_key == key:
+        return side.view
     kb, vb = _as_logical(k_buffer, side.dtype), _as_logical(v_buffer, side.dtype)
     if kb.dtype == torch.float8_e4m3fn:
         scheme = "fp8_e4m3"
@@ -502,11 +510,23 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
     ks = torch.tensor([float(k_scale)], **f32).view(1, 1, 1).expand(size, H, 1)
     vs = torch.tensor([float(v_scale)], **f32).view(1, 1, 1).expand(size, H, 1)
     z = torch.zeros(1, dtype=torch.float16, device=kb.device)
-    return PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
+    side.view_key = key
+    side.view = PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
                    group_id=side.group_id, k_codes=kb.unsqueeze(2), v_codes=vb.unsqueeze(2), k_scale=ks, v_scale=vs,
                    k_zero=z, v_zero=z, k_wit=side.k_wit, v_wit=side.v_wit, v_norm=side.v_norm, k_norm=side.k_norm,
                    exact_k=torch.zeros(1, dtype=kb.dtype if scheme == "none" else torch.bfloat16, device=kb.device),
                    exact_v=z, seed=0, layer=side.layer_id)
+    return side.view
+
+
+def _saturate_rows(rec, rows: torch.Tensor) -> None:
+    """Rows [B, 1] (or [B, Hq]) the record cannot vouch for: flagged, TV⁺ 1, output bound +inf
+    (in place, on the device)."""
+    rec.flag |= rows
+    rec.tv_upper_a.masked_fill_(rows, 1.0)
+    if rec.tv_upper_b is not None:
+        rec.tv_upper_b.masked_fill_(rows, 1.0)
+    rec.out_err_upper.masked_fill_(rows, float("inf"))
 
 
 class _Skip(Exception):
@@ -524,12 +544,15 @@ def metered_decode(args, kwargs, num_splits=None):
     side = STATE.layers[layer_id]
     cache = paged_view(side, kb, vb, k_scale, v_scale)
     Bsz = q.shape[0]
-    bt, sl = block_table_from_indptr(kv_indptr, kv_indices, Bsz)
-    if Bsz == 0 or int(sl.min()) < 1:
-        raise _Skip("an empty sequence")
-    if num_splits is None:
-        num_splits = max(1, min(int(max_kv_splits), math.ceil(int(sl.max()) / 256)))
-    out = decode(cache, q, bt, sl, sm_scale=float(sm_scale), num_splits=num_splits, delta_step=STATE.delta_step)
+    if Bsz == 0:
+        raise _Skip("an empty batch")
+    # SGLang's CSR rows read by the kernel directly (no [B, max_len] table); no host sync: the
+    # split count from the mean length (kernels.decode.choose_splits), and an empty sequence (which
+    # SGLang's decode never sends) is not checked on the host but flagged in its record below
+    indptr = kv_indptr[: Bsz + 1]
+    out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
+                 delta_step=STATE.delta_step, validate=False)
+    _saturate_rows(out.meter, ((indptr[1:] - indptr[:-1]) < 1)[:, None])
     o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
     attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)
     attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
