@@ -8,16 +8,17 @@
         → out.o [B, Hq, D] float32, out.lse [B, Hq], out.meter (MeterRecord) or None
 
 Grid: (B, Hkv, num_splits). A program serves the GQ query heads of one kv head (padded to
-BLOCK_H ≥ 16 rows for the tensor-core dot) over its share of the sequence's pages, a tile of
-PAGES pages at a time: it dequantizes (regenerating the dither for ``int8_dither``), runs the
+BLOCK_H ≥ 16 columns for the tensor-core dot) over its share of the sequence's pages, a tile of
+PAGES pages at a time, every tile transposed (tokens × heads: the K̂, V̂ᵀ and one-hot tiles are
+the dots' A operands, read from registers on Hopper): it dequantizes (regenerating the dither for ``int8_dither``), runs the
 online softmax and the output accumulation, and, when METER, in the same pass:
 
 * key-side levels: the Tier A radius ε_j(h) = σ Σ_g ‖q_h[g]‖ W[j, g] ≤ σ ‖q_h‖ ‖W_j‖₂ (Cauchy–
   Schwarz over the groups; equal for G = 1) factors into a head part and a token part, and so
   does the Tier B radius t_j(h) = c_h · s_j. Tokens are binned once per kv head by ‖W_j‖₂ and
   by s_j on a fixed geometric grid (ratio √2, rounded **up**), so all GQ query heads share the
-  bins, and one tensor-core dot ``p @ onehot`` per tile accumulates both p̂-mass histograms
-  and, in its last column, Σ p̂ φ. The dot takes p̂ in fp32 (tf32x3 on the GPU, ieee in the
+  bins, and one tensor-core dot ``onehotᵀ @ p̂ᵀ`` per tile accumulates both p̂-mass histograms
+  and, in its last row, Σ p̂ φ. The dot takes p̂ in fp32 (tf32x3 on the GPU, ieee in the
   interpreter): fp32's range, so a p̂ that fp16 would flush (a logit gap ≥ ~28 below the
   running maximum) keeps its mass; only masses below 2^-126 of the running maximum can be
   lost, and those are counted into the ρ term of the epilogue;
@@ -100,21 +101,25 @@ def _decode_kernel(
     p_start = sp * per_split
     p_end = tl.minimum(p_start + per_split, n_pages)
 
-    rows = tl.arange(0, BLOCK_H)
-    hmask = rows < GQ
-    heads = kvh * GQ + rows
+    # every tile is transposed ("swap AB"): tokens are the MMA's M dimension and the GQ query
+    # heads its N, so the large operands (the converted K̂ / V̂ᵀ tiles, the one-hot) are A operands,
+    # which Hopper's wgmma reads from registers; only qᵀ (once) and p̂ᵀ (small) pass through
+    # shared memory. Measured on the H200: the metered kernel 18-21 % faster (bench/RESULTS.md).
+    heads_i = tl.arange(0, BLOCK_H)
+    hmask = heads_i < GQ
+    heads = kvh * GQ + heads_i
     d = tl.arange(0, D)
-    q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=hmask[:, None], other=0.0)
-    q32 = q.to(tl.float32)
+    qT = tl.load(Q + b * s_qb + heads[None, :] * s_qh + d[:, None], mask=hmask[None, :], other=0.0)  # [D, H]
+    q32T = qT.to(tl.float32)
     if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
-        q = q32
+        qT = q32T
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    accT = tl.zeros([D, BLOCK_H], tl.float32)
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
-    hist = tl.zeros([BLOCK_H, NB], tl.float32)
+    histT = tl.zeros([NB, BLOCK_H], tl.float32)
     BLOCK_N: tl.constexpr = PAGES * T
     # running maxima / counts per token lane, reduced once after the loop (not per tile)
     wmax = tl.zeros([BLOCK_N], tl.float32)
@@ -159,16 +164,16 @@ def _decode_kernel(
             vh = tl.load(VZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(VS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
-            s = tl.dot(q32, tl.trans(kh), input_precision=PREC32) * sm_scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
+            sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
+            sT = tl.where(valid[:, None], sT, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sT, axis=0))
             alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, vh, input_precision=PREC32)
+            pT = tl.exp(sT - m_new[None, :])
+            l = l * alpha + tl.sum(pT, axis=0)
+            accT = accT * alpha[None, :] + tl.dot(tl.trans(vh), pT, input_precision=PREC32)
         else:
-            kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            vc = tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [N, D]
+            vcT = tl.load(VC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0)  # [D, N]
             if SCHEME == NONE_ID:
                 ks = tl.full([BLOCK_N], 1.0, tl.float32)
                 vs = tl.full([BLOCK_N], 1.0, tl.float32)
@@ -177,38 +182,38 @@ def _decode_kernel(
                 vs = tl.load(VS + sbase, mask=valid, other=0.0).to(tl.float32)
             if LOWP:  # tensor cores in q's dtype: int8 / fp8 codes are exact in bf16 and fp16
                 kc = kc.to(Q.dtype.element_ty)
-                vc = vc.to(Q.dtype.element_ty)
+                vcT = vcT.to(Q.dtype.element_ty)
             else:
                 kc = kc.to(tl.float32)
-                vc = vc.to(tl.float32)
-            qk = tl.dot(q, tl.trans(kc))
-            if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract q·u, u split into bf16 hi + lo parts
-                uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])
+                vcT = vcT.to(tl.float32)
+            qkT = tl.dot(kc, qT)  # [N, H]
+            if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
+                uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
                 if LOWP:
                     uk_hi = uk.to(Q.dtype.element_ty)
                     uk_lo = (uk - uk_hi.to(tl.float32)).to(Q.dtype.element_ty)
-                    qk -= tl.dot(q, tl.trans(uk_hi)) + tl.dot(q, tl.trans(uk_lo))
+                    qkT -= tl.dot(uk_hi, qT) + tl.dot(uk_lo, qT)
                 else:
-                    qk -= tl.dot(q, tl.trans(uk))
-            s = qk * (ks * sm_scale)[None, :]
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
+                    qkT -= tl.dot(uk, qT)
+            sT = qkT * (ks * sm_scale)[:, None]
+            sT = tl.where(valid[:, None], sT, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sT, axis=0))
             alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            pv = p * vs[None, :]
+            pT = tl.exp(sT - m_new[None, :])
+            l = l * alpha + tl.sum(pT, axis=0)
+            pvT = pT * vs[:, None]
             if LOWP:
-                pv = pv.to(Q.dtype.element_ty)
-            pvv = tl.dot(pv, vc)
+                pvT = pvT.to(Q.dtype.element_ty)
+            pvvT = tl.dot(vcT, pvT)  # [D, H]
             if SCHEME == INT8_DITHER_ID:
-                uv = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[:, None], d[None, :])
+                uvT = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[None, :], d[:, None])  # [D, N]
                 if LOWP:
-                    uv_hi = uv.to(Q.dtype.element_ty)
-                    uv_lo = (uv - uv_hi.to(tl.float32)).to(Q.dtype.element_ty)
-                    pvv -= tl.dot(pv, uv_hi) + tl.dot(pv, uv_lo)
+                    uv_hiT = uvT.to(Q.dtype.element_ty)
+                    uv_loT = (uvT - uv_hiT.to(tl.float32)).to(Q.dtype.element_ty)
+                    pvvT -= tl.dot(uv_hiT, pvT) + tl.dot(uv_loT, pvT)
                 else:
-                    pvv -= tl.dot(pv, uv)
-            acc = acc * alpha[:, None] + pvv
+                    pvvT -= tl.dot(uvT, pvT)
+            accT = accT * alpha[None, :] + pvvT
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase = blk * s_wb + kvh * s_wh
@@ -250,33 +255,33 @@ def _decode_kernel(
                 # page granularity: each token's level rounded up to its page's largest (sound: any
                 # levels ≥ the radii are, SPEC §3(c)); page masses are fp32 sums of T tokens, so no
                 # operand split and no one-hot dot; Σ p̂ φ is summed per token, exactly as before
-                oh_pg = col[None, :] == tl.max(tl.reshape(la, [PAGES, T]), axis=1)[:, None]  # [PAGES, NB]
+                oh_pgT = col[:, None] == tl.max(tl.reshape(la, [PAGES, T]), axis=1)[None, :]  # [NB, PAGES]
                 if TIER_B:
                     lb = _key_level(ks, X0, K)
-                    oh_pg = oh_pg | (col[None, :] == (tl.max(tl.reshape(lb, [PAGES, T]), axis=1) + KA)[:, None])
-                psum = tl.sum(tl.reshape(p, [BLOCK_H, PAGES, T]), axis=2)  # [BLOCK_H, PAGES]
-                hd = tl.sum(psum[:, :, None] * oh_pg.to(tl.float32)[None, :, :], axis=1)
-                hd = tl.where(col[None, :] == NB - 1, tl.sum(p * phi[None, :], axis=1)[:, None], hd)
+                    oh_pgT = oh_pgT | (col[:, None] == (tl.max(tl.reshape(lb, [PAGES, T]), axis=1) + KA)[None, :])
+                psumT = tl.sum(tl.reshape(pT, [PAGES, T, BLOCK_H]), axis=1)  # [PAGES, H]
+                hdT = tl.sum(oh_pgT.to(tl.float32)[:, :, None] * psumT[None, :, :], axis=1)  # [NB, H]
+                hdT = tl.where(col[:, None] == NB - 1, tl.sum(pT * phi[:, None], axis=0)[None, :], hdT)
             else:
-                onehot = col[None, :] == la[:, None]
+                onehotT = col[:, None] == la[None, :]  # [NB, N]
                 if TIER_B:
-                    onehot = onehot | (col[None, :] == (_key_level(ks, X0, K) + KA)[:, None])
-                # the last column carries φ_j, so the same dot also accumulates Σ p̂ φ
+                    onehotT = onehotT | (col[:, None] == (_key_level(ks, X0, K) + KA)[None, :])
+                # the last row carries φ_j, so the same dot also accumulates Σ p̂ φ
                 if ABLATE % 2 == 1:  # (diagnosis) no histogram dot
-                    hd = tl.zeros([BLOCK_H, NB], tl.float32)
+                    hdT = tl.zeros([NB, BLOCK_H], tl.float32)
                 elif HIST_BF16:
                     # p̂ = p_hi + p_lo (bf16 each: |p̂ − p_hi − p_lo| ≤ 2^-16 p̂, fp32's exponent range, so
                     # nothing above 2^-126 is flushed); 0/1 exact in bf16; φ rounded up into bf16
                     phi_up = ((phi.to(tl.int32, bitcast=True) + 0xFFFF) & -65536).to(tl.float32, bitcast=True)
-                    ohb = tl.where(col[None, :] == NB - 1, phi_up[:, None], onehot.to(tl.float32)).to(tl.bfloat16)
-                    p_hi = p.to(tl.bfloat16)
-                    p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-                    hd = tl.dot(p_lo, ohb, acc=tl.dot(p_hi, ohb))
+                    ohbT = tl.where(col[:, None] == NB - 1, phi_up[None, :], onehotT.to(tl.float32)).to(tl.bfloat16)
+                    p_hiT = pT.to(tl.bfloat16)
+                    p_loT = (pT - p_hiT.to(tl.float32)).to(tl.bfloat16)
+                    hdT = tl.dot(ohbT, p_loT, acc=tl.dot(ohbT, p_hiT))  # [NB, H]
                 else:
-                    oh = tl.where(col[None, :] == NB - 1, phi[:, None], onehot.to(tl.float32))
+                    ohT = tl.where(col[:, None] == NB - 1, phi[None, :], onehotT.to(tl.float32))
                     # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
-                    hd = tl.dot(p, oh, input_precision=PREC_HIST)
-            hist = hist * alpha[:, None] + hd
+                    hdT = tl.dot(ohT, pT, input_precision=PREC_HIST)
+            histT = histT * alpha[None, :] + hdT
             if ABLATE // 4 % 2 == 0:
                 wmax = tl.maximum(wmax, wn)
             smax = tl.maximum(smax, ks)
@@ -288,9 +293,9 @@ def _decode_kernel(
     o_idx = (b * Hq + heads) * num_splits + sp
     tl.store(M_OUT + o_idx, m, mask=hmask)
     tl.store(L_OUT + o_idx, l, mask=hmask)
-    tl.store(ACC_OUT + o_idx[:, None] * D + d[None, :], acc, mask=hmask[:, None])
+    tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
     if METER:
-        tl.store(HIST_OUT + o_idx[:, None] * NB + col[None, :], hist, mask=hmask[:, None])
+        tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
         st = STAT_OUT + o_idx * 6
         zero = tl.zeros([BLOCK_H], tl.float32)
         tl.store(st + 0, zero + tl.max(wmax, axis=0), mask=hmask)
@@ -467,8 +472,8 @@ def decode(
     KA = KEY_LEVELS + 2
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
-    if pages_per_tile is None:  # measured on the H200 (bench/RESULTS.md): 128-token tiles with
-        pages_per_tile = max(1, (128 if meter else 64) // T)  # the meter, 64 without
+    if pages_per_tile is None:  # measured on the H200 (bench/swap_probe.py, bench/RESULTS.md): 128-token
+        pages_per_tile = max(1, 128 // T)  # tiles, with the meter and without
     if num_stages is None and not INTERPRET:
         num_stages = 2
     lowp = not INTERPRET and dev.type == "cuda"
