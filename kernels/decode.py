@@ -371,6 +371,21 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
     return q
 
 
+def tile_config(meter: bool, programs: int, sms: int) -> tuple[int, int]:
+    """(tokens per tile, software-pipeline stages) of the decode loop, measured on the H200
+    (bench/stream_probe.py, bench/RESULTS.md, 2026-12-01). Triton stages the int8 tiles through
+    shared memory with ``cp.async`` when stages ≥ 2 and then reads them back bytewise into the
+    dots' register operands; with one stage the codes are loaded straight into registers.
+    With the meter: 128-token tiles, one stage (15-18 % faster than two). Without: 64-token tiles
+    and one stage (127 registers: several programs per SM hide the latency, 18-20 % faster) once
+    the grid has ≥ 4 programs per SM; below that (B = 1) 128-token tiles and two stages."""
+    if meter:
+        return 128, 1
+    if programs >= 4 * sms:
+        return 64, 1
+    return 128, 2
+
+
 def decode(
     cache: PagedKV,
     q: torch.Tensor,
@@ -472,10 +487,12 @@ def decode(
     KA = KEY_LEVELS + 2
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
-    if pages_per_tile is None:  # measured on the H200 (bench/swap_probe.py, bench/RESULTS.md): 128-token
-        pages_per_tile = max(1, 128 // T)  # tiles, with the meter and without
-    if num_stages is None and not INTERPRET:
-        num_stages = 2
+    if pages_per_tile is None or num_stages is None:
+        tile_tokens, stages = tile_config(meter, Bsz * Hkv * num_splits, _sm_count(dev))
+        if pages_per_tile is None:
+            pages_per_tile = max(1, tile_tokens // T)
+        if num_stages is None and not INTERPRET:
+            num_stages = stages
     lowp = not INTERPRET and dev.type == "cuda"
     if not lowp:
         hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
