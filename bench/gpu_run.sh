@@ -9,3 +9,5 @@ if [ "${SKIP_CONF:-0}" != 1 ]; then
   WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -x -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi
 timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+# the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
+timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
