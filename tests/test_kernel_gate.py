@@ -257,3 +257,183 @@ def test_bad_overlays_raise():
         RepairOverlay.allocate(NB, 2, T, D, torch.float64)
     with pytest.raises(ValueError, match="page_in"):
         good.page_in(3, 1, torch.zeros(T + 1, D), torch.zeros(T + 1, D))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_served_kv_matches_the_kernel_values(scheme):
+    from kernels.paged import served_kv
+
+    lens = [40, 20]
+    cache, bt, exact = build(scheme, lens, 2, seed=6)
+    rep = overlay_for(cache, bt, exact, [(0, 1, 1), (1, 0, 0)])
+    kh, vh = served_kv(cache, bt, 40, rep)
+    for b, n in enumerate(lens):
+        for h in range(2):
+            rk, rv = dequant(cache, bt, b, n, h)
+            for bb, pg, hh in [(0, 1, 1), (1, 0, 0)]:
+                if (bb, hh) == (b, h):
+                    sl = slice(pg * T, min((pg + 1) * T, n))
+                    rk[sl], rv[sl] = exact[b][0][sl, h].double(), exact[b][1][sl, h].double()
+            assert torch.equal(kh[b, h, :n].cpu(), rk) and torch.equal(vh[b, h, :n].cpu(), rv)
+    kh1, _ = served_kv(cache, bt, 20, rep, rows=torch.tensor([1]))
+    assert torch.equal(kh1[0], kh[1, :, :20])
+
+
+# --------------------------------------------------------------------------- the gated cache on the kernel path
+
+
+def tiny_llama(seed=0):
+    """A tiny random Llama with kernel-sized heads: 2 layers, 4 query heads over 2 kv heads, d = 64."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from witcert.cache import use_witcert
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      num_hidden_layers=2, intermediate_size=128, vocab_size=128, max_position_embeddings=512)
+    return use_witcert(LlamaForCausalLM(cfg).eval())
+
+
+def _guard_store(monkeypatch):
+    """Every page-in reads the exact store and leaves it bit-identical (checked around each call)."""
+    from witcert.cache import WitCertLayer
+
+    orig = WitCertLayer.page_in
+    calls = []
+
+    def checked(self, b, h, blk):
+        before = (self.exact_k.clone(), self.exact_v.clone())
+        nbytes = orig(self, b, h, blk)
+        assert torch.equal(before[0], self.exact_k) and torch.equal(before[1], self.exact_v)
+        calls.append((self.layer_idx, b, h, blk, nbytes))
+        return nbytes
+
+    monkeypatch.setattr(WitCertLayer, "page_in", checked)
+    return calls
+
+
+@pytest.mark.parametrize("scheme,gate", [
+    ("int8", dict(policy="risk-ranked", tau=0.0, max_pagein_blocks=1)),
+    ("int8_dither", dict(policy="certified", tau=0.002, max_pagein_blocks=2, tier="B")),
+    ("int4_group", dict(policy="certified", tau=0.04, max_pagein_blocks=1)),
+])
+def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama()
+    calls = _guard_store(monkeypatch)
+    kw = dict(delta_req=1e-3) if scheme == "int8_dither" else {}
+    cache = WitCertCache(model.config, scheme=scheme, backend="kernel", gate=Gate(**gate), audit=True, seed=3, **kw)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 128, (2, 40), generator=g)
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=5,
+                       min_new_tokens=5, do_sample=False, pad_token_id=0)
+    lay = cache.layers[0]
+    assert lay.paged is not None and lay.rep is not None
+    recs = cache.records
+    assert len(recs) == 4 * 2 and all(r.tv_real is not None for r in recs)
+    # soundness: every row's TV⁺ (after repair) ≥ the float64 realised TV; the output bound too
+    assert sum(r.audit_violations for r in recs) == 0
+    for r in recs:
+        assert np.all(r.tv_a >= r.tv_real) and np.all(r.out_err >= r.out_err_real)
+        assert np.all((r.tv_a >= 0) & (r.tv_a <= 1)) and not r.nonfinite.any()
+    # page-ins happened, were accounted as the reference path does, and each moved a new page
+    paged = [c for c in calls if c[-1]]
+    assert len(paged) > 0
+    assert int(cache.pagein_blocks.sum()) == len(paged) == sum(int(r.pagein_blocks.sum()) for r in recs)
+    assert int(cache.pagein_bytes.sum()) == sum(c[-1] for c in paged)
+    for c in paged:
+        assert c[-1] == 2 * 16 * 64 * 4 or c[-1] % (2 * 64 * 4) == 0  # K + V, fp32 model, ≤ T tokens
+    for li, layer in enumerate(cache.layers):  # persistent: a page is paged in once, its slot kept
+        assert layer.rep.count == int(cache.pagein_blocks[li].sum())
+    # repairs lowered the bound where they happened
+    moved = [r for r in recs if r.pagein_blocks.sum() > 0]
+    assert moved and all(r.tv_a.sum() < r.tv_a_pre.sum() for r in moved)
+    if gate["policy"] == "certified":
+        for r in recs:  # a row still over τ after the budget is flagged
+            over = np.minimum(r.tv_a, r.tv_b) if gate.get("tier") == "B" else r.tv_a
+            assert np.array_equal(r.flag, over > gate["tau"])
+
+
+def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
+    """Same model, codes and seed: the kernel path's gate (risks in float64 from the served pages)
+    pages in the same blocks, in the same order, as the fp64 reference path's, and the kernel's TV⁺
+    after repair covers the reference path's realised TV (the same served values)."""
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama()
+    calls = _guard_store(monkeypatch)
+    caches, seqs, logs = {}, {}, {}
+    for backend in ("reference", "kernel"):
+        calls.clear()
+        caches[backend] = c = WitCertCache(model.config, scheme="int8", backend=backend, audit=True, seed=3,
+                                           gate=Gate("risk-ranked", tau=0.0, max_pagein_blocks=2))
+        g = torch.Generator().manual_seed(2)
+        ids = torch.randint(1, 128, (2, 40), generator=g)
+        with torch.no_grad():
+            seqs[backend] = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c,
+                                           max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+        logs[backend] = list(calls)
+    assert logs["kernel"] == logs["reference"] and len(logs["kernel"]) > 0
+    np.testing.assert_array_equal(caches["kernel"].pagein_bytes, caches["reference"].pagein_bytes)
+    assert torch.equal(seqs["kernel"], seqs["reference"])
+    ker, ref = caches["kernel"].records, caches["reference"].records
+    assert len(ker) == len(ref)
+    for rk, rr in zip(ker, ref):
+        np.testing.assert_array_equal(rk.pagein_blocks, rr.pagein_blocks)
+        assert np.all(rk.tv_a >= rr.tv_real) and np.all(rk.tv_a_pre >= rk.tv_a - 2.0**-10)
+        # the same served values: layer 0 sees the same query; deeper layers' queries differ by the
+        # fp32 (kernel) vs fp64 (reference) attention output of the layers below
+        np.testing.assert_allclose(rk.tv_real, rr.tv_real, rtol=1e-9 if rk.layer == 0 else 1e-3, atol=1e-12)
+    assert sum(r.audit_violations for r in ker + ref) == 0
+
+
+def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
+    from kernels.paged import served_kv
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama(1)
+    # τ = 1 risk-ranked: the gate itself never fires (TV⁺ ≤ 1); the repair is ours
+    cache = WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked", tau=1.0),
+                         audit=True, seed=4)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 128, (2, 37), generator=g)
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        lay = cache.layers[1]
+        # the partial tail page 2 (tokens 32..36) of sequence 0, kv head 1; page 0 of sequence 1, head 0
+        assert lay.page_in(0, 1, 2) == 2 * 5 * 64 * 4 and lay.page_in(0, 1, 2) == 0
+        assert lay.page_in(1, 0, 0) == 2 * 16 * 64 * 4
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(6):  # tokens 37..42: into the repaired tail page of (0, head 1)
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    n = lay.get_seq_length()
+    assert n == 43 and lay.rep.count == 2
+    kh, vh = served_kv(lay.paged, lay.block_table, n, lay.rep)
+    ek, ev = lay.exact_k.double(), lay.exact_v.double()
+    assert torch.equal(kh[0, 1, 32:], ek[0, 1, 32:]) and torch.equal(vh[0, 1, 32:], ev[0, 1, 32:])
+    assert torch.equal(kh[1, 0, :16], ek[1, 0, :16])
+    assert not torch.equal(kh[0, 0, 32:], ek[0, 0, 32:])  # the other head's page stays quantized
+    assert not torch.equal(kh[1, 0, 16:], ek[1, 0, 16:])
+    slot = int(lay.rep.slot[int(lay.block_table[0, 2]), 1])
+    assert torch.all(lay.rep.k_norm[slot, : n - 32].double() >= ek[0, 1, 32:].norm(dim=-1))
+    recs = [r for r in cache.records if r.layer == 1]
+    assert len(recs) == 6 and sum(r.audit_violations for r in cache.records) == 0
+    assert all(int(r.pagein_blocks.sum()) == 0 for r in recs)  # the gate (τ = 1) paged nothing itself
+    assert all(np.all(r.tv_a >= r.tv_real) for r in recs)
+
+
+def test_gated_kernel_cache_construction():
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama()
+    WitCertCache(model.config, scheme="fp8_e4m3", backend="kernel", gate=Gate("risk-ranked"))
+    with pytest.raises(ValueError, match="kernel"):
+        WitCertCache(model.config, scheme="kivi2", backend="kernel", gate=Gate("risk-ranked"))
+    with pytest.raises(ValueError, match="G = 1"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)
+    # kivi2 has no kernel: a gated kivi2 cache stays on the reference path
+    c = WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked"))
+    assert not c.use_kernel(torch.device("cuda"), 1)
