@@ -37,6 +37,13 @@ int8_dither term q·u uses u split into hi + lo parts.
 ``int4_group`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with tf32x3.
 In the interpreter everything stays in fp32.
 
+Repaired pages (``repair=``, ``paged.RepairOverlay``; constexpr HAS_REP, off when no page is
+repaired: the same code as without): per token lane the page's pool slot is loaded, and a
+repaired token's exact K/V replace the dequantized codes before the dots (scale 1, no dither,
+the int4 tiles too), with key radius 0, φ = 0, Tier B scale 0 and ν / κ ≥ its exact norms from
+the pool. Its fp32 logit error is covered by the same σ‖q‖κγ (κ ≥ ‖k_j‖; on the GPU the pool is
+in q's dtype, so the operand is exact).
+
 Split partials are merged with the log-sum-exp rule (histograms and Σ p̂ φ rescaled like the
 denominators) and ``kernels.epilogue`` turns the histograms into TV⁺ and the output bound.
 """

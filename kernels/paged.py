@@ -19,6 +19,11 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
     block_table       [B, max_blocks]   int32 physical block ids per sequence
     seq_lens          [B]               int32
 
+Repaired pages (gated caches, SPEC §6): ``RepairOverlay`` — ``slot`` [NB, Hkv] int32 (−1: not
+repaired) into a pool of exact pages ``k``, ``v`` [R + 1, T, D] (model dtype) with ``k_norm``,
+``v_norm`` [R + 1, T] float32 ≥ the exact norms (rounded up); the decode serves a repaired token
+from the pool (``decode(..., repair=overlay)``), the codes of its page stay as written.
+
 Per-token witnesses are stored in float16 rounded up; per-block witnesses in float32 (updated
 with an atomic running max, so a block can be filled over several writes).
 

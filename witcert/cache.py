@@ -15,9 +15,12 @@ Serving semantics (what a paged server does):
   the model's device (the reference path of the kernels), and metered per (layer, query
   head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
   (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``
-  (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an ungated,
-  unaudited cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per
-  layer on a paged copy written by ``kernels.write.write_kv`` (README, "Metering a model").
+  (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an unaudited
+  cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per layer on a
+  paged copy written by ``kernels.write.write_kv`` (README, "Metering a model"). Gated, the
+  kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
+  over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
+  (``WitCertCache._kernel_attention``).
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
 
@@ -38,7 +41,10 @@ Gate (SPEC §6): ``witcert.gate`` (the policy, block risk, the choice of blocks 
 loop, model-free); ``Gate`` is re-exported here. Per (step, layer) the cache hands it whether the
 bounds hold per (sequence, kv head), the block risks from its meter, and ``WitCertLayer.page_in``.
 Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
-page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
+page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence. On the
+kernel path the repaired blocks live in the overlay (``WitCertLayer.rep``: exact K/V of each
+repaired (block, kv head) in a pool slot; the write path routes later tokens of a repaired block
+there, on the device), not in ``k_hat`` / ``repaired``, which that path does not keep.
 """
 
 from __future__ import annotations
