@@ -437,3 +437,32 @@ def test_gated_kernel_cache_construction():
     # kivi2 has no kernel: a gated kivi2 cache stays on the reference path
     c = WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked"))
     assert not c.use_kernel(torch.device("cuda"), 1)
+
+
+def test_gated_kernel_cache_grows_and_reorders_beams():
+    """The overlay follows the paged cache: growth past max_tokens (regrouped) gives the same
+    page-ins and records as a cache allocated large enough; beam search (reordered, pool copied)
+    stays sound under the audit."""
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama(2)
+    gate = Gate("risk-ranked", tau=0.0, max_pagein_blocks=1)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, 128, (2, 30), generator=g)
+    small = WitCertCache(model.config, scheme="int8", backend="kernel", gate=gate, audit=True, seed=1, max_tokens=16)
+    big = WitCertCache(model.config, scheme="int8", backend="kernel", gate=gate, audit=True, seed=1, max_tokens=256)
+    with torch.no_grad():
+        a, b = (model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=4,
+                               min_new_tokens=4, do_sample=False, pad_token_id=0) for c in (small, big))
+    assert torch.equal(a, b) and small.layers[0].block_table.shape[1] < big.layers[0].block_table.shape[1]
+    np.testing.assert_array_equal(small.pagein_blocks, big.pagein_blocks)
+    assert int(small.pagein_blocks.sum()) > 0
+    np.testing.assert_array_equal(np.stack([r.tv_a for r in small.records]), np.stack([r.tv_a for r in big.records]))
+    assert sum(r.audit_violations for r in small.records) == 0
+    beams = WitCertCache(model.config, scheme="int8", backend="kernel", gate=gate, audit=True, seed=1)
+    with torch.no_grad():
+        out = model.generate(ids[:1], attention_mask=torch.ones_like(ids[:1]), past_key_values=beams, max_new_tokens=4,
+                             num_beams=2, do_sample=False, pad_token_id=0)
+    assert out.shape[1] == 34 and int(beams.pagein_blocks.sum()) > 0
+    assert sum(r.audit_violations for r in beams.records) == 0
+    assert all(np.all(r.tv_a >= r.tv_real) for r in beams.records)
