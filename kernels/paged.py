@@ -247,7 +247,9 @@ class RepairOverlay:
         k, v    [R + 1, T, D] the exact values (model dtype); row R is a scratch row that masked
                             writes land in (never read: no slot points to it)
         k_norm  [R + 1, T]  float32 ≥ ‖k_j‖ (κ), v_norm ≥ ‖v_j‖ (ν): fp64 norms × (1 + KERNEL_REL_SLACK),
-                            rounded up into float32; 0 for tokens not yet written
+                            rounded up into float32; NaN for tokens not yet written, so a decode
+                            that reads a pool token nobody wrote (a write into a repaired page
+                            without ``write``) saturates and flags its rows instead of serving 0
         count               slots in use (host-side; the pool grows by doubling)
 
     ``page_in`` fills a slot from exact K/V; ``write`` routes tokens written later into a repaired
@@ -274,8 +276,8 @@ class RepairOverlay:
             slot=torch.full((num_blocks, num_kv_heads), -1, dtype=torch.int32, **kw),
             k=torch.zeros(capacity + 1, block_size, head_dim, dtype=dtype, **kw),
             v=torch.zeros(capacity + 1, block_size, head_dim, dtype=dtype, **kw),
-            k_norm=torch.zeros(capacity + 1, block_size, dtype=torch.float32, **kw),
-            v_norm=torch.zeros(capacity + 1, block_size, dtype=torch.float32, **kw),
+            k_norm=torch.full((capacity + 1, block_size), float("nan"), dtype=torch.float32, **kw),
+            v_norm=torch.full((capacity + 1, block_size), float("nan"), dtype=torch.float32, **kw),
         )
 
     def validate(self, cache: PagedKV) -> None:
@@ -320,6 +322,8 @@ class RepairOverlay:
         for name in ("k", "v", "k_norm", "v_norm"):
             t = getattr(self, name)
             new = torch.zeros((cap + 1,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+            if name in ("k_norm", "v_norm"):
+                new.fill_(float("nan"))  # not written yet (the class doc)
             new[: self.count] = t[: self.count]
             setattr(self, name, new)
 
@@ -341,8 +345,8 @@ class RepairOverlay:
         v = v.to(dev)
         self.k[r].zero_()
         self.v[r].zero_()
-        self.k_norm[r].zero_()
-        self.v_norm[r].zero_()
+        self.k_norm[r].fill_(float("nan"))  # tokens m.. are not written yet
+        self.v_norm[r].fill_(float("nan"))
         self.k[r, :m] = k.to(self.k.dtype)
         self.v[r, :m] = v.to(self.v.dtype)
         self.k_norm[r, :m] = self.norms_up(k)

@@ -466,3 +466,19 @@ def test_gated_kernel_cache_grows_and_reorders_beams():
     assert out.shape[1] == 34 and int(beams.pagein_blocks.sum()) > 0
     assert sum(r.audit_violations for r in beams.records) == 0
     assert all(np.all(r.tv_a >= r.tv_real) for r in beams.records)
+
+
+def test_a_pool_token_nobody_wrote_saturates_instead_of_serving_zero():
+    """A token written into a repaired page without ``RepairOverlay.write`` (a caller's bug) is read
+    from the pool as 0; its NaN norms make the meter saturate and flag the rows (never a TV⁺ that
+    would certify a wrong output)."""
+    lens = [20]
+    cache, bt, exact = build("int8", lens, 1, seed=7)
+    rep = overlay_for(cache, bt, exact, [(0, 1, 0)])  # tokens 16..19
+    k2 = torch.randn(1, 1, D).bfloat16()
+    write_kv(cache, k2.to(DEV), k2.to(DEV), bt.to(DEV), torch.zeros(1, dtype=torch.long).to(DEV), torch.tensor([20]).to(DEV))
+    q = torch.randn(1, 2, D).bfloat16().float().to(DEV)
+    ok = decode(cache, q, bt.to(DEV), torch.tensor([20]).to(DEV), repair=rep)
+    assert not ok.meter.flag.any()
+    bad = decode(cache, q, bt.to(DEV), torch.tensor([21]).to(DEV), repair=rep)
+    assert bad.meter.flag.all() and torch.all(bad.meter.tv_upper_a == 1.0)
