@@ -282,8 +282,14 @@ def test_served_kv_matches_the_kernel_values(scheme):
 # --------------------------------------------------------------------------- the gated cache on the kernel path
 
 
+#: the tiny model's dtype: float32 in the interpreter, bf16 on the GPU (its tensor cores)
+MODEL_DTYPE = torch.float32 if DEV == "cpu" else torch.bfloat16
+ESIZE = torch.tensor([], dtype=MODEL_DTYPE).element_size()
+
+
 def tiny_llama(seed=0):
-    """A tiny random Llama with kernel-sized heads: 2 layers, 4 query heads over 2 kv heads, d = 64."""
+    """A tiny random Llama with kernel-sized heads: 2 layers, 4 query heads over 2 kv heads, d = 64
+    (on DEV, in MODEL_DTYPE)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from witcert.cache import use_witcert
@@ -291,7 +297,7 @@ def tiny_llama(seed=0):
     torch.manual_seed(seed)
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                       num_hidden_layers=2, intermediate_size=128, vocab_size=128, max_position_embeddings=512)
-    return use_witcert(LlamaForCausalLM(cfg).eval())
+    return use_witcert(LlamaForCausalLM(cfg).eval().to(DEV, MODEL_DTYPE))
 
 
 def _guard_store(monkeypatch):
@@ -325,7 +331,7 @@ def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
     kw = dict(delta_req=1e-3) if scheme == "int8_dither" else {}
     cache = WitCertCache(model.config, scheme=scheme, backend="kernel", gate=Gate(**gate), audit=True, seed=3, **kw)
     g = torch.Generator().manual_seed(2)
-    ids = torch.randint(1, 128, (2, 40), generator=g)
+    ids = torch.randint(1, 128, (2, 40), generator=g).to(DEV)
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=5,
                        min_new_tokens=5, do_sample=False, pad_token_id=0)
@@ -344,7 +350,7 @@ def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
     assert int(cache.pagein_blocks.sum()) == len(paged) == sum(int(r.pagein_blocks.sum()) for r in recs)
     assert int(cache.pagein_bytes.sum()) == sum(c[-1] for c in paged)
     for c in paged:
-        assert c[-1] == 2 * 16 * 64 * 4 or c[-1] % (2 * 64 * 4) == 0  # K + V, fp32 model, ≤ T tokens
+        assert 0 < c[-1] <= 2 * 16 * 64 * ESIZE and c[-1] % (2 * 64 * ESIZE) == 0  # K + V, model dtype, ≤ T tokens
     for li, layer in enumerate(cache.layers):  # persistent: a page is paged in once, its slot kept
         assert layer.rep.count == int(cache.pagein_blocks[li].sum())
     # repairs lowered the bound where they happened
@@ -356,6 +362,7 @@ def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
             assert np.array_equal(r.flag, over > gate["tau"])
 
 
+@pytest.mark.skipif(DEV != "cpu", reason="bf16 tensor cores on the GPU: the two paths' tokens may differ")
 def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     """Same model, codes and seed: the kernel path's gate (risks in float64 from the served pages)
     pages in the same blocks, in the same order, as the fp64 reference path's, and the kernel's TV⁺
@@ -370,7 +377,7 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
         caches[backend] = c = WitCertCache(model.config, scheme="int8", backend=backend, audit=True, seed=3,
                                            gate=Gate("risk-ranked", tau=0.0, max_pagein_blocks=2))
         g = torch.Generator().manual_seed(2)
-        ids = torch.randint(1, 128, (2, 40), generator=g)
+        ids = torch.randint(1, 128, (2, 40), generator=g).to(DEV)
         with torch.no_grad():
             seqs[backend] = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c,
                                            max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -398,13 +405,13 @@ def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
     cache = WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked", tau=1.0),
                          audit=True, seed=4)
     g = torch.Generator().manual_seed(5)
-    ids = torch.randint(1, 128, (2, 37), generator=g)
+    ids = torch.randint(1, 128, (2, 37), generator=g).to(DEV)
     with torch.no_grad():
         out = model(ids, past_key_values=cache, use_cache=True)
         lay = cache.layers[1]
         # the partial tail page 2 (tokens 32..36) of sequence 0, kv head 1; page 0 of sequence 1, head 0
-        assert lay.page_in(0, 1, 2) == 2 * 5 * 64 * 4 and lay.page_in(0, 1, 2) == 0
-        assert lay.page_in(1, 0, 0) == 2 * 16 * 64 * 4
+        assert lay.page_in(0, 1, 2) == 2 * 5 * 64 * ESIZE and lay.page_in(0, 1, 2) == 0
+        assert lay.page_in(1, 0, 0) == 2 * 16 * 64 * ESIZE
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(6):  # tokens 37..42: into the repaired tail page of (0, head 1)
             out = model(nxt, past_key_values=cache, use_cache=True)
@@ -412,13 +419,14 @@ def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
     n = lay.get_seq_length()
     assert n == 43 and lay.rep.count == 2
     kh, vh = served_kv(lay.paged, lay.block_table, n, lay.rep)
+    kh, vh = kh.cpu(), vh.cpu()
     ek, ev = lay.exact_k.double(), lay.exact_v.double()
     assert torch.equal(kh[0, 1, 32:], ek[0, 1, 32:]) and torch.equal(vh[0, 1, 32:], ev[0, 1, 32:])
     assert torch.equal(kh[1, 0, :16], ek[1, 0, :16])
     assert not torch.equal(kh[0, 0, 32:], ek[0, 0, 32:])  # the other head's page stays quantized
     assert not torch.equal(kh[1, 0, 16:], ek[1, 0, 16:])
     slot = int(lay.rep.slot[int(lay.block_table[0, 2]), 1])
-    assert torch.all(lay.rep.k_norm[slot, : n - 32].double() >= ek[0, 1, 32:].norm(dim=-1))
+    assert torch.all(lay.rep.k_norm[slot, : n - 32].cpu().double() >= ek[0, 1, 32:].norm(dim=-1))
     recs = [r for r in cache.records if r.layer == 1]
     assert len(recs) == 6 and sum(r.audit_violations for r in cache.records) == 0
     assert all(int(r.pagein_blocks.sum()) == 0 for r in recs)  # the gate (τ = 1) paged nothing itself
@@ -448,7 +456,7 @@ def test_gated_kernel_cache_grows_and_reorders_beams():
     model = tiny_llama(2)
     gate = Gate("risk-ranked", tau=0.0, max_pagein_blocks=1)
     g = torch.Generator().manual_seed(8)
-    ids = torch.randint(1, 128, (2, 30), generator=g)
+    ids = torch.randint(1, 128, (2, 30), generator=g).to(DEV)
     small = WitCertCache(model.config, scheme="int8", backend="kernel", gate=gate, audit=True, seed=1, max_tokens=16)
     big = WitCertCache(model.config, scheme="int8", backend="kernel", gate=gate, audit=True, seed=1, max_tokens=256)
     with torch.no_grad():
