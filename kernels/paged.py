@@ -401,59 +401,6 @@ class RepairOverlay:
         return out
 
 
-def served_kv(cache: PagedKV, block_table: torch.Tensor, n: int, repair: RepairOverlay | None = None,
-              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
-    of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
-    dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
-    int4_group) and, where ``repair`` has the page, its exact pool values. For the gate's block
-    risks and the audit (O(B'·Hkv·n·D) device work, no kernel)."""
-    dev = cache.k_codes.device
-    bt = block_table.to(dev).long()
-    if rows is not None:
-        bt = bt[rows.to(dev).long()]
-    T, D = cache.block_size, cache.head_dim
-    j = torch.arange(n, device=dev)
-    blk = bt[:, j // T]  # [B', n]
-    off = (j % T)[None, :].expand_as(blk)
-
-    def gather(t):  # [NB, Hkv, T, ...] → [B', Hkv, n, ...]
-        return t[blk, :, off].movedim(2, 1)
-
-    if cache.scheme == "int4_group":
-        gi = torch.arange(D, device=dev) // 32
-
-        def deq(codes, scale, zero):
-            c = gather(codes).long()
-            c = torch.cat([c & 15, c >> 4], dim=-1).double()
-            return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
-
-        kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
-    else:
-        kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
-        if cache.scheme != "none":
-            ks, vs = gather(cache.k_scale).double()[..., None], gather(cache.v_scale).double()[..., None]
-            if cache.scheme == "int8_dither":
-                from witcert.schemes import dither_u
-
-                H = cache.num_kv_heads
-                hh = torch.arange(H, device=dev)[:, None, None]
-                ch = torch.arange(D, device=dev)[None, None, :]
-                uk = dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 0).to(dev).double()
-                uv = dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 1).to(dev).double()
-                kh, vh = ks * (kh - uk), vs * (vh - uv)
-            else:
-                kh, vh = ks * kh, vs * vh
-    if repair is not None and repair.count > 0:
-        sl = repair.slot.long()[blk].movedim(2, 1)  # [B', Hkv, n]
-        rep = sl >= 0
-        sl = sl.clamp_min(0)
-        o = off[:, None, :].expand_as(sl)
-        kh = torch.where(rep[..., None], repair.k[sl, o].double(), kh)
-        vh = torch.where(rep[..., None], repair.v[sl, o].double(), vh)
-    return kh, vh
-
-
 def bytes_per_token(
     scheme: str,
     head_dim: int = 128,

@@ -261,7 +261,7 @@ def test_bad_overlays_raise():
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_served_kv_matches_the_kernel_values(scheme):
-    from kernels.paged import served_kv
+    from witcert.cache import served_kv
 
     lens = [40, 20]
     cache, bt, exact = build(scheme, lens, 2, seed=6)
@@ -397,7 +397,7 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
 
 
 def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
-    from kernels.paged import served_kv
+    from witcert.cache import served_kv
     from witcert.cache import Gate, WitCertCache
 
     model = tiny_llama(1)

@@ -69,6 +69,7 @@ from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
 from . import bounds as B
 from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
+from . import schemes as S
 from .schemes import QuantContext, get_scheme, quantize
 from .store import ExactStore
 
@@ -779,10 +780,8 @@ class WitCertCache(Cache):
 
     def _kernel_served(self, layer, q1, token_mask, sm, rows=None):
         """Float64 served logits / p̂ of the kernel path for the sequences ``rows``: q [B', Hkv, GQ, 1, D],
-        k̂, v̂ [B', Hkv, n, D] (``kernels.paged.served_kv``: dequantized codes, exact repaired pages), the
+        k̂, v̂ [B', Hkv, n, D] (``served_kv``: dequantized codes, exact repaired pages), the
         mask [B', 1, 1, 1, n], logits, p̂ and live [B', Hkv, GQ, 1]."""
-        from kernels.paged import served_kv
-
         n = layer.get_seq_length()
         Bsz, Hq, D = q1.shape
         Hkv = self.num_kv_heads
@@ -953,6 +952,59 @@ class WitCertCache(Cache):
         tol = AUDIT_ABS_TOL * (1.0 + ev["o"].abs().amax(-1))
         viol = ((tv > m["tv"] + AUDIT_ABS_TOL) | (err > m["err"] + tol)) & ev["live"] & ~m["bad"]
         return tv, err, viol.sum()
+
+
+def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
+              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
+    of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
+    dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
+    int4_group) and, where ``repair`` has the page, its exact pool values. For the gate's block
+    risks and the audit (O(B'·Hkv·n·D) device work, no kernel). ``cache``: a ``kernels.paged.PagedKV``,
+    ``repair``: a ``kernels.paged.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
+    with ``witcert.schemes``, and the kernels never import ``witcert``)."""
+    dev = cache.k_codes.device
+    bt = block_table.to(dev).long()
+    if rows is not None:
+        bt = bt[rows.to(dev).long()]
+    T, D = cache.block_size, cache.head_dim
+    j = torch.arange(n, device=dev)
+    blk = bt[:, j // T]  # [B', n]
+    off = (j % T)[None, :].expand_as(blk)
+
+    def gather(t):  # [NB, Hkv, T, ...] → [B', Hkv, n, ...]
+        return t[blk, :, off].movedim(2, 1)
+
+    if cache.scheme == "int4_group":
+        gi = torch.arange(D, device=dev) // 32
+
+        def deq(codes, scale, zero):
+            c = gather(codes).long()
+            c = torch.cat([c & 15, c >> 4], dim=-1).double()
+            return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
+
+        kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
+    else:
+        kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
+        if cache.scheme != "none":
+            ks, vs = gather(cache.k_scale).double()[..., None], gather(cache.v_scale).double()[..., None]
+            if cache.scheme == "int8_dither":
+                H = cache.num_kv_heads
+                hh = torch.arange(H, device=dev)[:, None, None]
+                ch = torch.arange(D, device=dev)[None, None, :]
+                uk = S.dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 0).to(dev).double()
+                uv = S.dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 1).to(dev).double()
+                kh, vh = ks * (kh - uk), vs * (vh - uv)
+            else:
+                kh, vh = ks * kh, vs * vh
+    if repair is not None and repair.count > 0:
+        sl = repair.slot.long()[blk].movedim(2, 1)  # [B', Hkv, n]
+        rep = sl >= 0
+        sl = sl.clamp_min(0)
+        o = off[:, None, :].expand_as(sl)
+        kh = torch.where(rep[..., None], repair.k[sl, o].double(), kh)
+        vh = torch.where(rep[..., None], repair.v[sl, o].double(), vh)
+    return kh, vh
 
 
 #: masked softmax of the reference path (float64): ``witcert.meter.softmax``
