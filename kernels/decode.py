@@ -37,6 +37,13 @@ int8_dither term q·u uses u split into hi + lo parts.
 ``int4_group`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with tf32x3.
 In the interpreter everything stays in fp32.
 
+Repaired pages (``repair=``, ``paged.RepairOverlay``; constexpr HAS_REP, off when no page is
+repaired: the same code as without): per token lane the page's pool slot is loaded, and a
+repaired token's exact K/V replace the dequantized codes before the dots (scale 1, no dither,
+the int4 tiles too), with key radius 0, φ = 0, Tier B scale 0 and ν / κ ≥ its exact norms from
+the pool. Its fp32 logit error is covered by the same σ‖q‖κγ (κ ≥ ‖k_j‖; on the GPU the pool is
+in q's dtype, so the operand is exact).
+
 Split partials are merged with the log-sum-exp rule (histograms and Σ p̂ φ rescaled like the
 denominators) and ``kernels.epilogue`` turns the histograms into TV⁺ and the output bound.
 """
@@ -53,7 +60,7 @@ import triton.language as tl
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, dot_gamma, mass_eta_terms
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dot_gamma, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -70,6 +77,7 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 @triton.jit
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
+    RS, RK, RV, RKN, RVN,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
     seed, layer, sm_scale, num_splits,
     s_qb, s_qh,
@@ -77,14 +85,14 @@ def _decode_kernel(
     s_sb, s_sh, s_st,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
-    s_btb, s_tmb,
+    s_btb, s_tmb, s_rsb,
     Hq,
     INFL: tl.constexpr, X0: tl.constexpr,
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
     PAGES: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
-    HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr,
+    HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -152,6 +160,11 @@ def _decode_kernel(
             blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
         sbase = blk * s_sb + kvh * s_sh + off * s_st
+        if HAS_REP:  # repaired pages (overlay): exact K/V from the pool slot RS[blk, kvh] (-1: none)
+            rslot = tl.load(RS + blk * s_rsb + kvh, mask=valid, other=-1)
+            rep = valid & (rslot >= 0)
+            rbase = tl.where(rep, rslot, 0).to(tl.int64) * (T * D) + off * D  # pool [R, T, D]
+            rnbase = tl.where(rep, rslot, 0).to(tl.int64) * T + off  # norms [R, T]
         if SCHEME == INT4_GROUP_ID:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
             d2 = tl.arange(0, D2)
             gidx = sbase[:, None] + (d // 32)[None, :]
@@ -163,6 +176,11 @@ def _decode_kernel(
             vcode = tl.reshape(tl.permute(tl.join((vb & 15).to(tl.float32), (vb >> 4).to(tl.float32)), (0, 2, 1)), [BLOCK_N, D])
             vh = tl.load(VZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(VS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
+            if HAS_REP:  # a repaired token: its exact K/V (model dtype, exact in fp32) instead of z + s·c
+                kh = tl.where(rep[:, None], tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
+                              .to(tl.float32), kh)
+                vh = tl.where(rep[:, None], tl.load(RV + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
+                              .to(tl.float32), vh)
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
             sT = tl.where(valid[:, None], sT, float("-inf"))
@@ -186,9 +204,26 @@ def _decode_kernel(
             else:
                 kc = kc.to(tl.float32)
                 vcT = vcT.to(tl.float32)
+            if HAS_REP:
+                # a repaired token: its exact K/V (the wrapper checks the pool dtype is q's on the GPU,
+                # so the conversion is exact) with scale 1 and no dither
+                rk = tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)  # [N, D]
+                rvT = tl.load(RV + rbase[None, :] + d[:, None], mask=rep[None, :], other=0.0)  # [D, N]
+                if LOWP:
+                    rk = rk.to(Q.dtype.element_ty)
+                    rvT = rvT.to(Q.dtype.element_ty)
+                else:
+                    rk = rk.to(tl.float32)
+                    rvT = rvT.to(tl.float32)
+                kc = tl.where(rep[:, None], rk, kc)
+                vcT = tl.where(rep[None, :], rvT, vcT)
+                ks = tl.where(rep, 1.0, ks)
+                vs = tl.where(rep, 1.0, vs)
             qkT = tl.dot(kc, qT)  # [N, H]
             if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
+                if HAS_REP:
+                    uk = tl.where(rep[:, None], 0.0, uk)
                 if LOWP:
                     uk_hi = uk.to(Q.dtype.element_ty)
                     uk_lo = (uk - uk_hi.to(tl.float32)).to(Q.dtype.element_ty)
@@ -207,6 +242,8 @@ def _decode_kernel(
             pvvT = tl.dot(vcT, pvT)  # [D, H]
             if SCHEME == INT8_DITHER_ID:
                 uvT = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[None, :], d[:, None])  # [D, N]
+                if HAS_REP:
+                    uvT = tl.where(rep[None, :], 0.0, uvT)
                 if LOWP:
                     uv_hiT = uvT.to(Q.dtype.element_ty)
                     uv_loT = (uvT - uv_hiT.to(tl.float32)).to(Q.dtype.element_ty)
@@ -214,6 +251,10 @@ def _decode_kernel(
                 else:
                     pvvT -= tl.dot(uvT, pvT)
             accT = accT * alpha[None, :] + pvvT
+        # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
+        ks_lvl = ks
+        if HAS_REP:
+            ks_lvl = tl.where(rep, 0.0, ks)
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase = blk * s_wb + kvh * s_wh
@@ -246,6 +287,11 @@ def _decode_kernel(
                 phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
                 nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
                 kap = tl.load(KN + vwoff, mask=valid, other=0.0).to(tl.float32)
+            if HAS_REP:  # a repaired token is exact: radius 0, φ = 0, ν / κ ≥ its exact norms (rounded up)
+                wn = tl.where(rep, 0.0, wn)
+                phi = tl.where(rep, 0.0, phi)
+                nu = tl.where(rep, tl.load(RVN + rnbase, mask=rep, other=0.0).to(tl.float32), nu)
+                kap = tl.where(rep, tl.load(RKN + rnbase, mask=rep, other=0.0).to(tl.float32), kap)
             # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf")) \
                 | (kap != kap) | (kap == float("inf"))
@@ -257,7 +303,7 @@ def _decode_kernel(
                 # operand split and no one-hot dot; Σ p̂ φ is summed per token, exactly as before
                 oh_pgT = col[:, None] == tl.max(tl.reshape(la, [PAGES, T]), axis=1)[None, :]  # [NB, PAGES]
                 if TIER_B:
-                    lb = _key_level(ks, X0, K)
+                    lb = _key_level(ks_lvl, X0, K)
                     oh_pgT = oh_pgT | (col[:, None] == (tl.max(tl.reshape(lb, [PAGES, T]), axis=1) + KA)[None, :])
                 psumT = tl.sum(tl.reshape(pT, [PAGES, T, BLOCK_H]), axis=1)  # [PAGES, H]
                 hdT = tl.sum(oh_pgT.to(tl.float32)[:, :, None] * psumT[None, :, :], axis=1)  # [NB, H]
@@ -265,7 +311,7 @@ def _decode_kernel(
             else:
                 onehotT = col[:, None] == la[None, :]  # [NB, N]
                 if TIER_B:
-                    onehotT = onehotT | (col[:, None] == (_key_level(ks, X0, K) + KA)[None, :])
+                    onehotT = onehotT | (col[:, None] == (_key_level(ks_lvl, X0, K) + KA)[None, :])
                 # the last row carries φ_j, so the same dot also accumulates Σ p̂ φ
                 if ABLATE % 2 == 1:  # (diagnosis) no histogram dot
                     hdT = tl.zeros([NB, BLOCK_H], tl.float32)
@@ -284,7 +330,7 @@ def _decode_kernel(
             histT = histT * alpha[None, :] + hdT
             if ABLATE // 4 % 2 == 0:
                 wmax = tl.maximum(wmax, wn)
-            smax = tl.maximum(smax, ks)
+            smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
             numax = tl.maximum(numax, nu)
             kapmax = tl.maximum(kapmax, kap)
@@ -406,6 +452,7 @@ def decode(
     token_mask: torch.Tensor | None = None,
     prefetch_bt: bool | None = None,
     kv_indptr: torch.Tensor | None = None,
+    repair: RepairOverlay | None = None,
     _ablate: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
@@ -425,6 +472,10 @@ def decode(
     flat ``kv_indices`` (token slots; sequence b's are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``)
     and ``seq_lens`` must be None: the kernel reads the CSR rows directly (no [B, max_len] table, no
     host sync); ``num_splits=None`` then sizes the split count from the mean length.
+    ``repair`` (``paged.RepairOverlay``, gated caches, SPEC §6): repaired pages are served from its
+    exact pool (scale 1, no dither, radius 0, φ = 0, ν / κ from the pool's norms); None, or an
+    overlay with no slot in use, launches the kernel without the overlay (HAS_REP off: the same
+    code as before). On the GPU the pool's dtype must be q's (bf16 / fp16): the dots run in it.
     Off the GPU the merge / epilogue runs as ``epilogue.merge_torch`` (``MERGE_OFF_GPU``), which
     computes the tilt on every row whatever ``tilt_above`` is."""
     if q.dim() != 3:
@@ -501,6 +552,14 @@ def decode(
     if lowp:
         q = tensor_core_query(q, cache, validate)
     q = q.contiguous()
+    if repair is not None:
+        if not isinstance(repair, RepairOverlay):
+            raise ValueError(f"repair: expected a kernels.paged.RepairOverlay, got {type(repair).__name__}")
+        repair.validate(cache)
+        if lowp and repair.k.dtype != q.dtype:
+            raise ValueError(f"repair: the GPU dots run in q's dtype {q.dtype}; the exact pool is {repair.k.dtype} "
+                             "(it would be rounded without being metered)")
+    has_rep = repair is not None and repair.count > 0
     S = num_splits
     f32 = dict(device=dev, dtype=torch.float32)
     m_out = torch.empty(Bsz, Hq, S, **f32)
@@ -527,6 +586,7 @@ def decode(
     compiled = _decode_kernel[(Bsz, Hkv, S)](
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
         cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
+        *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
         m_out, l_out, acc_out, hist, stat,
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
@@ -534,7 +594,7 @@ def decode(
         cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
-        0 if csr else bt.stride(0), tm.stride(0),
+        0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
         Hq,
         INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
         GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
@@ -542,7 +602,7 @@ def decode(
         SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
         PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
         ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
-        PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr,
+        PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
         num_warps=num_warps, **extra,
     )
     consts = MergeConstants(

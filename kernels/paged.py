@@ -19,6 +19,11 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
     block_table       [B, max_blocks]   int32 physical block ids per sequence
     seq_lens          [B]               int32
 
+Repaired pages (gated caches, SPEC §6): ``RepairOverlay`` — ``slot`` [NB, Hkv] int32 (−1: not
+repaired) into a pool of exact pages ``k``, ``v`` [R + 1, T, D] (model dtype) with ``k_norm``,
+``v_norm`` [R + 1, T] float32 ≥ the exact norms (rounded up); the decode serves a repaired token
+from the pool (``decode(..., repair=overlay)``), the codes of its page stay as written.
+
 Per-token witnesses are stored in float16 rounded up; per-block witnesses in float32 (updated
 with an atomic running max, so a block can be filled over several writes).
 
@@ -228,6 +233,172 @@ class PagedKV:
 
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]
+
+
+@dataclasses.dataclass
+class RepairOverlay:
+    """Repaired pages of one layer (SPEC §6): a page-in makes page (block, kv head) exact by
+    copying its exact K/V from the backing store into a slot of a small pool; the decode reads a
+    repaired page's tokens from the pool (scale 1, no dither, key witness 0, φ = 0, ν / κ from
+    the pool's norms) instead of its codes. Codes, scales and witnesses of the page stay as written
+    (the write path need not know about repairs); the pool is what the decode serves.
+
+        slot    [NB, Hkv]   int32: pool slot of a repaired page, -1 where not repaired
+        k, v    [R + 1, T, D] the exact values (model dtype); row R is a scratch row that masked
+                            writes land in (never read: no slot points to it)
+        k_norm  [R + 1, T]  float32 ≥ ‖k_j‖ (κ), v_norm ≥ ‖v_j‖ (ν): fp64 norms × (1 + KERNEL_REL_SLACK),
+                            rounded up into float32; NaN for tokens not yet written, so a decode
+                            that reads a pool token nobody wrote (a write into a repaired page
+                            without ``write``) saturates and flags its rows instead of serving 0
+        count               slots in use (host-side; the pool grows by doubling)
+
+    ``page_in`` fills a slot from exact K/V; ``write`` routes tokens written later into a repaired
+    page to its slot too (on the device, no host sync), so a repair stays persistent."""
+
+    slot: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    k_norm: torch.Tensor
+    v_norm: torch.Tensor
+    count: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[0] - 1
+
+    @staticmethod
+    def allocate(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
+                 device="cpu", capacity: int = 8) -> "RepairOverlay":
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"RepairOverlay: the exact values are bf16 / fp16 / fp32, got {dtype}")
+        kw = dict(device=device)
+        return RepairOverlay(
+            slot=torch.full((num_blocks, num_kv_heads), -1, dtype=torch.int32, **kw),
+            k=torch.zeros(capacity + 1, block_size, head_dim, dtype=dtype, **kw),
+            v=torch.zeros(capacity + 1, block_size, head_dim, dtype=dtype, **kw),
+            k_norm=torch.full((capacity + 1, block_size), float("nan"), dtype=torch.float32, **kw),
+            v_norm=torch.full((capacity + 1, block_size), float("nan"), dtype=torch.float32, **kw),
+        )
+
+    def validate(self, cache: PagedKV) -> None:
+        """ValueError unless this overlay fits ``cache`` (shapes, dtypes, devices)."""
+        NB, Hkv = cache.k_codes.shape[:2]
+        T, D = cache.block_size, cache.head_dim
+        if not isinstance(self.slot, torch.Tensor) or self.slot.dtype != torch.int32 or tuple(self.slot.shape) != (NB, Hkv):
+            raise ValueError(f"repair.slot: expected an int32 [{NB}, {Hkv}] tensor, got "
+                             f"{getattr(self.slot, 'dtype', type(self.slot))} {tuple(getattr(self.slot, 'shape', ()))}")
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            if t.dim() != 3 or t.shape[1:] != (T, D) or t.shape[0] < 1:
+                raise ValueError(f"repair.{name}: expected [R + 1, {T}, {D}], got {tuple(t.shape)}")
+            if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                raise ValueError(f"repair.{name}: expected bf16 / fp16 / fp32 exact values, got {t.dtype}")
+        if self.v.shape != self.k.shape or self.v.dtype != self.k.dtype:
+            raise ValueError("repair.k, repair.v: expected the same shape and dtype")
+        for name in ("k_norm", "v_norm"):
+            t = getattr(self, name)
+            if t.dtype != torch.float32 or tuple(t.shape) != tuple(self.k.shape[:2]):
+                raise ValueError(f"repair.{name}: expected a float32 {list(self.k.shape[:2])} tensor, got {t.dtype} "
+                                 f"{tuple(t.shape)}")
+        for name in ("slot", "k", "v", "k_norm", "v_norm"):
+            t = getattr(self, name)
+            if t.device != cache.k_codes.device:
+                raise ValueError(f"repair.{name}: on {t.device}, the cache is on {cache.k_codes.device}")
+            if not t.is_contiguous():
+                raise ValueError(f"repair.{name}: expected a contiguous tensor")
+        if not 0 <= self.count <= self.capacity:
+            raise ValueError(f"repair.count: {self.count} is outside [0, {self.capacity}]")
+
+    @staticmethod
+    def norms_up(x: torch.Tensor) -> torch.Tensor:
+        """‖x_j‖ over the last dim, an upper bound in float32: the fp64 norm (of values exact in
+        fp64) inflated by KERNEL_REL_SLACK and rounded up (no host sync)."""
+        from contract.rounding import round_up_f32
+
+        return round_up_f32(torch.linalg.vector_norm(x.double(), dim=-1) * (1.0 + KERNEL_REL_SLACK))
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self.capacity)
+        for name in ("k", "v", "k_norm", "v_norm"):
+            t = getattr(self, name)
+            new = torch.zeros((cap + 1,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+            if name in ("k_norm", "v_norm"):
+                new.fill_(float("nan"))  # not written yet (the class doc)
+            new[: self.count] = t[: self.count]
+            setattr(self, name, new)
+
+    def page_in(self, block: int, head: int, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Make page (``block``, ``head``) exact: its first m tokens' exact K/V ``k``, ``v`` [m, D]
+        (m ≤ T; the rest of the page is filled by ``write`` as tokens arrive). Returns False
+        (nothing done) if the page is already repaired: idempotent."""
+        if int(self.slot[block, head]) >= 0:
+            return False
+        m = k.shape[0]
+        if k.shape != v.shape or k.dim() != 2 or m > self.k.shape[1] or k.shape[1] != self.k.shape[2]:
+            raise ValueError(f"page_in: expected k, v [m ≤ {self.k.shape[1]}, {self.k.shape[2]}], got "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if self.count == self.capacity:
+            self._grow(self.count + 1)
+        r = self.count
+        dev = self.k.device
+        k = k.to(dev)
+        v = v.to(dev)
+        self.k[r].zero_()
+        self.v[r].zero_()
+        self.k_norm[r].fill_(float("nan"))  # tokens m.. are not written yet
+        self.v_norm[r].fill_(float("nan"))
+        self.k[r, :m] = k.to(self.k.dtype)
+        self.v[r, :m] = v.to(self.v.dtype)
+        self.k_norm[r, :m] = self.norms_up(k)
+        self.v_norm[r, :m] = self.norms_up(v)
+        self.slot[block, head] = r
+        self.count += 1
+        return True
+
+    def write(self, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Tokens just written into the paged cache at (``blocks`` [N], ``offsets`` [N]) with exact
+        ``k``, ``v`` [N, Hkv, D]: those in a repaired page go to its pool slot too (a gather and a
+        scatter on the device, no host sync; tokens of pages not repaired land in the scratch row)."""
+        if self.count == 0 or k.shape[0] == 0:
+            return
+        R = self.capacity
+        dev = self.k.device
+        blocks = blocks.to(dev, torch.int64)
+        offsets = offsets.to(dev, torch.int64)
+        s = self.slot[blocks].to(torch.int64)  # [N, Hkv]
+        s = torch.where(s >= 0, s, torch.full_like(s, R))
+        off = offsets[:, None].expand_as(s)
+        k = k.to(dev)
+        v = v.to(dev)
+        self.k[s, off] = k.to(self.k.dtype)
+        self.v[s, off] = v.to(self.v.dtype)
+        self.k_norm[s, off] = self.norms_up(k)
+        self.v_norm[s, off] = self.norms_up(v)
+
+    def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "RepairOverlay":
+        """``PagedKV.regrouped``'s block move (b·old + j → b·new + j) applied to ``slot``."""
+        H = self.slot.shape[1]
+        new = torch.full((batch, new_pages, H), -1, dtype=torch.int32, device=self.slot.device)
+        new[:, :old_pages] = self.slot.view(batch, old_pages, H)
+        return dataclasses.replace(self, slot=new.view(batch * new_pages, H))
+
+    def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "RepairOverlay":
+        """``PagedKV.reordered`` (sequence b owns what ``index[b]`` owned) with the pool copied, so
+        beams never share a slot that a later write into one of them would change under the other."""
+        H = self.slot.shape[1]
+        src = self.slot.view(batch, pages, H).index_select(0, index.to(self.slot.device)).reshape(-1)
+        used = src >= 0
+        n = int(used.sum())
+        out = RepairOverlay.allocate(batch * pages, H, self.k.shape[1], self.k.shape[2], self.k.dtype, self.k.device,
+                                     capacity=max(n, 1))
+        flat = torch.full_like(src, -1)
+        flat[used] = torch.arange(n, dtype=torch.int32, device=src.device)
+        rows = src[used].long()
+        for name in ("k", "v", "k_norm", "v_norm"):
+            getattr(out, name)[:n] = getattr(self, name)[rows]
+        out.slot = flat.view(batch * pages, H)
+        out.count = n
+        return out
 
 
 def bytes_per_token(

@@ -201,8 +201,10 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
         assert all(r.tv_b is not None for r in ker.records)
     with pytest.raises(ValueError, match="kernel"):
         WitCertCache(model.config, scheme="kivi2", backend="kernel")
-    with pytest.raises(ValueError, match="ungated"):
-        WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"))
+    # a gate is served on the kernel path (tests/test_kernel_gate.py); G > 1 witnesses are not
+    assert WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked")).gate is not None
+    with pytest.raises(ValueError, match="G = 1"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)
 
 
 def test_kernel_backend_refuses_unsupported_head_dim():

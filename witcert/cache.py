@@ -15,9 +15,12 @@ Serving semantics (what a paged server does):
   the model's device (the reference path of the kernels), and metered per (layer, query
   head, step) by SPEC §2–§4 (Tier A) and, for ``int8_dither`` with a request budget, §5
   (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``
-  (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an ungated,
-  unaudited cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per
-  layer on a paged copy written by ``kernels.write.write_kv`` (README, "Metering a model").
+  (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an unaudited
+  cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per layer on a
+  paged copy written by ``kernels.write.write_kv`` (README, "Metering a model"). Gated, the
+  kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
+  over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
+  (``WitCertCache._kernel_attention``).
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
 
@@ -38,7 +41,10 @@ Gate (SPEC §6): ``witcert.gate`` (the policy, block risk, the choice of blocks 
 loop, model-free); ``Gate`` is re-exported here. Per (step, layer) the cache hands it whether the
 bounds hold per (sequence, kv head), the block risks from its meter, and ``WitCertLayer.page_in``.
 Repair is persistent (the block stays exact, later tokens written into it too) and idempotent;
-page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence.
+page-in counts and bytes (K + V, model dtype) are accounted per layer and per sequence. On the
+kernel path the repaired blocks live in the overlay (``WitCertLayer.rep``: exact K/V of each
+repaired (block, kv head) in a pool slot; the write path routes later tokens of a repaired block
+there, on the device), not in ``k_hat`` / ``repaired``, which that path does not keep.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
 from . import bounds as B
 from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
+from . import schemes as S
 from .schemes import QuantContext, get_scheme, quantize
 from .store import ExactStore
 
@@ -88,6 +95,7 @@ TIER_B_CAVEAT = "Tier B holds for queries that do not depend on the dither (non-
 REFERENCE_UNIT_ROUNDOFF = M.FP64_UNIT_ROUNDOFF
 
 log = logging.getLogger("witcert.cache")
+_LOGGED_REF: dict = {}  # schemes whose "no kernel: reference path" decision was logged
 
 _ACTIVE = threading.local()
 
@@ -191,14 +199,17 @@ class WitCertLayer(CacheLayerMixin):
         self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
         self.n_quantized = 0
         self.paged = None
+        self.rep = None  # kernel path, gated: the repaired pages (kernels.paged.RepairOverlay)
         if o.use_kernel(self.device, Bsz):
-            from kernels.paged import PagedKV
+            from kernels.paged import PagedKV, RepairOverlay
 
             per_seq = -(-o.max_tokens // o.block_size)
             self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
                                           per_token_witness=True, model_dtype=self.dtype, device=self.device,
                                           seed=o.seed, layer=self.layer_idx, with_exact=False)
             self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
+            if o.gate is not None:
+                self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype, device=self.device)
         self.keys, self.values = self.exact_k, self.exact_v
         self.is_initialized = True
 
@@ -245,6 +256,8 @@ class WitCertLayer(CacheLayerMixin):
         if self.paged is not None:
             Bsz, per_seq = self.block_table.shape
             self.paged = self.paged.reordered(Bsz, per_seq, idx)
+            if self.rep is not None:
+                self.rep = self.rep.reordered(Bsz, per_seq, idx)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last ``-tokens_to_remove`` tokens (transformers' convention: a negative
@@ -320,11 +333,16 @@ class WitCertLayer(CacheLayerMixin):
             log.info("WitCertCache layer %d: kernel cache grows from %d to %d pages per sequence",
                      self.layer_idx, per_seq, new_pages)
             self.paged = self.paged.regrouped(Bsz, per_seq, new_pages)
+            if self.rep is not None:
+                self.rep = self.rep.regrouped(Bsz, per_seq, new_pages)
             self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
         pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
         seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
-        write_kv(self.paged, k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D),
-                 self.block_table, seq, pos.repeat(Bsz), store_exact=False, validate=False)
+        kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
+        write_kv(self.paged, kf, vf, self.block_table, seq, pos.repeat(Bsz), store_exact=False, validate=False)
+        if self.rep is not None:  # repair is persistent: a token written into a repaired page is served exact
+            p = pos.repeat(Bsz).long()
+            self.rep.write(self.block_table[seq, p // o.block_size], p % o.block_size, kf, vf)
 
     def _append_served(self, k, v):
         o = self.owner
@@ -370,7 +388,15 @@ class WitCertLayer(CacheLayerMixin):
     # -- repair
     def page_in(self, b: int, h: int, blk: int) -> int:
         """Make block ``blk`` of (sequence b, kv head h) exact; returns the bytes moved (0 if
-        it was already repaired: idempotent). Reads the backing store, never writes it."""
+        it was already repaired: idempotent). Reads the backing store, never writes it. On the
+        kernel path the exact K/V go to the repaired-page overlay (``self.rep``)."""
+        if self.paged is not None:
+            T = self.owner.block_size
+            lo, hi = blk * T, min((blk + 1) * T, self.get_seq_length())
+            ek, ev = self.exact_k[b, h, lo:hi], self.exact_v[b, h, lo:hi]
+            if not self.rep.page_in(int(self.block_table[b, blk]), h, ek, ev):
+                return 0
+            return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
         if bool(self.repaired[b, h, blk]):
             return 0
         T = self.owner.block_size
@@ -470,8 +496,8 @@ class WitCertCache(Cache):
                            f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n))})")
             if D not in SUPPORTED_HEAD_DIMS:
                 why.append(f"head_dim {D} is not supported by the kernels {SUPPORTED_HEAD_DIMS}")
-            if gate is not None or audit or num_groups != 1 or witness != "token" or block_size != 16:
-                why.append("the kernel path serves ungated, unaudited caches with G = 1 per-token witnesses, T = 16")
+            if num_groups != 1 or witness != "token" or block_size != 16:
+                why.append("the kernel path serves caches with G = 1 per-token witnesses, T = 16")
             if not 1 <= Hq // Hkv <= 8:
                 why.append(f"GQA group {Hq // Hkv} is outside the kernels' 1..8")
             if why:
@@ -560,9 +586,14 @@ class WitCertCache(Cache):
             return False
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        return (_kernel_scheme(self.scheme) and self.head_dim in SUPPORTED_HEAD_DIMS
-                and self.gate is None and not self.audit and self.num_groups == 1 and self.witness == "token"
-                and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
+        ok = (_kernel_scheme(self.scheme) and self.head_dim in SUPPORTED_HEAD_DIMS
+              and not self.audit and self.num_groups == 1 and self.witness == "token"
+              and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
+        if not ok and self.gate is not None and not _kernel_scheme(self.scheme) and not _LOGGED_REF.get(self.scheme):
+            log.info("WitCertCache: gated scheme %r has no kernel; the fp64 reference path serves and repairs it",
+                     self.scheme)
+            _LOGGED_REF[self.scheme] = True
+        return ok
 
     def delta_step(self) -> np.ndarray | None:
         """Tier B budget of each query row of the current forward [Lq] (SPEC §5): row r (1-based
@@ -635,14 +666,22 @@ class WitCertCache(Cache):
         if self.trace is not None:
             self.trace.record(rec, self)
 
-    def _kernel_record(self, step, layer_idx, r, ds, Bsz) -> StepRecord:
+    def _kernel_record(self, step, layer_idx, r, ds, Bsz, pre=None, pagein=None, flag=None, audit=None) -> StepRecord:
+        """The StepRecord of a kernel step: ``r`` the meter after repair, ``pre`` before (None:
+        ungated, the same), ``pagein`` [B, Hkv] blocks paged in, ``flag`` [B, Hq] the gate's flag
+        (certified: still over τ), ``audit`` (tv_real, err_real, violations) or None."""
         a = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        pre = r if pre is None else pre
+        fl = r.flag if flag is None else (r.flag | flag)
         return StepRecord(
-            step=step, layer=layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(r.tv_upper_a),
+            step=step, layer=layer_idx, tv_a=a(r.tv_upper_a), tv_a_pre=a(pre.tv_upper_a),
             out_err=a(r.out_err_upper), tv_b=None if r.tv_upper_b is None else a(r.tv_upper_b),
-            flag=a(r.flag), nonfinite=a(r.flag), pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64),
-            delta_step=ds, delta_spent=ds, parts_pre=np.stack([a(r.tanh), a(r.eform), a(r.tilt)]),
-            tv_b_pre=None if r.tv_upper_b is None else a(r.tv_upper_b),
+            flag=a(fl), nonfinite=a(r.flag),
+            pagein_blocks=np.zeros((Bsz, self.num_kv_heads), dtype=np.int64) if pagein is None else pagein,
+            delta_step=ds, delta_spent=ds, parts_pre=np.stack([a(pre.tanh), a(pre.eform), a(pre.tilt)]),
+            tv_b_pre=None if pre.tv_upper_b is None else a(pre.tv_upper_b),
+            tv_real=None if audit is None else audit[0], out_err_real=None if audit is None else audit[1],
+            audit_violations=0 if audit is None else audit[2],
         )
 
     # -- the served attention and its meter
@@ -668,7 +707,12 @@ class WitCertCache(Cache):
         return o.to(query.dtype), None
 
     def _kernel_attention(self, layer, query, allowed, sm):
-        """Kernel path: one metered split-KV decode (kernels.decode) per step."""
+        """Kernel path: one metered split-KV decode (kernels.decode) per step. Gated (SPEC §6): the
+        gate reads the step's TV⁺ on the host (one sync per layer step); where a (sequence, kv head)
+        is over τ it ranks the blocks by risk (``_kernel_block_risk``, float64 from the served
+        pages), pages the chosen ones into the layer's overlay (``WitCertLayer.page_in``) and runs
+        the decode again, so the output and the record reflect the repair (certified: up to
+        ``max_pagein_blocks`` rounds, one decode each)."""
         from kernels.decode import _sm_count, choose_splits, decode
 
         Bsz, Hq, Lq, D = query.shape
@@ -680,18 +724,129 @@ class WitCertCache(Cache):
         n = layer.get_seq_length()
         dsa = self.delta_step() if self.meter else None
         ds = None if dsa is None else float(dsa[0])
-        # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
-        out = decode(layer.paged, query[:, :, 0, :].contiguous(), layer.block_table,
-                     torch.full((Bsz,), n, dtype=torch.int32, device=query.device), sm_scale=sm, meter=self.meter,
-                     num_splits=choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device)),
-                     delta_step=ds, validate=False, token_mask=token_mask,
-                     tilt_above=self.tilt_above)
-        if self.meter:
-            if self.trace is None:  # stays on the device until cache.records is read
-                self._lazy.append((self.step, layer.layer_idx, out.meter, ds, Bsz))
-            else:  # tracing reads the record now (its cost is one transfer per (step, layer))
-                self._emit(self._kernel_record(self.step, layer.layer_idx, out.meter, ds, Bsz))
+        gate = self.gate
+        # a gated step needs the tilt only where the closed forms exceed τ (TV⁺ is sound either way)
+        tilt = self.tilt_above if gate is None else min(self.tilt_above, gate.tau)
+        q1 = query[:, :, 0, :].contiguous()
+        sl = torch.full((Bsz,), n, dtype=torch.int32, device=query.device)
+        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device))
+
+        def run():
+            # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
+            return decode(layer.paged, q1, layer.block_table, sl, sm_scale=sm, meter=self.meter, num_splits=splits,
+                          delta_step=ds, validate=False, token_mask=token_mask, tilt_above=tilt, repair=layer.rep)
+
+        out = run()
+        if not self.meter:
+            return out.o[:, None].to(query.dtype), None
+        pre, pagein, flag = out.meter, None, None
+        if gate is not None:
+            Hkv = self.num_kv_heads
+            GQ = Hq // Hkv
+            cur = {"out": out}
+
+            def over_rows(rec):  # [B, Hq] bool, on the device
+                return exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)
+
+            def over():  # the gate's one host sync per round
+                cur["over"] = over_rows(cur["out"].meter).view(Bsz, Hkv, GQ).any(-1).cpu().numpy()
+                return cur["over"]
+
+            def page_in(b, h, blk):
+                nbytes = layer.page_in(b, h, blk)
+                if nbytes:
+                    self.pagein_blocks[layer.layer_idx, b] += 1
+                    self.pagein_bytes[layer.layer_idx, b] += nbytes
+                return nbytes
+
+            def remeasure():
+                cur["out"] = run()
+
+            pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
+            if gate.max_pagein_blocks > 0:
+                pagein = repair(gate, over=over, risk=lambda: self._kernel_block_risk(layer, q1, token_mask, sm, cur["over"]),
+                                page_in=page_in, remeasure=remeasure).pagein
+            out = cur["out"]
+            if gate.policy == "certified":  # still over after the budget: flagged
+                flag = over_rows(out.meter)
+        args = (self.step, layer.layer_idx, out.meter, ds, Bsz, pre, pagein, flag)
+        if self.audit:
+            self._emit(self._kernel_record(*args, audit=self._kernel_audit(layer, q1, token_mask, sm, out.meter)))
+        elif self.trace is None:  # stays on the device until cache.records is read
+            self._lazy.append(args)
+        else:  # tracing reads the record now (its cost is one transfer per (step, layer))
+            self._emit(self._kernel_record(*args))
         return out.o[:, None].to(query.dtype), None
+
+    def _kernel_served(self, layer, q1, token_mask, sm, rows=None):
+        """Float64 served logits / p̂ of the kernel path for the sequences ``rows``: q [B', Hkv, GQ, 1, D],
+        k̂, v̂ [B', Hkv, n, D] (``served_kv``: dequantized codes, exact repaired pages), the
+        mask [B', 1, 1, 1, n], logits, p̂ and live [B', Hkv, GQ, 1]."""
+        n = layer.get_seq_length()
+        Bsz, Hq, D = q1.shape
+        Hkv = self.num_kv_heads
+        idx = torch.arange(Bsz) if rows is None else rows
+        kh, vh = served_kv(layer.paged, layer.block_table, n, layer.rep, rows=idx)
+        dev = kh.device
+        q = q1[idx.to(q1.device)].to(dev).double().view(len(idx), Hkv, Hq // Hkv, 1, D)
+        if token_mask is None:
+            al = torch.ones(len(idx), 1, 1, 1, n, dtype=torch.bool, device=dev)
+        else:
+            al = token_mask[idx.to(token_mask.device), :n].to(dev).view(len(idx), 1, 1, 1, n)
+        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, kh)
+        p, live = _softmax(logits, al)
+        return dict(q=q, kh=kh, vh=vh, al=al, logits=logits, p=p, live=live.expand(p.shape[:-1]), idx=idx)
+
+    def _kernel_block_risk(self, layer, q1, token_mask, sm, need):
+        """Block risks [B, Hkv, nb] of the kernel path (``witcert.gate.block_risk``, as the reference
+        path ranks them), computed in float64 only for the sequences with a (kv head) row over τ
+        (``need`` [B, Hkv]); the radii are the kernel's Tier A radii σ‖q_h‖·W_j (G = 1), 0 on repaired
+        pages. Risks only choose blocks: the bound after a repair is the kernel's own."""
+        n = layer.get_seq_length()
+        T = self.block_size
+        nb = -(-n // T)
+        Bsz = q1.shape[0]
+        dev = layer.paged.k_codes.device
+        risk = torch.zeros(Bsz, self.num_kv_heads, nb, dtype=torch.float64, device=dev)
+        rows = torch.as_tensor(np.nonzero(np.asarray(need).any(1))[0], dtype=torch.long)
+        if rows.numel() == 0:
+            return risk
+        ev = self._kernel_served(layer, q1, token_mask, sm, rows)
+        bt = layer.block_table.to(dev).long()[rows.to(dev)]
+        j = torch.arange(n, device=dev)
+        blk, off = bt[:, j // T], (j % T)[None, :].expand(len(rows), n)
+        W = layer.paged.k_wit[blk, :, off, 0].movedim(2, 1).double()  # [B', Hkv, n]
+        phi = layer.paged.v_wit[blk, :, off].movedim(2, 1).double()
+        rep_blocks = torch.zeros(len(rows), self.num_kv_heads, nb, dtype=torch.bool, device=dev)
+        if layer.rep is not None:
+            rep_blocks = layer.rep.slot.long()[bt[:, :nb]].movedim(2, 1) >= 0
+            rep_tok = rep_blocks.repeat_interleave(T, dim=-1)[..., :n]
+            W = torch.where(rep_tok, torch.zeros_like(W), W)
+            phi = torch.where(rep_tok, torch.zeros_like(phi), phi)
+        eps = abs(sm) * ev["q"].norm(dim=-1)[..., None] * W[:, :, None, None, :]
+        eps = torch.where(ev["al"], eps, torch.zeros_like(eps))
+        r = block_risk(ev["p"], ev["logits"], ev["al"], ev["live"], eps, block_size=T, num_blocks=nb,
+                       repaired=rep_blocks, v_wit=phi, tau_v=self.gate.tau_v)
+        risk[rows.to(dev)] = r
+        return risk
+
+    def _kernel_audit(self, layer, q1, token_mask, sm, rec):
+        """Realised TV and ‖ô − o‖ (float64, served values vs exact attention over the backing store)
+        against the kernel's bounds: (tv_real [B, Hq], err_real [B, Hq], violations)."""
+        ev = self._kernel_served(layer, q1, token_mask, sm)
+        dev = ev["kh"].device
+        ek = layer.exact_k.to(dev).double()
+        evv = layer.exact_v.to(dev).double()
+        p, _ = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", ev["q"], ek), ev["al"])
+        tv = 0.5 * (p - ev["p"]).abs().sum(-1)  # [B, Hkv, GQ, 1]
+        o_hat = torch.einsum("bhgln,bhnd->bhgld", ev["p"], ev["vh"])
+        err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - o_hat).norm(dim=-1)
+        Bsz, Hq = rec.tv_upper_a.shape
+        tv, err, tol = tv.reshape(Bsz, Hq), err.reshape(Bsz, Hq), AUDIT_ABS_TOL * (1.0 + o_hat.abs().amax(-1).reshape(Bsz, Hq))
+        live = ev["live"].reshape(Bsz, Hq)
+        viol = ((tv > rec.tv_upper_a.to(dev) + AUDIT_ABS_TOL) | (err > rec.out_err_upper.to(dev) + tol)) \
+            & live & ~rec.flag.to(dev)
+        return tv.cpu().numpy(), err.cpu().numpy(), int(viol.sum())
 
     def _evaluate(self, layer, q, al, sm):
         kh = layer.k_hat.double()
@@ -797,6 +952,59 @@ class WitCertCache(Cache):
         tol = AUDIT_ABS_TOL * (1.0 + ev["o"].abs().amax(-1))
         viol = ((tv > m["tv"] + AUDIT_ABS_TOL) | (err > m["err"] + tol)) & ev["live"] & ~m["bad"]
         return tv, err, viol.sum()
+
+
+def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
+              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
+    of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
+    dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
+    int4_group) and, where ``repair`` has the page, its exact pool values. For the gate's block
+    risks and the audit (O(B'·Hkv·n·D) device work, no kernel). ``cache``: a ``kernels.paged.PagedKV``,
+    ``repair``: a ``kernels.paged.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
+    with ``witcert.schemes``, and the kernels never import ``witcert``)."""
+    dev = cache.k_codes.device
+    bt = block_table.to(dev).long()
+    if rows is not None:
+        bt = bt[rows.to(dev).long()]
+    T, D = cache.block_size, cache.head_dim
+    j = torch.arange(n, device=dev)
+    blk = bt[:, j // T]  # [B', n]
+    off = (j % T)[None, :].expand_as(blk)
+
+    def gather(t):  # [NB, Hkv, T, ...] → [B', Hkv, n, ...]
+        return t[blk, :, off].movedim(2, 1)
+
+    if cache.scheme == "int4_group":
+        gi = torch.arange(D, device=dev) // 32
+
+        def deq(codes, scale, zero):
+            c = gather(codes).long()
+            c = torch.cat([c & 15, c >> 4], dim=-1).double()
+            return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
+
+        kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
+    else:
+        kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
+        if cache.scheme != "none":
+            ks, vs = gather(cache.k_scale).double()[..., None], gather(cache.v_scale).double()[..., None]
+            if cache.scheme == "int8_dither":
+                H = cache.num_kv_heads
+                hh = torch.arange(H, device=dev)[:, None, None]
+                ch = torch.arange(D, device=dev)[None, None, :]
+                uk = S.dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 0).to(dev).double()
+                uv = S.dither_u(cache.seed, cache.layer, hh, j[None, :, None], ch, 1).to(dev).double()
+                kh, vh = ks * (kh - uk), vs * (vh - uv)
+            else:
+                kh, vh = ks * kh, vs * vh
+    if repair is not None and repair.count > 0:
+        sl = repair.slot.long()[blk].movedim(2, 1)  # [B', Hkv, n]
+        rep = sl >= 0
+        sl = sl.clamp_min(0)
+        o = off[:, None, :].expand_as(sl)
+        kh = torch.where(rep[..., None], repair.k[sl, o].double(), kh)
+        vh = torch.where(rep[..., None], repair.v[sl, o].double(), vh)
+    return kh, vh
 
 
 #: masked softmax of the reference path (float64): ``witcert.meter.softmax``
