@@ -490,3 +490,17 @@ def test_a_pool_token_nobody_wrote_saturates_instead_of_serving_zero():
     assert not ok.meter.flag.any()
     bad = decode(cache, q, bt.to(DEV), torch.tensor([21]).to(DEV), repair=rep)
     assert bad.meter.flag.all() and torch.all(bad.meter.tv_upper_a == 1.0)
+
+
+def test_auto_backend_keeps_gated_caches_on_the_reference_path():
+    """``backend="auto"`` on a CUDA device: an ungated kernel-scheme cache takes the kernels, a
+    gated one stays on the fp64 reference path (the gated kernel path has not run on a GPU yet);
+    ``backend="kernel"`` opts a gated cache in. (``use_kernel`` only reads the device type.)"""
+    from witcert.cache import Gate, WitCertCache
+
+    cfg = tiny_llama().config
+    cuda = torch.device("cuda")
+    assert WitCertCache(cfg, scheme="int8").use_kernel(cuda, 2)
+    assert not WitCertCache(cfg, scheme="int8", gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)
+    assert WitCertCache(cfg, scheme="int8", backend="kernel",
+                        gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)

@@ -593,6 +593,14 @@ class WitCertCache(Cache):
             log.info("WitCertCache: gated scheme %r has no kernel; the fp64 reference path serves and repairs it",
                      self.scheme)
             _LOGGED_REF[self.scheme] = True
+        if ok and self.gate is not None:
+            # the gated kernel path (repaired-page overlay) has passed its tests in the interpreter
+            # only; until its CUDA run, "auto" keeps gated caches on the reference path and says so
+            if not _LOGGED_REF.get("gated-auto"):
+                log.info("WitCertCache: gated cache on CUDA served by the fp64 reference path under backend='auto' "
+                         "(pass backend='kernel' for the gated kernel path, not yet run on a GPU)")
+                _LOGGED_REF["gated-auto"] = True
+            return False
         return ok
 
     def delta_step(self) -> np.ndarray | None:
