@@ -7,6 +7,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if [ "${SKIP_CONF:-0}" != 1 ]; then
   WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -x -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
+  # the gated kernel path (repaired-page overlay): never run on a GPU before this script had it
+  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
 # the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
