@@ -714,6 +714,14 @@ class WitCertCache(Cache):
         o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
         return o.to(query.dtype), None
 
+    def _page_in_counted(self, layer, b, h, blk) -> int:
+        """``layer.page_in`` with the request's accounting (blocks and bytes per layer and sequence)."""
+        nbytes = layer.page_in(b, h, blk)
+        if nbytes:
+            self.pagein_blocks[layer.layer_idx, b] += 1
+            self.pagein_bytes[layer.layer_idx, b] += nbytes
+        return nbytes
+
     def _kernel_attention(self, layer, query, allowed, sm):
         """Kernel path: one metered split-KV decode (kernels.decode) per step. Gated (SPEC §6): the
         gate reads the step's TV⁺ on the host (one sync per layer step); where a (sequence, kv head)
@@ -761,11 +769,7 @@ class WitCertCache(Cache):
                 return cur["over"]
 
             def page_in(b, h, blk):
-                nbytes = layer.page_in(b, h, blk)
-                if nbytes:
-                    self.pagein_blocks[layer.layer_idx, b] += 1
-                    self.pagein_bytes[layer.layer_idx, b] += nbytes
-                return nbytes
+                return self._page_in_counted(layer, b, h, blk)
 
             def remeasure():
                 cur["out"] = run()
@@ -919,11 +923,7 @@ class WitCertCache(Cache):
             cur = {"m": m}
 
             def page_in(b, h, blk):
-                nbytes = layer.page_in(b, h, blk)
-                if nbytes:
-                    self.pagein_blocks[layer.layer_idx, b] += 1
-                    self.pagein_bytes[layer.layer_idx, b] += nbytes
-                return nbytes
+                return self._page_in_counted(layer, b, h, blk)
 
             def remeasure():
                 ev.update(self._evaluate(layer, q, al, sm))
