@@ -555,7 +555,7 @@ def decode(
     if repair is not None:
         if not isinstance(repair, RepairOverlay):
             raise ValueError(f"repair: expected a kernels.paged.RepairOverlay, got {type(repair).__name__}")
-        repair.validate(cache)
+        repair.validate(cache, check_slots=validate)
         if lowp and repair.k.dtype != q.dtype:
             raise ValueError(f"repair: the GPU dots run in q's dtype {q.dtype}; the exact pool is {repair.k.dtype} "
                              "(it would be rounded without being metered)")

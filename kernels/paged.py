@@ -251,6 +251,11 @@ class RepairOverlay:
                             that reads a pool token nobody wrote (a write into a repaired page
                             without ``write``) saturates and flags its rows instead of serving 0
         count               slots in use (host-side; the pool grows by doubling)
+        owner               the storage address of the ``PagedKV`` codes it serves (``bind``);
+                            ``validate`` refuses an overlay used with another cache
+
+    The pool's dtype is the cache's model dtype, and ``page_in`` / ``write`` take values of that
+    dtype only (a narrower pool would round "exact" values served with radius 0: unsound).
 
     ``page_in`` fills a slot from exact K/V; ``write`` routes tokens written later into a repaired
     page to its slot too (on the device, no host sync), so a repair stays persistent."""
@@ -261,6 +266,7 @@ class RepairOverlay:
     k_norm: torch.Tensor
     v_norm: torch.Tensor
     count: int = 0
+    owner: int | None = None
 
     @property
     def capacity(self) -> int:
@@ -280,8 +286,18 @@ class RepairOverlay:
             v_norm=torch.full((capacity + 1, block_size), float("nan"), dtype=torch.float32, **kw),
         )
 
-    def validate(self, cache: PagedKV) -> None:
-        """ValueError unless this overlay fits ``cache`` (shapes, dtypes, devices)."""
+    def bind(self, cache: PagedKV) -> "RepairOverlay":
+        """Record which cache this overlay serves (checked by ``validate``); returns self. Call it
+        again after the cache is regrouped / reordered (new storage)."""
+        self.owner = cache.k_codes.untyped_storage().data_ptr()
+        return self
+
+    def validate(self, cache: PagedKV, check_slots: bool = False) -> None:
+        """ValueError unless this overlay fits ``cache`` (bound to it, shapes, dtypes, devices);
+        ``check_slots`` (a device sync): every slot is -1 or a written pool row in [0, count)."""
+        if self.owner is None or self.owner != cache.k_codes.untyped_storage().data_ptr():
+            raise ValueError("repair: this overlay is not bound to this cache (RepairOverlay.bind(cache)); an overlay "
+                             "of another cache would serve its values as exact")
         NB, Hkv = cache.k_codes.shape[:2]
         T, D = cache.block_size, cache.head_dim
         if not isinstance(self.slot, torch.Tensor) or self.slot.dtype != torch.int32 or tuple(self.slot.shape) != (NB, Hkv):
@@ -308,6 +324,11 @@ class RepairOverlay:
                 raise ValueError(f"repair.{name}: expected a contiguous tensor")
         if not 0 <= self.count <= self.capacity:
             raise ValueError(f"repair.count: {self.count} is outside [0, {self.capacity}]")
+        if self.k.dtype != cache.exact_k.dtype:
+            raise ValueError(f"repair.k: the exact pool must hold the cache's model dtype {cache.exact_k.dtype}, got "
+                             f"{self.k.dtype} (a narrower pool rounds values served as exact)")
+        if check_slots and bool(((self.slot < -1) | (self.slot >= self.count)).any()):
+            raise ValueError(f"repair.slot: every slot must be -1 or a pool row in [0, count = {self.count})")
 
     @staticmethod
     def norms_up(x: torch.Tensor) -> torch.Tensor:
@@ -331,12 +352,17 @@ class RepairOverlay:
         """Make page (``block``, ``head``) exact: its first m tokens' exact K/V ``k``, ``v`` [m, D]
         (m ≤ T; the rest of the page is filled by ``write`` as tokens arrive). Returns False
         (nothing done) if the page is already repaired: idempotent."""
-        if int(self.slot[block, head]) >= 0:
-            return False
+        NB, H = self.slot.shape
+        if not (0 <= block < NB and 0 <= head < H):
+            raise ValueError(f"page_in: block {block}, head {head} outside [0, {NB}) x [0, {H})")
         m = k.shape[0]
         if k.shape != v.shape or k.dim() != 2 or m > self.k.shape[1] or k.shape[1] != self.k.shape[2]:
             raise ValueError(f"page_in: expected k, v [m ≤ {self.k.shape[1]}, {self.k.shape[2]}], got "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+            raise ValueError(f"page_in: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
+        if int(self.slot[block, head]) >= 0:
+            return False
         if self.count == self.capacity:
             self._grow(self.count + 1)
         r = self.count
@@ -347,10 +373,10 @@ class RepairOverlay:
         self.v[r].zero_()
         self.k_norm[r].fill_(float("nan"))  # tokens m.. are not written yet
         self.v_norm[r].fill_(float("nan"))
-        self.k[r, :m] = k.to(self.k.dtype)
-        self.v[r, :m] = v.to(self.v.dtype)
-        self.k_norm[r, :m] = self.norms_up(k)
-        self.v_norm[r, :m] = self.norms_up(v)
+        self.k[r, :m] = k
+        self.v[r, :m] = v
+        self.k_norm[r, :m] = self.norms_up(self.k[r, :m])  # the norms of what is stored and served
+        self.v_norm[r, :m] = self.norms_up(self.v[r, :m])
         self.slot[block, head] = r
         self.count += 1
         return True
@@ -359,6 +385,8 @@ class RepairOverlay:
         """Tokens just written into the paged cache at (``blocks`` [N], ``offsets`` [N]) with exact
         ``k``, ``v`` [N, Hkv, D]: those in a repaired page go to its pool slot too (a gather and a
         scatter on the device, no host sync; tokens of pages not repaired land in the scratch row)."""
+        if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+            raise ValueError(f"write: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
         if self.count == 0 or k.shape[0] == 0:
             return
         R = self.capacity
@@ -370,9 +398,9 @@ class RepairOverlay:
         off = offsets[:, None].expand_as(s)
         k = k.to(dev)
         v = v.to(dev)
-        self.k[s, off] = k.to(self.k.dtype)
-        self.v[s, off] = v.to(self.v.dtype)
-        self.k_norm[s, off] = self.norms_up(k)
+        self.k[s, off] = k
+        self.v[s, off] = v
+        self.k_norm[s, off] = self.norms_up(k)  # k is of the pool's dtype: the stored values' norms
         self.v_norm[s, off] = self.norms_up(v)
 
     def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "RepairOverlay":
@@ -380,7 +408,7 @@ class RepairOverlay:
         H = self.slot.shape[1]
         new = torch.full((batch, new_pages, H), -1, dtype=torch.int32, device=self.slot.device)
         new[:, :old_pages] = self.slot.view(batch, old_pages, H)
-        return dataclasses.replace(self, slot=new.view(batch * new_pages, H))
+        return dataclasses.replace(self, slot=new.view(batch * new_pages, H), owner=None)  # bind to the new cache
 
     def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "RepairOverlay":
         """``PagedKV.reordered`` (sequence b owns what ``index[b]`` owned) with the pool copied, so

@@ -81,7 +81,7 @@ def dequant(cache, bt, b, n, h):
 def overlay_for(cache, bt, exact, pages):
     """An overlay with the (b, logical page, kv head) triples of ``pages`` repaired from ``exact``."""
     NB, Hkv = cache.k_codes.shape[:2]
-    rep = RepairOverlay.allocate(NB, Hkv, T, D, torch.bfloat16, device=DEV, capacity=1)
+    rep = RepairOverlay.allocate(NB, Hkv, T, D, torch.bfloat16, device=DEV, capacity=1).bind(cache)
     for b, pg, h in pages:
         k, v = exact[b]
         lo, hi = pg * T, min((pg + 1) * T, k.shape[0])
@@ -102,13 +102,14 @@ def test_overlay_without_repaired_pages_is_bit_identical(scheme, meter):
     sl = torch.tensor(lens).to(DEV)
     kw = dict(num_splits=2, meter=meter, delta_step=1e-3 if meter else None)
     plain = decode(cache, q, bt.to(DEV), sl, **kw)
-    empty = RepairOverlay.allocate(cache.k_codes.shape[0], 2, T, D, torch.bfloat16, device=DEV)
+    empty = RepairOverlay.allocate(cache.k_codes.shape[0], 2, T, D, torch.bfloat16, device=DEV).bind(cache)
     with_empty = decode(cache, q, bt.to(DEV), sl, repair=empty, **kw)
     assert torch.equal(plain.o, with_empty.o) and torch.equal(plain.lse, with_empty.lse)
     # an overlay whose only repaired page belongs to no sequence: the HAS_REP kernel, nothing repaired
     unused = overlay_for(cache, bt, exact, [])
     spare = int(torch.tensor(sorted(set(range(cache.k_codes.shape[0])) - set(bt.flatten().tolist())))[0])
-    unused.page_in(spare, 0, torch.zeros(T, D), torch.zeros(T, D))
+    z = torch.zeros(T, D, dtype=torch.bfloat16)
+    unused.page_in(spare, 0, z, z)
     assert unused.count == 1
     has_rep = decode(cache, q, bt.to(DEV), sl, repair=unused, **kw)
     assert torch.equal(plain.o, has_rep.o) and torch.equal(plain.lse, has_rep.lse)

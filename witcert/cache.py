@@ -209,7 +209,8 @@ class WitCertLayer(CacheLayerMixin):
                                           seed=o.seed, layer=self.layer_idx, with_exact=False)
             self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
             if o.gate is not None:
-                self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype, device=self.device)
+                self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
+                                                  device=self.device).bind(self.paged)
         self.keys, self.values = self.exact_k, self.exact_v
         self.is_initialized = True
 
@@ -257,7 +258,7 @@ class WitCertLayer(CacheLayerMixin):
             Bsz, per_seq = self.block_table.shape
             self.paged = self.paged.reordered(Bsz, per_seq, idx)
             if self.rep is not None:
-                self.rep = self.rep.reordered(Bsz, per_seq, idx)
+                self.rep = self.rep.reordered(Bsz, per_seq, idx).bind(self.paged)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last ``-tokens_to_remove`` tokens (transformers' convention: a negative
@@ -334,7 +335,7 @@ class WitCertLayer(CacheLayerMixin):
                      self.layer_idx, per_seq, new_pages)
             self.paged = self.paged.regrouped(Bsz, per_seq, new_pages)
             if self.rep is not None:
-                self.rep = self.rep.regrouped(Bsz, per_seq, new_pages)
+                self.rep = self.rep.regrouped(Bsz, per_seq, new_pages).bind(self.paged)
             self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
         pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
         seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
