@@ -505,3 +505,18 @@ def test_auto_backend_keeps_gated_caches_on_the_reference_path():
     assert not WitCertCache(cfg, scheme="int8", gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)
     assert WitCertCache(cfg, scheme="int8", backend="kernel",
                         gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)
+
+
+def test_a_float32_model_on_cuda_stays_on_the_reference_path():
+    """The GPU kernels' dots run in the model's dtype: under "auto" a float32 model on CUDA takes
+    the reference path (it used to take the kernels and fail at the first decode: its query is
+    not bf16); under "kernel" it is refused with a clear error."""
+    from witcert.cache import WitCertCache
+
+    cfg = tiny_llama().config
+    cuda = torch.device("cuda")
+    assert WitCertCache(cfg, scheme="int8").use_kernel(cuda, 2, torch.bfloat16)
+    assert not WitCertCache(cfg, scheme="int8").use_kernel(cuda, 2, torch.float32)
+    with pytest.raises(ValueError, match="bf16 / fp16 models"):
+        WitCertCache(cfg, scheme="int8", backend="kernel").use_kernel(cuda, 2, torch.float32)
+    assert WitCertCache(cfg, scheme="int8", backend="kernel").use_kernel(torch.device("cpu"), 2, torch.float32)

@@ -200,7 +200,7 @@ class WitCertLayer(CacheLayerMixin):
         self.n_quantized = 0
         self.paged = None
         self.rep = None  # kernel path, gated: the repaired pages (kernels.paged.RepairOverlay)
-        if o.use_kernel(self.device, Bsz):
+        if o.use_kernel(self.device, Bsz, self.dtype):
             from kernels.paged import PagedKV, RepairOverlay
 
             per_seq = -(-o.max_tokens // o.block_size)
@@ -579,11 +579,23 @@ class WitCertCache(Cache):
                 self.pagein_bytes = np.zeros((self.num_layers, key_states.shape[0]), dtype=np.int64)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
-    def use_kernel(self, device, batch: int) -> bool:
-        """Whether a layer on ``device`` is served by the Triton kernels (see ``backend``)."""
+    def use_kernel(self, device, batch: int, dtype: torch.dtype | None = None) -> bool:
+        """Whether a layer on ``device`` with a model of ``dtype`` is served by the Triton kernels
+        (see ``backend``). On the GPU the kernels' dots run in the model's dtype, so a float32 /
+        float64 model stays on the reference path under "auto" and is refused under "kernel"."""
+        lowp = dtype is None or dtype in (torch.bfloat16, torch.float16)
         if self.backend == "kernel":
+            if device.type == "cuda" and not lowp:
+                raise ValueError(f"backend='kernel': on the GPU the kernels serve bf16 / fp16 models, this one is {dtype} "
+                                 "(its queries would be rounded without being metered); use backend='reference'")
             return True
         if self.backend == "reference" or device.type != "cuda":
+            return False
+        if not lowp:
+            if not _LOGGED_REF.get(("dtype", dtype)):
+                log.info("WitCertCache: a %s model on CUDA is served by the fp64 reference path (the kernels' dots run "
+                         "in bf16 / fp16)", dtype)
+                _LOGGED_REF[("dtype", dtype)] = True
             return False
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
