@@ -428,7 +428,7 @@ def test_slot_past_the_pool_is_refused():
     code = textwrap.dedent("""
         import os, sys, torch
         sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
-        from test_review_overlay import _misuse_setup
+        from test_overlay_adversarial import _misuse_setup
         from kernels.decode import decode
         cache, bt, exact, rep, q = _misuse_setup()
         rep.slot[int(bt[0, 1]), 0] = 100000
