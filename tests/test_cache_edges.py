@@ -426,3 +426,21 @@ def test_continuing_the_same_request_is_allowed(padded):
     with torch.no_grad():
         model(out[:, -1:], past_key_values=cache, use_cache=True)
     assert cache.get_seq_length() == turn.shape[1] + 3
+
+
+def test_a_cache_built_for_another_model_is_refused():
+    """A cache sized for one model (layers, heads, head dim) used with another raises, and the
+    check (now done once per model config, not per layer step) still runs when the model changes."""
+    model = use_witcert(tiny())
+    torch.manual_seed(3)
+    # the same K/V shapes (1 kv head, d 64) but 4 query heads: only the attention-level check sees it
+    other_cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                            num_hidden_layers=2, intermediate_size=64, vocab_size=64, max_position_embeddings=512)
+    other = use_witcert(LlamaForCausalLM(other_cfg).eval())
+    with pytest.raises(ValueError, match="different model"):
+        gen(other, WitCertCache(model.config, scheme="int8"), new=2)
+    cache = WitCertCache(model.config, scheme="int8")
+    gen(model, cache, new=2)  # the right model: checked once, then cached
+    cache.reset()
+    with pytest.raises(ValueError, match="different model"):
+        gen(other, cache, new=2)

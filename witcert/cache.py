@@ -1056,10 +1056,11 @@ def _make_attention(base: str) -> Callable:
         if layer is not None:
             layer._pending = None
             cfg = getattr(module, "config", None)
-            if mode is not None and cfg is not None and _model_dims(cfg)[1:5] != (
-                cache.num_layers, cache.num_q_heads, cache.num_kv_heads, cache.head_dim
-            ):
-                raise ValueError("WitCertCache: this cache was built for a different model")
+            # checked once per model config (not per layer step: ~0.08 ms of Python each)
+            if mode is not None and cfg is not None and getattr(cache, "_dims_checked", None) is not cfg:
+                if _model_dims(cfg)[1:5] != (cache.num_layers, cache.num_q_heads, cache.num_kv_heads, cache.head_dim):
+                    raise ValueError("WitCertCache: this cache was built for a different model")
+                cache._dims_checked = cfg
         if mode != "served":
             fn = _base_fn(base, module)
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
