@@ -856,22 +856,17 @@ class WitCertCache(Cache):
         return risk
 
     def _kernel_audit(self, layer, q1, token_mask, sm, rec):
-        """Realised TV and ‖ô − o‖ (float64, served values vs exact attention over the backing store)
-        against the kernel's bounds: (tv_real [B, Hq], err_real [B, Hq], violations)."""
+        """The reference path's audit (``_audit``: realised TV and ‖ô − o‖ against exact attention
+        over the backing store) on the kernel path's served values and bounds:
+        (tv_real [B, Hq], err_real [B, Hq], violations)."""
         ev = self._kernel_served(layer, q1, token_mask, sm)
-        dev = ev["kh"].device
-        ek = layer.exact_k.to(dev).double()
-        evv = layer.exact_v.to(dev).double()
-        p, _ = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", ev["q"], ek), ev["al"])
-        tv = 0.5 * (p - ev["p"]).abs().sum(-1)  # [B, Hkv, GQ, 1]
-        o_hat = torch.einsum("bhgln,bhnd->bhgld", ev["p"], ev["vh"])
-        err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - o_hat).norm(dim=-1)
+        ev["o"] = torch.einsum("bhgln,bhnd->bhgld", ev["p"], ev["vh"])
+        shp, dev = ev["live"].shape, ev["kh"].device  # [B, Hkv, GQ, 1]
+        m = {"tv": rec.tv_upper_a.to(dev).double().view(shp), "err": rec.out_err_upper.to(dev).double().view(shp),
+             "bad": rec.flag.to(dev).view(shp)}
+        tv, err, viol = self._audit(layer, ev["q"], ev["al"], sm, ev, m)
         Bsz, Hq = rec.tv_upper_a.shape
-        tv, err, tol = tv.reshape(Bsz, Hq), err.reshape(Bsz, Hq), AUDIT_ABS_TOL * (1.0 + o_hat.abs().amax(-1).reshape(Bsz, Hq))
-        live = ev["live"].reshape(Bsz, Hq)
-        viol = ((tv > rec.tv_upper_a.to(dev) + AUDIT_ABS_TOL) | (err > rec.out_err_upper.to(dev) + tol)) \
-            & live & ~rec.flag.to(dev)
-        return tv.cpu().numpy(), err.cpu().numpy(), int(viol.sum())
+        return tv.reshape(Bsz, Hq).cpu().numpy(), err.reshape(Bsz, Hq).cpu().numpy(), int(viol)
 
     def _evaluate(self, layer, q, al, sm):
         kh = layer.k_hat.double()
