@@ -59,6 +59,18 @@ def fill_cache(B, n, Hkv, D, scheme, dev, G=1, gen=None):
     return c, bt
 
 
+def int8_shape(B, n, Hq, Hkv, D, dev, sms):
+    """One benchmark shape: (KV bytes, int8 caches rotated past the 60 MB L2, a bf16 query,
+    lengths, the split count of ``choose_splits``)."""
+    torch.manual_seed(0)
+    kvb = B * n * Hkv * (D * 2 + 4)
+    copies = max(1, math.ceil(4 * 60e6 / kvb))
+    caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+    sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+    return kvb, caches, q, sl, choose_splits(B, Hkv, n, 16, sms)
+
+
 def time_sdpa(q, Hkv, n, copies, smoke=False):
     """ms of torch SDPA (enable_gqa) for q [B, Hq, D] over contiguous bf16 K/V [B, Hkv, n, D],
     rotating over ``copies`` K/V sets (past the L2): the baseline of every decode table."""

@@ -249,23 +249,10 @@ def check():
     print("stream probe: base and prefetch agree with decode() and with each other")
 
 
-def _shape_setup(B, n, Hq, Hkv, D, dev, sms):
-    """int8 caches rotated past the L2, a bf16 query, lengths and the split count of one shape."""
-    from bench.decode import fill_cache
-
-    torch.manual_seed(0)
-    kvb = B * n * Hkv * (D * 2 + 4)
-    copies = max(1, math.ceil(4 * 60e6 / kvb))
-    caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-    sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-    return kvb, caches, q, sl, choose_splits(B, Hkv, n, 16, sms)
-
-
 def production(shapes):
     """The production kernel (whole decode() minus the epilogue) at its defaults and with the tile
     size, pipeline stages and block-table prefetch forced: an A/B of ``decode.tile_config``."""
-    from bench.decode import bench, graphed
+    from bench.decode import bench, graphed, int8_shape
     from kernels.decode import tile_config
 
     dev = "cuda"
@@ -273,7 +260,7 @@ def production(shapes):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shp in shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
-        kvb, caches, q, sl, S = _shape_setup(B, n, Hq, Hkv, D, dev, sms)
+        kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         for meter in (False, True):
             default = tile_config(meter, B * Hkv * S, sms)
             for kw in ({}, dict(pages_per_tile=8, num_stages=2), dict(pages_per_tile=4, num_stages=1),
@@ -298,7 +285,7 @@ def main(argv=None):
         return check()
     if args.production:
         return production(args.shapes)
-    from bench.decode import bench, graphed, time_sdpa
+    from bench.decode import bench, graphed, int8_shape, time_sdpa
 
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -316,7 +303,7 @@ def main(argv=None):
                 ("base", True, 16, 8, 1)]
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
-        kvb, caches, q, sl, S = _shape_setup(B, n, Hq, Hkv, D, dev, sms)
+        kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         t_sdpa = time_sdpa(q, Hkv, n, max(1, math.ceil(4 * 60e6 / (B * n * Hkv * D * 4))))
         refs = {meter: decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False)
                 for meter in (False, True)}

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.decode import bench, fill_cache, graphed, time_sdpa  # noqa: E402
+from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
 from kernels.decode import choose_splits, decode  # noqa: E402
 
 
@@ -36,12 +36,8 @@ def main(argv=None):
     res = []
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
-        torch.manual_seed(0)
-        kvb = B * n * Hkv * (D * 2 + 4)
-        copies = max(1, math.ceil(4 * 60e6 / kvb))
-        caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-        q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-        sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+        kvb, caches, q, sl, _ = int8_shape(B, n, Hq, Hkv, D, dev, sms)
+        copies = len(caches)
         pages_total = math.ceil(n / 16)
         s0 = max(1, math.ceil(2 * sms / (B * Hkv)))
         t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2))
