@@ -422,8 +422,8 @@ def tile_config(meter: bool, programs: int, sms: int) -> tuple[int, int]:
     (bench/stream_probe.py, bench/RESULTS.md, 2026-12-01). Triton stages the int8 tiles through
     shared memory with ``cp.async`` when stages ≥ 2 and then reads them back bytewise into the
     dots' register operands; with one stage the codes are loaded straight into registers.
-    With the meter: 128-token tiles, one stage (15-18 % faster than two). Without: 64-token tiles
-    and one stage (127 registers: several programs per SM hide the latency, 18-20 % faster) once
+    With the meter: 128-token tiles, one stage (12-17 % less time than two). Without: 64-token tiles
+    and one stage (127 registers: several programs per SM hide the latency, 17-20 % less time) once
     the grid has ≥ 4 programs per SM; below that (B = 1) 128-token tiles and two stages."""
     if meter:
         return 128, 1
