@@ -340,9 +340,10 @@ class WitCertLayer(CacheLayerMixin):
         pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
         seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
         kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
-        write_kv(self.paged, kf, vf, self.block_table, seq, pos.repeat(Bsz), store_exact=False, validate=False)
+        p = pos.repeat(Bsz)
+        write_kv(self.paged, kf, vf, self.block_table, seq, p, store_exact=False, validate=False)
         if self.rep is not None:  # repair is persistent: a token written into a repaired page is served exact
-            p = pos.repeat(Bsz).long()
+            p = p.long()
             self.rep.write(self.block_table[seq, p // o.block_size], p % o.block_size, kf, vf)
 
     def _append_served(self, k, v):
