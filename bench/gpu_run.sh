@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# One device call: environment, CUDA conformance suite, decode benchmark. Results under $OUT.
+# One device call: environment, then the stages named in STAGES (default: all but serving).
+# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+STAGES=" ${STAGES:-conf gate bench ab} "
+has() { [[ "$STAGES" == *" $1 "* ]]; }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-if [ "${SKIP_CONF:-0}" != 1 ]; then
+if has conf; then
   WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -x -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
-  # the gated kernel path (repaired-page overlay): never run on a GPU before this script had it
+fi
+if has gate; then
+  # the gated kernel path (repaired-page overlay) on a GPU
   WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
-timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
-# the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
-timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
+if has bench; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+fi
+if has ab; then
+  # the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
+  timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
+fi
+if has serving; then
+  timeout "${SERVING_TIMEOUT:-300}" python3 bench/serving.py ${SERVING_ARGS:-} 2>&1 | tee "$OUT/serving.txt"
+fi
