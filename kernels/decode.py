@@ -417,18 +417,19 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
     return q
 
 
-def tile_config(meter: bool, programs: int, sms: int) -> tuple[int, int]:
-    """(tokens per tile, software-pipeline stages) of the decode loop, measured on the H200
+def tile_config(meter: bool, programs: int, sms: int, scheme: str = "int8") -> tuple[int, int]:
+    """(tokens per tile, software-pipeline stages) of the decode loop on the H200
     (bench/stream_probe.py, bench/RESULTS.md, 2026-12-01). Triton stages the int8 tiles through
     shared memory with ``cp.async`` when stages ≥ 2 and then reads them back bytewise into the
     dots' register operands; with one stage the codes are loaded straight into registers.
-    With the meter: 128-token tiles, one stage (12-17 % less time than two). Without: 64-token tiles
-    and one stage (127 registers: several programs per SM hide the latency, 17-20 % less time) once
-    the grid has ≥ 4 programs per SM; below that (B = 1) 128-token tiles and two stages."""
-    if meter:
+    With the meter: 128-token tiles, one stage (12-17 % less time than two, probe-measured).
+    Without: 128-token tiles, two stages. The probe's faster unmetered choice (64-token tiles, one
+    stage) faulted with an illegal memory access when graph-replayed by bench/decode.py at
+    B = 8 / 32K (run G), and Triton 3.6 emits an out-of-bounds __shared__ read for the metered
+    bf16 ("none") kernel at 128 tokens, one stage, no table prefetch (compute-sanitizer,
+    bench/crash_probe.py): both are kept off until their cause is found."""
+    if meter and scheme != "none":
         return 128, 1
-    if programs >= 4 * sms:
-        return 64, 1
     return 128, 2
 
 
@@ -539,7 +540,7 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     if pages_per_tile is None or num_stages is None:
-        tile_tokens, stages = tile_config(meter, Bsz * Hkv * num_splits, _sm_count(dev))
+        tile_tokens, stages = tile_config(meter, Bsz * Hkv * num_splits, _sm_count(dev), cache.scheme)
         if pages_per_tile is None:
             pages_per_tile = max(1, tile_tokens // T)
         if num_stages is None and not INTERPRET:

@@ -54,6 +54,17 @@ def build(scheme, lens, Hkv, seed=0, G=1):
     return cache, bt, exact
 
 
+def assert_served(o, o_ref, v):
+    """The kernel's output against an fp64 reference over the served values ``v`` [n, D]: fp32 in the
+    interpreter; on the GPU p̂·s_v is rounded to bf16 for the tensor-core dot (relative 2^-9 per
+    term), the conformance suite's tolerance (tests/test_kernels_conformance.py)."""
+    o = o.cpu().double()
+    if DEV == "cpu":
+        torch.testing.assert_close(o, o_ref, rtol=2e-4, atol=2e-4)
+    else:
+        assert (o - o_ref).norm() <= 1e-2 * (v.double().norm(dim=-1).max() + 1e-6)
+
+
 def dequant(cache, bt, b, n, h):
     """fp64 k̂, v̂ of sequence b, kv head h (the served values of an unrepaired cache)."""
     j = torch.arange(n)
@@ -147,7 +158,7 @@ def test_repaired_pages_are_served_exact_and_metered_soundly(scheme):
             qq = q[b, hq].double()
             p_hat = torch.softmax(sigma * (kh @ qq), 0)
             o_ref = p_hat @ vh
-            torch.testing.assert_close(out.o[b, hq].cpu().double(), o_ref, rtol=2e-4, atol=2e-4)
+            assert_served(out.o[b, hq], o_ref, vh)
             # radii: the stored witnesses, 0 on repaired pages (each ≥ |δ_j|)
             j = torch.arange(n)
             W = cache.k_wit.cpu()[bt[b, j // T].long(), h, j % T].double()
@@ -187,7 +198,8 @@ def test_fully_repaired_cache_meters_only_the_fp_terms():
     assert float(out.meter.tv_upper_a.max()) < 1e-3 < float(plain.meter.tv_upper_a.max())
     k, v = exact[0]
     p = torch.softmax((k[:, 0].double() @ q[0].cpu().double().T) / math.sqrt(D), 0)  # [n, 2]
-    torch.testing.assert_close(out.o[0].cpu().double(), p.T @ v[:, 0].double(), rtol=2e-4, atol=2e-4)
+    for hq in range(2):
+        assert_served(out.o[0, hq], p[:, hq] @ v[:, 0].double(), v[:, 0])
 
 
 def test_overlay_write_routes_tokens_of_repaired_pages():
@@ -214,7 +226,7 @@ def test_overlay_write_routes_tokens_of_repaired_pages():
     kh, vh = dequant(cache, bt, 0, 23, 1)
     kh[16:], vh[16:] = kx[16:], vx[16:]
     p = torch.softmax((kh @ q[0, 1].double()) / math.sqrt(D), 0)
-    torch.testing.assert_close(out.o[0, 1].cpu().double(), p @ vh, rtol=2e-4, atol=2e-4)
+    assert_served(out.o[0, 1], p @ vh, vh)
 
 
 def test_overlay_regroup_and_reorder():

@@ -522,18 +522,21 @@ def test_csr_layout_matches_block_table():
 
 def test_tile_config_and_its_overrides():
     """``decode.tile_config`` (the measured tile / stage defaults): the meter always gets 128-token
-    tiles and one stage; meter off, 64-token tiles and one stage from 4 programs per SM, else 128
-    and two. A caller's explicit ``pages_per_tile`` overrides it and gives the same output as the
+    tiles and one stage (scheme none: two); meter off, 128-token tiles and two stages (the faster
+    64 / one-stage choice faulted on the H200, bench/crash_probe.py). A caller's explicit ``pages_per_tile`` overrides it and gives the same output as the
     default tiling up to fp32 summation order (the unmetered kernel's tile is a scheduling choice)."""
     from kernels.decode import tile_config
 
     assert tile_config(True, 10, 132) == (128, 1) and tile_config(True, 10**6, 132) == (128, 1)
-    assert tile_config(False, 4 * 132, 132) == (64, 1)
-    assert tile_config(False, 4 * 132 - 1, 132) == (128, 2)
+    # the configurations seen to fault on the H200 (bench/crash_probe.py) stay off
+    assert tile_config(False, 4 * 132, 132) == (128, 2) and tile_config(False, 1, 132) == (128, 2)
+    assert tile_config(True, 10, 132, "none") == (128, 2)
     cache, bt, _ = build("int8", [300, 170], 2, 64, seed=4)
     bt, sl = bt.to(DEV), torch.tensor([300, 170], dtype=torch.int32).to(DEV)
     q = (torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1)) * 1.5).bfloat16().float().to(DEV)
     a = to_cpu(decode(cache, q, bt, sl, num_splits=2, meter=False))
     for pages in (2, 4, 8):
         b = to_cpu(decode(cache, q, bt, sl, num_splits=2, meter=False, pages_per_tile=pages))
-        assert torch.allclose(a.o, b.o, rtol=0, atol=1e-5 * float(a.o.abs().max())), pages
+        # GPU: p̂ is rounded to bf16 relative to each tile's running max (check_case's tolerance)
+        tol = (1e-5 if DEV == "cpu" else 1e-2) * float(a.o.abs().max())
+        assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages

@@ -1,0 +1,57 @@
+"""Which decode launches read out of bounds on the GPU? (an illegal memory access in the CUDA
+conformance run and in bench/decode.py, 2026-12-01 run G; compute-sanitizer then found an
+out-of-bounds __shared__ read at the tl.dot(vcT, pvT) line). One case per process:
+
+    python3 bench/crash_probe.py --list                  # the case names
+    compute-sanitizer --tool memcheck python3 bench/crash_probe.py CASE
+
+CASE = kind-scheme-m{meter}-p{pages per tile}-s{stages}-f{prefetch_bt}-e{epilogue}, kind small
+(the conformance suite's [50, 3] x 2 kv heads, GQ 4, d 128) or mid (B 8, n 2048, 32/8 heads).
+"""
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+def cases():
+    out = []
+    for sch, m, (p, s), f in itertools.product(("none", "int8", "int8_dither", "fp8_e4m3"), (1, 0),
+                                               ((8, 1), (4, 1), (8, 2), (4, 2)), (0, 1)):
+        out.append(f"small-{sch}-m{m}-p{p}-s{s}-f{f}-e1")
+    for m, (p, s), e in itertools.product((1, 0), ((8, 1), (4, 1), (8, 2)), (1, 0)):
+        if m or e:
+            out.append(f"mid-int8-m{m}-p{p}-s{s}-f{m}-e{e}")
+    return out
+
+
+def one(name):
+    import torch
+    from kernels.decode import decode
+    kind, sch, m, p, s, f, e = name.split("-")
+    m, p, s, f, e = (int(x[1:]) for x in (m, p, s, f, e))
+    if kind == "small":
+        from test_kernels_conformance import build
+        cache, bt, _ = build(sch, [50, 3], 2, 128, G=1, per_token=True, seed=7)
+        q = (torch.randn(2, 8, 128) * 1.5).bfloat16().cuda()
+        bt, sl, S = bt.cuda(), torch.tensor([50, 3]).cuda(), 2
+    else:  # mid: n 2048; big: the benchmark's B 8 / n 32K
+        from bench.decode import fill_cache
+        n = 2048 if kind == "mid" else 32768
+        cache, bt = fill_cache(8, n, 8, 128, sch, torch.device("cuda"))
+        q = torch.randn(8, 32, 128, device="cuda", dtype=torch.bfloat16)
+        sl, S = torch.full((8,), n, device="cuda", dtype=torch.int32), 16
+    out = decode(cache, q, bt, sl, num_splits=S, meter=bool(m), pages_per_tile=p, num_stages=s, prefetch_bt=bool(f),
+                 epilogue=bool(e), delta_step=1e-3 if m else None)
+    torch.cuda.synchronize()
+    print("ok", float(out.o.float().abs().max()), "regs", out.compiled.n_regs, "spills", out.compiled.n_spills,
+          "shared", out.compiled.metadata.shared)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--list":
+        print("\n".join(cases()))
+    else:
+        one(sys.argv[1])
