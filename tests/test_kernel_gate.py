@@ -505,18 +505,21 @@ def test_a_pool_token_nobody_wrote_saturates_instead_of_serving_zero():
     assert bad.meter.flag.all() and torch.all(bad.meter.tv_upper_a == 1.0)
 
 
-def test_auto_backend_keeps_gated_caches_on_the_reference_path():
-    """``backend="auto"`` on a CUDA device: an ungated kernel-scheme cache takes the kernels, a
-    gated one stays on the fp64 reference path (the gated kernel path has not run on a GPU yet);
-    ``backend="kernel"`` opts a gated cache in. (``use_kernel`` only reads the device type.)"""
+def test_auto_backend_serves_gated_caches_by_the_kernels_on_cuda():
+    """``backend="auto"`` on a CUDA device: a kernel-scheme cache takes the kernels, gated or not
+    (the gated kernel path passed this file on the H200, bench/kernel_gate_2026-12-01_G.log);
+    kivi2 (no kernel) and audited caches stay on the reference path. (``use_kernel`` only reads
+    the device type.)"""
     from witcert.cache import Gate, WitCertCache
 
     cfg = tiny_llama().config
     cuda = torch.device("cuda")
+    gate = Gate("risk-ranked", max_pagein_blocks=1)
     assert WitCertCache(cfg, scheme="int8").use_kernel(cuda, 2)
-    assert not WitCertCache(cfg, scheme="int8", gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)
-    assert WitCertCache(cfg, scheme="int8", backend="kernel",
-                        gate=Gate("risk-ranked", max_pagein_blocks=1)).use_kernel(cuda, 2)
+    assert WitCertCache(cfg, scheme="int8", gate=gate).use_kernel(cuda, 2)
+    assert not WitCertCache(cfg, scheme="kivi2", gate=gate).use_kernel(cuda, 2)
+    assert not WitCertCache(cfg, scheme="int8", gate=gate, audit=True).use_kernel(cuda, 2)
+    assert WitCertCache(cfg, scheme="int8", backend="kernel", gate=gate).use_kernel(cuda, 2)
 
 
 def test_a_float32_model_on_cuda_stays_on_the_reference_path():

@@ -598,24 +598,25 @@ class WitCertCache(Cache):
                          "in bf16 / fp16)", dtype)
                 _LOGGED_REF[("dtype", dtype)] = True
             return False
+        if self.scheme == "none" and not self.meter:
+            return False  # the pass-through cache: the base attention over the exact K/V, no meter
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        ok = (_kernel_scheme(self.scheme) and self.head_dim in SUPPORTED_HEAD_DIMS
-              and not self.audit and self.num_groups == 1 and self.witness == "token"
-              and self.block_size == 16 and self.meter and 1 <= self.num_q_heads // self.num_kv_heads <= 8)
-        if not ok and self.gate is not None and not _kernel_scheme(self.scheme) and not _LOGGED_REF.get(self.scheme):
-            log.info("WitCertCache: gated scheme %r has no kernel; the fp64 reference path serves and repairs it",
-                     self.scheme)
-            _LOGGED_REF[self.scheme] = True
-        if ok and self.gate is not None:
-            # the gated kernel path (repaired-page overlay) has passed its tests in the interpreter
-            # only; until its CUDA run, "auto" keeps gated caches on the reference path and says so
-            if not _LOGGED_REF.get("gated-auto"):
-                log.info("WitCertCache: gated cache on CUDA served by the fp64 reference path under backend='auto' "
-                         "(pass backend='kernel' for the gated kernel path, not yet run on a GPU)")
-                _LOGGED_REF["gated-auto"] = True
-            return False
-        return ok
+        why = [reason for bad, reason in (
+            (not _kernel_scheme(self.scheme), f"scheme {self.scheme!r} has no kernel"),
+            (self.head_dim not in SUPPORTED_HEAD_DIMS, f"head dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}"),
+            (self.audit, "audit=True"),
+            (self.num_groups != 1, f"num_groups={self.num_groups}"),
+            (self.witness != "token", f"witness={self.witness!r}"),
+            (self.block_size != 16, f"block_size={self.block_size}"),
+            (not self.meter, "meter=False"),
+            (not 1 <= self.num_q_heads // self.num_kv_heads <= 8, "GQA group outside 1..8"),
+        ) if bad]
+        if why and not _LOGGED_REF.get(tuple(why)):
+            log.info("WitCertCache: served on CUDA by the fp64 reference path under backend='auto' (%s)%s",
+                     ", ".join(why), "; it serves the gate too" if self.gate is not None else "")
+            _LOGGED_REF[tuple(why)] = True
+        return not why
 
     def delta_step(self) -> np.ndarray | None:
         """Tier B budget of each query row of the current forward [Lq] (SPEC §5): row r (1-based
