@@ -267,10 +267,17 @@ def test_exact_store_appends_and_grows():
         ref = torch.cat([ref, x], dim=-2)
         caps.append(st.capacity)
         assert torch.equal(st.data, ref) and len(st) == ref.shape[-2]
+        # the append's destination is one contiguous slice (B·H = 6 > 1): on CUDA a single
+        # asynchronous copy into pinned memory, not a staged synchronous one (witcert/store.py)
+        assert st._buf[len(st) - m: len(st)].is_contiguous() and st._buf.shape[1:] == (2, 3, 8)
     assert caps[0] >= 450 and caps[0] >= INITIAL_CAPACITY  # headroom after the "prefill"
     assert len(set(caps)) <= 3  # a few geometric growths, not one per step
     with pytest.raises(ValueError, match="ExactStore"):
         st.append(torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16))
+    st.reorder(torch.tensor([1, 1]))  # beam search: rows picked, the token-major layout kept
+    assert torch.equal(st.data, ref[[1, 1]])
+    st.crop(10)
+    assert torch.equal(st.data, ref[[1, 1], :, :10])
 
 
 def test_kernel_path_grows_past_max_tokens():

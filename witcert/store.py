@@ -4,6 +4,11 @@
     store.append(x)        # x [B, H, m, D] on any device: an asynchronous copy, no host sync
     store.data             # [B, H, n, D] view of the n tokens written so far
 
+Token-major: the buffer is [capacity, B, H, D], so the m tokens of an append land in one
+contiguous slice. (A [B, H, capacity, D] buffer makes that slice strided whenever B·H > 1, and
+PyTorch copies a device tensor into a strided host destination through a pageable temporary:
+a synchronous transfer, i.e. a host sync per layer step for K and again for V.)
+
 Preallocated with geometric growth (capacity at least doubles, and a growth leaves half the
 needed size as headroom, so the decode steps after a long prefill do not grow it), so a
 decode step costs O(m) copies, not
@@ -33,15 +38,15 @@ class ExactStore:
 
     def _alloc(self, capacity: int) -> torch.Tensor:
         B, H, D = self.shape
-        return torch.empty(B, H, capacity, D, dtype=self.dtype, device=self.device, pin_memory=self.pin)
+        return torch.empty(capacity, B, H, D, dtype=self.dtype, device=self.device, pin_memory=self.pin)
 
     @property
     def capacity(self) -> int:
-        return self._buf.shape[2]
+        return self._buf.shape[0]
 
     @property
     def data(self) -> torch.Tensor:
-        return self._buf[:, :, : self.n]
+        return self._buf[: self.n].permute(1, 2, 0, 3)
 
     def __len__(self) -> int:
         return self.n
@@ -57,7 +62,7 @@ class ExactStore:
         if self.pin and torch.cuda.is_available():
             torch.cuda.current_stream().synchronize()  # pending appends land first
         new = self._alloc(self.capacity)
-        new[:, :, : self.n].copy_(self._buf.index_select(0, index.to(self._buf.device))[:, :, : self.n])
+        new[: self.n].copy_(self._buf[: self.n].index_select(1, index.to(self._buf.device)))
         self._buf = new
 
     def append(self, x: torch.Tensor) -> None:
@@ -73,7 +78,8 @@ class ExactStore:
             if self.n:
                 if self.pin and torch.cuda.is_available():
                     torch.cuda.current_stream().synchronize()  # pending appends land in the old buffer
-                new[:, :, : self.n].copy_(self._buf[:, :, : self.n])
+                new[: self.n].copy_(self._buf[: self.n])
             self._buf = new
-        self._buf[:, :, self.n : need].copy_(x.detach(), non_blocking=self.pin)
+        # one contiguous destination slice: a single asynchronous copy into pinned memory
+        self._buf[self.n : need].copy_(x.detach().permute(2, 0, 1, 3), non_blocking=self.pin)
         self.n = need
