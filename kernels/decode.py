@@ -359,6 +359,24 @@ class DecodeOutput:
     meter: MeterRecord | None
     compiled: object = None  # the launched kernel (registers / spills for the benchmark)
 
+    def with_rows(self, rows: torch.Tensor, sub: "DecodeOutput") -> "DecodeOutput":
+        """A copy whose sequences ``rows`` come from ``sub`` (a decode of just those sequences;
+        every other row kept). Each (sequence, kv head, split) program and each merged row depend
+        only on their own sequence, so with the same ``num_splits`` the rows are bit-identical to a
+        decode of the whole batch (the gate re-decodes only the sequences it repaired)."""
+        def put(full, part):
+            if full is None:
+                return None
+            out = full.clone()
+            out[rows] = part
+            return out
+
+        rec = None
+        if self.meter is not None:
+            rec = MeterRecord(**{f.name: put(getattr(self.meter, f.name), getattr(sub.meter, f.name))
+                                 for f in dataclasses.fields(MeterRecord)})
+        return DecodeOutput(o=put(self.o, sub.o), lse=put(self.lse, sub.lse), meter=rec, compiled=sub.compiled)
+
 
 #: off the GPU (the interpreter): "torch" serves the merge / epilogue with its torch twin
 #: (``epilogue.merge_torch``, fast), "kernel" runs the fused Triton kernel (the conformance suites)

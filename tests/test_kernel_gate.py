@@ -409,6 +409,54 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     assert sum(r.audit_violations for r in ker + ref) == 0
 
 
+def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch):
+    """After a page-in the kernel path decodes again only the repaired sequences
+    (``DecodeOutput.with_rows``); with the same split count their rows are bit-identical to a
+    decode of the whole batch, so tokens, records and page-ins equal the whole-batch re-decode's."""
+    import kernels.decode as kd
+    from witcert.cache import Gate, WitCertCache
+
+    model = tiny_llama(3)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, 128, (3, 36), generator=g)
+    ids[1, 4:] = ids[1, 3]  # a repetitive sequence: other bounds than its random neighbours
+    ids = ids.to(DEV)
+    batches = []
+    orig = kd.decode
+
+    def counted(*a, **k):
+        batches.append(a[1].shape[0])
+        return orig(*a, **k)
+
+    monkeypatch.setattr(kd, "decode", counted)
+
+    def run(rows_only, tau):
+        monkeypatch.setattr(WitCertCache, "REDECODE_ROWS", rows_only)
+        batches.clear()
+        cache = WitCertCache(model.config, scheme="int8", backend="kernel", seed=2,
+                             gate=None if tau is None else Gate("certified", tau=tau, max_pagein_blocks=2))
+        with torch.no_grad():
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
+                                 min_new_tokens=4, do_sample=False, pad_token_id=0)
+        return seq, cache, list(batches)
+
+    _, plain, _ = run(True, None)
+    tv = np.stack([r.tv_a for r in plain.records])  # [steps·layers, B, Hq]
+    per_seq = tv.max(axis=(0, 2))
+    tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
+    seq_rows, rows_cache, rows_batches = run(True, tau)
+    seq_all, all_cache, all_batches = run(False, tau)
+    assert torch.equal(seq_rows, seq_all)
+    assert len(rows_cache.records) == len(all_cache.records)
+    for a, b in zip(rows_cache.records, all_cache.records):
+        for f in ("tv_a", "tv_a_pre", "out_err", "flag", "pagein_blocks"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert int(rows_cache.pagein_blocks.sum()) > 0
+    # the re-decodes were smaller than the batch, and there were as many as with whole-batch ones
+    assert len(rows_batches) == len(all_batches) and set(all_batches) == {3}
+    assert min(rows_batches) < 3
+
+
 def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
     from witcert.cache import served_kv
     from witcert.cache import Gate, WitCertCache

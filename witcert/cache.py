@@ -430,6 +430,10 @@ class WitCertCache(Cache):
     default) draws a fresh one per request (``reset()`` draws again), recorded in ``seed``
     and ``summary()``."""
 
+    #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
+    #: batch; the rows are bit-identical either way, tests/test_kernel_gate.py)
+    REDECODE_ROWS = True
+
     def __init__(
         self,
         config,
@@ -762,10 +766,15 @@ class WitCertCache(Cache):
         sl = torch.full((Bsz,), n, dtype=torch.int32, device=query.device)
         splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device))
 
-        def run():
-            # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync)
-            return decode(layer.paged, q1, layer.block_table, sl, sm_scale=sm, meter=self.meter, num_splits=splits,
-                          delta_step=ds, validate=False, token_mask=token_mask, tilt_above=tilt, repair=layer.rep)
+        def run(rows=None):
+            # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
+            # rows: only these sequences (the same split count, so bit-identical rows)
+            q, bt, lens, tm = q1, layer.block_table, sl, token_mask
+            if rows is not None:
+                q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
+                tm = None if token_mask is None else token_mask[rows]
+            return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=splits,
+                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep)
 
         out = run()
         if not self.meter:
@@ -783,11 +792,22 @@ class WitCertCache(Cache):
                 cur["over"] = over_rows(cur["out"].meter).view(Bsz, Hkv, GQ).any(-1).cpu().numpy()
                 return cur["over"]
 
-            def page_in(b, h, blk):
-                return self._page_in_counted(layer, b, h, blk)
+            touched: set = set()  # sequences with a page-in since the last decode
 
-            def remeasure():
-                cur["out"] = run()
+            def page_in(b, h, blk):
+                nbytes = self._page_in_counted(layer, b, h, blk)
+                if nbytes:
+                    touched.add(b)
+                return nbytes
+
+            def remeasure():  # decode again only the sequences whose pages changed
+                rows = sorted(touched)
+                touched.clear()
+                if len(rows) == Bsz or not self.REDECODE_ROWS:
+                    cur["out"] = run()
+                elif rows:
+                    idx = torch.tensor(rows, device=q1.device)
+                    cur["out"] = cur["out"].with_rows(idx, run(idx))
 
             pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
             if gate.max_pagein_blocks > 0:
