@@ -13,7 +13,11 @@ too noisy to give ratios (bench/SERVING.md).
     python3 bench/serving.py --smoke        # tiny shapes on the CPU (interpreter): checks the script runs
 
 Configurations: stock (sdpa, DynamicCache); WitCertCache int8 and fp8_e4m3 on the kernel path
-(meter on); scheme none with the meter off (the pass-through cache).
+(meter on); scheme none with the meter off (the pass-through cache); with ``--gated``, also a
+certified gate (τ = ``--gate-tau``, ≤ 2 blocks per step) on int8 (kernel path) and on kivi2 (no
+kernel: the float64 reference path), each followed by one audited step (``cache.audit`` on for
+one more decode step: the realised TV against exact attention on every row of that step) and
+a check that the exact store was not written (its first prompt tokens compared bit for bit).
 """
 
 from __future__ import annotations
@@ -97,10 +101,31 @@ def decode_steps(model, ids, cache, new, device):
         return [t.elapsed() for t in times], cache
 
 
+def audited_step(model, cache, ids, n):
+    """One more decode step of a gated cache with ``cache.audit`` on: (page-in blocks of the whole
+    run, audit violations of that step, whether layer 0's exact store still holds the prompt's
+    keys bit for bit)."""
+    lay = cache.layers[0]
+    before = lay.exact_k[:, :, : min(n, 256)].clone()
+    cache.audit = True
+    with torch.no_grad():
+        nxt = torch.full((ids.shape[0], 1), 11, dtype=ids.dtype, device=ids.device)
+        model(nxt, past_key_values=cache, use_cache=True)
+    cache.audit = False
+    recs = cache.records
+    last = max(r.step for r in recs)
+    viol = sum(int(r.audit_violations) for r in recs if r.step == last)
+    audited = all(r.tv_real is not None for r in recs if r.step == last)
+    if not audited:
+        raise RuntimeError("the audited step left a record without the realised TV")
+    kept = torch.equal(before, lay.exact_k[:, :, : min(n, 256)])
+    return int(cache.pagein_blocks.sum()), viol, kept
+
+
 def main(argv=None):
     from transformers import DynamicCache
 
-    from witcert.cache import WitCertCache, use_witcert
+    from witcert.cache import Gate, WitCertCache, use_witcert
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", default="4096,32768")
@@ -109,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tau", type=float, default=0.1, help="tilt_above of the metered caches (a gate's tau)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
+    ap.add_argument("--gated", action="store_true", help="add the gated int8 (kernel) and kivi2 (reference) columns")
+    ap.add_argument("--gate-tau", type=float, default=0.1)
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke or device == "cpu":
@@ -117,8 +144,11 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
     print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, median decode step over "
           f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
-    print("| shape | batch | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
+        if args.gated else ""
+    print("| shape | batch | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock"
+          + gated_cols + " |")
+    print("|---" * (10 + (8 if args.gated else 0)) + "|")
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
         for Bsz in map(int, args.batches.split(",")):
@@ -134,6 +164,14 @@ def main(argv=None):
                                                             tilt_above=tau)),
                     ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
                 )
+                if args.gated:
+                    gate = Gate("certified", tau=args.gate_tau, max_pagein_blocks=2)
+                    configs += (
+                        ("int8_gated", "witcert", lambda: WitCertCache(cfg, scheme="int8", gate=gate, tilt_above=tau,
+                                                                       max_tokens=n + 64)),
+                        ("kivi2_gated", "witcert", lambda: WitCertCache(cfg, scheme="kivi2", gate=gate)),
+                    )
+                extra = {}
                 for i, (key, attn, make) in enumerate(configs):
                     if attn == "sdpa":
                         model.set_attn_implementation("sdpa")
@@ -145,12 +183,18 @@ def main(argv=None):
                     if key in ("int8", "fp8"):
                         recs = cache.records
                         assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
+                    if key.endswith("_gated"):
+                        extra[key] = audited_step(model, cache, ids, n)
                     del cache
                     if device == "cuda":
                         torch.cuda.empty_cache()
                 s0 = row["stock"]
                 print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | {row['fp8']:.2f} | "
-                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} |", flush=True)
+                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f}"
+                      + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
+                         + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
+                         f"{'yes' if extra['int8_gated'][2] and extra['kivi2_gated'][2] else 'NO'}"
+                         if args.gated else "") + " |", flush=True)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()

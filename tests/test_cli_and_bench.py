@@ -157,3 +157,14 @@ def test_serving_bench_smoke(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
     # one row per batch (1 and 2 in the smoke), each with the 10 columns of the table
     assert [r.split("|")[2].strip() for r in rows] == ["1", "2"] and all(len(r.split("|")) == 12 for r in rows)
+
+
+def test_serving_bench_smoke_gated(capsys):
+    """``--gated``: the gated int8 and kivi2 columns, with page-ins (τ = 0: every row over), an
+    audited step with 0 violations and the exact store kept."""
+    load_bench("serving").main(["--smoke", "--gated", "--gate-tau", "0"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 and all(len(r) == 20 for r in rows)
+    for r in rows:
+        assert int(r[13]) > 0 and int(r[16]) > 0  # page-ins, int8 and kivi2
+        assert r[17].strip() == "0" and r[18].strip() == "yes"
