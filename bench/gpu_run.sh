@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving.
+# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,5 +23,9 @@ if has ab; then
   timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
 fi
 if has serving; then
-  timeout "${SERVING_TIMEOUT:-300}" python3 bench/serving.py ${SERVING_ARGS:-} 2>&1 | tee "$OUT/serving.txt"
+  timeout "${SERVING_TIMEOUT:-300}" python3 bench/serving.py ${SERVING_ARGS:---gated} 2>&1 | tee "$OUT/serving.txt"
+fi
+if has stock; then
+  # why the stock column is slow (bench/SERVING.md): profiles of one stock and one pass-through step
+  timeout "${STOCK_TIMEOUT:-170}" python3 bench/stock_probe.py 2>&1 | tee "$OUT/stock_probe.txt"
 fi
