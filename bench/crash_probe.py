@@ -5,8 +5,10 @@ out-of-bounds __shared__ read at the tl.dot(vcT, pvT) line). One case per proces
     python3 bench/crash_probe.py --list                  # the case names
     compute-sanitizer --tool memcheck python3 bench/crash_probe.py CASE
 
-CASE = kind-scheme-m{meter}-p{pages per tile}-s{stages}-f{prefetch_bt}-e{epilogue}, kind small
-(the conformance suite's [50, 3] x 2 kv heads, GQ 4, d 128) or mid (B 8, n 2048, 32/8 heads).
+CASE = kind-scheme-m{meter}-p{pages per tile}-s{stages}-f{prefetch_bt}-e{epilogue}[-g], kind small
+(the conformance suite's [50, 3] x 2 kv heads, GQ 4, d 128), mid (B 8, n 2048, 32/8 heads) or big
+(B 8, n 32K: the benchmark's row that faulted); -g: the call captured in a CUDA graph as
+bench/decode.py does (``graphed``) and replayed 5 times (the fault was seen under replay).
 """
 import itertools
 import os
@@ -24,13 +26,18 @@ def cases():
     for m, (p, s), e in itertools.product((1, 0), ((8, 1), (4, 1), (8, 2)), (1, 0)):
         if m or e:
             out.append(f"mid-int8-m{m}-p{p}-s{s}-f{m}-e{e}")
+    for kind in ("mid", "big"):  # graph-replayed, as the benchmark runs them
+        out += [f"{kind}-int8-m0-p4-s1-f0-e1-g", f"{kind}-int8-m0-p8-s2-f0-e1-g", f"{kind}-int8-m1-p8-s1-f1-e1-g",
+                f"{kind}-int8-m1-p8-s1-f1-e0-g", f"{kind}-none-m0-p8-s2-f0-e1-g"]
     return out
 
 
 def one(name):
     import torch
     from kernels.decode import decode
-    kind, sch, m, p, s, f, e = name.split("-")
+    parts = name.split("-")
+    graph = parts[-1] == "g"
+    kind, sch, m, p, s, f, e = parts[:7]
     m, p, s, f, e = (int(x[1:]) for x in (m, p, s, f, e))
     if kind == "small":
         from test_kernels_conformance import build
@@ -43,9 +50,18 @@ def one(name):
         cache, bt = fill_cache(8, n, 8, 128, sch, torch.device("cuda"))
         q = torch.randn(8, 32, 128, device="cuda", dtype=torch.bfloat16)
         sl, S = torch.full((8,), n, device="cuda", dtype=torch.int32), 16
-    out = decode(cache, q, bt, sl, num_splits=S, meter=bool(m), pages_per_tile=p, num_stages=s, prefetch_bt=bool(f),
-                 epilogue=bool(e), delta_step=1e-3 if m else None)
+    def call():
+        return decode(cache, q, bt, sl, num_splits=S, meter=bool(m), pages_per_tile=p, num_stages=s, prefetch_bt=bool(f),
+                      epilogue=bool(e), delta_step=1e-3 if m else None, validate=not graph)
+
+    out = call()
     torch.cuda.synchronize()
+    if graph:
+        from bench.decode import graphed
+        replay = graphed([call])
+        for _ in range(5):
+            replay()
+        torch.cuda.synchronize()
     print("ok", float(out.o.float().abs().max()), "regs", out.compiled.n_regs, "spills", out.compiled.n_spills,
           "shared", out.compiled.metadata.shared)
 

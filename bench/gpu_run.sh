@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock.
+# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock probe.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,4 +28,11 @@ fi
 if has stock; then
   # why the stock column is slow (bench/SERVING.md): profiles of one stock and one pass-through step
   timeout "${STOCK_TIMEOUT:-170}" python3 bench/stock_probe.py 2>&1 | tee "$OUT/stock_probe.txt"
+fi
+if has probe; then
+  # compute-sanitizer over the decode configurations, graph-replayed ones included (bench/crash_probe.py)
+  mkdir -p "$OUT/cs"
+  python3 bench/crash_probe.py --list | timeout "${PROBE_TIMEOUT:-400}" xargs -P 10 -I{} sh -c \
+    'WITCERT_DEVICE=cuda timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 2 python3 bench/crash_probe.py {} > "$0/cs/{}.txt" 2>&1' "$OUT"
+  for f in "$OUT"/cs/*.txt; do echo "$(basename "$f" .txt) $(grep -h 'ERROR SUMMARY' "$f") $(grep -h '^ok' "$f")"; done | tee "$OUT/probe.txt"
 fi
