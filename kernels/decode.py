@@ -362,8 +362,11 @@ class DecodeOutput:
     def with_rows(self, rows: torch.Tensor, sub: "DecodeOutput") -> "DecodeOutput":
         """A copy whose sequences ``rows`` come from ``sub`` (a decode of just those sequences;
         every other row kept). Each (sequence, kv head, split) program and each merged row depend
-        only on their own sequence, so with the same ``num_splits`` the rows are bit-identical to a
-        decode of the whole batch (the gate re-decodes only the sequences it repaired)."""
+        only on their own sequence, so with the same ``num_splits`` the rows are those of a decode of
+        the whole batch (the gate re-decodes only the sequences it repaired). Bit-identical in the
+        interpreter (tested); on the GPU a rows-only decode may compile another variant (the
+        overlay on, HAS_REP, where the first decode had none), whose rounding may differ in the
+        last bits: every row's bound is the kernel's own, sound either way."""
         def put(full, part):
             if full is None:
                 return None

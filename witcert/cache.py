@@ -211,17 +211,26 @@ class WitCertLayer(CacheLayerMixin):
             if o.gate is not None:
                 self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
                                                   device=self.device).bind(self.paged)
-        self.keys, self.values = self.exact_k, self.exact_v
+        self.keys, self.values = self._views()
         self.is_initialized = True
 
     @property
     def exact_k(self) -> torch.Tensor:
-        """The exact keys written so far [B, Hkv, n, D] (a view of the backing store)."""
-        return self._ek.data if isinstance(self._ek, ExactStore) else self._ek
+        """The exact keys written so far [B, Hkv, n, D]: a view of the backing store, after every
+        pending asynchronous append has landed (``ExactStore.wait``: a host sync on CUDA when one is
+        pending). The hot path takes its views through ``_views`` instead (no wait)."""
+        return self._ek.ready() if isinstance(self._ek, ExactStore) else self._ek
 
     @property
     def exact_v(self) -> torch.Tensor:
-        return self._ev.data if isinstance(self._ev, ExactStore) else self._ev
+        return self._ev.ready() if isinstance(self._ev, ExactStore) else self._ev
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) views of the exact store without waiting for pending appends: for
+        shapes and for transformers' ``keys`` / ``values`` attributes, never for the values."""
+        if isinstance(self._ek, ExactStore):
+            return self._ek.data, self._ev.data
+        return self._ek, self._ev
 
     def get_seq_length(self) -> int:
         if not self.is_initialized:
@@ -251,7 +260,7 @@ class WitCertLayer(CacheLayerMixin):
             self._ev.reorder(idx)
         else:
             self._ek, self._ev = self._ek.index_select(0, idx), self._ev.index_select(0, idx)
-        self.keys, self.values = self.exact_k, self.exact_v
+        self.keys, self.values = self._views()
         for name in ("k_hat", "v_hat", "k_wit", "v_wit", "k_scale", "repaired"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.paged is not None:
@@ -276,7 +285,7 @@ class WitCertLayer(CacheLayerMixin):
             self._ev.crop(n1)
         else:
             self._ek, self._ev = self._ek[..., :n1, :], self._ev[..., :n1, :]
-        self.keys, self.values = self.exact_k, self.exact_v
+        self.keys, self.values = self._views()
         o = self.owner
         if self.k_hat.shape[-2] > n1:
             self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
@@ -297,7 +306,7 @@ class WitCertLayer(CacheLayerMixin):
         o = self.owner
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != self.exact_k.shape[0] or key_states.dtype != self.dtype:
+        if key_states.shape[0] != self._views()[0].shape[0] or key_states.dtype != self.dtype:
             raise ValueError("WitCertCache: batch size / dtype changed inside a request; call cache.reset() between requests")
         first = self.get_seq_length() == 0
         passthrough = o.scheme == "none" and not o.meter
@@ -307,7 +316,7 @@ class WitCertLayer(CacheLayerMixin):
         else:  # O(new tokens), asynchronous on CUDA
             self._ek.append(key_states)
             self._ev.append(value_states)
-        self.keys, self.values = self.exact_k, self.exact_v
+        self.keys, self.values = self._views()
         if self.paged is not None:
             self._write_kernel(key_states.detach(), value_states.detach())
         elif not passthrough:
@@ -607,7 +616,8 @@ class WitCertCache(Cache):
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
         why = [reason for bad, reason in (
-            (not _kernel_scheme(self.scheme), f"scheme {self.scheme!r} has no kernel"),
+            (self.scheme == "none", "scheme 'none' with the meter on (lossless: the kernel path serves lossy schemes)"),
+            (self.scheme != "none" and not _kernel_scheme(self.scheme), f"scheme {self.scheme!r} has no kernel"),
             (self.head_dim not in SUPPORTED_HEAD_DIMS, f"head dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}"),
             (self.audit, "audit=True"),
             (self.num_groups != 1, f"num_groups={self.num_groups}"),
@@ -616,10 +626,11 @@ class WitCertCache(Cache):
             (not self.meter, "meter=False"),
             (not 1 <= self.num_q_heads // self.num_kv_heads <= 8, "GQA group outside 1..8"),
         ) if bad]
-        if why and not _LOGGED_REF.get(tuple(why)):
+        key = (*why, self.gate is not None)
+        if why and not _LOGGED_REF.get(key):
             log.info("WitCertCache: served on CUDA by the fp64 reference path under backend='auto' (%s)%s",
                      ", ".join(why), "; it serves the gate too" if self.gate is not None else "")
-            _LOGGED_REF[tuple(why)] = True
+            _LOGGED_REF[key] = True
         return not why
 
     def delta_step(self) -> np.ndarray | None:

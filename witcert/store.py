@@ -14,9 +14,13 @@ needed size as headroom, so the decode steps after a long prefill do not grow it
 decode step costs O(m) copies, not
 O(context): the previous ``torch.cat`` + ``pin_memory`` per step and layer copied the whole
 store every step. On a CUDA model the store is pinned host memory and an append is a
-non-blocking device-to-host copy on the current stream; reads that move it back to the device
-(repair, audit) are stream-ordered after it. Growth (log₂ of the context times) synchronises the
-stream once, so the host-side copy of the old contents sees every pending append.
+non-blocking device-to-host copy on the current stream, with a CUDA event recorded after it.
+**Every read of the store's bytes must call ``wait()`` first**: a host-side read (``.clone()``,
+``torch.equal``, or a strided slice's ``.to(cuda)``, which PyTorch first copies into a contiguous
+host temporary) does not wait for a pending copy and would see stale memory (found in review,
+2026-12-01: the reference path quantized the prompt from the store right after its append).
+``data`` itself does not wait (the hot path takes views of it every layer step); growth and
+``reorder`` wait (their host-side copies read the old contents).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ExactStore:
         self.pin = bool(pin) and torch.cuda.is_available()
         self.n = 0
         self._buf = self._alloc(0)
+        self._landed = None  # CUDA event after the last asynchronous append (None: nothing pending)
 
     def _alloc(self, capacity: int) -> torch.Tensor:
         B, H, D = self.shape
@@ -51,6 +56,18 @@ class ExactStore:
     def __len__(self) -> int:
         return self.n
 
+    def wait(self) -> None:
+        """Block the host until every append so far has landed in the buffer (one event sync;
+        nothing to do off CUDA or when nothing is pending)."""
+        if self._landed is not None:
+            self._landed.synchronize()
+            self._landed = None
+
+    def ready(self) -> torch.Tensor:
+        """``data`` after ``wait()``: the view to read the store's values through."""
+        self.wait()
+        return self.data
+
     def crop(self, n: int) -> None:
         """Keep the first ``n`` tokens (speculative decoding rolls back rejected tokens)."""
         if not 0 <= n <= self.n:
@@ -59,8 +76,7 @@ class ExactStore:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Rows ``index`` of the batch (beam search); a copy, pinned again where it was."""
-        if self.pin and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()  # pending appends land first
+        self.wait()  # pending appends land first
         new = self._alloc(self.capacity)
         new[: self.n].copy_(self._buf[: self.n].index_select(1, index.to(self._buf.device)))
         self._buf = new
@@ -76,10 +92,12 @@ class ExactStore:
             cap = max(INITIAL_CAPACITY, 2 * self.capacity, need + need // 2)
             new = self._alloc(cap)
             if self.n:
-                if self.pin and torch.cuda.is_available():
-                    torch.cuda.current_stream().synchronize()  # pending appends land in the old buffer
+                self.wait()  # pending appends land in the old buffer before it is copied
                 new[: self.n].copy_(self._buf[: self.n])
             self._buf = new
         # one contiguous destination slice: a single asynchronous copy into pinned memory
         self._buf[self.n : need].copy_(x.detach().permute(2, 0, 1, 3), non_blocking=self.pin)
+        if self.pin and x.is_cuda:
+            self._landed = torch.cuda.Event()
+            self._landed.record()  # on the current stream, after the copy
         self.n = need
