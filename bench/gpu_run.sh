@@ -13,7 +13,8 @@ if has conf; then
 fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
-  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py \
+    tests/test_review_store_gate.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
