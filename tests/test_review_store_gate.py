@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -237,6 +238,8 @@ def _kernel_llama(seed=0):
     return wc.use_witcert(LlamaForCausalLM(cfg).eval())
 
 
+@pytest.mark.skipif(os.environ.get("WITCERT_DEVICE", "cpu") == "cuda",
+                    reason="CPU tensors on the kernel path: the interpreter (tests/test_kernel_gate.py covers CUDA)")
 def test_row_redecode_is_bit_identical_with_padding_tier_b_and_audit(monkeypatch):
     """Kernel path, int8_dither with Tier B (gate tier "B"), B = 3 with a left-padded row, certified
     gate with several rounds, audited: REDECODE_ROWS True and False give the same tokens, records
