@@ -440,7 +440,8 @@ class WitCertCache(Cache):
     and ``summary()``."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
-    #: batch; the rows are bit-identical either way, tests/test_kernel_gate.py)
+    #: batch; the same rows either way, bit-identical in the interpreter: tests/test_kernel_gate.py,
+    #: ``DecodeOutput.with_rows``)
     REDECODE_ROWS = True
 
     def __init__(
