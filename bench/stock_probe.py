@@ -1,6 +1,8 @@
-"""Why is the stock column of bench/serving.py slow? (SmolLM2 shape, B = 1, 4K prompt, bf16, H200.)
-One decode step of stock (sdpa + DynamicCache) and of the pass-through WitCertCache (scheme none,
-meter off) under torch.profiler, host wall time per step, and stock ms/token via generate().
+"""Why is the stock column of bench/serving.py slow, and where do the metered cache's extra
+milliseconds per step go? (SmolLM2 shape, B = 1, 4K prompt, bf16, H200.) One decode step of stock
+(sdpa + DynamicCache), of the pass-through WitCertCache (scheme none, meter off) and of the metered
+int8 kernel path under torch.profiler (host time per op: launches, syncs, copies), host wall time
+per step, and stock ms/token via generate().
 
     python3 bench/stock_probe.py
 """
@@ -24,13 +26,16 @@ def main():
     dev = "cuda"
     cfg, model = build("smollm2", dev, torch.bfloat16)
     ids = torch.randint(10, cfg.vocab_size, (1, 4096), device=dev)
-    for key in ("stock", "none"):
+    for key in ("stock", "none", "int8"):
         if key == "stock":
             model.set_attn_implementation("sdpa")
             make = lambda: DynamicCache(config=cfg)  # noqa: E731
-        else:
+        elif key == "none":
             use_witcert(model)
             make = lambda: WitCertCache(cfg, scheme="none", meter=False)  # noqa: E731
+        else:
+            use_witcert(model)
+            make = lambda: WitCertCache(cfg, scheme="int8", backend="kernel", tilt_above=0.1)  # noqa: E731
         with torch.no_grad():
             c = make()
             out = model(ids, past_key_values=c, use_cache=True, logits_to_keep=1)
