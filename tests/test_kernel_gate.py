@@ -409,18 +409,28 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     assert sum(r.audit_violations for r in ker + ref) == 0
 
 
-def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch):
+@pytest.mark.parametrize("variant", ["int8", "int8_dither-tier_b-padded-audited"])
+def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant):
     """After a page-in the kernel path decodes again only the repaired sequences
     (``DecodeOutput.with_rows``); with the same split count their rows are bit-identical to a
-    decode of the whole batch, so tokens, records and page-ins equal the whole-batch re-decode's."""
+    decode of the whole batch, so tokens, records and page-ins equal the whole-batch re-decode's.
+    Second variant (from helper-12's review): Tier B (gate tier "B"), a left-padded row, a
+    certified gate of several rounds, audited (tv_real ≤ tv_a)."""
     import kernels.decode as kd
     from witcert.cache import Gate, WitCertCache
 
+    tier_b = variant != "int8"
     model = tiny_llama(3)
-    g = torch.Generator().manual_seed(8)
-    ids = torch.randint(1, 128, (3, 36), generator=g)
-    ids[1, 4:] = ids[1, 3]  # a repetitive sequence: other bounds than its random neighbours
-    ids = ids.to(DEV)
+    g = torch.Generator().manual_seed(11 if tier_b else 8)
+    ids = torch.randint(1, 128, (3, 40 if tier_b else 36), generator=g)
+    mask = torch.ones_like(ids)
+    if tier_b:
+        ids[2, 5:] = ids[2, 4]  # a repetitive sequence: other bounds than its random neighbours
+        mask[0, :7] = 0  # left padding
+        ids[0, :7] = 0
+    else:
+        ids[1, 4:] = ids[1, 3]
+    ids, mask = ids.to(DEV), mask.to(DEV)
     batches = []
     orig = kd.decode
 
@@ -433,15 +443,22 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch):
     def run(rows_only, tau):
         monkeypatch.setattr(WitCertCache, "REDECODE_ROWS", rows_only)
         batches.clear()
-        cache = WitCertCache(model.config, scheme="int8", backend="kernel", seed=2,
-                             gate=None if tau is None else Gate("certified", tau=tau, max_pagein_blocks=2))
+        if tau is None:
+            gate = None
+        elif tier_b:
+            gate = Gate("certified", tau=tau, tier="B", max_pagein_blocks=3)
+        else:
+            gate = Gate("certified", tau=tau, max_pagein_blocks=2)
+        kw = dict(delta_req=1e-2, audit=tau is not None) if tier_b else {}
+        cache = WitCertCache(model.config, scheme="int8_dither" if tier_b else "int8", backend="kernel", seed=2,
+                             gate=gate, **kw)
         with torch.no_grad():
-            seq = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
-                                 min_new_tokens=4, do_sample=False, pad_token_id=0)
+            seq = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=3 if tier_b else 4,
+                                 min_new_tokens=3 if tier_b else 4, do_sample=False, pad_token_id=0)
         return seq, cache, list(batches)
 
     _, plain, _ = run(True, None)
-    tv = np.stack([r.tv_a for r in plain.records])  # [steps·layers, B, Hq]
+    tv = np.stack([np.minimum(r.tv_a, r.tv_b) if tier_b else r.tv_a for r in plain.records])  # [steps·layers, B, Hq]
     per_seq = tv.max(axis=(0, 2))
     tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
     seq_rows, rows_cache, rows_batches = run(True, tau)
@@ -449,8 +466,11 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch):
     assert torch.equal(seq_rows, seq_all)
     assert len(rows_cache.records) == len(all_cache.records)
     for a, b in zip(rows_cache.records, all_cache.records):
-        for f in ("tv_a", "tv_a_pre", "out_err", "flag", "pagein_blocks"):
+        for f in ("tv_a", "tv_a_pre", "out_err", "flag", "pagein_blocks") + (("tv_b", "tv_real") if tier_b else ()):
             np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        if tier_b:
+            assert np.all(a.tv_real <= a.tv_a + 1e-12) and a.audit_violations == b.audit_violations == 0
+    np.testing.assert_array_equal(rows_cache.pagein_bytes, all_cache.pagein_bytes)
     assert int(rows_cache.pagein_blocks.sum()) > 0
     # the re-decodes were smaller than the batch, and there were as many as with whole-batch ones
     assert len(rows_batches) == len(all_batches) and set(all_batches) == {3}

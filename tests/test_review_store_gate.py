@@ -2,8 +2,6 @@
 
 * The token-major store against the head-major one it replaced (a copy of the old class below):
   the same tokens, records and exact stores under beams, left padding, gating and crop.
-* The kernel gate's row-wise re-decode (``REDECODE_ROWS``) against the whole-batch one, with left
-  padding, Tier B and audit.
 * ``use_kernel``'s fallback reasons.
 * ``test_prefill_is_quantized_from_the_exact_store_after_its_async_append_lands`` simulates CUDA's
   asynchronous device-to-host copy (the store's point since ddd6d8a) on the CPU: it failed on
@@ -13,7 +11,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -227,64 +224,8 @@ def test_cuda_strided_read_right_after_an_async_append_sees_the_appended_values(
 
 
 # --------------------------------------------------------------------------- 2. row-wise re-decode
-
-
-def _kernel_llama(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                      num_hidden_layers=2, intermediate_size=128, vocab_size=128, max_position_embeddings=512)
-    return wc.use_witcert(LlamaForCausalLM(cfg).eval())
-
-
-@pytest.mark.skipif(os.environ.get("WITCERT_DEVICE", "cpu") == "cuda",
-                    reason="CPU tensors on the kernel path: the interpreter (tests/test_kernel_gate.py covers CUDA)")
-def test_row_redecode_is_bit_identical_with_padding_tier_b_and_audit(monkeypatch):
-    """Kernel path, int8_dither with Tier B (gate tier "B"), B = 3 with a left-padded row, certified
-    gate with several rounds, audited: REDECODE_ROWS True and False give the same tokens, records
-    (tv_real ≤ tv_a: no audit violation) and page-ins; some rounds re-decode a strict subset."""
-    import kernels.decode as kd
-
-    model = _kernel_llama(3)
-    g = torch.Generator().manual_seed(11)
-    ids = torch.randint(1, 128, (3, 40), generator=g)
-    ids[2, 5:] = ids[2, 4]
-    mask = torch.ones_like(ids)
-    mask[0, :7] = 0
-    ids[0, :7] = 0
-    sizes = []
-    orig = kd.decode
-
-    def counted(*a, **k):
-        sizes.append(a[1].shape[0])
-        return orig(*a, **k)
-
-    monkeypatch.setattr(kd, "decode", counted)
-
-    def run(rows_only, tau):
-        monkeypatch.setattr(wc.WitCertCache, "REDECODE_ROWS", rows_only)
-        sizes.clear()
-        gate = None if tau is None else wc.Gate("certified", tau=tau, tier="B", max_pagein_blocks=3)
-        c = wc.WitCertCache(model.config, scheme="int8_dither", backend="kernel", seed=2, gate=gate,
-                            delta_req=1e-2, audit=tau is not None)
-        seq = _gen(model, c, ids, mask, max_new_tokens=3, min_new_tokens=3)
-        return seq, c, list(sizes)
-
-    _, plain, _ = run(True, None)
-    tv = np.stack([np.minimum(r.tv_a, r.tv_b) for r in plain.records])
-    per_seq = tv.max(axis=(0, 2))
-    tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
-    s_rows, c_rows, n_rows = run(True, tau)
-    s_all, c_all, n_all = run(False, tau)
-    assert torch.equal(s_rows, s_all)
-    _records_equal(c_rows.records, c_all.records)
-    for a, b in zip(c_rows.records, c_all.records):
-        np.testing.assert_array_equal(a.tv_b, b.tv_b)
-        assert np.all(a.tv_real <= a.tv_a + 1e-12)
-    np.testing.assert_array_equal(c_rows.pagein_bytes, c_all.pagein_bytes)
-    assert len(n_rows) == len(n_all) and c_rows.pagein_blocks.sum() > 0
-    assert set(n_all) == {3} and min(n_rows) < 3  # some rounds re-decoded a strict subset
+# (moved into tests/test_kernel_gate.py::test_gate_decodes_again_only_the_sequences_it_repaired,
+# its Tier B / padded / audited variant)
 
 
 # --------------------------------------------------------------------------- 3. backend="auto"
