@@ -262,9 +262,11 @@ def production(shapes):
         B, n = (int(x) for x in shp.split(":"))
         kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         for meter in (False, True):
-            default = tile_config(meter, B * Hkv * S, sms)
+            default = tile_config(meter)
             for kw in ({}, dict(pages_per_tile=8, num_stages=2), dict(pages_per_tile=4, num_stages=1),
                        dict(pages_per_tile=8, num_stages=1), dict(prefetch_bt=not meter)):
+                if not meter and kw == dict(pages_per_tile=4, num_stages=1):
+                    continue  # faulted under graph replay (RESULTS.md run G): bench/crash_probe.py, not here
                 t = bench(graphed([(lambda c=c, bt=bt, kw=kw: decode(
                     c, q, bt, sl, num_splits=S, meter=meter, validate=False, epilogue=False, **kw))
                     for c, bt in caches]), False)

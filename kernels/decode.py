@@ -438,12 +438,13 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
     return q
 
 
-def tile_config(meter: bool, programs: int, sms: int, scheme: str = "int8") -> tuple[int, int]:
+def tile_config(meter: bool, scheme: str = "int8") -> tuple[int, int]:
     """(tokens per tile, software-pipeline stages) of the decode loop on the H200
     (bench/stream_probe.py, bench/RESULTS.md, 2026-12-01). Triton stages the int8 tiles through
     shared memory with ``cp.async`` when stages ≥ 2 and then reads them back bytewise into the
     dots' register operands; with one stage the codes are loaded straight into registers.
-    With the meter: 128-token tiles, one stage (12-17 % less time than two, probe-measured).
+    With the meter: 128-token tiles, one stage (12-17 % less kernel time than two in the probe,
+    7-12 % less whole-call time in bench/decode.py, run G).
     Without: 128-token tiles, two stages. The probe's faster unmetered choice (64-token tiles, one
     stage) faulted with an illegal memory access when graph-replayed by bench/decode.py at
     B = 8 / 32K (run G), and Triton 3.6 emits an out-of-bounds __shared__ read for the metered
@@ -561,7 +562,7 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     if pages_per_tile is None or num_stages is None:
-        tile_tokens, stages = tile_config(meter, Bsz * Hkv * num_splits, _sm_count(dev), cache.scheme)
+        tile_tokens, stages = tile_config(meter, cache.scheme)
         if pages_per_tile is None:
             pages_per_tile = max(1, tile_tokens // T)
         if num_stages is None and not INTERPRET:
