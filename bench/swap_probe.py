@@ -31,7 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kernels.decode import KEY_LEVELS, X0, _key_level, choose_splits, decode  # noqa: E402
+from kernels.decode import KEY_LEVELS, X0, _key_level, decode  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
 
 
@@ -197,7 +197,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.check:
         return check()
-    from bench.decode import bench, fill_cache, graphed
+    from bench.decode import bench, graphed, int8_shape
 
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -207,13 +207,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
-        torch.manual_seed(0)
-        kvb = B * n * Hkv * (D * 2 + 4)
-        copies = max(1, math.ceil(4 * 60e6 / kvb))
-        caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-        q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-        sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-        S = choose_splits(B, Hkv, n, 16, sms)
+        _, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         # agreement on this shape
         ref = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=False, validate=False)
         o, _ = merged(*swap_decode(caches[0][0], q, caches[0][1], sl, S, meter=False))
