@@ -33,12 +33,27 @@ D = 64
 T = 16
 
 
-def build(scheme, lens, Hkv, seed=0, G=1):
+def gauss_kv(Hkv, scale_k=2.0, scale_v=1.0, outlier=8.0):
+    """kv_fn of ``build``: Gaussian K (two outlier channels: a visible quantization error) and V."""
+    def kv(b, n, g):
+        k = torch.randn(n, Hkv, D, generator=g) * scale_k
+        k[..., :2] *= outlier
+        v = torch.randn(n, Hkv, D, generator=g) * scale_v
+        return k, v
+
+    return kv
+
+
+def build(scheme, lens, Hkv, seed=0, G=1, kv_fn=None, dtype=torch.bfloat16, block_size=T, spare=2, device=DEV):
+    """A paged cache (``spare`` unused blocks, a random block table) holding sequence b's exact K/V
+    ``kv_fn(b, n, generator)`` [n, Hkv, D] (default ``gauss_kv``) written by ``write_kv``;
+    returns (cache, block table, [(k, v)] in ``dtype`` on the CPU)."""
+    kv_fn = gauss_kv(Hkv) if kv_fn is None else kv_fn
     g = torch.Generator().manual_seed(seed)
-    pages = [math.ceil(n / T) for n in lens]
-    nb = sum(pages) + 2
-    cache = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=T, num_groups=G, seed=seed % 97,
-                             layer=seed % 5, device=DEV, model_dtype=torch.bfloat16)
+    pages = [math.ceil(n / block_size) for n in lens]
+    nb = sum(pages) + spare
+    cache = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=block_size, num_groups=G, seed=seed % 97,
+                             layer=seed % 5, device=device, model_dtype=dtype)
     perm = torch.randperm(nb, generator=g)
     bt = torch.zeros(len(lens), max(pages), dtype=torch.int32)
     exact = []
@@ -46,10 +61,10 @@ def build(scheme, lens, Hkv, seed=0, G=1):
     for b, n in enumerate(lens):
         bt[b, : pages[b]] = perm[i: i + pages[b]].int()
         i += pages[b]
-        k = (torch.randn(n, Hkv, D, generator=g) * 2).bfloat16()
-        k[..., :2] *= 8  # outlier channels: a visible quantization error
-        v = torch.randn(n, Hkv, D, generator=g).bfloat16()
-        write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.full((n,), b).to(DEV), torch.arange(n).to(DEV))
+        k, v = kv_fn(b, n, g)
+        k, v = k.to(dtype), v.to(dtype)
+        write_kv(cache, k.to(device), v.to(device), bt.to(device), torch.full((n,), b).to(device),
+                 torch.arange(n).to(device))
         exact.append((k, v))
     return cache, bt, exact
 

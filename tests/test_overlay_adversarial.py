@@ -39,7 +39,7 @@ from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 
-from test_kernel_gate import dequant, tiny_llama  # noqa: E402
+from test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
 
 D = 64
 T = 16
@@ -51,34 +51,10 @@ TOL = 2.0**-14
 
 
 def build_custom(scheme, lens, Hkv, kv_fn, seed=0, dtype=torch.bfloat16, block_size=T):
-    """A paged cache whose exact K/V of sequence b are ``kv_fn(b, n, generator)`` [n, Hkv, D]."""
-    g = torch.Generator().manual_seed(seed)
-    pages = [math.ceil(n / block_size) for n in lens]
-    nb = sum(pages) + 3
-    cache = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=block_size, num_groups=1, seed=seed % 97,
-                             layer=seed % 5, model_dtype=dtype)
-    perm = torch.randperm(nb, generator=g)
-    bt = torch.zeros(len(lens), max(pages), dtype=torch.int32)
-    exact = []
-    i = 0
-    for b, n in enumerate(lens):
-        bt[b, : pages[b]] = perm[i: i + pages[b]].int()
-        i += pages[b]
-        k, v = kv_fn(b, n, g)
-        k, v = k.to(dtype), v.to(dtype)
-        write_kv(cache, k, v, bt, torch.full((n,), b), torch.arange(n))
-        exact.append((k, v))
-    return cache, bt, exact
+    """A paged cache on the CPU whose exact K/V of sequence b are ``kv_fn(b, n, generator)``
+    (``test_kernel_gate.build`` with three spare blocks)."""
+    return build(scheme, lens, Hkv, seed=seed, kv_fn=kv_fn, dtype=dtype, block_size=block_size, spare=3, device="cpu")
 
-
-def gauss(Hkv, scale_k=2.0, scale_v=1.0, outlier=8.0):
-    def kv(b, n, g):
-        k = torch.randn(n, Hkv, D, generator=g) * scale_k
-        k[..., :2] *= outlier
-        v = torch.randn(n, Hkv, D, generator=g) * scale_v
-        return k, v
-
-    return kv
 
 
 def overlay(cache, bt, exact, pages, dtype=torch.bfloat16):
@@ -232,7 +208,7 @@ def test_dominant_token_on_a_repaired_page():
 def test_repairs_across_splits_and_tiles(ppt, splits, levels):
     lens = [150, 37]
     Hkv, GQ = 2, 2
-    cache, bt, exact = build_custom("int8", lens, Hkv, gauss(Hkv), seed=13)
+    cache, bt, exact = build_custom("int8", lens, Hkv, gauss_kv(Hkv), seed=13)
     # sequence 0: every other page of head 0, the last (partial) page of head 1; sequence 1: all pages of head 0
     pages = [(0, p, 0) for p in range(0, 10, 2)] + [(0, 9, 1)] + [(1, p, 0) for p in range(3)]
     rep = overlay(cache, bt, exact, pages)
@@ -245,7 +221,7 @@ def test_repairs_across_splits_and_tiles(ppt, splits, levels):
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled", "int4_group"])
 def test_every_page_repaired_every_scheme(scheme):
     lens = [50]
-    cache, bt, exact = build_custom(scheme, lens, 1, gauss(1), seed=14)
+    cache, bt, exact = build_custom(scheme, lens, 1, gauss_kv(1), seed=14)
     pages = [(0, p, 0) for p in range(4)]
     rep = overlay(cache, bt, exact, pages)
     q = qrand(1, 2, 6)
@@ -263,7 +239,7 @@ def test_every_page_repaired_every_scheme(scheme):
 def test_tier_b_with_repairs(levels):
     lens = [100, 20]
     Hkv, GQ = 2, 2
-    cache, bt, exact = build_custom("int8_dither", lens, Hkv, gauss(Hkv), seed=15)
+    cache, bt, exact = build_custom("int8_dither", lens, Hkv, gauss_kv(Hkv), seed=15)
     pages = [(0, 0, 0), (0, 6, 0), (0, 3, 1), (1, 1, 1)]
     rep = overlay(cache, bt, exact, pages)
     q = qrand(2, Hkv * GQ, 7)
@@ -295,7 +271,7 @@ def test_csr_layout_with_repairs():
     """SGLang's layout (block size 1, kv_indptr): a repaired token slot is a one-token page."""
     lens = [23, 9]
     Hkv = 1
-    cache, bt, exact = build_custom("int8", lens, Hkv, gauss(Hkv), seed=17, block_size=1)
+    cache, bt, exact = build_custom("int8", lens, Hkv, gauss_kv(Hkv), seed=17, block_size=1)
     # bt [B, n] token slots; flatten into kv_indices / kv_indptr
     indices = torch.cat([bt[b, :n] for b, n in enumerate(lens)])
     indptr = torch.tensor([0, lens[0], lens[0] + lens[1]], dtype=torch.int32)
@@ -338,7 +314,7 @@ def test_padding_mask_with_repaired_pages():
     """Left padding: a repaired page partly masked; the masked tokens are neither attended nor metered."""
     lens = [70, 70]
     Hkv, GQ = 1, 2
-    cache, bt, exact = build_custom("int8", lens, Hkv, gauss(Hkv), seed=18)
+    cache, bt, exact = build_custom("int8", lens, Hkv, gauss_kv(Hkv), seed=18)
     mask = torch.ones(2, 70, dtype=torch.bool)
     mask[1, :21] = False  # sequence 1: 21 padding tokens (page 0 and part of page 1)
     pages = [(0, 1, 0), (1, 1, 0), (1, 0, 0), (1, 4, 0)]
@@ -355,7 +331,7 @@ def test_padding_mask_with_repaired_pages():
 def test_nonfinite_exact_values_of_a_repaired_page_flag_their_rows(where):
     lens = [40, 40]
     Hkv, GQ = 2, 2
-    cache, bt, exact = build_custom("int8", lens, Hkv, gauss(Hkv), seed=19)
+    cache, bt, exact = build_custom("int8", lens, Hkv, gauss_kv(Hkv), seed=19)
     pages = [(0, 1, 1), (1, 0, 0)]
     rep = overlay(cache, bt, exact, pages)
     r = int(rep.slot[int(bt[0, 1]), 1])  # sequence 0, page 1, kv head 1: poison one exact value in the pool
@@ -376,7 +352,7 @@ def test_nonfinite_exact_values_of_a_repaired_page_flag_their_rows(where):
 def test_nonfinite_pool_value_past_seq_len_is_not_read():
     """A NaN in a repaired page's pool beyond the sequence's length is not a token: no flag."""
     lens = [20]
-    cache, bt, exact = build_custom("int8", lens, 1, gauss(1), seed=20)
+    cache, bt, exact = build_custom("int8", lens, 1, gauss_kv(1), seed=20)
     pages = [(0, 1, 0)]  # tokens 16..19
     rep = overlay(cache, bt, exact, pages)
     r = int(rep.slot[int(bt[0, 1]), 0])
@@ -391,7 +367,7 @@ def test_nonfinite_pool_value_past_seq_len_is_not_read():
 
 
 def _misuse_setup():
-    cache, bt, exact = build_custom("int8", [40], 1, gauss(1), seed=21)
+    cache, bt, exact = build_custom("int8", [40], 1, gauss_kv(1), seed=21)
     rep = overlay(cache, bt, exact, [(0, 0, 0)])
     return cache, bt, exact, rep, qrand(1, 2, 13)
 
@@ -504,7 +480,7 @@ def test_write_values_the_pool_cannot_hold():
 
 def test_noncontiguous_slot_is_refused():
     """The kernel indexes the slot as [block · stride, head]: a head stride ≠ 1 must be refused."""
-    cache, bt, exact = build_custom("int8", [40], 2, gauss(2), seed=22)
+    cache, bt, exact = build_custom("int8", [40], 2, gauss_kv(2), seed=22)
     rep = overlay(cache, bt, exact, [(0, 0, 1)])
     NB = cache.k_codes.shape[0]
     slot_t = torch.full((2, NB), -1, dtype=torch.int32)
@@ -750,8 +726,8 @@ def test_an_overlay_of_another_cache_is_refused():
     """Two caches of the same shape: the overlay paged in from cache A, passed with cache B, serves
     A's exact values as B's (radius 0, unmetered). The overlay carries no owner to check against."""
     lens = [40]
-    cache_a, bt, exact_a = build_custom("int8", lens, 1, gauss(1), seed=25)
-    cache_b, bt_b, exact_b = build_custom("int8", lens, 1, gauss(1, scale_k=2.5, scale_v=1.7), seed=25)
+    cache_a, bt, exact_a = build_custom("int8", lens, 1, gauss_kv(1), seed=25)
+    cache_b, bt_b, exact_b = build_custom("int8", lens, 1, gauss_kv(1, scale_k=2.5, scale_v=1.7), seed=25)
     assert torch.equal(bt, bt_b)  # the same block table, other values
     rep_a = overlay(cache_a, bt, exact_a, [(0, 0, 0), (0, 1, 0), (0, 2, 0)])
     q = qrand(1, 2, 16)
@@ -796,7 +772,7 @@ def test_fused_merge_kernel_with_repairs(monkeypatch, tilt_above):
     monkeypatch.setattr(KD, "MERGE_OFF_GPU", "kernel")
     lens = [90, 30]
     Hkv, GQ = 2, 2
-    cache, bt, exact = build_custom("int8_dither", lens, Hkv, gauss(Hkv), seed=27)
+    cache, bt, exact = build_custom("int8_dither", lens, Hkv, gauss_kv(Hkv), seed=27)
     pages = [(0, 1, 0), (0, 5, 1), (1, 0, 0), (1, 1, 1)]
     rep = overlay(cache, bt, exact, pages)
     q = qrand(2, Hkv * GQ, 17)
