@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock probe.
+# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock host probe.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,6 +29,10 @@ fi
 if has stock; then
   # why the stock column is slow (bench/SERVING.md): profiles of one stock and one pass-through step
   timeout "${STOCK_TIMEOUT:-170}" python3 bench/stock_probe.py 2>&1 | tee "$OUT/stock_probe.txt"
+fi
+if has host; then
+  # where the metered step's host time goes (bench/host_probe.py)
+  timeout "${HOST_TIMEOUT:-200}" python3 bench/host_probe.py 2>&1 | tee "$OUT/host_probe.txt"
 fi
 if has probe; then
   # compute-sanitizer over the decode configurations, graph-replayed ones included (bench/crash_probe.py)

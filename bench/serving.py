@@ -12,7 +12,9 @@ too noisy to give ratios (bench/SERVING.md).
     python3 bench/serving.py [--prompts 4096,32768] [--new 32] [--shapes smollm2,llama8b]
     python3 bench/serving.py --smoke        # tiny shapes on the CPU (interpreter): checks the script runs
 
-Configurations: stock (sdpa, DynamicCache); WitCertCache int8 and fp8_e4m3 on the kernel path
+Configurations: stock (sdpa, DynamicCache), with PyTorch's default SDPA backend choice and with its
+cuDNN backend off (on the H200 the default picks cuDNN, whose host cost per decode call is ~1.5 ms
+for stock's calls: bench/stock_probe.py, bench/SERVING.md); WitCertCache int8 and fp8_e4m3 on the kernel path
 (meter on); scheme none with the meter off (the pass-through cache); with ``--gated``, also a
 certified gate (τ = ``--gate-tau``, ≤ 2 blocks per step) on int8 (kernel path) and on kivi2 (no
 kernel: the float64 reference path), each followed by one audited step (``cache.audit`` on for
@@ -24,6 +26,7 @@ first prompt tokens compared bit for bit; tests/test_kernel_gate.py checks every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -84,6 +87,17 @@ class _Timer:
             self.b.synchronize()
             return self.a.elapsed_time(self.b)
         return self.ms
+
+
+@contextlib.contextmanager
+def _cudnn_sdp(enabled: bool):
+    """PyTorch's cuDNN SDPA backend on or off for the block (restored after)."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 def decode_steps(model, ids, cache, new, device):
@@ -147,9 +161,9 @@ def main(argv=None):
           f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
     gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
         if args.gated else ""
-    print("| shape | batch | prompt | stock ms | int8 metered ms | x stock | fp8 metered ms | x stock | none/off ms | x stock"
-          + gated_cols + " |")
-    print("|---" * (10 + (8 if args.gated else 0)) + "|")
+    print("| shape | batch | prompt | stock ms | stock, cuDNN SDPA off ms | int8 metered ms | x stock | x stock w/o cuDNN "
+          "| fp8 metered ms | x stock | none/off ms | x stock" + gated_cols + " |")
+    print("|---" * (12 + (8 if args.gated else 0)) + "|")
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
         for Bsz in map(int, args.batches.split(",")):
@@ -159,6 +173,7 @@ def main(argv=None):
                 tau = args.tau
                 configs = (
                     ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
+                    ("stock_nocudnn", "sdpa-nocudnn", lambda: DynamicCache(config=cfg)),
                     ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64,
                                                              tilt_above=tau)),
                     ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
@@ -174,12 +189,15 @@ def main(argv=None):
                     )
                 extra = {}
                 for i, (key, attn, make) in enumerate(configs):
-                    if attn == "sdpa":
+                    if attn.startswith("sdpa"):
                         model.set_attn_implementation("sdpa")
                     else:
                         use_witcert(model)
-                    decode_steps(model, ids, make(), 4, device)  # every configuration warmed (compiles, allocator, clocks)
-                    times, cache = decode_steps(model, ids, make(), args.new, device)
+                    # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (bench/stock_probe.py:
+                    # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
+                    with _cudnn_sdp(attn != "sdpa-nocudnn"):
+                        decode_steps(model, ids, make(), 4, device)  # every configuration warmed (compiles, allocator, clocks)
+                        times, cache = decode_steps(model, ids, make(), args.new, device)
                     row[key] = statistics.median(times)
                     if key in ("int8", "fp8"):
                         recs = cache.records
@@ -189,8 +207,9 @@ def main(argv=None):
                     del cache
                     if device == "cuda":
                         torch.cuda.empty_cache()
-                s0 = row["stock"]
-                print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | {row['fp8']:.2f} | "
+                s0, s1 = row["stock"], row["stock_nocudnn"]
+                print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {s1:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | "
+                      f"{row['int8'] / s1:.2f} | {row['fp8']:.2f} | "
                       f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f}"
                       + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
                          + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
