@@ -149,7 +149,9 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tau", type=float, default=0.1, help="tilt_above of the metered caches (a gate's tau)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
-    ap.add_argument("--gated", action="store_true", help="add the gated int8 (kernel) and kivi2 (reference) columns")
+    ap.add_argument("--gated", action="store_true", help="add the gated int8 (kernel) and kivi2 columns")
+    ap.add_argument("--kivi2-new", type=int, default=4,
+                    help="decode steps of the gated kivi2 column (on the float64 reference path a 4K step takes ~3 s)")
     ap.add_argument("--gate-tau", type=float, default=0.1)
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,8 +198,9 @@ def main(argv=None):
                     # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (bench/stock_probe.py:
                     # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
                     with _cudnn_sdp(attn != "sdpa-nocudnn"):
-                        decode_steps(model, ids, make(), 4, device)  # every configuration warmed (compiles, allocator, clocks)
-                        times, cache = decode_steps(model, ids, make(), args.new, device)
+                        new = args.kivi2_new if key == "kivi2_gated" else args.new
+                        decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
+                        times, cache = decode_steps(model, ids, make(), new, device)
                     row[key] = statistics.median(times)
                     if key in ("int8", "fp8"):
                         recs = cache.records

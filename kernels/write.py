@@ -295,9 +295,13 @@ def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor
 
 
 def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor,
-             positions: torch.Tensor, store_exact: bool = True, validate: bool = True) -> None:
+             positions: torch.Tensor, store_exact: bool = True, validate: bool = True,
+             slots: torch.Tensor | None = None) -> None:
     """Quantize and write ``k``, ``v`` ``[N, Hkv, D]`` into ``cache`` (see the module doc).
-    ``validate=False`` skips the range checks of ``token_slots`` (no host sync)."""
+    ``validate=False`` skips the range checks of ``token_slots`` (no host sync). ``slots``: the
+    caller's ``token_slots(cache, block_table, seq_ids, positions)`` [N] int64, already computed
+    (a cache whose layers share one table layout computes it once per step); only with
+    ``validate=False``."""
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k, v: expected equal shapes [N, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     N, H, D = k.shape
@@ -312,8 +316,12 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         return
     k = k.contiguous()
     v = v.contiguous()
-    slots = token_slots(cache, block_table.to(k.device), seq_ids, positions, validate).to(k.device).contiguous()
-    positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
+    if slots is None:
+        slots = token_slots(cache, block_table.to(k.device), seq_ids, positions, validate).to(k.device).contiguous()
+    elif validate or slots.shape != (N,) or slots.dtype != torch.int64 or slots.device != k.device:
+        raise ValueError("slots: pass token_slots' [N] int64 result on k's device, with validate=False")
+    if positions.dtype != torch.int32 or positions.device != k.device or not positions.is_contiguous():
+        positions = positions.to(device=k.device, dtype=torch.int32).contiguous()
     row = SCHEMES[cache.scheme]
     sid = SCHEME_IDS[cache.scheme]
     precoded = INTERPRET and row.code_dtype is not None and row.code_dtype.startswith("float8")

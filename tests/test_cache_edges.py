@@ -290,6 +290,12 @@ def test_kernel_path_grows_past_max_tokens():
     b = gen(model, big, n_prompt=40, new=4)
     assert torch.equal(a, b)
     assert small.layers[0].block_table.shape[1] * 16 >= 43 > 32
+    # the invariant WitCertLayer._step_slots relies on (one step's slots shared by all layers):
+    # every layer's block table is the identity layout, after growth too
+    for c in (small, big):
+        for lay in c.layers:
+            B, P = lay.block_table.shape
+            assert torch.equal(lay.block_table.cpu(), torch.arange(B * P, dtype=torch.int32).view(B, P))
     np.testing.assert_array_equal(np.stack([r.tv_a for r in small.records]), np.stack([r.tv_a for r in big.records]))
 
 

@@ -61,7 +61,7 @@ class HeadMajorStore:
         new[:, :, : self.n].copy_(self._buf.index_select(0, index.to(self._buf.device))[:, :, : self.n])
         self._buf = new
 
-    def append(self, x):
+    def append(self, x, record=True):
         B, H, m, D = x.shape
         if (B, H, D) != self.shape:
             raise ValueError("ExactStore: shape")
@@ -187,10 +187,10 @@ def test_prefill_is_quantized_from_the_exact_store_after_its_async_append_lands(
                 self._buf[lo: lo + x.shape[2]].copy_(x.permute(2, 0, 1, 3))
             self._pend = []
 
-        def append(self, x):
+        def append(self, x, record=True):
             self.wait()  # the previous forward's copies have landed (generate syncs per step)
             lo = self.n
-            super().append(torch.zeros_like(x))  # what the host sees before the copy lands
+            super().append(torch.zeros_like(x), record)  # what the host sees before the copy lands
             self._pend.append((lo, x.detach().clone()))
 
     monkeypatch.setattr(wc, "ExactStore", AsyncStore)
@@ -262,3 +262,33 @@ def test_auto_fallback_reasons_are_each_logged_once(caplog, monkeypatch):
         assert not wc.WitCertCache(cfg, scheme="none", meter=False).use_kernel(cuda, 2, torch.bfloat16)
         assert not wc.WitCertCache(cfg, scheme="int8", gate=gate).use_kernel(cuda, 2, torch.float32)
         assert not wc.WitCertCache(cfg, scheme="int8", gate=gate).use_kernel(torch.device("cpu"), 2, torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the race needs a CUDA device (run on the H200)")
+def test_cuda_append_pair_one_event_covers_both_copies():
+    """``append_pair`` (the hot path's K and V appends) records one event after both copies:
+    a read of either store through ``ready()`` sees its bytes."""
+    from witcert.store import append_pair
+
+    bad = 0
+    for _ in range(5):
+        sk = ExactStore(8, 8, 128, torch.bfloat16, "cpu", pin=True)
+        sv = ExactStore(8, 8, 128, torch.bfloat16, "cpu", pin=True)
+        k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        append_pair(sk, sv, k, v)
+        assert sk._landed is sv._landed is not None
+        bad += int(not torch.equal(sk.ready()[..., 0:4096, :].to("cuda"), k))
+        bad += int(not torch.equal(sv.ready()[..., 0:4096, :].to("cuda"), v))
+    assert bad == 0, f"{bad}/10 reads saw bytes an asynchronous append had not written yet"
+
+
+def test_unrecorded_append_cannot_be_waited_on():
+    """An append with ``record=False`` whose caller never set the event: ``wait`` refuses
+    (it would otherwise return before the copy landed)."""
+    import witcert.store as ws
+
+    st = ExactStore(1, 1, 4, torch.float32, "cpu")
+    st._landed = ws._UNRECORDED
+    with pytest.raises(RuntimeError, match="append_pair"):
+        st.wait()

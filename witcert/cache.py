@@ -71,7 +71,7 @@ from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
 from .schemes import QuantContext, get_scheme, quantize
-from .store import ExactStore
+from .store import ExactStore, append_pair
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
 #: quantized per full block (``contract.schemes``: granularity "block")
@@ -313,9 +313,8 @@ class WitCertLayer(CacheLayerMixin):
         if passthrough:  # as transformers' DynamicLayer: concatenated on the model's device
             self._ek = torch.cat([self._ek, key_states.detach()], dim=-2)
             self._ev = torch.cat([self._ev, value_states.detach()], dim=-2)
-        else:  # O(new tokens), asynchronous on CUDA
-            self._ek.append(key_states)
-            self._ev.append(value_states)
+        else:  # O(new tokens), asynchronous on CUDA (one event after both copies)
+            append_pair(self._ek, self._ev, key_states, value_states)
         self.keys, self.values = self._views()
         if self.paged is not None:
             self._write_kernel(key_states.detach(), value_states.detach())
@@ -346,14 +345,30 @@ class WitCertLayer(CacheLayerMixin):
             if self.rep is not None:
                 self.rep = self.rep.regrouped(Bsz, per_seq, new_pages).bind(self.paged)
             self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
-        pos = torch.arange(n0, n1, device=self.device, dtype=torch.int32)
-        seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
+        seq, p, slots = self._step_slots(Bsz, m, n0, n1)
         kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
-        p = pos.repeat(Bsz)
-        write_kv(self.paged, kf, vf, self.block_table, seq, p, store_exact=False, validate=False)
+        write_kv(self.paged, kf, vf, self.block_table, seq, p, store_exact=False, validate=False, slots=slots)
         if self.rep is not None:  # repair is persistent: a token written into a repaired page is served exact
-            p = p.long()
-            self.rep.write(self.block_table[seq, p // o.block_size], p % o.block_size, kf, vf)
+            T = o.block_size
+            self.rep.write(slots // T, slots % T, kf, vf)
+
+    def _step_slots(self, Bsz: int, m: int, n0: int, n1: int):
+        """(sequence ids [N], logical positions [N] int32, physical slots [N] int64) of this
+        step's new tokens (N = B·m, sequence-major), as ``kernels.write.token_slots`` gives them.
+        Every layer's block table is the identity layout ``arange(B·pages).view(B, pages)``
+        (``lazy_initialization``, growth; ``reorder_cache`` moves blocks, not table entries), so
+        the three are a function of (B, m, n0, n1, pages) alone: computed at the step's first
+        layer, reused by the others (host time: ~10 small launches per layer step saved)."""
+        from kernels.write import token_slots
+
+        key = (Bsz, m, n0, n1, self.block_table.shape[1], self.device)
+        memo = self.owner._slots_memo
+        if memo is None or memo[0] != key:
+            p = torch.arange(n0, n1, device=self.device, dtype=torch.int32).repeat(Bsz)
+            seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
+            memo = (key, seq, p, token_slots(self.paged, self.block_table, seq, p, validate=False).contiguous())
+            self.owner._slots_memo = memo
+        return memo[1], memo[2], memo[3]
 
     def _append_served(self, k, v):
         o = self.owner
@@ -531,6 +546,8 @@ class WitCertCache(Cache):
         self._row_range = (0, 0)  # rows of the current forward: (first, count)
         self._records: list[StepRecord] = []
         self._lazy: list = []  # kernel path: meter records still on the device (read on demand)
+        self._slots_memo = None  # WitCertLayer._step_slots: this step's token slots, shared by the layers
+        self._lens_memo = None  # _kernel_attention: this step's seq_lens tensor, shared by the layers
         self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
         # trace: a sink with .record(rec, cache) (witcert.trace.Tracer, witcert.metrics.PrometheusMetrics,
@@ -563,6 +580,8 @@ class WitCertCache(Cache):
         self._row_range = (0, 0)
         self._records = []
         self._lazy = []
+        self._slots_memo = None  # WitCertLayer._step_slots: this step's token slots, shared by the layers
+        self._lens_memo = None
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
 
@@ -775,7 +794,9 @@ class WitCertCache(Cache):
         # a gated step needs the tilt only where the closed forms exceed τ (TV⁺ is sound either way)
         tilt = self.tilt_above if gate is None else min(self.tilt_above, gate.tau)
         q1 = query[:, :, 0, :].contiguous()
-        sl = torch.full((Bsz,), n, dtype=torch.int32, device=query.device)
+        if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
+            self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
+        sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
         splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device))
 
         def run(rows=None):

@@ -59,6 +59,8 @@ class ExactStore:
     def wait(self) -> None:
         """Block the host until every append so far has landed in the buffer (one event sync;
         nothing to do off CUDA or when nothing is pending)."""
+        if self._landed is _UNRECORDED:
+            raise RuntimeError("ExactStore.wait: an append without record=True was not given its event (append_pair)")
         if self._landed is not None:
             self._landed.synchronize()
             self._landed = None
@@ -81,7 +83,10 @@ class ExactStore:
         new[: self.n].copy_(self._buf[: self.n].index_select(1, index.to(self._buf.device)))
         self._buf = new
 
-    def append(self, x: torch.Tensor) -> None:
+    def append(self, x: torch.Tensor, record: bool = True) -> None:
+        """Copy ``x`` [B, H, m, D] after the stored tokens. On CUDA (pinned) the copy is
+        asynchronous and, with ``record``, a CUDA event is recorded after it; ``record=False``
+        leaves the event to the caller (``append_pair``), who must set it before anyone waits."""
         B, H, m, D = x.shape
         if (B, H, D) != self.shape:
             raise ValueError(f"ExactStore: expected [{self.shape[0]}, {self.shape[1]}, m, {self.shape[2]}], got {tuple(x.shape)}")
@@ -98,6 +103,27 @@ class ExactStore:
         # one contiguous destination slice: a single asynchronous copy into pinned memory
         self._buf[self.n : need].copy_(x.detach().permute(2, 0, 1, 3), non_blocking=self.pin)
         if self.pin and x.is_cuda:
-            self._landed = torch.cuda.Event()
-            self._landed.record()  # on the current stream, after the copy
+            if record:
+                self._landed = torch.cuda.Event()
+                self._landed.record()  # on the current stream, after the copy
+            else:
+                self._landed = _UNRECORDED
         self.n = need
+
+
+#: ``ExactStore._landed`` between an unrecorded append and its caller's event (waiting on it is a bug)
+_UNRECORDED = object()
+
+
+def append_pair(k_store: ExactStore, v_store: ExactStore, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``k_store.append(k)`` and ``v_store.append(v)`` with one CUDA event, recorded after both
+    copies (stream order: it covers the first copy too), shared by the two stores — half the
+    event work of two appends on a layer step's hot path."""
+    k_store.append(k, record=False)
+    v_store.append(v, record=False)
+    pending = [st for st in (k_store, v_store) if getattr(st, "_landed", None) is _UNRECORDED]
+    if pending:
+        ev = torch.cuda.Event()
+        ev.record()  # on the current stream, after both copies
+        for st in pending:
+            st._landed = ev
