@@ -164,8 +164,9 @@ def main(argv=None):
     gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
         if args.gated else ""
     print("| shape | batch | prompt | stock ms | stock, cuDNN SDPA off ms | int8 metered ms | x stock | x stock w/o cuDNN "
-          "| fp8 metered ms | x stock | none/off ms | x stock" + gated_cols + " |")
-    print("|---" * (12 + (8 if args.gated else 0)) + "|")
+          "| fp8 metered ms | x stock | none/off ms | x stock | none/off, cuDNN off ms | x stock w/o cuDNN"
+          + gated_cols + " |")
+    print("|---" * (14 + (8 if args.gated else 0)) + "|")
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
         for Bsz in map(int, args.batches.split(",")):
@@ -181,6 +182,7 @@ def main(argv=None):
                     ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
                                                             tilt_above=tau)),
                     ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
+                    ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
                 )
                 if args.gated:
                     gate = Gate("certified", tau=args.gate_tau, max_pagein_blocks=2)
@@ -197,7 +199,7 @@ def main(argv=None):
                         use_witcert(model)
                     # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (bench/stock_probe.py:
                     # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
-                    with _cudnn_sdp(attn != "sdpa-nocudnn"):
+                    with _cudnn_sdp(not attn.endswith("-nocudnn")):
                         new = args.kivi2_new if key == "kivi2_gated" else args.new
                         decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
                         times, cache = decode_steps(model, ids, make(), new, device)
@@ -213,7 +215,8 @@ def main(argv=None):
                 s0, s1 = row["stock"], row["stock_nocudnn"]
                 print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {s1:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | "
                       f"{row['int8'] / s1:.2f} | {row['fp8']:.2f} | "
-                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f}"
+                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} | {row['none_nocudnn']:.2f} | "
+                      f"{row['none_nocudnn'] / s1:.2f}"
                       + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
                          + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
                          f"{'yes' if extra['int8_gated'][2] and extra['kivi2_gated'][2] else 'NO'}"
