@@ -8,6 +8,9 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
                                         and channel i + D/2 (high nibble), the RoPE 'half' pairing
     k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale);
                       [NB, Hkv, T, D/32] for int4_group, with k_zero / v_zero of the same shape
+    kivi2             k_codes, v_codes [NB, Hkv, T, D] uint8 (one 2-bit code per byte); k_scale,
+                      k_zero [NB, Hkv, D] (per channel of a page: a page is one block of T tokens,
+                      quantized when it is full); v_scale, v_zero [NB, Hkv, T, D/32] (as int4_group)
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
     v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
     v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖), the magnitudes the
@@ -161,11 +164,17 @@ class PagedKV:
         row = SCHEMES[scheme]
         cdt = CODE_DTYPES.get(scheme, model_dtype)
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        packed = row.code_bits is not None and row.code_bits < 8  # int4_group: two codes per byte
-        grouped = row.granularity == "channel-group"  # one scale / zero per INT4_GROUP channels
-        cshape = shape[:3] + (head_dim * row.code_bits // 8,) if packed else shape
-        sshape = shape[:3] + (head_dim // INT4_GROUP,) if grouped else shape[:3]
-        zshape = sshape if grouped else (1,)
+        cshape = shape[:3] + (head_dim // row.codes_per_byte,)  # int4_group: two codes per byte
+
+        def scale_shape(kind):  # the scale (and zero) layout of one role, from the table's scale kind
+            if kind == "group":  # one scale / zero per INT4_GROUP channels of a token
+                return shape[:3] + (head_dim // INT4_GROUP,)
+            if kind == "channel-block":  # kivi2 keys: one per channel of a page (= a block of T tokens)
+                return (num_blocks, num_kv_heads, head_dim)
+            return shape[:3]
+
+        ksshape, vsshape = scale_shape(row.key_scales), scale_shape(row.value_scales)
+        asym = ("group", "channel-block")  # asymmetric schemes store a zero beside each scale
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
         kw = dict(device=device)
@@ -177,10 +186,10 @@ class PagedKV:
             group_id=gid.to(device),
             k_codes=torch.zeros(cshape, dtype=cdt, **kw),
             v_codes=torch.zeros(cshape, dtype=cdt, **kw),
-            k_scale=torch.ones(sshape, dtype=torch.float16, **kw),
-            v_scale=torch.ones(sshape, dtype=torch.float16, **kw),
-            k_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
-            v_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
+            k_scale=torch.ones(ksshape, dtype=torch.float16, **kw),
+            v_scale=torch.ones(vsshape, dtype=torch.float16, **kw),
+            k_zero=torch.zeros(ksshape if row.key_scales in asym else (1,), dtype=torch.float16, **kw),
+            v_zero=torch.zeros(vsshape if row.value_scales in asym else (1,), dtype=torch.float16, **kw),
             k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
             v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
             v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
@@ -451,8 +460,8 @@ def bytes_per_token(
         raise ValueError(f"scheme: unknown {scheme!r}")
     if row.code_bits is None:  # "none": the model's dtype
         code_bytes = model_bytes
-    else:  # whole bytes stay ints; sub-byte codes are counted packed
-        code_bytes = row.code_bits // 8 if row.code_bits % 8 == 0 else row.code_bits / 8
+    else:  # what the kernels store: codes_per_byte codes in a byte (int4_group 2, kivi2 1)
+        code_bytes = 1 if row.codes_per_byte == 1 else 1 / row.codes_per_byte
     codes = 2 * head_dim * code_bytes
     # K and V: one fp16 scale per token ("token"); fp16 scale + zero per 32 channels ("group");
     # kivi2 keys: fp16 scale + zero per channel per block, shared by block_size tokens
