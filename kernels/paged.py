@@ -82,6 +82,14 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     return (head_dim + 32) * KERNEL_UNIT
 
 
+def dequantized_fp32(scheme: str) -> bool:
+    """Whether the decode dequantizes a scheme's tiles as z + s·c in fp32 and dots them with tf32x3
+    (``dot_gamma(..., split3=True)``): the asymmetric schemes (a zero beside each scale: int4_group,
+    kivi2)."""
+    row = SCHEMES[scheme]
+    return row.key_scales in ("group", "channel-block")
+
+
 #: relative error of the p̂ operand split of the histogram dot: tf32x3 (the dropped lo·lo product
 #: and the tf32 rounding of the lo parts; also used for the interpreter's ieee dot) and bf16x2
 #: (p̂ = p_hi + p_lo in bf16, each rounded to nearest: |p̂ − p_hi − p_lo| ≤ 2^-8 · 2^-8 p̂); "page":

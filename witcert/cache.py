@@ -1009,7 +1009,7 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
     """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
     of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
     dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
-    int4_group) and, where ``repair`` has the page, its exact pool values. For the gate's block
+    int4_group and kivi2) and, where ``repair`` has the page, its exact pool values. For the gate's block
     risks and the audit (O(B'·Hkv·n·D) device work, no kernel). ``cache``: a ``kernels.paged.PagedKV``,
     ``repair``: a ``kernels.paged.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
     with ``witcert.schemes``, and the kernels never import ``witcert``)."""
@@ -1034,6 +1034,10 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
             return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
 
         kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
+    elif cache.scheme == "kivi2":  # one code per byte; keys: scale / zero per channel of the page
+        gi = torch.arange(D, device=dev) // 32
+        kh = cache.k_zero[blk].movedim(2, 1).double() + cache.k_scale[blk].movedim(2, 1).double() * gather(cache.k_codes).double()
+        vh = gather(cache.v_zero)[..., gi].double() + gather(cache.v_scale)[..., gi].double() * gather(cache.v_codes).double()
     else:
         kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
         if cache.scheme != "none":
