@@ -275,7 +275,13 @@ class RepairOverlay:
     dtype only (a narrower pool would round "exact" values served with radius 0: unsound).
 
     ``page_in`` fills a slot from exact K/V; ``write`` routes tokens written later into a repaired
-    page to its slot too (on the device, no host sync), so a repair stays persistent."""
+    page to its slot too (on the device, no host sync), so a repair stays persistent.
+
+    Block schemes (kivi2) also **hold** the partial last page of a sequence here until it is full
+    (``hold``: served exact, radius 0, KIVI's full-precision residual), then quantize it and give
+    the slot back (``release_held``). A held page is not a repair: ``held`` maps (block, head) to
+    its pool row (host-side, so a release needs no sync), ``free`` lists released rows for reuse;
+    a gate's ``page_in`` of a held page turns it into a repair (it then stays exact when full)."""
 
     slot: torch.Tensor
     k: torch.Tensor
@@ -284,6 +290,8 @@ class RepairOverlay:
     v_norm: torch.Tensor
     count: int = 0
     owner: int | None = None
+    held: dict = dataclasses.field(default_factory=dict)
+    free: list = dataclasses.field(default_factory=list)
 
     @property
     def capacity(self) -> int:
@@ -365,10 +373,81 @@ class RepairOverlay:
             new[: self.count] = t[: self.count]
             setattr(self, name, new)
 
+    def _new_row(self) -> int:
+        """A pool row for a new slot: a released one, else the next (the pool grows by doubling)."""
+        if self.free:
+            return self.free.pop()
+        if self.count == self.capacity:
+            self._grow(self.count + 1)
+        self.count += 1
+        return self.count - 1
+
+    def hold(self, blocks: list, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> int:
+        """Hold pages ``blocks`` (every kv head) exact in the pool until ``release_held``: the partial
+        last page of a block scheme's sequence. ``k``, ``v`` [len(blocks), Hkv, m, D]: the exact values
+        of their first m tokens (None: m = 0, ``write`` fills them as they arrive). A page that has a
+        slot already (held, or repaired by the gate) is left as it is. One host sync (which pages have
+        slots). Returns the number of pages newly held."""
+        H = self.slot.shape[1]
+        if not blocks:
+            return 0
+        has = (self.slot[torch.as_tensor(blocks, dtype=torch.long, device=self.slot.device)] >= 0).cpu()
+        bl, hd, rows, src = [], [], [], []
+        for i, b in enumerate(blocks):
+            for h in range(H):
+                if bool(has[i, h]):
+                    continue
+                r = self._new_row()
+                self.held[(int(b), h)] = r
+                bl.append(int(b))
+                hd.append(h)
+                rows.append(r)
+                src.append((i, h))
+        if not rows:
+            return 0
+        dev = self.k.device
+        ri = torch.tensor(rows, dtype=torch.long, device=dev)
+        for name in ("k", "v"):
+            getattr(self, name)[ri] = 0
+        for name in ("k_norm", "v_norm"):
+            getattr(self, name)[ri] = float("nan")  # not written yet (the class doc)
+        if k is not None and k.shape[2] > 0:
+            m = k.shape[2]
+            if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+                raise ValueError(f"hold: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
+            ii = torch.tensor([a for a, _ in src], dtype=torch.long, device=k.device)
+            hh = torch.tensor([b for _, b in src], dtype=torch.long, device=k.device)
+            kk, vv = k[ii, hh].to(dev), v[ii, hh].to(dev)  # [P, m, D]
+            self.k[ri, :m] = kk
+            self.v[ri, :m] = vv
+            self.k_norm[ri, :m] = self.norms_up(kk)
+            self.v_norm[ri, :m] = self.norms_up(vv)
+        self.slot[torch.tensor(bl, dtype=torch.long, device=self.slot.device),
+                  torch.tensor(hd, dtype=torch.long, device=self.slot.device)] = \
+            torch.tensor(rows, dtype=torch.int32, device=self.slot.device)
+        return len(rows)
+
+    def release_held(self, blocks: list) -> int:
+        """Give back the held slots of pages ``blocks`` (every kv head; pages the gate repaired stay):
+        the page is now served from its codes. No host sync. Returns the number released."""
+        bl, hd = [], []
+        for b in blocks:
+            for h in range(self.slot.shape[1]):
+                r = self.held.pop((int(b), h), None)
+                if r is not None:
+                    self.free.append(r)
+                    bl.append(int(b))
+                    hd.append(h)
+        if bl:
+            dev = self.slot.device
+            self.slot[torch.tensor(bl, dtype=torch.long, device=dev), torch.tensor(hd, dtype=torch.long, device=dev)] = -1
+        return len(bl)
+
     def page_in(self, block: int, head: int, k: torch.Tensor, v: torch.Tensor) -> bool:
         """Make page (``block``, ``head``) exact: its first m tokens' exact K/V ``k``, ``v`` [m, D]
         (m ≤ T; the rest of the page is filled by ``write`` as tokens arrive). Returns False
-        (nothing done) if the page is already repaired: idempotent."""
+        (nothing done) if the page is already repaired: idempotent. A held page (``hold``) becomes
+        a repair (its values are copied again: they are the same)."""
         NB, H = self.slot.shape
         if not (0 <= block < NB and 0 <= head < H):
             raise ValueError(f"page_in: block {block}, head {head} outside [0, {NB}) x [0, {H})")
@@ -378,11 +457,11 @@ class RepairOverlay:
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
         if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
             raise ValueError(f"page_in: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
-        if int(self.slot[block, head]) >= 0:
-            return False
-        if self.count == self.capacity:
-            self._grow(self.count + 1)
-        r = self.count
+        r = self.held.pop((int(block), int(head)), None)
+        if r is None:
+            if int(self.slot[block, head]) >= 0:
+                return False
+            r = self._new_row()
         dev = self.k.device
         k = k.to(dev)
         v = v.to(dev)
@@ -395,7 +474,6 @@ class RepairOverlay:
         self.k_norm[r, :m] = self.norms_up(self.k[r, :m])  # the norms of what is stored and served
         self.v_norm[r, :m] = self.norms_up(self.v[r, :m])
         self.slot[block, head] = r
-        self.count += 1
         return True
 
     def write(self, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -425,13 +503,16 @@ class RepairOverlay:
         H = self.slot.shape[1]
         new = torch.full((batch, new_pages, H), -1, dtype=torch.int32, device=self.slot.device)
         new[:, :old_pages] = self.slot.view(batch, old_pages, H)
-        return dataclasses.replace(self, slot=new.view(batch * new_pages, H), owner=None)  # bind to the new cache
+        held = {((b // old_pages) * new_pages + b % old_pages, h): r for (b, h), r in self.held.items()}
+        return dataclasses.replace(self, slot=new.view(batch * new_pages, H), owner=None,  # bind to the new cache
+                                   held=held, free=list(self.free))
 
     def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "RepairOverlay":
         """``PagedKV.reordered`` (sequence b owns what ``index[b]`` owned) with the pool copied, so
         beams never share a slot that a later write into one of them would change under the other."""
         H = self.slot.shape[1]
-        src = self.slot.view(batch, pages, H).index_select(0, index.to(self.slot.device)).reshape(-1)
+        index = index.to(self.slot.device)
+        src = self.slot.view(batch, pages, H).index_select(0, index).reshape(-1)
         used = src >= 0
         n = int(used.sum())
         out = RepairOverlay.allocate(batch * pages, H, self.k.shape[1], self.k.shape[2], self.k.dtype, self.k.device,
@@ -443,6 +524,14 @@ class RepairOverlay:
             getattr(out, name)[:n] = getattr(self, name)[rows]
         out.slot = flat.view(batch * pages, H)
         out.count = n
+        if self.held:  # a held page stays held in its copy (host-side map: one transfer, beam search only)
+            idx = index.cpu().tolist()
+            fl = flat.cpu().tolist()
+            for b in range(batch):
+                for j in range(pages):
+                    for h in range(H):
+                        if (idx[b] * pages + j, h) in self.held:
+                            out.held[(b * pages + j, h)] = fl[(b * pages + j) * H + h]
         return out
 
 
