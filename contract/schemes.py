@@ -52,8 +52,7 @@ class Scheme:
     divisor: float | None = None
     #: the codes depend on the token's logical index (the dither key): a writer must know it
     position_keyed: bool = False
-    #: codes the kernels store per byte (int4_group: 2; kivi2: 1, one 2-bit code per byte, not yet
-    #: packed); what ``bytes_per_token`` counts
+    #: codes the kernels store per byte (int4_group: 2, kivi2: 4); what ``bytes_per_token`` counts
     codes_per_byte: int = 1
 
     def __post_init__(self):
@@ -96,8 +95,8 @@ _ROWS = (
            "channel-group", "group", "group", 15.0, codes_per_byte=2),
     Scheme("kivi2", 7, "uint8", 2,
            "keys: per channel over a block of T tokens, values: per 32 channels of a token; fp16 scale (rounded up, "
-           "range/3) + zero (rounded down), codes 0..3, one per byte",
-           "block", "channel-block", "group", 3.0),
+           "range/3) + zero (rounded down), codes 0..3, four per byte",
+           "block", "channel-block", "group", 3.0, codes_per_byte=4),
 )
 
 #: the table, by name (insertion order = kernel id order, then the reference-only schemes)

@@ -77,6 +77,18 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _unpack2(b, N: tl.constexpr, D: tl.constexpr):
+    """[N, D] fp32 codes of kivi2's packed bytes [N, D/4] (byte i: channels i, i + D/4, i + D/2,
+    i + 3D/4 in bits 0-1, 2-3, 4-5, 6-7; ``kernels.write`` packs them)."""
+    c0 = (b & 3).to(tl.float32)
+    c1 = ((b >> 2) & 3).to(tl.float32)
+    c2 = ((b >> 4) & 3).to(tl.float32)
+    c3 = ((b >> 6) & 3).to(tl.float32)
+    x = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [N, D/4, k1, k0]: quarter k = 2·k1 + k0
+    return tl.reshape(tl.permute(tl.reshape(x, [N, D // 4, 4]), (0, 2, 1)), [N, D])
+
+
+@triton.jit
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
@@ -141,6 +153,7 @@ def _decode_kernel(
     bad = tl.zeros([BLOCK_N], tl.float32)
 
     D2: tl.constexpr = D // 2
+    D4: tl.constexpr = D // 4
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
     off = n_idx % T
@@ -180,9 +193,10 @@ def _decode_kernel(
                 vcode = tl.reshape(tl.permute(tl.join((vb & 15).to(tl.float32), (vb >> 4).to(tl.float32)), (0, 2, 1)),
                                    [BLOCK_N, D])
                 kgidx = sbase[:, None] + (d // 32)[None, :]
-            else:  # kivi2: one code per byte; the key scale / zero of each channel of the page
-                kcode = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
-                vcode = tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
+            else:  # kivi2: four codes per byte (channels i, i + D/4, i + D/2, i + 3D/4); key scale / zero per channel
+                d4 = tl.arange(0, D4)
+                kcode = _unpack2(tl.load(KC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
+                vcode = _unpack2(tl.load(VC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
                 kgidx = sbase[:, None] + d[None, :]
             kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode

@@ -8,7 +8,8 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
                                         and channel i + D/2 (high nibble), the RoPE 'half' pairing
     k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale);
                       [NB, Hkv, T, D/32] for int4_group, with k_zero / v_zero of the same shape
-    kivi2             k_codes, v_codes [NB, Hkv, T, D] uint8 (one 2-bit code per byte); k_scale,
+    kivi2             k_codes, v_codes [NB, Hkv, T, D/4] uint8: byte i holds channels i, i + D/4,
+                      i + D/2, i + 3D/4 in bits 0-1, 2-3, 4-5, 6-7 (``unpack_codes``); k_scale,
                       k_zero [NB, Hkv, D] (per channel of a page: a page is one block of T tokens,
                       quantized when it is full); v_scale, v_zero [NB, Hkv, T, D/32] (as int4_group)
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
@@ -80,6 +81,18 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     if split3:
         return (3 * head_dim + 32) * KERNEL_UNIT + 2.0**-19
     return (head_dim + 32) * KERNEL_UNIT
+
+
+def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:
+    """The codes [..., D] (int64) of packed bytes [..., D / codes_per_byte] (torch; the kernels unpack
+    in-kernel): byte i holds channel i + k·D/c in bits k·b … k·b + b − 1 (c codes of b bits per
+    byte; int4_group: i and i + D/2, kivi2: i, i + D/4, i + D/2, i + 3D/4). Unpacked schemes pass."""
+    row = SCHEMES[scheme]
+    c = codes.long()
+    if row.codes_per_byte == 1:
+        return c
+    b = row.code_bits
+    return torch.cat([(c >> (k * b)) & ((1 << b) - 1) for k in range(row.codes_per_byte)], dim=-1)
 
 
 def dequantized_fp32(scheme: str) -> bool:
@@ -172,7 +185,7 @@ class PagedKV:
         row = SCHEMES[scheme]
         cdt = CODE_DTYPES.get(scheme, model_dtype)
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        cshape = shape[:3] + (head_dim // row.codes_per_byte,)  # int4_group: two codes per byte
+        cshape = shape[:3] + (head_dim // row.codes_per_byte,)  # int4_group: two codes per byte, kivi2 four
 
         def scale_shape(kind):  # the scale (and zero) layout of one role, from the table's scale kind
             if kind == "group":  # one scale / zero per INT4_GROUP channels of a token

@@ -172,6 +172,7 @@ def _write_kernel(
     ebase = blk * s_eb + h * s_eh + off * s_et
     NG: tl.constexpr = D // GROUP
     D2: tl.constexpr = D // 2
+    D4: tl.constexpr = D // 4
     # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
     ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
@@ -246,7 +247,12 @@ def _write_kernel(
                 zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
                 sb = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
             c, xh = _asym_codes(x, zb, sb, KIVI2_DIVISOR)
-            code = c.to(tl.uint8)
+            # four codes per byte: byte i holds channels i, i + D/4, i + D/2, i + 3D/4 (bits 0-1 … 6-7)
+            c22 = tl.reshape(tl.permute(tl.reshape(c, [BLOCK_T, 4, D4]), (0, 2, 1)), [BLOCK_T, D4, 2, 2])
+            ev, od = tl.split(c22)  # channel quarters k = 2·k1 + k0: k0 = 0 | 1
+            c0, c2 = tl.split(ev)
+            c1, c3 = tl.split(od)
+            code = (c0 + 4.0 * c1 + 16.0 * c2 + 64.0 * c3).to(tl.uint8)
         else:  # the fp8 schemes: raw casts, or scaled per token
             if SCHEME == FP8_E4M3_SCALED_ID:
                 s = fp16_scale_up(amax, FP8_SCALED_DIVISOR)
@@ -270,6 +276,8 @@ def _write_kernel(
         rbase = sbase if which == 0 else vsbase
         if SCHEME == INT4_GROUP_ID:
             caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
+        elif SCHEME == KIVI2_ID:
+            caddr = cbase[:, None] + tl.arange(0, D4)[None, :]
         else:
             caddr = cbase[:, None] + d_idx[None, :]
         if SCHEME == KIVI2_ID and which == 0:  # one scale / zero per channel of the page, from its row 0

@@ -107,11 +107,15 @@ def dequant(cache, bt, b, n, h):
             return (zero[blk, h, off][:, g].float() + scale[blk, h, off][:, g].float() * unpack(codes[blk, h, off])).double()
 
         return deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
-    if cache.scheme == "kivi2":  # one code per byte; keys: scale / zero per channel of the page
+    if cache.scheme == "kivi2":  # byte i: channels i, i + D/4, i + D/2, i + 3D/4 (2 bits each, low first)
+        def unpack2(c):
+            c = c.long()
+            return torch.cat([c & 3, (c >> 2) & 3, (c >> 4) & 3, c >> 6], dim=-1).double()
+
         g = torch.arange(cache.head_dim) // 32
-        kh = cache.k_zero[blk, h].double() + cache.k_scale[blk, h].double() * cache.k_codes[blk, h, off].double()
+        kh = cache.k_zero[blk, h].double() + cache.k_scale[blk, h].double() * unpack2(cache.k_codes[blk, h, off])
         vh = (cache.v_zero[blk, h, off][:, g].double()
-              + cache.v_scale[blk, h, off][:, g].double() * cache.v_codes[blk, h, off].double())
+              + cache.v_scale[blk, h, off][:, g].double() * unpack2(cache.v_codes[blk, h, off]))
         return kh, vh
     kc = cache.k_codes[blk, h, off].double()
     vc = cache.v_codes[blk, h, off].double()

@@ -32,6 +32,13 @@ from witcert.schemes import QuantContext, quantize  # noqa: E402
 T = 16
 
 
+def unpack2(c):
+    """The codes of kivi2's packed bytes [..., D/4]: byte i holds channels i, i + D/4, i + D/2, i + 3D/4
+    in bits 0-1, 2-3, 4-5, 6-7 (an independent restatement of the kernels' layout)."""
+    c = c.long()
+    return torch.cat([c & 3, (c >> 2) & 3, (c >> 4) & 3, c >> 6], dim=-1)
+
+
 def _kv(n, H, D, case, g):
     k = torch.randn(n, H, D, generator=g)
     v = torch.randn(n, H, D, generator=g)
@@ -86,6 +93,8 @@ def test_write_kernel_is_the_reference_bit_for_bit(case, lens, dtype):
         write_kv(cache, kk.to(DEV), vv.to(DEV), bt.to(DEV), seq.to(DEV), pos.to(DEV))
     c = {name: getattr(cache, name).cpu() for name in ("k_codes", "v_codes", "k_scale", "v_scale", "k_zero", "v_zero",
                                                         "k_wit", "v_wit")}
+    assert c["k_codes"].shape[-1] == D // 4  # four codes per byte
+    c["k_codes"], c["v_codes"] = unpack2(c["k_codes"]), unpack2(c["v_codes"])
     checked = 0
     for b, n in enumerate(lens):
         for h in range(H):
@@ -94,7 +103,8 @@ def test_write_kernel_is_the_reference_bit_for_bit(case, lens, dtype):
             vh, vm = quantize("kivi2", x_v, QuantContext(role="value", block_size=T))
             j = torch.arange(n)
             blk, off = bt[b, j // T].long(), j % T
-            assert torch.equal(c["k_codes"][blk, h, off], km["codes"]) and torch.equal(c["v_codes"][blk, h, off], vm["codes"])
+            assert torch.equal(c["k_codes"][blk, h, off], km["codes"].long())
+            assert torch.equal(c["v_codes"][blk, h, off], vm["codes"].long())
             for p in range(pages[b]):
                 assert torch.equal(c["k_scale"][bt[b, p], h].float(), km["scale"][p])
                 assert torch.equal(c["k_zero"][bt[b, p], h].float(), km["zero"][p])

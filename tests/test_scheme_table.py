@@ -25,7 +25,7 @@ def test_table_rows_and_derived_sets(monkeypatch):
         "int8": 127.0, "int8_dither": 126.5, "fp8_e4m3_scaled": 448.0, "int4_group": 15.0, "kivi2": 3.0}
     # the asymmetric schemes' divisor is their largest code: 2^bits − 1
     assert all(T.SCHEMES[n].divisor == 2 ** T.SCHEMES[n].code_bits - 1 for n in ("int4_group", "kivi2"))
-    assert {n: r.codes_per_byte for n, r in T.SCHEMES.items() if r.codes_per_byte != 1} == {"int4_group": 2}
+    assert {n: r.codes_per_byte for n, r in T.SCHEMES.items() if r.codes_per_byte != 1} == {"int4_group": 2, "kivi2": 4}
     assert T.kernel_id("int4_group") == 6 and T.kernel_id("kivi2") == 7 and T.kernel_supported("kivi2")
     assert not T.kernel_supported("my_user_scheme")
     with pytest.raises(ValueError, match="unknown"):
@@ -73,9 +73,8 @@ def test_consumers_read_the_table():
     ("fp8_e4m3", (256, 0, 14)),
     ("fp8_e4m3_scaled", (256, 4, 14)),
     ("int4_group", (128.0, 32, 14)),  # fp16 scale + zero per 32 channels, K and V
-    # one 2-bit code per byte as stored (not yet packed); keys: fp16 scale + zero per channel per block
-    # of 16, values per 32 channels
-    ("kivi2", (256, 2 * 2 * 128 / 16 + 16, 14)),
+    # four 2-bit codes per byte; keys: fp16 scale + zero per channel per block of 16, values per 32 channels
+    ("kivi2", (64.0, 2 * 2 * 128 / 16 + 16, 14)),
 ])
 def test_bytes_per_token_pinned(scheme, want):
     from kernels.paged import bytes_per_token
@@ -98,7 +97,7 @@ def test_paged_shapes_follow_the_table():
     c = PagedKV.allocate(1, 1, 64, "none", model_dtype=torch.float16)
     assert c.k_codes.dtype == torch.float16
     c = PagedKV.allocate(3, 2, 128, "kivi2")  # a page is one key block: key scale / zero per channel
-    assert c.k_codes.shape == c.v_codes.shape == (3, 2, 16, 128) and c.k_codes.dtype == torch.uint8
+    assert c.k_codes.shape == c.v_codes.shape == (3, 2, 16, 32) and c.k_codes.dtype == torch.uint8
     assert c.k_scale.shape == c.k_zero.shape == (3, 2, 128)
     assert c.v_scale.shape == c.v_zero.shape == (3, 2, 16, 4)
     with pytest.raises(ValueError, match="kernels support"):

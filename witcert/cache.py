@@ -1076,22 +1076,19 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
     blk = bt[:, j // T]  # [B', n]
     off = (j % T)[None, :].expand_as(blk)
 
+    from kernels.paged import dequantized_fp32, unpack_codes
+
     def gather(t):  # [NB, Hkv, T, ...] → [B', Hkv, n, ...]
         return t[blk, :, off].movedim(2, 1)
 
-    if cache.scheme == "int4_group":
+    if dequantized_fp32(cache.scheme):  # z + s·c: int4_group (per 32 channels), kivi2 (keys per channel of the page)
         gi = torch.arange(D, device=dev) // 32
-
-        def deq(codes, scale, zero):
-            c = gather(codes).long()
-            c = torch.cat([c & 15, c >> 4], dim=-1).double()
-            return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
-
-        kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
-    elif cache.scheme == "kivi2":  # one code per byte; keys: scale / zero per channel of the page
-        gi = torch.arange(D, device=dev) // 32
-        kh = cache.k_zero[blk].movedim(2, 1).double() + cache.k_scale[blk].movedim(2, 1).double() * gather(cache.k_codes).double()
-        vh = gather(cache.v_zero)[..., gi].double() + gather(cache.v_scale)[..., gi].double() * gather(cache.v_codes).double()
+        kc, vc = (unpack_codes(gather(c), cache.scheme).double() for c in (cache.k_codes, cache.v_codes))
+        if cache.scheme == "kivi2":
+            kh = cache.k_zero[blk].movedim(2, 1).double() + cache.k_scale[blk].movedim(2, 1).double() * kc
+        else:
+            kh = gather(cache.k_zero)[..., gi].double() + gather(cache.k_scale)[..., gi].double() * kc
+        vh = gather(cache.v_zero)[..., gi].double() + gather(cache.v_scale)[..., gi].double() * vc
     else:
         kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
         if cache.scheme != "none":
