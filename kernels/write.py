@@ -173,7 +173,7 @@ def _write_kernel(
     NG: tl.constexpr = D // GROUP
     D2: tl.constexpr = D // 2
     D4: tl.constexpr = D // 4
-    # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
+    # int4_group, kivi2: z + s·c may be fused into one FMA elsewhere (the decode): cover a 1-ulp difference of x̂
     ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
