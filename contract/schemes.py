@@ -48,10 +48,12 @@ class Scheme:
     key_scales: str
     value_scales: str
     #: the divisor of the scale rule (s = the smallest fp16 with s·divisor ≥ the range: max|x| or
-    #: max − zero); None: no such rule (no scale, or kivi2's exact fp32 range/3)
+    #: max − zero; for the asymmetric schemes it is also the largest code); None: no scale
     divisor: float | None = None
     #: the codes depend on the token's logical index (the dither key): a writer must know it
     position_keyed: bool = False
+    #: codes the kernels store per byte (int4_group: 2, kivi2: 4); what ``bytes_per_token`` counts
+    codes_per_byte: int = 1
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -59,6 +61,8 @@ class Scheme:
         for role in (self.key_scales, self.value_scales):
             if role not in SCALE_KINDS:
                 raise ValueError(f"Scheme {self.name}: scale kind {role!r} not in {SCALE_KINDS}")
+        if self.codes_per_byte < 1 or (self.code_bits or 8) * self.codes_per_byte > 8:
+            raise ValueError(f"Scheme {self.name}: {self.codes_per_byte} codes of {self.code_bits} bits do not fit a byte")
 
     @property
     def kernel_supported(self) -> bool:
@@ -88,10 +92,11 @@ _ROWS = (
            "token", 448.0),
     Scheme("int4_group", 6, "uint8", 4,
            "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
-           "channel-group", "group", "group", 15.0),
-    Scheme("kivi2", None, "uint8", 2,  # reference only: one 2-bit code per byte (counted packed)
-           "keys: per channel over a block of T tokens, fp32 scale (range/3) + zero; values: the same per 32 channels of a token",
-           "block", "channel-block", "group"),
+           "channel-group", "group", "group", 15.0, codes_per_byte=2),
+    Scheme("kivi2", 7, "uint8", 2,
+           "keys: per channel over a block of T tokens, values: per 32 channels of a token; fp16 scale (rounded up, "
+           "range/3) + zero (rounded down), codes 0..3, four per byte",
+           "block", "channel-block", "group", 3.0, codes_per_byte=4),
 )
 
 #: the table, by name (insertion order = kernel id order, then the reference-only schemes)

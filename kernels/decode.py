@@ -34,7 +34,9 @@ Tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be
 on the GPU: int8 and fp8 codes are exact in both, the per-token scales are folded into the
 logits and into p̂ (p̂·s_v is rounded to q's dtype, as in any bf16 attention kernel), and the
 int8_dither term q·u uses u split into hi + lo parts.
-``int4_group`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with tf32x3.
+``int4_group`` and ``kivi2`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with
+tf32x3 (kivi2: one 2-bit code per byte; the key scale / zero per channel of the page, the value
+ones per 32 channels of the token).
 In the interpreter everything stays in fp32.
 
 Repaired pages (``repair=``, ``paged.RepairOverlay``; constexpr HAS_REP, off when no page is
@@ -59,8 +61,8 @@ import triton
 import triton.language as tl
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .ids import INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dot_gamma, mass_eta_terms
+from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -75,6 +77,18 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _unpack2(b, N: tl.constexpr, D: tl.constexpr):
+    """[N, D] fp32 codes of kivi2's packed bytes [N, D/4] (byte i: channels i, i + D/4, i + D/2,
+    i + 3D/4 in bits 0-1, 2-3, 4-5, 6-7; ``kernels.write`` packs them)."""
+    c0 = (b & 3).to(tl.float32)
+    c1 = ((b >> 2) & 3).to(tl.float32)
+    c2 = ((b >> 4) & 3).to(tl.float32)
+    c3 = ((b >> 6) & 3).to(tl.float32)
+    x = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [N, D/4, k1, k0]: quarter k = 2·k1 + k0
+    return tl.reshape(tl.permute(tl.reshape(x, [N, D // 4, 4]), (0, 2, 1)), [N, D])
+
+
+@triton.jit
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
@@ -83,6 +97,7 @@ def _decode_kernel(
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
     s_sb, s_sh, s_st,
+    s_vsb, s_vsh, s_vst,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
     s_btb, s_tmb, s_rsb,
@@ -138,6 +153,7 @@ def _decode_kernel(
     bad = tl.zeros([BLOCK_N], tl.float32)
 
     D2: tl.constexpr = D // 2
+    D4: tl.constexpr = D // 4
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
     off = n_idx % T
@@ -159,23 +175,33 @@ def _decode_kernel(
         else:
             blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
         cbase = blk * s_cb + kvh * s_ch + off * s_ct
-        sbase = blk * s_sb + kvh * s_sh + off * s_st
+        sbase = blk * s_sb + kvh * s_sh + off * s_st  # key scales (kivi2: s_st = 0, + the channel)
+        vsbase = blk * s_vsb + kvh * s_vsh + off * s_vst  # value scales
         if HAS_REP:  # repaired pages (overlay): exact K/V from the pool slot RS[blk, kvh] (-1: none)
             rslot = tl.load(RS + blk * s_rsb + kvh, mask=valid, other=-1)
             rep = valid & (rslot >= 0)
             rbase = tl.where(rep, rslot, 0).to(tl.int64) * (T * D) + off * D  # pool [R, T, D]
             rnbase = tl.where(rep, rslot, 0).to(tl.int64) * T + off  # norms [R, T]
-        if SCHEME == INT4_GROUP_ID:  # int4_group: unpack nibbles (channel i low, i + D/2 high), z + s·c in fp32
-            d2 = tl.arange(0, D2)
-            gidx = sbase[:, None] + (d // 32)[None, :]
-            kb = tl.load(KC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
-            kcode = tl.reshape(tl.permute(tl.join((kb & 15).to(tl.float32), (kb >> 4).to(tl.float32)), (0, 2, 1)), [BLOCK_N, D])
-            kh = tl.load(KZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
-                tl.load(KS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
-            vb = tl.load(VC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
-            vcode = tl.reshape(tl.permute(tl.join((vb & 15).to(tl.float32), (vb >> 4).to(tl.float32)), (0, 2, 1)), [BLOCK_N, D])
-            vh = tl.load(VZ + gidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
-                tl.load(VS + gidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
+        if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:  # z + s·c in fp32
+            vgidx = vsbase[:, None] + (d // 32)[None, :]  # the value scale / zero of a 32-channel group
+            if SCHEME == INT4_GROUP_ID:  # unpack nibbles (channel i low, i + D/2 high)
+                d2 = tl.arange(0, D2)
+                kb = tl.load(KC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
+                kcode = tl.reshape(tl.permute(tl.join((kb & 15).to(tl.float32), (kb >> 4).to(tl.float32)), (0, 2, 1)),
+                                   [BLOCK_N, D])
+                vb = tl.load(VC + cbase[:, None] + d2[None, :], mask=valid[:, None], other=0)
+                vcode = tl.reshape(tl.permute(tl.join((vb & 15).to(tl.float32), (vb >> 4).to(tl.float32)), (0, 2, 1)),
+                                   [BLOCK_N, D])
+                kgidx = sbase[:, None] + (d // 32)[None, :]
+            else:  # kivi2: four codes per byte (channels i, i + D/4, i + D/2, i + 3D/4); key scale / zero per channel
+                d4 = tl.arange(0, D4)
+                kcode = _unpack2(tl.load(KC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
+                vcode = _unpack2(tl.load(VC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
+                kgidx = sbase[:, None] + d[None, :]
+            kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
+                tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
+            vh = tl.load(VZ + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
+                tl.load(VS + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
             if HAS_REP:  # a repaired token: its exact K/V (model dtype, exact in fp32) instead of z + s·c
                 kh = tl.where(rep[:, None], tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
                               .to(tl.float32), kh)
@@ -197,7 +223,7 @@ def _decode_kernel(
                 vs = tl.full([BLOCK_N], 1.0, tl.float32)
             else:
                 ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
-                vs = tl.load(VS + sbase, mask=valid, other=0.0).to(tl.float32)
+                vs = tl.load(VS + vsbase, mask=valid, other=0.0).to(tl.float32)
             if LOWP:  # tensor cores in q's dtype: int8 / fp8 codes are exact in bf16 and fp16
                 kc = kc.to(Q.dtype.element_ty)
                 vcT = vcT.to(Q.dtype.element_ty)
@@ -614,7 +640,8 @@ def decode(
         cache.seed, cache.layer, sm, S,
         q.stride(0), q.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if cache.scheme == "kivi2" else cache.k_scale.stride(2),
+        cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
         0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
@@ -630,7 +657,7 @@ def decode(
     )
     consts = MergeConstants(
         D=D, T=T, PAGES=pages_per_tile, NB=NB, KA=KA, sm=sm, tier_b=tier_b,
-        delta_step=delta_step, gamma=dot_gamma(D, split3=cache.scheme == "int4_group"),
+        delta_step=delta_step, gamma=dot_gamma(D, split3=dequantized_fp32(cache.scheme)),
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
         eta=mass_eta_terms(pages_per_tile * T, hist_split), out_rel0=2.0**-8 if lowp else 0.0,
     )

@@ -19,10 +19,14 @@ FP8_E4M3_ID = tl.constexpr(kernel_id("fp8_e4m3"))
 FP8_E5M2_ID = tl.constexpr(kernel_id("fp8_e5m2"))
 FP8_E4M3_SCALED_ID = tl.constexpr(kernel_id("fp8_e4m3_scaled"))
 INT4_GROUP_ID = tl.constexpr(kernel_id("int4_group"))
+KIVI2_ID = tl.constexpr(kernel_id("kivi2"))
 
 #: fp8_e4m3_scaled: s = the smallest fp16 with s·448 ≥ max|x|
 FP8_SCALED_DIVISOR = tl.constexpr(float(SCHEMES["fp8_e4m3_scaled"].divisor))
 #: int4_group: s = the smallest fp16 with s·15 ≥ max − z (codes 0 … 15)
 INT4_DIVISOR = tl.constexpr(float(SCHEMES["int4_group"].divisor))
+#: kivi2: s = the smallest fp16 with s·3 ≥ max − z (codes 0 … 3), keys per channel of a page,
+#: values per 32 channels of a token
+KIVI2_DIVISOR = tl.constexpr(float(SCHEMES["kivi2"].divisor))
 #: channels per int4_group scale / zero
 GROUP = tl.constexpr(INT4_GROUP)

@@ -8,6 +8,10 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
                                         and channel i + D/2 (high nibble), the RoPE 'half' pairing
     k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale);
                       [NB, Hkv, T, D/32] for int4_group, with k_zero / v_zero of the same shape
+    kivi2             k_codes, v_codes [NB, Hkv, T, D/4] uint8: byte i holds channels i, i + D/4,
+                      i + D/2, i + 3D/4 in bits 0-1, 2-3, 4-5, 6-7 (``unpack_codes``); k_scale,
+                      k_zero [NB, Hkv, D] (per channel of a page: a page is one block of T tokens,
+                      quantized when it is full); v_scale, v_zero [NB, Hkv, T, D/32] (as int4_group)
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
     v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
     v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖), the magnitudes the
@@ -77,6 +81,26 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     if split3:
         return (3 * head_dim + 32) * KERNEL_UNIT + 2.0**-19
     return (head_dim + 32) * KERNEL_UNIT
+
+
+def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:
+    """The codes [..., D] (int64) of packed bytes [..., D / codes_per_byte] (torch; the kernels unpack
+    in-kernel): byte i holds channel i + k·D/c in bits k·b … k·b + b − 1 (c codes of b bits per
+    byte; int4_group: i and i + D/2, kivi2: i, i + D/4, i + D/2, i + 3D/4). Unpacked schemes pass."""
+    row = SCHEMES[scheme]
+    c = codes.long()
+    if row.codes_per_byte == 1:
+        return c
+    b = row.code_bits
+    return torch.cat([(c >> (k * b)) & ((1 << b) - 1) for k in range(row.codes_per_byte)], dim=-1)
+
+
+def dequantized_fp32(scheme: str) -> bool:
+    """Whether the decode dequantizes a scheme's tiles as z + s·c in fp32 and dots them with tf32x3
+    (``dot_gamma(..., split3=True)``): the asymmetric schemes (a zero beside each scale: int4_group,
+    kivi2)."""
+    row = SCHEMES[scheme]
+    return row.key_scales in ("group", "channel-block")
 
 
 #: relative error of the p̂ operand split of the histogram dot: tf32x3 (the dropped lo·lo product
@@ -161,11 +185,17 @@ class PagedKV:
         row = SCHEMES[scheme]
         cdt = CODE_DTYPES.get(scheme, model_dtype)
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        packed = row.code_bits is not None and row.code_bits < 8  # int4_group: two codes per byte
-        grouped = row.granularity == "channel-group"  # one scale / zero per INT4_GROUP channels
-        cshape = shape[:3] + (head_dim * row.code_bits // 8,) if packed else shape
-        sshape = shape[:3] + (head_dim // INT4_GROUP,) if grouped else shape[:3]
-        zshape = sshape if grouped else (1,)
+        cshape = shape[:3] + (head_dim // row.codes_per_byte,)  # int4_group: two codes per byte, kivi2 four
+
+        def scale_shape(kind):  # the scale (and zero) layout of one role, from the table's scale kind
+            if kind == "group":  # one scale / zero per INT4_GROUP channels of a token
+                return shape[:3] + (head_dim // INT4_GROUP,)
+            if kind == "channel-block":  # kivi2 keys: one per channel of a page (= a block of T tokens)
+                return (num_blocks, num_kv_heads, head_dim)
+            return shape[:3]
+
+        ksshape, vsshape = scale_shape(row.key_scales), scale_shape(row.value_scales)
+        asym = ("group", "channel-block")  # asymmetric schemes store a zero beside each scale
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
         kw = dict(device=device)
@@ -177,10 +207,10 @@ class PagedKV:
             group_id=gid.to(device),
             k_codes=torch.zeros(cshape, dtype=cdt, **kw),
             v_codes=torch.zeros(cshape, dtype=cdt, **kw),
-            k_scale=torch.ones(sshape, dtype=torch.float16, **kw),
-            v_scale=torch.ones(sshape, dtype=torch.float16, **kw),
-            k_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
-            v_zero=torch.zeros(zshape, dtype=torch.float16, **kw),
+            k_scale=torch.ones(ksshape, dtype=torch.float16, **kw),
+            v_scale=torch.ones(vsshape, dtype=torch.float16, **kw),
+            k_zero=torch.zeros(ksshape if row.key_scales in asym else (1,), dtype=torch.float16, **kw),
+            v_zero=torch.zeros(vsshape if row.value_scales in asym else (1,), dtype=torch.float16, **kw),
             k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
             v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
             v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
@@ -258,7 +288,13 @@ class RepairOverlay:
     dtype only (a narrower pool would round "exact" values served with radius 0: unsound).
 
     ``page_in`` fills a slot from exact K/V; ``write`` routes tokens written later into a repaired
-    page to its slot too (on the device, no host sync), so a repair stays persistent."""
+    page to its slot too (on the device, no host sync), so a repair stays persistent.
+
+    Block schemes (kivi2) also **hold** the partial last page of a sequence here until it is full
+    (``hold``: served exact, radius 0, KIVI's full-precision residual), then quantize it and give
+    the slot back (``release_held``). A held page is not a repair: ``held`` maps (block, head) to
+    its pool row (host-side, so a release needs no sync), ``free`` lists released rows for reuse;
+    a gate's ``page_in`` of a held page turns it into a repair (it then stays exact when full)."""
 
     slot: torch.Tensor
     k: torch.Tensor
@@ -267,6 +303,8 @@ class RepairOverlay:
     v_norm: torch.Tensor
     count: int = 0
     owner: int | None = None
+    held: dict = dataclasses.field(default_factory=dict)
+    free: list = dataclasses.field(default_factory=list)
 
     @property
     def capacity(self) -> int:
@@ -348,10 +386,81 @@ class RepairOverlay:
             new[: self.count] = t[: self.count]
             setattr(self, name, new)
 
+    def _new_row(self) -> int:
+        """A pool row for a new slot: a released one, else the next (the pool grows by doubling)."""
+        if self.free:
+            return self.free.pop()
+        if self.count == self.capacity:
+            self._grow(self.count + 1)
+        self.count += 1
+        return self.count - 1
+
+    def hold(self, blocks: list, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> int:
+        """Hold pages ``blocks`` (every kv head) exact in the pool until ``release_held``: the partial
+        last page of a block scheme's sequence. ``k``, ``v`` [len(blocks), Hkv, m, D]: the exact values
+        of their first m tokens (None: m = 0, ``write`` fills them as they arrive). A page that has a
+        slot already (held, or repaired by the gate) is left as it is. One host sync (which pages have
+        slots). Returns the number of pages newly held."""
+        H = self.slot.shape[1]
+        if not blocks:
+            return 0
+        has = (self.slot[torch.as_tensor(blocks, dtype=torch.long, device=self.slot.device)] >= 0).cpu()
+        bl, hd, rows, src = [], [], [], []
+        for i, b in enumerate(blocks):
+            for h in range(H):
+                if bool(has[i, h]):
+                    continue
+                r = self._new_row()
+                self.held[(int(b), h)] = r
+                bl.append(int(b))
+                hd.append(h)
+                rows.append(r)
+                src.append((i, h))
+        if not rows:
+            return 0
+        dev = self.k.device
+        ri = torch.tensor(rows, dtype=torch.long, device=dev)
+        for name in ("k", "v"):
+            getattr(self, name)[ri] = 0
+        for name in ("k_norm", "v_norm"):
+            getattr(self, name)[ri] = float("nan")  # not written yet (the class doc)
+        if k is not None and k.shape[2] > 0:
+            m = k.shape[2]
+            if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+                raise ValueError(f"hold: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
+            ii = torch.tensor([a for a, _ in src], dtype=torch.long, device=k.device)
+            hh = torch.tensor([b for _, b in src], dtype=torch.long, device=k.device)
+            kk, vv = k[ii, hh].to(dev), v[ii, hh].to(dev)  # [P, m, D]
+            self.k[ri, :m] = kk
+            self.v[ri, :m] = vv
+            self.k_norm[ri, :m] = self.norms_up(kk)
+            self.v_norm[ri, :m] = self.norms_up(vv)
+        self.slot[torch.tensor(bl, dtype=torch.long, device=self.slot.device),
+                  torch.tensor(hd, dtype=torch.long, device=self.slot.device)] = \
+            torch.tensor(rows, dtype=torch.int32, device=self.slot.device)
+        return len(rows)
+
+    def release_held(self, blocks: list) -> int:
+        """Give back the held slots of pages ``blocks`` (every kv head; pages the gate repaired stay):
+        the page is now served from its codes. No host sync. Returns the number released."""
+        bl, hd = [], []
+        for b in blocks:
+            for h in range(self.slot.shape[1]):
+                r = self.held.pop((int(b), h), None)
+                if r is not None:
+                    self.free.append(r)
+                    bl.append(int(b))
+                    hd.append(h)
+        if bl:
+            dev = self.slot.device
+            self.slot[torch.tensor(bl, dtype=torch.long, device=dev), torch.tensor(hd, dtype=torch.long, device=dev)] = -1
+        return len(bl)
+
     def page_in(self, block: int, head: int, k: torch.Tensor, v: torch.Tensor) -> bool:
         """Make page (``block``, ``head``) exact: its first m tokens' exact K/V ``k``, ``v`` [m, D]
         (m ≤ T; the rest of the page is filled by ``write`` as tokens arrive). Returns False
-        (nothing done) if the page is already repaired: idempotent."""
+        (nothing done) if the page is already repaired: idempotent. A held page (``hold``) becomes
+        a repair (its values are copied again: they are the same)."""
         NB, H = self.slot.shape
         if not (0 <= block < NB and 0 <= head < H):
             raise ValueError(f"page_in: block {block}, head {head} outside [0, {NB}) x [0, {H})")
@@ -361,11 +470,11 @@ class RepairOverlay:
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
         if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
             raise ValueError(f"page_in: exact values of the pool's dtype {self.k.dtype} only, got {k.dtype} / {v.dtype}")
-        if int(self.slot[block, head]) >= 0:
-            return False
-        if self.count == self.capacity:
-            self._grow(self.count + 1)
-        r = self.count
+        r = self.held.pop((int(block), int(head)), None)
+        if r is None:
+            if int(self.slot[block, head]) >= 0:
+                return False
+            r = self._new_row()
         dev = self.k.device
         k = k.to(dev)
         v = v.to(dev)
@@ -378,7 +487,6 @@ class RepairOverlay:
         self.k_norm[r, :m] = self.norms_up(self.k[r, :m])  # the norms of what is stored and served
         self.v_norm[r, :m] = self.norms_up(self.v[r, :m])
         self.slot[block, head] = r
-        self.count += 1
         return True
 
     def write(self, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -408,13 +516,16 @@ class RepairOverlay:
         H = self.slot.shape[1]
         new = torch.full((batch, new_pages, H), -1, dtype=torch.int32, device=self.slot.device)
         new[:, :old_pages] = self.slot.view(batch, old_pages, H)
-        return dataclasses.replace(self, slot=new.view(batch * new_pages, H), owner=None)  # bind to the new cache
+        held = {((b // old_pages) * new_pages + b % old_pages, h): r for (b, h), r in self.held.items()}
+        return dataclasses.replace(self, slot=new.view(batch * new_pages, H), owner=None,  # bind to the new cache
+                                   held=held, free=list(self.free))
 
     def reordered(self, batch: int, pages: int, index: torch.Tensor) -> "RepairOverlay":
         """``PagedKV.reordered`` (sequence b owns what ``index[b]`` owned) with the pool copied, so
         beams never share a slot that a later write into one of them would change under the other."""
         H = self.slot.shape[1]
-        src = self.slot.view(batch, pages, H).index_select(0, index.to(self.slot.device)).reshape(-1)
+        index = index.to(self.slot.device)
+        src = self.slot.view(batch, pages, H).index_select(0, index).reshape(-1)
         used = src >= 0
         n = int(used.sum())
         out = RepairOverlay.allocate(batch * pages, H, self.k.shape[1], self.k.shape[2], self.k.dtype, self.k.device,
@@ -426,6 +537,14 @@ class RepairOverlay:
             getattr(out, name)[:n] = getattr(self, name)[rows]
         out.slot = flat.view(batch * pages, H)
         out.count = n
+        if self.held:  # a held page stays held in its copy (host-side map: one transfer, beam search only)
+            idx = index.cpu().tolist()
+            fl = flat.cpu().tolist()
+            for b in range(batch):
+                for j in range(pages):
+                    for h in range(H):
+                        if (idx[b] * pages + j, h) in self.held:
+                            out.held[(b * pages + j, h)] = fl[(b * pages + j) * H + h]
         return out
 
 
@@ -451,8 +570,8 @@ def bytes_per_token(
         raise ValueError(f"scheme: unknown {scheme!r}")
     if row.code_bits is None:  # "none": the model's dtype
         code_bytes = model_bytes
-    else:  # whole bytes stay ints; sub-byte codes are counted packed
-        code_bytes = row.code_bits // 8 if row.code_bits % 8 == 0 else row.code_bits / 8
+    else:  # what the kernels store: codes_per_byte codes in a byte (int4_group 2, kivi2 1)
+        code_bytes = 1 if row.codes_per_byte == 1 else 1 / row.codes_per_byte
     codes = 2 * head_dim * code_bytes
     # K and V: one fp16 scale per token ("token"); fp16 scale + zero per 32 channels ("group");
     # kivi2 keys: fp16 scale + zero per channel per block, shared by block_size tokens

@@ -33,7 +33,7 @@ from contract.rounding import round_up_to_dtype
 from contract.schemes import SCHEMES
 
 from .ids import (FP8_E4M3_SCALED_ID, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID,
-                  INT8_ID, NONE_ID)
+                  INT8_ID, KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
 from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -115,17 +115,26 @@ def scaled_norm(x, sel):
 
 
 @triton.jit
-def _store_codes(C, S, Z, E, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask,
-                 SCHEME: tl.constexpr, STORE_EXACT: tl.constexpr):
-    """Store one role's codes, scale(s) (and int4 zeros) and the exact copy."""
+def _store_codes(C, S, Z, E, caddr, saddr, smask, eaddr, code, s, zg, x, m2,
+                 ASYM: tl.constexpr, STORE_EXACT: tl.constexpr):
+    """Store one role's codes, scale(s) (and the zeros of the asymmetric schemes) and the exact copy."""
     tl.store(C + caddr, code, mask=m2)
-    if SCHEME == INT4_GROUP_ID:
-        tl.store(S + gaddr, s, mask=m2)
-        tl.store(Z + gaddr, zg, mask=m2)
-    else:
-        tl.store(S + sbase, s, mask=rmask)
+    tl.store(S + saddr, s, mask=smask)
+    if ASYM:
+        tl.store(Z + saddr, zg, mask=smask)
     if STORE_EXACT:
         tl.store(E + eaddr, x.to(E.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _asym_codes(x, zb, sb, TOP: tl.constexpr):
+    """Codes and x̂ of the asymmetric schemes (witcert.schemes._asym_f16): y = (x − z)/s,
+    c = floor(y) + [y − floor(y) ≥ ½] clamped to [0, TOP], 0 where s = 0; x̂ = z + s·c."""
+    y = tl.math.div_rn(x - zb, tl.where(sb > 0, sb, 1.0))
+    fl = tl.floor(y)
+    c = tl.clamp(fl + tl.where(y - fl >= 0.5, 1.0, 0.0), 0.0, TOP)
+    c = tl.where(sb > 0, c, 0.0)
+    return c, zb + sb * c
 
 
 @triton.jit
@@ -136,6 +145,7 @@ def _write_kernel(
     s_kn, s_kh, s_vn, s_vh,
     s_cb, s_ch, s_ct,
     s_sb, s_sh, s_st,
+    s_vsb, s_vsh, s_vst,
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
@@ -143,7 +153,9 @@ def _write_kernel(
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
     SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
 ):
-    """One program per (tile of BLOCK_T new tokens, kv head): rows are tokens, columns channels."""
+    """One program per (tile of BLOCK_T new tokens, kv head): rows are tokens, columns channels.
+    kivi2: BLOCK_T = T and a tile is one page from its offset 0 (the wrapper's contract), so a
+    program sees every token of its key block."""
     i = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     rmask = i < N
@@ -155,12 +167,15 @@ def _write_kernel(
     off = slot % T
     gid = tl.load(GID + d_idx)
     cbase = blk * s_cb + h * s_ch + off * s_ct
-    sbase = blk * s_sb + h * s_sh + off * s_st
+    sbase = blk * s_sb + h * s_sh + off * s_st  # key scales (kivi2: s_st = 0, + the channel)
+    vsbase = blk * s_vsb + h * s_vsh + off * s_vst  # value scales
     ebase = blk * s_eb + h * s_eh + off * s_et
     NG: tl.constexpr = D // GROUP
     D2: tl.constexpr = D // 2
-    # int4: z + s·c may be fused into one FMA elsewhere: cover a 1-ulp difference of x̂
-    ABS: tl.constexpr = 2.384185791015625e-07 if SCHEME == INT4_GROUP_ID else 0.0  # 2^-22
+    D4: tl.constexpr = D // 4
+    # int4_group, kivi2: z + s·c may be fused into one FMA elsewhere (the decode): cover a 1-ulp difference of x̂
+    ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
+    ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
@@ -215,6 +230,29 @@ def _write_kernel(
             lo, hi = tl.split(tl.permute(tl.reshape(c, [BLOCK_T, 2, D2]), (0, 2, 1)))
             code = (lo + 16.0 * hi).to(tl.uint8)
             s = sgr
+        elif SCHEME == KIVI2_ID:  # 2-bit, one code per byte; fp16 zero (down) and scale (up)
+            if which == 0:  # keys: per channel over the page's tokens (the program's valid rows)
+                zc = f16_round_down(tl.min(tl.where(m2, x, float("inf")), axis=0))  # [D]
+                zf = zc.to(tl.float32)
+                sc = fp16_scale_up(tl.max(tl.where(m2, x, float("-inf")), axis=0) - zf, KIVI2_DIVISOR)
+                zb = tl.broadcast_to(zf[None, :], [BLOCK_T, D])
+                sb = tl.broadcast_to(sc.to(tl.float32)[None, :], [BLOCK_T, D])
+                s = tl.broadcast_to(sc[None, :], [BLOCK_T, D])
+                zg = tl.broadcast_to(zc[None, :], [BLOCK_T, D])
+            else:  # values: per 32 channels of a token (int4_group's groups)
+                x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
+                zg = f16_round_down(tl.min(x3, axis=2))
+                zf = zg.to(tl.float32)
+                s = fp16_scale_up(tl.max(x3, axis=2) - zf, KIVI2_DIVISOR)
+                zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+                sb = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+            c, xh = _asym_codes(x, zb, sb, KIVI2_DIVISOR)
+            # four codes per byte: byte i holds channels i, i + D/4, i + D/2, i + 3D/4 (bits 0-1 … 6-7)
+            c22 = tl.reshape(tl.permute(tl.reshape(c, [BLOCK_T, 4, D4]), (0, 2, 1)), [BLOCK_T, D4, 2, 2])
+            ev, od = tl.split(c22)  # channel quarters k = 2·k1 + k0: k0 = 0 | 1
+            c0, c2 = tl.split(ev)
+            c1, c3 = tl.split(od)
+            code = (c0 + 4.0 * c1 + 16.0 * c2 + 64.0 * c3).to(tl.uint8)
         else:  # the fp8 schemes: raw casts, or scaled per token
             if SCHEME == FP8_E4M3_SCALED_ID:
                 s = fp16_scale_up(amax, FP8_SCALED_DIVISOR)
@@ -235,19 +273,30 @@ def _write_kernel(
         if SCHEME != INT8_DITHER_ID:
             mag = scaled_norm(xh, d_idx[None, :] >= 0)
         r = xh - x
-        gaddr = sbase[:, None] + tl.arange(0, NG)[None, :]  # int4_group: one scale/zero per 32 channels
+        rbase = sbase if which == 0 else vsbase
         if SCHEME == INT4_GROUP_ID:
             caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
+        elif SCHEME == KIVI2_ID:
+            caddr = cbase[:, None] + tl.arange(0, D4)[None, :]
         else:
             caddr = cbase[:, None] + d_idx[None, :]
-            zg = s  # unused: only int4_group stores zeros
+        if SCHEME == KIVI2_ID and which == 0:  # one scale / zero per channel of the page, from its row 0
+            saddr = rbase[:, None] + d_idx[None, :]
+            smask = m2 & (off == 0)[:, None]
+        elif ASYM:  # one scale / zero per 32 channels of a token
+            saddr = rbase[:, None] + tl.arange(0, NG)[None, :]
+            smask = m2
+        else:
+            saddr = rbase
+            smask = rmask
+            zg = s  # unused: only the asymmetric schemes store zeros
         eaddr = ebase[:, None] + d_idx[None, :]
         if which == 0:
-            _store_codes(KC, KS, KZ, EK, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
+            _store_codes(KC, KS, KZ, EK, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             for g in tl.static_range(G):
                 ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
-                if SCHEME == INT4_GROUP_ID:
+                if ASYM:
                     ng += ABS * scaled_norm(xh, gid[None, :] == g)
                 if PER_TOKEN:
                     tl.store(waddr + g, f16_round_up(ng), mask=rmask)
@@ -260,7 +309,7 @@ def _write_kernel(
             else:
                 tl.atomic_max(KN + kaddr, kap, mask=rmask)
         else:
-            _store_codes(VC, VS, VZ, EV, caddr, gaddr, sbase, eaddr, code, s, zg, x, m2, rmask, SCHEME, STORE_EXACT)
+            _store_codes(VC, VS, VZ, EV, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             phi = scaled_norm(r, d_idx[None, :] >= 0) * INFL + ABS * mag + FLOOR
             nu = mag * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff
@@ -332,6 +381,11 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
     BLOCK_T = 16 if INTERPRET else 4
+    kivi2 = cache.scheme == "kivi2"
+    if kivi2:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
+        BLOCK_T = cache.block_size
+        if validate:
+            _check_whole_pages(cache.block_size, seq_ids, positions)
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
         cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero, kw, cache.v_wit,
@@ -339,7 +393,8 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if kivi2 else cache.k_scale.stride(2),
+        cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
@@ -348,6 +403,21 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
     )
+
+
+def _check_whole_pages(T: int, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
+    """kivi2's write contract: the tokens are whole pages in order (token i·T + r is offset r of one
+    page of one sequence), the last page possibly partial (its statistics are over its tokens; a
+    later write of the whole page replaces them). ValueError otherwise (a host sync)."""
+    N = positions.shape[0]
+    pos = positions.to("cpu", torch.int64)
+    seq = seq_ids.to("cpu", torch.int64)
+    r = torch.arange(N) % T
+    first = torch.arange(N) - r  # the index of the page's first token
+    if not (torch.equal(pos % T, r) and torch.equal(pos // T, pos[first] // T) and torch.equal(seq, seq[first])):
+        raise ValueError(f"write_kv(kivi2): the tokens must be whole pages of {T} in order (token i·{T} + r at offset "
+                         "r of one page of one sequence; the last page may be partial): a key block is quantized "
+                         "over all its tokens at once")
 
 
 def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:

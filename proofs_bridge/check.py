@@ -80,6 +80,11 @@ def check_constants():
 
         kid = {n: int(getattr(I, n.upper() + "_ID").value) for n in P.SCHEME_IDS}
         out.append(("kernel constexpr scheme ids = the scheme table", kid == T.KERNEL_SCHEME_IDS == P.SCHEME_IDS, f"{kid}"))
+        # the asymmetric schemes' divisor is their largest code (codes 0 … 2^bits − 1): table, reference, kernels
+        asym = {"int4_group": (S.INT4_DIVISOR, I.INT4_DIVISOR.value), "kivi2": (S.KIVI2_DIVISOR, I.KIVI2_DIVISOR.value)}
+        got = {n: (float(T.SCHEMES[n].divisor), float(a), float(b)) for n, (a, b) in asym.items()}
+        out.append(("asymmetric divisors = 2^bits − 1 (int4_group 15, kivi2 3) in the table, reference, kernels",
+                    all(v == (2.0 ** T.SCHEMES[n].code_bits - 1,) * 3 for n, v in got.items()), f"{got}"))
     except ImportError as exc:  # kernels need triton
         out.append(("kernel constants", False, f"cannot import kernels: {exc}"))
     return out

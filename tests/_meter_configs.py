@@ -7,7 +7,11 @@ and fixed, and gating on it), risk-ranked and certified gates (with τ_v), a lef
 float64 model, fp8, and the reviewed underflowed-p̂ case. It returns a flat dict of numpy arrays.
 
 ``python tests/_meter_configs.py OUT.npz`` writes them. ``tests/data/meter_step_reference.npz``
-was written by the code *before* the meter was moved into ``witcert.meter`` (commit 4a0bbb8).
+was written by the code *before* the meter was moved into ``witcert.meter`` (commit 4a0bbb8),
+except the six ``*kivi2*`` configurations: re-recorded (branch kivi2-kernel) when kivi2 took the
+kernels' arithmetic (fp16 scale rounded up / zero rounded down, ``witcert.schemes._asym_f16``),
+which moves its served values; every other array was checked unchanged (within the cross-host
+tolerance) before the merge, and no discrete kivi2 field (ids, page-ins, flags, audit) changed.
 """
 
 from __future__ import annotations

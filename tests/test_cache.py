@@ -199,8 +199,11 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
     if scheme == "int8_dither":
         assert all(r.tv_b is not None for r in ker.records)
-    with pytest.raises(ValueError, match="kernel"):
-        WitCertCache(model.config, scheme="kivi2", backend="kernel")
+    from witcert.schemes import register_scheme
+
+    register_scheme("user_nokernel", lambda x: (x.float(), {}), overwrite=True)
+    with pytest.raises(ValueError, match="has no kernel"):
+        WitCertCache(model.config, scheme="user_nokernel", backend="kernel")
     # a gate is served on the kernel path (tests/test_kernel_gate.py); G > 1 witnesses are not
     assert WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked")).gate is not None
     with pytest.raises(ValueError, match="G = 1"):

@@ -534,13 +534,18 @@ def test_gated_kernel_cache_construction():
 
     model = tiny_llama()
     WitCertCache(model.config, scheme="fp8_e4m3", backend="kernel", gate=Gate("risk-ranked"))
-    with pytest.raises(ValueError, match="kernel"):
-        WitCertCache(model.config, scheme="kivi2", backend="kernel", gate=Gate("risk-ranked"))
+    from witcert.schemes import register_scheme
+
+    register_scheme("user_nokernel", lambda x: (x.float(), {}), overwrite=True)
+    with pytest.raises(ValueError, match="has no kernel"):
+        WitCertCache(model.config, scheme="user_nokernel", backend="kernel", gate=Gate("risk-ranked"))
     with pytest.raises(ValueError, match="G = 1"):
         WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)
-    # kivi2 has no kernel: a gated kivi2 cache stays on the reference path
-    c = WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked"))
-    assert not c.use_kernel(torch.device("cuda"), 1)
+    # kivi2 has a kernel (id 7): a gated kivi2 cache takes the kernel path (tests/test_kivi2_kernel.py);
+    # a user scheme has none and stays on the reference path
+    WitCertCache(model.config, scheme="kivi2", backend="kernel", gate=Gate("risk-ranked"))
+    assert WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked")).use_kernel(torch.device("cuda"), 1)
+    assert not WitCertCache(model.config, scheme="user_nokernel", gate=Gate("risk-ranked")).use_kernel(torch.device("cuda"), 1)
 
 
 def test_gated_kernel_cache_grows_and_reorders_beams():
@@ -591,7 +596,7 @@ def test_a_pool_token_nobody_wrote_saturates_instead_of_serving_zero():
 def test_auto_backend_serves_gated_caches_by_the_kernels_on_cuda():
     """``backend="auto"`` on a CUDA device: a kernel-scheme cache takes the kernels, gated or not
     (the gated kernel path passed this file on the H200, bench/kernel_gate_2026-12-01_G.log);
-    kivi2 (no kernel) and audited caches stay on the reference path. (``use_kernel`` only reads
+    kivi2 too (kernel id 7); audited caches stay on the reference path. (``use_kernel`` only reads
     the device type.)"""
     from witcert.cache import Gate, WitCertCache
 
@@ -600,7 +605,8 @@ def test_auto_backend_serves_gated_caches_by_the_kernels_on_cuda():
     gate = Gate("risk-ranked", max_pagein_blocks=1)
     assert WitCertCache(cfg, scheme="int8").use_kernel(cuda, 2)
     assert WitCertCache(cfg, scheme="int8", gate=gate).use_kernel(cuda, 2)
-    assert not WitCertCache(cfg, scheme="kivi2", gate=gate).use_kernel(cuda, 2)
+    assert WitCertCache(cfg, scheme="kivi2", gate=gate).use_kernel(cuda, 2)
+    assert WitCertCache(cfg, scheme="kivi2").use_kernel(cuda, 2)
     assert not WitCertCache(cfg, scheme="int8", gate=gate, audit=True).use_kernel(cuda, 2)
     assert WitCertCache(cfg, scheme="int8", backend="kernel", gate=gate).use_kernel(cuda, 2)
 

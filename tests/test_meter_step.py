@@ -285,7 +285,8 @@ def _float_field(a: np.ndarray) -> bool:
 def test_cache_records_are_bit_identical_to_the_pre_refactor_meter():
     """Every record field (TV⁺ before / after repair, parts, E⁺, Tier B, flags, page-ins, audit)
     and the generated ids of ``tests/_meter_configs.run_all`` equal those recorded by the code
-    before ``witcert.meter`` existed (4a0bbb8): bit for bit where the host computes the model's
+    before ``witcert.meter`` existed (4a0bbb8; the kivi2 configurations re-recorded when kivi2's
+    arithmetic became the kernels', tests/_meter_configs.py): bit for bit where the host computes the model's
     float32 forward as the fixture's host did; otherwise every discrete field exactly and every
     float field within ``CROSS_HOST_RTOL`` (the test says which of the two held)."""
     pytest.importorskip("transformers")

@@ -63,6 +63,21 @@ def test_drift_in_the_scheme_table_fails(monkeypatch):
     assert "kernel constexpr scheme ids = the scheme table" in failed(C.check_constants())
 
 
+def test_drift_in_an_asymmetric_divisor_fails(monkeypatch):
+    import triton.language as tl
+
+    from kernels import ids as I
+    from witcert import schemes as S
+
+    what = "asymmetric divisors = 2^bits − 1 (int4_group 15, kivi2 3) in the table, reference, kernels"
+    assert what not in failed(C.check_constants())
+    monkeypatch.setattr(I, "KIVI2_DIVISOR", tl.constexpr(4.0))
+    assert what in failed(C.check_constants())
+    monkeypatch.setattr(I, "KIVI2_DIVISOR", tl.constexpr(3.0))
+    monkeypatch.setattr(S, "INT4_DIVISOR", 16.0)
+    assert what in failed(C.check_constants())
+
+
 def test_drift_in_the_kernel_constant_fails(monkeypatch):
     from kernels import write as W
 

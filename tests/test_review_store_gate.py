@@ -238,8 +238,12 @@ def test_auto_fallback_reasons_are_each_logged_once(caplog, monkeypatch):
 
     cuda = torch.device("cuda")
     gate = wc.Gate("risk-ranked", max_pagein_blocks=1)
+    # every built-in lossy scheme has a kernel now (kivi2 since kernel id 7): a user scheme has none
+    from witcert.schemes import register_scheme
+
+    register_scheme("user_nokernel", lambda x: (x.float(), {}), overwrite=True)
     cases = [
-        (dict(scheme="kivi2", gate=gate), "scheme 'kivi2' has no kernel"),
+        (dict(scheme="user_nokernel", gate=gate), "scheme 'user_nokernel' has no kernel"),
         (dict(scheme="int8", audit=True), "audit=True"),
         (dict(scheme="int8", num_groups=2), "num_groups=2"),
         (dict(scheme="int8", witness="block"), "witness='block'"),

@@ -208,7 +208,8 @@ class WitCertLayer(CacheLayerMixin):
                                           per_token_witness=True, model_dtype=self.dtype, device=self.device,
                                           seed=o.seed, layer=self.layer_idx, with_exact=False)
             self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
-            if o.gate is not None:
+            # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
+            if o.gate is not None or o.scheme in BLOCK_SCHEMES:
                 self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
                                                   device=self.device).bind(self.paged)
         self.keys, self.values = self._views()
@@ -287,6 +288,18 @@ class WitCertLayer(CacheLayerMixin):
             self._ek, self._ev = self._ek[..., :n1, :], self._ev[..., :n1, :]
         self.keys, self.values = self._views()
         o = self.owner
+        T = o.block_size
+        if self.paged is not None and o.scheme in BLOCK_SCHEMES:
+            # kernel path: held pages past the new end are given back
+            per_seq = self.block_table.shape[1]
+            self.rep.release_held(sorted({b for (b, _) in self.rep.held if b % per_seq >= -(-n1 // T)}))
+        if self.paged is not None and o.scheme in BLOCK_SCHEMES and n1 % T:
+            # the new partial last page is served exact again (held; its tokens from the exact store),
+            # unless it is held or repaired already
+            p = n1 // T
+            lo = p * T
+            self.rep.hold(self._page_blocks(p), self.exact_k[..., lo:n1, :].to(self.device),
+                          self.exact_v[..., lo:n1, :].to(self.device))
         if self.k_hat.shape[-2] > n1:
             self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
             self.k_wit, self.v_wit, self.k_scale = self.k_wit[..., :n1, :], self.v_wit[..., :n1], self.k_scale[..., :n1]
@@ -347,6 +360,9 @@ class WitCertLayer(CacheLayerMixin):
             self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
         seq, p, slots = self._step_slots(Bsz, m, n0, n1)
         kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
+        if o.scheme in BLOCK_SCHEMES:
+            self._write_blocks(k, v, n0, n1, kf, vf, seq, p)
+            return
         write_kv(self.paged, kf, vf, self.block_table, seq, p, store_exact=False, validate=False, slots=slots)
         if self.rep is not None:  # repair is persistent: a token written into a repaired page is served exact
             T = o.block_size
@@ -369,6 +385,44 @@ class WitCertLayer(CacheLayerMixin):
             memo = (key, seq, p, token_slots(self.paged, self.block_table, seq, p, validate=False).contiguous())
             self.owner._slots_memo = memo
         return memo[1], memo[2], memo[3]
+
+    def _page_blocks(self, page: int) -> list:
+        """The physical block of logical page ``page`` of every sequence (the layer's table is
+        sequence b owning blocks b·pages … (b+1)·pages − 1: host arithmetic, no sync)."""
+        per_seq = self.block_table.shape[1]
+        return [b * per_seq + page for b in range(self.block_table.shape[0])]
+
+    def _write_blocks(self, k, v, n0, n1, kf, vf, seq, p):
+        """Kernel path of a block scheme (kivi2; a page is one key block of T tokens): tokens n0..n1
+        of every sequence. The partial last page is held exact in the overlay (radius 0, KIVI's
+        full-precision residual, as the reference path serves it); a page is quantized by the write
+        kernel when it is full, from its exact values (the held page's pool row, then the new
+        tokens), and its held slot is given back (a page the gate repaired stays exact)."""
+        from kernels.write import write_kv
+
+        T = self.owner.block_size
+        a, c = (n0 // T) * T, (n1 // T) * T  # the page n0 falls in; the end of the full pages
+        if n1 > c and c >= n0:  # a new partial last page: held exact from its first token
+            self.rep.hold(self._page_blocks(c // T))
+        pl = p.long()
+        self.rep.write(self.block_table[seq, pl // T], pl % T, kf, vf)  # held and repaired pages get the tokens
+        if c <= a:
+            return
+        Bsz, H, m, D = k.shape
+        # the page that was partial: its earlier tokens are in its pool row (held, or repaired by the gate)
+        rows = self.rep.slot[self.block_table[:, a // T].long()].long() if n0 > a else None  # [B, H], on the device
+
+        def full(x, pool):  # exact values of tokens a..c [B, H, c − a, D]
+            old = [pool[rows, : n0 - a].to(x.dtype)] if n0 > a else []
+            return torch.cat(old + [x[:, :, : c - n0]], dim=2)
+
+        kfull, vfull = full(k, self.rep.k), full(v, self.rep.v)
+        L = c - a
+        write_kv(self.paged, kfull.transpose(1, 2).reshape(Bsz * L, H, D), vfull.transpose(1, 2).reshape(Bsz * L, H, D),
+                 self.block_table, torch.arange(Bsz, device=self.device).repeat_interleave(L),
+                 torch.arange(a, c, device=self.device).repeat(Bsz), store_exact=False, validate=False)
+        if n0 > a:
+            self.rep.release_held(self._page_blocks(a // T))
 
     def _append_served(self, k, v):
         o = self.owner
@@ -1030,7 +1084,7 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
     """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
     of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
     dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
-    int4_group) and, where ``repair`` has the page, its exact pool values. For the gate's block
+    int4_group and kivi2) and, where ``repair`` has the page, its exact pool values. For the gate's block
     risks and the audit (O(B'·Hkv·n·D) device work, no kernel). ``cache``: a ``kernels.paged.PagedKV``,
     ``repair``: a ``kernels.paged.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
     with ``witcert.schemes``, and the kernels never import ``witcert``)."""
@@ -1043,18 +1097,19 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
     blk = bt[:, j // T]  # [B', n]
     off = (j % T)[None, :].expand_as(blk)
 
+    from kernels.paged import dequantized_fp32, unpack_codes
+
     def gather(t):  # [NB, Hkv, T, ...] → [B', Hkv, n, ...]
         return t[blk, :, off].movedim(2, 1)
 
-    if cache.scheme == "int4_group":
+    if dequantized_fp32(cache.scheme):  # z + s·c: int4_group (per 32 channels), kivi2 (keys per channel of the page)
         gi = torch.arange(D, device=dev) // 32
-
-        def deq(codes, scale, zero):
-            c = gather(codes).long()
-            c = torch.cat([c & 15, c >> 4], dim=-1).double()
-            return gather(zero)[..., gi].double() + gather(scale)[..., gi].double() * c
-
-        kh, vh = deq(cache.k_codes, cache.k_scale, cache.k_zero), deq(cache.v_codes, cache.v_scale, cache.v_zero)
+        kc, vc = (unpack_codes(gather(c), cache.scheme).double() for c in (cache.k_codes, cache.v_codes))
+        if cache.scheme == "kivi2":
+            kh = cache.k_zero[blk].movedim(2, 1).double() + cache.k_scale[blk].movedim(2, 1).double() * kc
+        else:
+            kh = gather(cache.k_zero)[..., gi].double() + gather(cache.k_scale)[..., gi].double() * kc
+        vh = gather(cache.v_zero)[..., gi].double() + gather(cache.v_scale)[..., gi].double() * vc
     else:
         kh, vh = gather(cache.k_codes).double(), gather(cache.v_codes).double()
         if cache.scheme != "none":

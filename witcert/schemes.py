@@ -61,6 +61,7 @@ INT8_DITHER_DIVISOR = SCHEMES["int8_dither"].divisor  # SPEC §5: |x/s| ≤ 126.
 INT8_DIVISOR = SCHEMES["int8"].divisor
 FP8_E4M3_MAX = SCHEMES["fp8_e4m3_scaled"].divisor  # the largest finite fp8 e4m3fn value
 INT4_DIVISOR = SCHEMES["int4_group"].divisor  # codes 0 … 15
+KIVI2_DIVISOR = SCHEMES["kivi2"].divisor  # codes 0 … 3
 _MASK32 = 0xFFFFFFFF
 
 
@@ -227,32 +228,6 @@ def _int8_dither(x, ctx):
     return x_hat, {"codes": c.to(torch.int8), "scale": s[..., 0], "dither": u}
 
 
-def _asym_groups(x: torch.Tensor, levels: int, dim: int, group: int):
-    """Asymmetric min/max quantization over groups of ``group`` along ``dim``."""
-    x = x.to(torch.float32)
-    size = x.shape[dim]
-    ng = -(-size // group)
-    pad = ng * group - size
-    xm = torch.movedim(x, dim, -1)
-    if pad:
-        xm = torch.cat([xm, xm[..., -1:].expand(*xm.shape[:-1], pad)], dim=-1)  # pad with a real value
-    g = xm.reshape(*xm.shape[:-1], ng, group)
-    mn = g.amin(dim=-1, keepdim=True)
-    mx = g.amax(dim=-1, keepdim=True)
-    s = (mx - mn) / (levels - 1)
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    c = torch.clamp(torch.round((g - mn) / safe), 0, levels - 1)
-    xh = (mn + s * c).reshape(*xm.shape[:-1], ng * group)[..., :size]
-    codes = c.reshape(*xm.shape[:-1], ng * group)[..., :size].to(torch.uint8)
-    return torch.movedim(xh, -1, dim), {
-        "codes": torch.movedim(codes, -1, dim),
-        "scale": s[..., 0],
-        "zero": mn[..., 0],
-        "group": group,
-        "axis": dim,
-    }
-
-
 def round_down_f16(t: torch.Tensor) -> torch.Tensor:
     """Largest float16 ≤ t (float32 in, float16 out)."""
     h = t.to(torch.float16)
@@ -261,36 +236,58 @@ def round_down_f16(t: torch.Tensor) -> torch.Tensor:
     return torch.where(h.to(torch.float32) > t, step.view(torch.float16), h)
 
 
+def _asym_f16(g: torch.Tensor, divisor: float, dim: int):
+    """Asymmetric quantization of ``g`` (float32) with statistics over ``dim`` -- the kernels'
+    arithmetic, bit for bit (``kernels.write``): z = largest fp16 ≤ min, s = smallest fp16 with
+    divisor·s ≥ max − z (the fp32 difference), y = (x − z)/s, c = floor(y) + [y − floor(y) ≥ ½]
+    clamped to [0, divisor] (the divisor is the largest code), x̂ = z + s·c (two fp32 roundings);
+    s = 0 (a constant range) gives c = 0. Returns (x̂, codes as float32, s, z) with s, z of ``g``'s
+    shape but size 1 along ``dim``."""
+    mn = g.amin(dim, keepdim=True)
+    mx = g.amax(dim, keepdim=True)
+    z = round_down_f16(mn).to(torch.float32)
+    s = round_up_to_dtype((mx - z).to(torch.float64) / divisor, torch.float16).to(torch.float32)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    y = (g - z) / safe
+    f = torch.floor(y)
+    c = torch.clamp(f + (y - f >= 0.5).to(torch.float32), 0, divisor)
+    c = torch.where(s > 0, c, torch.zeros_like(c))
+    return z + s * c, c, s, z
+
+
 def _int4_group(x, ctx):
-    """4-bit asymmetric per 32-channel group (the kernels' layout and arithmetic, bit for bit):
-    z = largest fp16 ≤ min, s = smallest fp16 with 15 s ≥ max − z, y = (x − z)/s,
-    c = floor(y) + [y − floor(y) ≥ ½] clamped to [0, 15], x̂ = z + s·c (two fp32 roundings)."""
+    """4-bit asymmetric per 32-channel group (the kernels' layout and arithmetic, bit for bit:
+    ``_asym_f16`` with divisor 15 over each group of a token)."""
     x = x.to(torch.float32)
     d = x.shape[-1]
     g = min(INT4_GROUP, d)
     if d % g:
         raise ValueError(f"int4_group: head dim {d} is not a multiple of the group size {g}")
-    xg = x.reshape(*x.shape[:-1], d // g, g)
-    mn = xg.amin(-1, keepdim=True)
-    mx = xg.amax(-1, keepdim=True)
-    z = round_down_f16(mn).to(torch.float32)
-    s = round_up_to_dtype((mx - z).to(torch.float64) / INT4_DIVISOR, torch.float16).to(torch.float32)
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    y = (xg - z) / safe
-    f = torch.floor(y)
-    c = torch.clamp(f + (y - f >= 0.5).to(torch.float32), 0, 15)
-    c = torch.where(s > 0, c, torch.zeros_like(c))
-    xh = z + s * c
+    xh, c, s, z = _asym_f16(x.reshape(*x.shape[:-1], d // g, g), INT4_DIVISOR, -1)
     return xh.reshape(x.shape), {"codes": c.reshape(x.shape).to(torch.uint8), "scale": s[..., 0], "zero": z[..., 0], "group": g}
 
 
-_KIVI2_LEVELS = 2 ** SCHEMES["kivi2"].code_bits
-
-
 def _kivi2(x, ctx):
+    """2-bit asymmetric (KIVI): keys per channel over each block of ``ctx.block_size`` tokens
+    (the last block may be partial: its statistics are over its tokens), values per 32 channels of
+    a token; both ``_asym_f16`` with divisor 3 (codes 0..3), the write kernel's arithmetic bit for
+    bit (a kernel page is one key block). Meta: ``codes`` (x's shape), ``scale`` / ``zero``
+    ([..., nblocks, d] for keys, [..., n, d/32] for values)."""
+    x = x.to(torch.float32)
+    n, d = x.shape[-2], x.shape[-1]
     if ctx.role == "key":  # per channel, over blocks of tokens
-        return _asym_groups(x, _KIVI2_LEVELS, -2, ctx.block_size)
-    return _asym_groups(x, _KIVI2_LEVELS, -1, min(INT4_GROUP, x.shape[-1]))  # per token, channel groups
+        T = ctx.block_size
+        nb = -(-n // T)
+        parts = [_asym_f16(x[..., i * T:(i + 1) * T, :], KIVI2_DIVISOR, -2) for i in range(nb)]
+        xh = torch.cat([p[0] for p in parts], dim=-2)
+        c = torch.cat([p[1] for p in parts], dim=-2)
+        return xh, {"codes": c.to(torch.uint8), "scale": torch.cat([p[2] for p in parts], dim=-2),
+                    "zero": torch.cat([p[3] for p in parts], dim=-2), "block": T}
+    g = min(INT4_GROUP, d)
+    if d % g:
+        raise ValueError(f"kivi2: head dim {d} is not a multiple of the value group size {g}")
+    xh, c, s, z = _asym_f16(x.reshape(*x.shape[:-1], d // g, g), KIVI2_DIVISOR, -1)
+    return xh.reshape(x.shape), {"codes": c.reshape(x.shape).to(torch.uint8), "scale": s[..., 0], "zero": z[..., 0], "group": g}
 
 
 # --------------------------------------------------------------------------- registry

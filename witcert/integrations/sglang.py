@@ -138,9 +138,11 @@ DECODE_PARAMS = ("q", "k_buffer", "v_buffer", "o", "kv_indptr", "kv_indices", "a
 POOL_PARAMS = ("self", "layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale")
 WITNESS_SLACK = 2.0**-12
 WITNESS_FLOOR = 2.0**-100
-#: our kernel schemes SGLang can serve: lossy, and not keyed by the token's logical index
-#: (SGLang's write does not carry it: int8_dither is refused), from the scheme table
-OUR_SCHEMES = tuple(r.name for r in SCHEMES.values() if r.kernel_supported and r.lossy and not r.position_keyed)
+#: our kernel schemes SGLang can serve: lossy, not keyed by the token's logical index (SGLang's
+#: write does not carry it: int8_dither is refused), and per token (SGLang's pages are single
+#: tokens: a block scheme such as kivi2 needs whole 16-token pages), from the scheme table
+OUR_SCHEMES = tuple(r.name for r in SCHEMES.values()
+                    if r.kernel_supported and r.lossy and not r.position_keyed and not r.per_block)
 
 
 class UnsupportedSGLang(RuntimeError):
