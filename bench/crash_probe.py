@@ -26,6 +26,10 @@ def cases():
     for m, (p, s), e in itertools.product((1, 0), ((8, 1), (4, 1), (8, 2)), (1, 0)):
         if m or e:
             out.append(f"mid-int8-m{m}-p{p}-s{s}-f{m}-e{e}")
+    # the fp32-dequantizing schemes (int4_group; kivi2 since 2026-12-02) at the production tiles
+    # (kernels.decode.tile_config: metered 128 tokens / one stage with table prefetch; unmetered two stages)
+    for sch, (m, s, f) in itertools.product(("int4_group", "kivi2"), ((1, 1, 1), (1, 1, 0), (0, 2, 0), (1, 2, 1))):
+        out.append(f"small-{sch}-m{m}-p8-s{s}-f{f}-e1")
     for kind in ("mid", "big"):  # graph-replayed, as the benchmark runs them
         out += [f"{kind}-int8-m0-p4-s1-f0-e1-g", f"{kind}-int8-m0-p8-s2-f0-e1-g", f"{kind}-int8-m1-p8-s1-f1-e1-g",
                 f"{kind}-int8-m1-p8-s1-f1-e0-g", f"{kind}-none-m0-p8-s2-f0-e1-g"]

@@ -14,7 +14,7 @@ fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
   WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py \
-    tests/test_review_store_gate.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
+    tests/test_review_store_gate.py tests/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
@@ -37,7 +37,7 @@ fi
 if has probe; then
   # compute-sanitizer over the decode configurations, graph-replayed ones included (bench/crash_probe.py)
   mkdir -p "$OUT/cs"
-  python3 bench/crash_probe.py --list | timeout "${PROBE_TIMEOUT:-400}" xargs -P 10 -I{} sh -c \
+  python3 bench/crash_probe.py --list | grep -E "${PROBE_GREP:-.}" | timeout "${PROBE_TIMEOUT:-400}" xargs -P 10 -I{} sh -c \
     'WITCERT_DEVICE=cuda timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 2 python3 bench/crash_probe.py {} > "$0/cs/{}.txt" 2>&1' "$OUT"
   for f in "$OUT"/cs/*.txt; do echo "$(basename "$f" .txt) $(grep -h 'ERROR SUMMARY' "$f") $(grep -h '^ok' "$f")"; done | tee "$OUT/probe.txt"
 fi
