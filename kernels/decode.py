@@ -59,6 +59,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
@@ -74,18 +75,6 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
     m = 1.0 + tl.ceil(2.0 * tl.log2(tl.maximum(x, 1e-37) / X0) + 0.0009765625)
     m = tl.minimum(tl.maximum(m, 1.0), K + 1.0)
     return tl.where(x > 0, m, 0.0).to(tl.int32)
-
-
-@triton.jit
-def _unpack2(b, N: tl.constexpr, D: tl.constexpr):
-    """[N, D] fp32 codes of kivi2's packed bytes [N, D/4] (byte i: channels i, i + D/4, i + D/2,
-    i + 3D/4 in bits 0-1, 2-3, 4-5, 6-7; ``kernels.write`` packs them)."""
-    c0 = (b & 3).to(tl.float32)
-    c1 = ((b >> 2) & 3).to(tl.float32)
-    c2 = ((b >> 4) & 3).to(tl.float32)
-    c3 = ((b >> 6) & 3).to(tl.float32)
-    x = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [N, D/4, k1, k0]: quarter k = 2·k1 + k0
-    return tl.reshape(tl.permute(tl.reshape(x, [N, D // 4, 4]), (0, 2, 1)), [N, D])
 
 
 @triton.jit
@@ -194,9 +183,16 @@ def _decode_kernel(
                                    [BLOCK_N, D])
                 kgidx = sbase[:, None] + (d // 32)[None, :]
             else:  # kivi2: four codes per byte (channels i, i + D/4, i + D/2, i + 3D/4); key scale / zero per channel
-                d4 = tl.arange(0, D4)
-                kcode = _unpack2(tl.load(KC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
-                vcode = _unpack2(tl.load(VC + cbase[:, None] + d4[None, :], mask=valid[:, None], other=0), BLOCK_N, D)
+                # channel d is in byte d % (D/4) at bit 2·(d // (D/4)): each byte is loaded for its four
+                # channels (L1 hits) and shifted in place. (Unpacking [N, D/4] bytes with join / permute /
+                # reshape needed layout conversions through shared memory: 237 KB at 128-token tiles on
+                # sm_90, over the H200's 227 KB, 2026-12-02.)
+                byte = (d % D4)[None, :]
+                shift = (2 * (d // D4))[None, :]
+                kcode = ((tl.load(KC + cbase[:, None] + byte, mask=valid[:, None], other=0).to(tl.int32) >> shift) & 3
+                         ).to(tl.float32)
+                vcode = ((tl.load(VC + cbase[:, None] + byte, mask=valid[:, None], other=0).to(tl.int32) >> shift) & 3
+                         ).to(tl.float32)
                 kgidx = sbase[:, None] + d[None, :]
             kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
@@ -411,6 +407,8 @@ class DecodeOutput:
 #: (``epilogue.merge_torch``, fast), "kernel" runs the fused Triton kernel (the conformance suites)
 MERGE_OFF_GPU = "torch"
 _LOGGED: dict = {}
+#: decode configurations whose default tile did not fit the GPU (OutOfResources): the pages per tile that did
+_TILE_FIT: dict = {}
 log = logging.getLogger("witcert.kernels")
 
 #: key-side level grid: edges X0·2^((m−1)/2), m = 1..KEY_LEVELS (ratio √2), 0 and overflow bins.
@@ -587,6 +585,7 @@ def decode(
     KA = KEY_LEVELS + 2
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
+    pages_arg = pages_per_tile
     if pages_per_tile is None or num_stages is None:
         tile_tokens, stages = tile_config(meter, cache.scheme)
         if pages_per_tile is None:
@@ -632,29 +631,51 @@ def decode(
     else:
         tm = sl
     extra = {} if num_stages is None else {"num_stages": num_stages}
-    compiled = _decode_kernel[(Bsz, Hkv, S)](
-        q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
-        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
-        *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
-        m_out, l_out, acc_out, hist, stat,
-        cache.seed, cache.layer, sm, S,
-        q.stride(0), q.stride(1),
-        cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if cache.scheme == "kivi2" else cache.k_scale.stride(2),
-        cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
-        cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
-        cache.v_wit.stride(0), cache.v_wit.stride(1),
-        0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
-        Hq,
-        INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
-        GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
-        PAGES=pages_per_tile, K=KEY_LEVELS, NB=NB,
-        SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
-        PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
-        ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
-        PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-        num_warps=num_warps, **extra,
-    )
+    def launch(pages):
+        return _decode_kernel[(Bsz, Hkv, S)](
+            q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
+            cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
+            *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
+            m_out, l_out, acc_out, hist, stat,
+            cache.seed, cache.layer, sm, S,
+            q.stride(0), q.stride(1),
+            cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
+            cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if cache.scheme == "kivi2" else cache.k_scale.stride(2),
+            cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
+            cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
+            cache.v_wit.stride(0), cache.v_wit.stride(1),
+            0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
+            Hq,
+            INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
+            GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
+            PAGES=pages, K=KEY_LEVELS, NB=NB,
+            SCHEME=SCHEME_IDS[cache.scheme], METER=meter, TIER_B=tier_b, PER_TOKEN=cache.per_token_witness, LOWP=lowp,
+            PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
+            ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
+            PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
+            num_warps=num_warps, **extra,
+        )
+
+    # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
+    # dequantized kivi2 tiles with G = 2 at 128 tokens on sm_90, 2026-12-02) is retried at half the
+    # tokens, logged once per configuration; the meter's constants below take the tile that ran.
+    # A tile the caller chose is not changed.
+    auto_tile = pages_arg is None
+    fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate)
+    if auto_tile:
+        pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
+    while True:
+        try:
+            compiled = launch(pages_per_tile)
+            break
+        except OutOfResources as e:
+            if not auto_tile or pages_per_tile <= 1:
+                raise
+            log.warning("decode: %s (scheme %s, meter %s, G %d, d %d, %d-token tiles): retrying at %d-token tiles",
+                        e, cache.scheme, meter, cache.num_groups, D, pages_per_tile * T, pages_per_tile * T // 2)
+            pages_per_tile //= 2
+            _TILE_FIT[fit_key] = pages_per_tile  # later calls of this configuration start there
     consts = MergeConstants(
         D=D, T=T, PAGES=pages_per_tile, NB=NB, KA=KA, sm=sm, tier_b=tier_b,
         delta_step=delta_step, gamma=dot_gamma(D, split3=dequantized_fp32(cache.scheme)),

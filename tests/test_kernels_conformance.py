@@ -559,3 +559,44 @@ def test_tile_config_and_its_overrides():
         # GPU: p̂ is rounded to bf16 relative to each tile's running max (check_case's tolerance)
         tol = (1e-5 if DEV == "cpu" else 1e-2) * float(a.o.abs().max())
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
+
+
+def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
+    """A default tile that does not fit the GPU's shared memory (Triton's ``OutOfResources`` at
+    compile time: kivi2 with G = 2 at 128-token tiles on the H200, 2026-12-02) is retried at half
+    the tokens, logged, and later calls of the configuration start there; output and meter record
+    are exactly those of a call at the tile that ran (the merge's constants follow it). A tile the
+    caller chose is not changed: the error propagates."""
+    import logging
+
+    import kernels.decode as KD
+    from triton.runtime.errors import OutOfResources
+
+    real, seen = KD._decode_kernel, []
+
+    class Tight:  # the kernel, with a shared-memory limit that 8- and 4-page tiles exceed
+        def __getitem__(self, grid):
+            def run(*a, **k):
+                seen.append(k["PAGES"])
+                if k["PAGES"] > 2:
+                    raise OutOfResources(237568, 232448, "shared memory")
+                return real[grid](*a, **k)
+            return run
+
+    cache, bt, _ = build("kivi2", [70, 33], 2, 64, G=1, seed=6)
+    bt, sl = bt.to(DEV), torch.tensor([70, 33], dtype=torch.int32).to(DEV)
+    q = (torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
+    want = to_cpu(decode(cache, q, bt, sl, num_splits=2, delta_step=None, pages_per_tile=2))
+    monkeypatch.setattr(KD, "_decode_kernel", Tight())
+    monkeypatch.setattr(KD, "_TILE_FIT", {})
+    with caplog.at_level(logging.WARNING, logger="witcert.kernels"):
+        got = to_cpu(KD.decode(cache, q, bt, sl, num_splits=2))
+    assert seen == [128 // 16, 4, 2] and "retrying at 64-token tiles" in caplog.text
+    assert torch.equal(got.o, want.o)
+    assert torch.equal(got.meter.tv_upper_a, want.meter.tv_upper_a)
+    assert torch.equal(got.meter.xi, want.meter.xi)  # Ξ's mass term counts the tiles that ran
+    seen.clear()
+    KD.decode(cache, q, bt, sl, num_splits=2)
+    assert seen == [2]  # remembered
+    with pytest.raises(OutOfResources):
+        KD.decode(cache, q, bt, sl, num_splits=2, pages_per_tile=8)

@@ -208,8 +208,9 @@ def test_kernel_cache_holds_the_partial_page_exact_and_serves_the_reference_valu
     assert torch.equal(kh[..., :same, :].float(), lay_r.k_hat[..., :same, :].float())
     assert torch.equal(vh[..., :same, :].float(), lay_r.v_hat[..., :same, :].float())
     # the tail (tokens 32..34) is exact; the full pages are not
-    assert torch.equal(kh[..., 32:, :].float(), lay_k.exact_k[..., 32:, :].float())
-    assert not torch.equal(kh[..., :32, :].float(), lay_k.exact_k[..., :32, :].float())
+    ex = lay_k.exact_k.to(kh.device)  # the store is host memory on CUDA
+    assert torch.equal(kh[..., 32:, :].float(), ex[..., 32:, :].float())
+    assert not torch.equal(kh[..., :32, :].float(), ex[..., :32, :].float())
     assert all(np.all(r.tv_a <= 1) for r in ker.records) and len(ker.records) == len(ref.records) == 5 * 2
 
 
@@ -277,7 +278,7 @@ def test_crop_sends_a_quantized_page_back_to_exact():
     lay = c["kernel"].layers[0]
     assert _held_pages(lay) == [1]
     kh, vh = served_kv(lay.paged, lay.block_table, 25, lay.rep)
-    assert torch.equal(kh[..., 16:25, :].float(), lay.exact_k[..., 16:25, :].float())
+    assert torch.equal(kh[..., 16:25, :].float(), lay.exact_k[..., 16:25, :].to(kh.device).float())
     assert torch.equal(kh.float(), c["reference"].layers[0].k_hat.float())
     out = _generate(model, c["kernel"], torch.cat([ids[:, :25], ids[:, 25:26]], 1), torch.ones(1, 26, dtype=mask.dtype,
                                                                                                device=DEV), 9)
