@@ -65,9 +65,23 @@ class Phase:
         return fn
 
 
-def main():
+def probe_config(model, cfg, key):
+    """Set ``model``'s attention for configuration ``key`` and return its cache factory: stock*
+    (sdpa, DynamicCache), none (the pass-through WitCertCache), int8 (metered, kernel path)."""
     from transformers import DynamicCache
 
+    from witcert.cache import WitCertCache, use_witcert
+
+    if key.startswith("stock"):
+        model.set_attn_implementation("sdpa")
+        return lambda: DynamicCache(config=cfg)
+    use_witcert(model)
+    if key == "none":
+        return lambda: WitCertCache(cfg, scheme="none", meter=False)
+    return lambda: WitCertCache(cfg, scheme="int8", backend="kernel", tilt_above=0.1)
+
+
+def main():
     import kernels.decode as KD
     import kernels.write as KW
     import witcert.cache as WC
@@ -91,15 +105,7 @@ def main():
 
     res = {}
     for key in ("stock", "stock_nocudnn", "none", "int8"):
-        if key.startswith("stock"):
-            model.set_attn_implementation("sdpa")
-            make = lambda: DynamicCache(config=cfg)  # noqa: E731
-        elif key == "none":
-            use_witcert(model)
-            make = lambda: WitCertCache(cfg, scheme="none", meter=False)  # noqa: E731
-        else:
-            use_witcert(model)
-            make = lambda: WitCertCache(cfg, scheme="int8", backend="kernel", tilt_above=0.1)  # noqa: E731
+        make = probe_config(model, cfg, key)
         with _cudnn_sdp(key != "stock_nocudnn"):
             steps(model, make(), ids, 4)
             torch.nn.functional.scaled_dot_product_attention = spy

@@ -14,28 +14,18 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from bench.host_probe import probe_config  # noqa: E402
 from bench.serving import build  # noqa: E402
 
 
 def main():
     from torch.profiler import ProfilerActivity, profile
-    from transformers import DynamicCache
-
-    from witcert.cache import WitCertCache, use_witcert
 
     dev = "cuda"
     cfg, model = build("smollm2", dev, torch.bfloat16)
     ids = torch.randint(10, cfg.vocab_size, (1, 4096), device=dev)
     for key in ("stock", "none", "int8"):
-        if key == "stock":
-            model.set_attn_implementation("sdpa")
-            make = lambda: DynamicCache(config=cfg)  # noqa: E731
-        elif key == "none":
-            use_witcert(model)
-            make = lambda: WitCertCache(cfg, scheme="none", meter=False)  # noqa: E731
-        else:
-            use_witcert(model)
-            make = lambda: WitCertCache(cfg, scheme="int8", backend="kernel", tilt_above=0.1)  # noqa: E731
+        make = probe_config(model, cfg, key)
         with torch.no_grad():
             c = make()
             out = model(ids, past_key_values=c, use_cache=True, logits_to_keep=1)
