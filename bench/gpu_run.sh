@@ -9,7 +9,7 @@ has() { [[ "$STAGES" == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if has conf; then
-  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -x -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
