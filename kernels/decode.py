@@ -63,7 +63,7 @@ from triton.runtime.errors import OutOfResources
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, mass_eta_terms
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -640,7 +640,7 @@ def decode(
             cache.seed, cache.layer, sm, S,
             q.stride(0), q.stride(1),
             cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-            cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if cache.scheme == "kivi2" else cache.k_scale.stride(2),
+            cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if page_scaled_keys(cache.scheme) else cache.k_scale.stride(2),
             cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
             cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
             cache.v_wit.stride(0), cache.v_wit.stride(1),

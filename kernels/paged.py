@@ -95,6 +95,13 @@ def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:
     return torch.cat([(c >> (k * b)) & ((1 << b) - 1) for k in range(row.codes_per_byte)], dim=-1)
 
 
+def page_scaled_keys(scheme: str) -> bool:
+    """Whether a scheme's key scale / zero is one per channel of a page (the table's key scale kind
+    "channel-block": kivi2, a page is one key block): stored [NB, Hkv, D] (stride 0 over the
+    page's tokens), written by one program per page."""
+    return SCHEMES[scheme].key_scales == "channel-block"
+
+
 def dequantized_fp32(scheme: str) -> bool:
     """Whether the decode dequantizes a scheme's tiles as z + s·c in fp32 and dots them with tf32x3
     (``dot_gamma(..., split3=True)``): the asymmetric schemes (a zero beside each scale: int4_group,

@@ -34,7 +34,7 @@ from contract.schemes import SCHEMES
 
 from .ids import (FP8_E4M3_SCALED_ID, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID,
                   INT8_ID, KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
-from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV
+from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -381,8 +381,8 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
     BLOCK_T = 16 if INTERPRET else 4
-    kivi2 = cache.scheme == "kivi2"
-    if kivi2:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
+    per_page = page_scaled_keys(cache.scheme)
+    if per_page:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
         BLOCK_T = cache.block_size
         if validate:
             _check_whole_pages(cache.block_size, seq_ids, positions)
@@ -393,7 +393,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if kivi2 else cache.k_scale.stride(2),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if per_page else cache.k_scale.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
