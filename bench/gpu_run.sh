@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: conf gate bench ab serving stock host probe.
+# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench ab serving stock host probe.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -8,6 +8,10 @@ STAGES=" ${STAGES:-conf gate bench ab} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
+if has graphs; then
+  # graphed decode steps (witcert.graphs): real CUDA-graph capture and replay against the eager kernel path
+  WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
+fi
 if has conf; then
   WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi

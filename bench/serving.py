@@ -15,7 +15,10 @@ too noisy to give ratios (bench/SERVING.md).
 Configurations: stock (sdpa, DynamicCache), with PyTorch's default SDPA backend choice and with its
 cuDNN backend off (on the H200 the default picks cuDNN, whose host cost per decode call is ~1.5 ms
 for stock's calls: bench/stock_probe.py, bench/SERVING.md); WitCertCache int8 and fp8_e4m3 on the kernel path
-(meter on); scheme none with the meter off (the pass-through cache); with ``--gated``, also a
+(meter on), and int8 with ``cuda_graph=True`` (the decode step captured once and replayed:
+``witcert.graphs``); scheme none with the meter off (the pass-through cache); with
+``--stock-graphed``, stock with a StaticCache whose decode step is graph-replayed too (the fair
+baseline of the graphed column); with ``--gated``, also a
 certified gate (τ = ``--gate-tau``, ≤ 2 blocks per step) on int8 (kernel path) and on kivi2 (no
 kernel: the float64 reference path), each followed by one audited step (``cache.audit`` on for
 one more decode step: the realised TV against exact attention on every row of that step) and
@@ -116,6 +119,50 @@ def decode_steps(model, ids, cache, new, device):
         return [t.elapsed() for t in times], cache
 
 
+def graphed_stock_steps(model, cfg, ids, new, device):
+    """Stock transformers with a ``StaticCache``, its decode step captured once in a CUDA graph and
+    replayed (what a tuned stock deployment does; transformers' own route is ``torch.compile``):
+    per-step times (ms) of ``new`` replays, the same way ``decode_steps`` times a step."""
+    import inspect
+
+    from transformers import StaticCache
+
+    B, n = ids.shape
+    cache = StaticCache(config=cfg, max_cache_len=n + new + 8)
+    cpos = "cache_position" in inspect.signature(model.forward).parameters  # transformers < 5.2x takes it
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    **({"cache_position": torch.arange(n, device=device)} if cpos else {}))
+        s_ids = out.logits[:, -1:].argmax(-1)
+        s_pos = torch.full((B, 1), n, device=device, dtype=torch.long)
+        s_cpos = torch.full((1,), n, device=device, dtype=torch.long)
+
+        def fwd():
+            o = model(s_ids, position_ids=s_pos, past_key_values=cache, use_cache=True,
+                      **({"cache_position": s_cpos} if cpos else {}))
+            s_pos.add_(1)
+            s_cpos.add_(1)
+            return o
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # two eager steps (workspaces, kernels) before the capture
+            for _ in range(2):
+                s_ids.copy_(fwd().logits[:, -1:].argmax(-1))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gout = fwd()
+        times = []
+        for _ in range(new):
+            t = _Timer(device)
+            with t:
+                graph.replay()
+            s_ids.copy_(gout.logits[:, -1:].argmax(-1))
+            times.append(t)
+        return [t.elapsed() for t in times]
+
+
 def audited_step(model, cache, ids, n):
     """One more decode step of a gated cache with ``cache.audit`` on: (page-in blocks of the whole
     run, audit violations of that step, whether layer 0's exact store still holds the prompt's
@@ -153,6 +200,8 @@ def main(argv=None):
     ap.add_argument("--kivi2-new", type=int, default=4,
                     help="decode steps of the gated kivi2 column (on the float64 reference path a 4K step takes ~3 s)")
     ap.add_argument("--gate-tau", type=float, default=0.1)
+    ap.add_argument("--stock-graphed", action="store_true",
+                    help="add stock with a StaticCache, its decode step CUDA-graph replayed (CUDA only)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke or device == "cpu":
@@ -163,10 +212,12 @@ def main(argv=None):
           f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
     gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
         if args.gated else ""
+    graphed_cols = " | stock graphed ms | int8 graphed / stock graphed" if args.stock_graphed and device == "cuda" else ""
     print("| shape | batch | prompt | stock ms | stock, cuDNN SDPA off ms | int8 metered ms | x stock | x stock w/o cuDNN "
-          "| fp8 metered ms | x stock | none/off ms | x stock | none/off, cuDNN off ms | x stock w/o cuDNN"
-          + gated_cols + " |")
-    print("|---" * (14 + (8 if args.gated else 0)) + "|")
+          "| fp8 metered ms | x stock | none/off ms | x stock | none/off, cuDNN off ms | x stock w/o cuDNN "
+          "| int8 metered, CUDA graph ms | x stock | x stock w/o cuDNN"
+          + gated_cols + graphed_cols + " |")
+    print("|---" * (17 + (8 if args.gated else 0) + (2 if graphed_cols else 0)) + "|")
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
         for Bsz in map(int, args.batches.split(",")):
@@ -181,6 +232,8 @@ def main(argv=None):
                                                              tilt_above=tau)),
                     ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
                                                             tilt_above=tau)),
+                    ("int8_graph", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel",
+                                                                   max_tokens=n + 64, tilt_above=tau, cuda_graph=True)),
                     ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
                     ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
                 )
@@ -204,7 +257,7 @@ def main(argv=None):
                         decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
                         times, cache = decode_steps(model, ids, make(), new, device)
                     row[key] = statistics.median(times)
-                    if key in ("int8", "fp8"):
+                    if key in ("int8", "fp8", "int8_graph"):
                         recs = cache.records
                         assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
                     if key.endswith("_gated"):
@@ -212,15 +265,26 @@ def main(argv=None):
                     del cache
                     if device == "cuda":
                         torch.cuda.empty_cache()
+                if graphed_cols:
+                    try:
+                        graphed_stock_steps(model, cfg, ids, min(4, args.new), device)  # warmed
+                        row["stock_graph"] = statistics.median(graphed_stock_steps(model, cfg, ids, args.new, device))
+                    except Exception as e:  # noqa: BLE001 — reported in the table, not fatal to the run
+                        print(f"# stock graphed failed: {type(e).__name__}: {e}", flush=True)
+                        row["stock_graph"] = float("nan")
+                    torch.cuda.empty_cache()
                 s0, s1 = row["stock"], row["stock_nocudnn"]
                 print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {s1:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | "
                       f"{row['int8'] / s1:.2f} | {row['fp8']:.2f} | "
                       f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} | {row['none_nocudnn']:.2f} | "
-                      f"{row['none_nocudnn'] / s1:.2f}"
+                      f"{row['none_nocudnn'] / s1:.2f} | {row['int8_graph']:.2f} | {row['int8_graph'] / s0:.2f} | "
+                      f"{row['int8_graph'] / s1:.2f}"
                       + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
                          + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
                          f"{'yes' if extra['int8_gated'][2] and extra['kivi2_gated'][2] else 'NO'}"
-                         if args.gated else "") + " |", flush=True)
+                         if args.gated else "")
+                      + (f" | {row['stock_graph']:.2f} | {row['int8_graph'] / row['stock_graph']:.2f}" if graphed_cols else "")
+                      + " |", flush=True)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()

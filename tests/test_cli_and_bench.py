@@ -155,8 +155,10 @@ def test_serving_bench_smoke(capsys):
     load_bench("serving").main(["--smoke"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
-    # one row per batch (1 and 2 in the smoke), each with the 14 columns of the table
-    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"] and all(len(r.split("|")) == 16 for r in rows)
+    # one row per batch (1 and 2 in the smoke), each with the 17 columns of the table
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"] and all(len(r.split("|")) == 19 for r in rows)
+    # the graphed int8 column (interpreter: the static step run eagerly) has a time
+    assert all(float(r.split("|")[15]) > 0 for r in rows)
 
 
 def test_serving_bench_smoke_gated(capsys):
@@ -164,7 +166,7 @@ def test_serving_bench_smoke_gated(capsys):
     audited step with 0 violations and the exact store kept."""
     load_bench("serving").main(["--smoke", "--gated", "--gate-tau", "0"])
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
-    assert len(rows) == 2 and all(len(r) == 24 for r in rows)
+    assert len(rows) == 2 and all(len(r) == 27 for r in rows)
     for r in rows:
-        assert int(r[17]) > 0 and int(r[20]) > 0  # page-ins, int8 and kivi2
-        assert r[21].strip() == "0" and r[22].strip() == "yes"
+        assert int(r[20]) > 0 and int(r[23]) > 0  # page-ins, int8 and kivi2
+        assert r[24].strip() == "0" and r[25].strip() == "yes"

@@ -156,6 +156,28 @@ def _model_dims(config):
     return text, L, Hq, Hkv, D, rot - rot % 2
 
 
+@dataclasses.dataclass
+class GraphedRecords:
+    """The meter of one graphed decode step (``witcert.graphs``), kept on the device until
+    ``records`` is read: ``rec`` [L, 6, B, Hq] float64, columns tv_a, out_err, flag, tanh, e-form,
+    tilt (``WitCertCache._static_attention``)."""
+
+    step: int
+    rec: torch.Tensor
+
+    def records(self, cache) -> list:
+        r = self.rec.cpu().numpy()
+        Bsz = r.shape[2]
+        out = []
+        for li in range(r.shape[0]):
+            flag = r[li, 2] > 0
+            out.append(StepRecord(step=self.step, layer=li, tv_a=r[li, 0], tv_a_pre=r[li, 0], out_err=r[li, 1],
+                                  tv_b=None, flag=flag, nonfinite=flag.copy(),
+                                  pagein_blocks=np.zeros((Bsz, cache.num_kv_heads), dtype=np.int64),
+                                  parts_pre=r[li, 3:6].copy()))
+        return out
+
+
 class WitCertLayer(CacheLayerMixin):
     """One layer's storage (see the module docstring). Created by ``WitCertCache``."""
 
@@ -317,6 +339,8 @@ class WitCertLayer(CacheLayerMixin):
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):
         o = self.owner
+        if o._static is not None:  # a decode step of the graphed runner (witcert.graphs)
+            return self._update_static(o._static, key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != self._views()[0].shape[0] or key_states.dtype != self.dtype:
@@ -339,6 +363,43 @@ class WitCertLayer(CacheLayerMixin):
             return self._ek, self._ev
         return key_states, value_states  # not read by the "witcert" attention on the served path
 
+    def _update_static(self, st, key_states, value_states):
+        """One decode token of every sequence, written through the runner's static buffers
+        (``witcert.graphs.StaticStep``: positions, slots and the staging of the exact store live in
+        device tensors, so the step can be captured in a CUDA graph and replayed). The host-side
+        bookkeeping (the exact store's append from the staging buffer, step counters, records) is the
+        runner's, once per step."""
+        Bsz, H, m, D = key_states.shape
+        k, v = key_states.detach(), value_states.detach()
+        st.stage[self.layer_idx, 0].copy_(k[:, :, 0])
+        st.stage[self.layer_idx, 1].copy_(v[:, :, 0])
+        from kernels.write import write_kv
+
+        write_kv(self.paged, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(), self.block_table, st.seq, st.pos,
+                 store_exact=False, validate=False, slots=st.slots)
+        self._pending = "served"
+        _ACTIVE.cache = self.owner
+        return key_states, value_states
+
+    def ensure_capacity(self, n1: int) -> bool:
+        """Kernel path: grow the paged cache (and overlay) to hold ``n1`` tokens per sequence,
+        geometrically (amortised O(1) per token, never an error). Returns whether it grew (new
+        tensors: a captured decode step reading the old ones is stale)."""
+        o = self.owner
+        Bsz, per_seq = self.block_table.shape
+        if n1 <= per_seq * o.block_size:
+            return False
+        new_pages = per_seq
+        while new_pages * o.block_size < n1:
+            new_pages *= 2
+        log.info("WitCertCache layer %d: kernel cache grows from %d to %d pages per sequence",
+                 self.layer_idx, per_seq, new_pages)
+        self.paged = self.paged.regrouped(Bsz, per_seq, new_pages)
+        if self.rep is not None:
+            self.rep = self.rep.regrouped(Bsz, per_seq, new_pages).bind(self.paged)
+        self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
+        return True
+
     def _write_kernel(self, k, v):
         """Kernel path: quantize + witnesses in one pass (kernels.write) into the paged layout."""
         from kernels.write import write_kv
@@ -347,17 +408,7 @@ class WitCertLayer(CacheLayerMixin):
         Bsz, H, m, D = k.shape
         n1 = self.get_seq_length()
         n0 = n1 - m
-        per_seq = self.block_table.shape[1]
-        if n1 > per_seq * o.block_size:  # grow geometrically: amortised O(1) per token, never an error
-            new_pages = per_seq
-            while new_pages * o.block_size < n1:
-                new_pages *= 2
-            log.info("WitCertCache layer %d: kernel cache grows from %d to %d pages per sequence",
-                     self.layer_idx, per_seq, new_pages)
-            self.paged = self.paged.regrouped(Bsz, per_seq, new_pages)
-            if self.rep is not None:
-                self.rep = self.rep.regrouped(Bsz, per_seq, new_pages).bind(self.paged)
-            self.block_table = torch.arange(Bsz * new_pages, dtype=torch.int32, device=self.device).view(Bsz, new_pages)
+        self.ensure_capacity(n1)
         seq, p, slots = self._step_slots(Bsz, m, n0, n1)
         kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
         if o.scheme in BLOCK_SCHEMES:
@@ -533,6 +584,7 @@ class WitCertCache(Cache):
         tilt_above: float | None = None,  # kernel path: the tilt only where the closed forms exceed it
         trace=None,
         compress_layers=None,
+        cuda_graph: bool = False,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -614,6 +666,28 @@ class WitCertCache(Cache):
             if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < L for i in compress_layers):
                 raise ValueError(f"compress_layers: expected layer indices in [0, {L}), got {sorted(compress_layers)!r}")
         self.compress_layers = compress_layers
+        # cuda_graph: decode steps captured once and replayed (witcert.graphs, README "CUDA graphs")
+        if not isinstance(cuda_graph, bool):
+            raise ValueError(f"cuda_graph: expected True or False, got {cuda_graph!r}")
+        if cuda_graph:
+            why = [reason for bad, reason in (
+                (backend == "reference", "backend='reference' (graphs replay the kernel path)"),
+                (not _kernel_scheme(scheme) or scheme in BLOCK_SCHEMES,
+                 f"scheme {scheme!r} (graphed: the per-token kernel schemes "
+                 f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n) and n not in BLOCK_SCHEMES)}; a block "
+                 "scheme holds its partial page on the host's schedule)"),
+                (gate is not None, "a gate (it decides page-ins on the host every step)"),
+                (delta_req is not None, "delta_req (Tier B's budget changes every step)"),
+                (trace is not None, "trace (it reads every record on the host)"),
+                (audit, "audit=True (the float64 reference path)"),
+                (compress_layers is not None, "compress_layers (its exact layers grow by concatenation)"),
+                (not self.meter, "meter=False"),
+            ) if bad]
+            if why:
+                raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
+        self.cuda_graph = cuda_graph
+        self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
+        self._graph = None  # witcert.graphs: the captured step and its static buffers
         super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
                                  else _ExactLayer() for i in range(L)])
 
@@ -636,6 +710,8 @@ class WitCertCache(Cache):
         self._lazy = []
         self._slots_memo = None  # WitCertLayer._step_slots: this step's token slots, shared by the layers
         self._lens_memo = None
+        self._static = None
+        self._graph = None  # a captured step reads the old layers' tensors: dropped
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
 
@@ -655,7 +731,7 @@ class WitCertCache(Cache):
         prev = self.layers[layer_idx - 1] if layer_idx > 0 else self.layers[-1]
         if getattr(prev, "_pending", None) == "served":
             self.check_metered()
-        if layer_idx == 0:
+        if layer_idx == 0 and self._static is None:  # (a graphed step's counters are the runner's)
             if self.layers[0].get_seq_length() > 0:
                 self.step += 1
                 m = int(key_states.shape[-2])
@@ -769,7 +845,10 @@ class WitCertCache(Cache):
         if self._lazy:
             lazy, self._lazy = self._lazy, []
             for args in lazy:
-                self._records.append(self._kernel_record(*args))
+                if isinstance(args, GraphedRecords):
+                    self._records.extend(args.records(self))
+                else:
+                    self._records.append(self._kernel_record(*args))
         return self._records
 
     def _emit(self, rec: StepRecord) -> None:
@@ -848,6 +927,8 @@ class WitCertCache(Cache):
         # a gated step needs the tilt only where the closed forms exceed τ (TV⁺ is sound either way)
         tilt = self.tilt_above if gate is None else min(self.tilt_above, gate.tau)
         q1 = query[:, :, 0, :].contiguous()
+        if self._static is not None:
+            return self._static_attention(layer, q1, sm, query.dtype)
         if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
@@ -911,6 +992,21 @@ class WitCertCache(Cache):
         else:  # tracing reads the record now (its cost is one transfer per (step, layer))
             self._emit(self._kernel_record(*args))
         return out.o[:, None].to(query.dtype), None
+
+    def _static_attention(self, layer, q1, sm, dtype):
+        """A graphed decode step's attention (``witcert.graphs``): the metered decode over the
+        runner's static lengths / padding mask, split count from the table's capacity, and the meter
+        record's columns copied into the runner's record buffer (one row per layer; the runner keeps a
+        copy per step, read when ``records`` is)."""
+        from kernels.decode import decode
+
+        st = self._static
+        out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
+                     validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above)
+        r = out.meter
+        st.rec[layer.layer_idx].copy_(torch.stack([r.tv_upper_a, r.out_err_upper, r.flag.double(), r.tanh, r.eform,
+                                                   r.tilt]))
+        return out.o[:, None].to(dtype), None
 
     def _kernel_served(self, layer, q1, token_mask, sm, rows=None):
         """Float64 served logits / p̂ of the kernel path for the sequences ``rows``: q [B', Hkv, GQ, 1, D],
@@ -1251,4 +1347,6 @@ def use_witcert(model, base: str = "sdpa"):
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
     if getattr(model, "_witcert_reuse_hook", None) is None:
         model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
-    return model
+    from .graphs import install
+
+    return install(model)  # WitCertCache(cuda_graph=True): decode steps captured and replayed

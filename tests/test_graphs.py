@@ -1,0 +1,138 @@
+"""Graphed decode steps (``witcert.graphs``, ``WitCertCache(cuda_graph=True)``).
+
+In the interpreter (CPU) the static step runs eagerly every step: these tests pin it to the
+ungraphed kernel path (same tokens, same meter records, bit for bit, where both use one split),
+check its bookkeeping (exact store, counters, growth, crop, padding, a new request) and its
+refusals. On the H200 (``WITCERT_DEVICE=cuda``) the same tests capture and replay real graphs.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+if DEV == "cpu":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
+
+from test_kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
+
+from witcert.cache import Gate, WitCertCache  # noqa: E402
+
+
+def _gen(model, cache, ids, mask=None, new=5, scores=False):
+    """Greedy tokens (and, with ``scores``, every step's logits [new, B, V])."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                             past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    return (out.sequences, torch.stack(out.logits)) if scores else out.sequences
+
+
+def _ids(B, n, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 128, (B, n), generator=g).to(DEV)
+
+
+def _same_records(a, b, exact):
+    assert [(r.step, r.layer) for r in a] == [(r.step, r.layer) for r in b]
+    for x, y in zip(a, b):
+        for f in ("tv_a", "out_err", "flag"):
+            if exact:
+                assert np.array_equal(getattr(x, f), getattr(y, f)), f
+            else:
+                assert np.allclose(getattr(x, f), getattr(y, f), rtol=1e-2, atol=1e-6), f
+        assert np.all((x.tv_a >= 0) & (x.tv_a <= 1)) and not x.flag.any()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "int4_group"])
+def test_graphed_steps_match_the_kernel_path(scheme):
+    """Same model, scheme, seed: the graphed cache generates the same tokens, records and exact
+    store as the ungraphed kernel path (one split each: capacity 64 tokens)."""
+    model = tiny_llama()
+    ids = _ids(2, 40)
+    ref = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64)
+    gr = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, cuda_graph=True)
+    t_ref, s_ref = _gen(model, ref, ids, scores=True)
+    t_gr, s_gr = _gen(model, gr, ids, scores=True)
+    assert gr._graph is not None and gr._graph.st.n0 == 44  # the static step served the decode steps
+    assert torch.equal(t_ref, t_gr)
+    # every step's logits (each step returns its own, not a stale static output)
+    assert not torch.equal(s_gr[1], s_gr[2])
+    assert torch.equal(s_ref, s_gr) if DEV == "cpu" else torch.allclose(s_ref, s_gr, atol=5e-2, rtol=5e-2)
+    _same_records(ref.records, gr.records, exact=DEV == "cpu")
+    assert gr.step == ref.step == 4 and gr.rows_metered == ref.rows_metered == 4
+    for la, lb in zip(ref.layers, gr.layers):
+        assert torch.equal(la.exact_k, lb.exact_k) and torch.equal(la.exact_v, lb.exact_v)
+        assert la.get_seq_length() == lb.get_seq_length() == 44
+    s = gr.summary()
+    assert s["steps"] == 4 and np.all(s["max_tv_a"] > 0)
+
+
+def test_graphed_steps_with_left_padding_and_growth():
+    """A left-padded batch (the padding mask is read by the kernel from the static buffer) whose
+    cache grows during decoding (a new capture at the new capacity): tokens as the kernel path."""
+    model = tiny_llama()
+    ids = _ids(3, 30, seed=5)
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0
+    mask[2, :3] = 0
+    ref = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=32)
+    gr = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=32, cuda_graph=True)
+    t_ref, s_ref = _gen(model, ref, ids, mask, new=6, scores=True)
+    t_gr, s_gr = _gen(model, gr, ids, mask, new=6, scores=True)
+    assert torch.equal(t_ref, t_gr)
+    assert torch.equal(s_ref, s_gr) if DEV == "cpu" else torch.allclose(s_ref, s_gr, atol=5e-2, rtol=5e-2)
+    assert gr.layers[0].block_table.shape[1] * 16 == 64  # grew from 32 to 64 tokens per sequence
+    assert gr._graph.st.has_mask and gr._graph.st.mask.shape == (3, 64)
+    _same_records(ref.records, gr.records, exact=DEV == "cpu")
+
+
+def test_a_crop_and_a_new_request_reset_the_static_positions():
+    model = tiny_llama()
+    gr = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    ref = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64)
+    ids = _ids(1, 20)
+    for c in (ref, gr):
+        _gen(model, c, ids, new=4)
+        c.crop(-2)  # 23 → 21 tokens
+    assert gr.get_seq_length() == 21
+    nxt = ids.new_tensor([[5]])
+    with torch.no_grad():
+        a = model(nxt, past_key_values=ref, use_cache=True).logits
+        b = model(nxt, past_key_values=gr, use_cache=True).logits
+    assert torch.equal(a, b) if DEV == "cpu" else torch.allclose(a, b, atol=5e-2)
+    assert gr._graph.st.n0 == 22 and gr.get_seq_length() == 22
+    gr.reset()
+    assert gr._graph is None
+    t = _gen(model, gr, _ids(1, 24, seed=9), new=3)
+    assert t.shape == (1, 27) and gr._graph.st.n0 == 26
+
+
+def test_cuda_graph_refusals():
+    model = tiny_llama()
+    cfg = model.config
+    for kw, word in [(dict(gate=Gate("risk-ranked", max_pagein_blocks=1)), "gate"),
+                     (dict(scheme="int8_dither", delta_req=1e-3), "delta_req"),
+                     (dict(scheme="kivi2"), "kivi2"), (dict(backend="reference"), "reference"),
+                     (dict(audit=True), "audit"), (dict(compress_layers=[0]), "compress_layers"),
+                     (dict(scheme="none"), "none"), (dict(cuda_graph=1), "True or False")]:
+        kw = {"scheme": "int8", "cuda_graph": True, **kw}
+        with pytest.raises(ValueError, match=word):
+            WitCertCache(cfg, **kw)
+
+
+def test_graphed_forward_keeps_generates_argument_checks():
+    """The wrapper keeps the forward's signature (generate validates model kwargs against it) and
+    passes forwards of other caches through untouched."""
+    import inspect
+
+    model = tiny_llama()
+    assert "past_key_values" in inspect.signature(model.forward).parameters
+    with pytest.raises(ValueError, match="not used by the model"):
+        _gen_bad = model.generate(_ids(1, 8), max_new_tokens=2, not_an_argument=3)  # noqa: F841
+    # an unmetered forward (no cache) still runs
+    with torch.no_grad():
+        out = model(_ids(1, 8))
+    assert out.logits.shape == (1, 8, 128) and out.logits.dtype == MODEL_DTYPE

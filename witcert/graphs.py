@@ -1,0 +1,296 @@
+"""Graphed decode steps: a metered ``WitCertCache(..., cuda_graph=True)`` decode step captured once
+in a CUDA graph and replayed (README, "CUDA graphs"; issue 11).
+
+    use_witcert(model)                                   # installs the forward wrapper (``install``)
+    cache = WitCertCache(model.config, "int8", cuda_graph=True)
+    model.generate(ids, past_key_values=cache, max_new_tokens=256)
+
+Why: a metered decode step is host-bound (three Triton launches and their Python per layer
+step, bench/SERVING.md), so its cost is Python, not GPU work. Replaying a captured step costs one
+launch for the whole model.
+
+What makes the step capturable (everything a replay reads is at a fixed address, nothing on the
+host depends on the data):
+
+* ``StaticStep``: the step's inputs (token ids, positions) are copied into static tensors before a
+  replay; the write positions, physical slots and sequence lengths of the new token live in device
+  tensors that the captured step itself advances by one (``_advance``) — so one replay is exactly
+  one decode step; the padding mask is a [B, capacity] device tensor (its new column copied in
+  before each replay); the split count comes from the table's capacity, not the length.
+* the exact backing store (pinned host memory) cannot be written by a graph at a moving address:
+  the step stages each layer's new K / V in a static device buffer and the runner appends it to
+  the store after the replay (``_after_step``: asynchronous copies, no host sync).
+* the meter's record columns are copied into a static [L, 6, B, Hq] buffer; the runner keeps a
+  device copy per step (``GraphedRecords``), read when ``cache.records`` is.
+* a capture is tied to the layers' tensors: it is made again (and logged) when the batch, the
+  capacity (the paged cache grows by doubling), the tensors (``reset``, beam reorder) or the input
+  signature change. The first step of each capture runs eagerly through the same static code (it
+  is a real step: it compiles the kernels' variants and is what the step returns), then the graph
+  is captured and serves the steps that follow.
+
+Not graphed (refused at construction, ``WitCertCache``): gates (host decisions every step),
+Tier B (its budget changes every step), block schemes (kivi2), traces, audits, exact layers.
+Off CUDA (the interpreter) the static code runs eagerly every step, which is how the tests pin it
+to the ungraphed kernel path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+
+import torch
+
+log = logging.getLogger("witcert.graphs")
+
+#: record columns of a graphed step (``WitCertCache._static_attention``)
+RECORD_COLUMNS = ("tv_a", "out_err", "flag", "tanh", "eform", "tilt")
+
+
+@dataclasses.dataclass
+class StaticStep:
+    """The static tensors of a graphed decode step (B sequences, L layers, capacity C tokens)."""
+
+    n0: int  # the cached length the device positions describe (host mirror)
+    seq: torch.Tensor  # [B] int64: sequence ids
+    pos: torch.Tensor  # [B] int32: the new token's position (n0)
+    slots: torch.Tensor  # [B] int64: its physical slot (identity block tables: b·C + n0)
+    lens: torch.Tensor  # [B] int32: the lengths after the write (n0 + 1)
+    mask: torch.Tensor  # [B, C] bool: padding mask (True = attend)
+    has_mask: bool
+    splits: int
+    stage: torch.Tensor  # [L, 2, B, Hkv, D] model dtype: the new K / V for the exact store
+    rec: torch.Tensor  # [L, 6, B, Hq] float64: the meter record columns
+    inputs: dict  # name → static input tensor (input_ids, position_ids, cache_position)
+
+    def fill(self, n0: int, capacity: int) -> None:
+        """Set the device positions from the host's length (a new capture, a crop)."""
+        B = self.seq.shape[0]
+        self.pos.fill_(n0)
+        self.lens.fill_(n0 + 1)
+        self.slots.copy_(torch.arange(B, device=self.slots.device) * capacity + n0)
+        self.n0 = n0
+
+
+def _advance(st: StaticStep) -> None:
+    """Inside the captured step, after the model: the next step writes one token further."""
+    st.pos.add_(1)
+    st.lens.add_(1)
+    st.slots.add_(1)
+
+
+@dataclasses.dataclass
+class _Graph:
+    key: tuple
+    st: StaticStep
+    graph: object  # torch.cuda.CUDAGraph, or None off CUDA (the static code then runs eagerly)
+    out: object  # the captured step's output (its logits tensor is static)
+    refs: tuple  # the layers' tensors the capture read (kept alive: their ids are in the key)
+
+
+def _layers(cache):
+    return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
+
+
+def _key(cache, B, kwargs, has_mask):
+    layers = _layers(cache)
+    sig = tuple(sorted((k, tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (k, repr(v))
+                       for k, v in kwargs.items() if k not in ("past_key_values", "attention_mask")))
+    return (B, has_mask, sig, tuple((id(layer.paged), id(layer.block_table)) for layer in layers))
+
+
+def _why_not(cache, args, kwargs) -> str | None:
+    """Why this forward is not a graphable decode step of ``cache`` (None: it is)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if args[1:]:
+        return "positional arguments beyond input_ids"
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1:
+        return "not a one-token decode step"
+    if kwargs.get("inputs_embeds") is not None:
+        return "inputs_embeds"
+    if kwargs.get("output_attentions") or kwargs.get("output_hidden_states"):
+        return "attentions / hidden states requested"
+    if kwargs.get("return_dict") is False:
+        return "return_dict=False"
+    if kwargs.get("use_cache") is False:
+        return "use_cache=False"
+    layers = cache.layers
+    if not layers or not all(getattr(layer, "is_initialized", False) and getattr(layer, "paged", None) is not None
+                             for layer in layers):
+        return "the cache's layers are not on the kernel path (see the 'served by the reference path' log)"
+    if layers[0].get_seq_length() == 0:
+        return "the first forward of a request (prefill)"
+    am = kwargs.get("attention_mask")
+    if am is not None and (not isinstance(am, torch.Tensor) or am.dim() != 2):
+        return "an attention mask that is not a 2-D padding mask"
+    return None
+
+
+_LOGGED: dict = {}
+
+
+def _log_once(key, msg, *a, level=logging.INFO):
+    if not _LOGGED.get(key):
+        log.log(level, msg, *a)
+        _LOGGED[key] = True
+
+
+def step(orig, cache, args, kwargs):
+    """One decode step of ``cache`` through its captured graph (captured at need); falls back to
+    ``orig`` (logged) where the step is not graphable."""
+    why = _why_not(cache, args, kwargs)
+    if why is not None:
+        if cache.layers and cache.layers[0].get_seq_length() > 0:  # a prefill is expected, not news
+            _log_once(("fallback", why), "WitCertCache(cuda_graph=True): forward run eagerly: %s", why)
+        return orig(*args, **kwargs)
+    kwargs = dict(kwargs)
+    if args:
+        kwargs["input_ids"] = args[0]
+    ids = kwargs["input_ids"]
+    B = ids.shape[0]
+    layers = cache.layers
+    n0 = layers[0].get_seq_length()
+    for layer in layers:  # grow before the step: a capture reads fixed tensors
+        layer.ensure_capacity(n0 + 1)
+    capacity = layers[0].block_table.shape[1] * cache.block_size
+    if kwargs.get("position_ids") is None:  # as the model numbers them (from the cached length), but static
+        kwargs["position_ids"] = torch.full((B, 1), n0, dtype=torch.long, device=ids.device)
+    am = kwargs.pop("attention_mask", None)
+    if am is not None and am.shape != (B, n0 + 1):
+        _log_once(("mask", tuple(am.shape)), "WitCertCache(cuda_graph=True): a %s attention mask for %d cached + 1 "
+                  "new tokens: forward run eagerly", tuple(am.shape), n0)
+        return orig(*args, **dict(kwargs, attention_mask=am))
+    # the padding mask: read by the kernel whenever the caller passes one (all ones costs a byte per
+    # token; deciding "no padding" once would miss a later masked column without a host sync per step)
+    has_mask = am is not None
+    g = cache._graph
+    if g is not None and g.key == _key(cache, B, kwargs, has_mask):
+        st = g.st
+        if st.n0 != n0:  # a crop moved the length
+            st.fill(n0, capacity)
+        if am is not None:
+            st.mask[:, n0].copy_(am[:, -1].bool())
+        _inputs(st, kwargs, n0)
+        if g.graph is not None:
+            g.graph.replay()
+            out = g.out
+        else:
+            out = _run(orig, cache, st, kwargs)
+    else:
+        cache._graph = None  # the old capture's memory goes first
+        st = _static(cache, B, capacity, n0, am, has_mask, kwargs)
+        _inputs(st, kwargs, n0)
+        out = _run(orig, cache, st, kwargs)  # a real step (eager): compiles what the capture will launch
+        graph = None
+        if ids.is_cuda:
+            graph, gout = _capture(orig, cache, st, kwargs)
+            if graph is None:
+                cache.cuda_graph = False  # logged in _capture; the cache serves eagerly from now on
+                _after_step(cache, st)
+                return type(out)(logits=out.logits.clone(), past_key_values=cache)
+        else:
+            gout = out
+            _log_once("eager", "WitCertCache(cuda_graph=True) off CUDA: the static decode step runs eagerly "
+                      "(no graph)")
+        cache._graph = _Graph(key=_key(cache, B, kwargs, has_mask), st=st, graph=graph, out=gout,
+                              refs=tuple((layer.paged, layer.block_table) for layer in layers))
+    _after_step(cache, st)
+    return type(out)(logits=out.logits.clone(), past_key_values=cache)
+
+
+def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
+    layer = cache.layers[0]
+    dev = layer.device
+    from kernels.decode import _sm_count, choose_splits
+
+    mask = torch.ones(B, capacity, dtype=torch.bool, device=dev)
+    if am is not None:
+        mask[:, : n0 + 1].copy_(am.bool())
+    st = StaticStep(
+        n0=n0, seq=torch.arange(B, device=dev), pos=torch.empty(B, dtype=torch.int32, device=dev),
+        slots=torch.empty(B, dtype=torch.int64, device=dev), lens=torch.empty(B, dtype=torch.int32, device=dev),
+        mask=mask, has_mask=has_mask,
+        splits=choose_splits(B, cache.num_kv_heads, capacity, cache.block_size, _sm_count(dev)),
+        stage=torch.zeros(len(cache.layers), 2, B, cache.num_kv_heads, cache.head_dim, dtype=layer.dtype, device=dev),
+        rec=torch.zeros(len(cache.layers), len(RECORD_COLUMNS), B, cache.num_q_heads, dtype=torch.float64, device=dev),
+        inputs={k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
+    )
+    st.fill(n0, capacity)
+    log.info("WitCertCache(cuda_graph=True): capturing the decode step (batch %d, capacity %d tokens, %d splits, "
+             "padding mask %s)", B, capacity, st.splits, has_mask)
+    return st
+
+
+def _inputs(st: StaticStep, kwargs, n0: int) -> None:
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor) and k in st.inputs:
+            st.inputs[k].copy_(v)
+
+
+def _run(orig, cache, st: StaticStep, kwargs):
+    """The static decode step (eagerly, or under capture): the model's forward with the static
+    inputs, no attention mask (the kernel reads ``st.mask``), then ``_advance``."""
+    kw = dict(kwargs)
+    kw.update(st.inputs)
+    kw["attention_mask"] = None
+    cache._static = st
+    try:
+        out = orig(**kw)
+    finally:
+        cache._static = None
+    _advance(st)
+    return out
+
+
+def _capture(orig, cache, st, kwargs):
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            gout = _run(orig, cache, st, kwargs)
+    except Exception as e:  # noqa: BLE001 — logged, and the cache serves eagerly (sound either way)
+        log.warning("WitCertCache(cuda_graph=True): capturing the decode step failed (%s: %s); this cache serves "
+                    "its decode steps eagerly", type(e).__name__, e)
+        torch.cuda.synchronize()
+        return None, None
+    return graph, gout
+
+
+def _after_step(cache, st: StaticStep) -> None:
+    """The host side of one graphed step: the exact store's appends from the staging buffer
+    (asynchronous), the step counters, and the step's record (a device copy)."""
+    from .cache import GraphedRecords
+    from .store import append_pair
+
+    cache.step += 1
+    cache._row_range = (cache.rows_metered, 1)
+    cache.rows_metered += 1
+    for li, layer in enumerate(cache.layers):
+        append_pair(layer._ek, layer._ev, st.stage[li, 0][:, :, None], st.stage[li, 1][:, :, None])
+        layer.keys, layer.values = layer._views()
+    st.n0 += 1
+    cache._lazy.append(GraphedRecords(step=cache.step, rec=st.rec.clone()))
+
+
+def install(model):
+    """Route ``model``'s forward through ``step`` when its cache is a ``WitCertCache(cuda_graph=True)``
+    (an instance attribute wrapping the class's forward; its signature is kept, so ``generate``
+    validates its arguments as before). Idempotent."""
+    if getattr(model.forward, "_witcert_graphs", False):
+        return model
+    orig = model.forward
+    from .cache import WitCertCache
+
+    @functools.wraps(orig)
+    def forward(*args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        if isinstance(cache, WitCertCache) and cache.cuda_graph:
+            return step(orig, cache, args, kwargs)
+        return orig(*args, **kwargs)
+
+    forward._witcert_graphs = True
+    forward.__signature__ = inspect.signature(orig)
+    model.forward = forward
+    return model
