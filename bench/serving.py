@@ -103,6 +103,20 @@ def _cudnn_sdp(enabled: bool):
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
+def _free(device):
+    """Give back the device's cached blocks and PyTorch's cached pinned host blocks (a metered cache's
+    exact store is pinned host memory: Llama-8B at B = 8 / 32K holds ~51 GB of it, and two of them
+    cached at once exhausted the device machine's 128 GB, run I2)."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        empty_host = getattr(torch._C, "_host_emptyCache", None)
+        if empty_host is not None:
+            empty_host()
+
+
 def decode_steps(model, ids, cache, new, device):
     """Prefill, then ``new`` greedy decode steps; returns the per-step times (ms) and the cache."""
     with torch.no_grad():
@@ -200,6 +214,9 @@ def main(argv=None):
     ap.add_argument("--kivi2-new", type=int, default=4,
                     help="decode steps of the gated kivi2 column (on the float64 reference path a 4K step takes ~3 s)")
     ap.add_argument("--gate-tau", type=float, default=0.1)
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip each configuration's warm-up run (long prompts: a prefill each; the median step is robust "
+                         "to the first step's compiles and capture)")
     ap.add_argument("--stock-graphed", action="store_true",
                     help="add stock with a StaticCache, its decode step CUDA-graph replayed (CUDA only)")
     args = ap.parse_args(argv)
@@ -254,7 +271,8 @@ def main(argv=None):
                     # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
                     with _cudnn_sdp(not attn.endswith("-nocudnn")):
                         new = args.kivi2_new if key == "kivi2_gated" else args.new
-                        decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
+                        if not args.no_warm:
+                            decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
                         times, cache = decode_steps(model, ids, make(), new, device)
                     row[key] = statistics.median(times)
                     if key in ("int8", "fp8", "int8_graph"):
@@ -263,11 +281,11 @@ def main(argv=None):
                     if key.endswith("_gated"):
                         extra[key] = audited_step(model, cache, ids, n)
                     del cache
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
+                    _free(device)
                 if graphed_cols:
                     try:
-                        graphed_stock_steps(model, cfg, ids, min(4, args.new), device)  # warmed
+                        if not args.no_warm:
+                            graphed_stock_steps(model, cfg, ids, min(4, args.new), device)  # warmed
                         row["stock_graph"] = statistics.median(graphed_stock_steps(model, cfg, ids, args.new, device))
                     except Exception as e:  # noqa: BLE001 — reported in the table, not fatal to the run
                         print(f"# stock graphed failed: {type(e).__name__}: {e}", flush=True)
