@@ -214,6 +214,9 @@ def main(argv=None):
     ap.add_argument("--kivi2-new", type=int, default=4,
                     help="decode steps of the gated kivi2 column (on the float64 reference path a 4K step takes ~3 s)")
     ap.add_argument("--gate-tau", type=float, default=0.1)
+    ap.add_argument("--configs", default=None,
+                    help="comma list of the configuration keys to run (stock, stock_nocudnn, int8, fp8, int8_graph, none, "
+                         "none_nocudnn); the others print nan. Not with --gated")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip each configuration's warm-up run (long prompts: a prefill each; the median step is robust "
                          "to the first step's compiles and capture)")
@@ -261,6 +264,13 @@ def main(argv=None):
                                                                        max_tokens=n + 64)),
                         ("kivi2_gated", "witcert", lambda: WitCertCache(cfg, scheme="kivi2", gate=gate)),
                     )
+                if args.configs:
+                    if args.gated:
+                        raise SystemExit("--configs: not with --gated")
+                    keep = set(args.configs.split(","))
+                    configs = tuple(c for c in configs if c[0] in keep)
+                    row = {c: float("nan") for c in ("stock", "stock_nocudnn", "int8", "fp8", "int8_graph", "none",
+                                                     "none_nocudnn")}
                 extra = {}
                 for i, (key, attn, make) in enumerate(configs):
                     if attn.startswith("sdpa"):
@@ -275,6 +285,7 @@ def main(argv=None):
                             decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
                         times, cache = decode_steps(model, ids, make(), new, device)
                     row[key] = statistics.median(times)
+                    print(f"# {shape} B {Bsz} n {n} {key}: {row[key]:.2f} ms per step", flush=True)
                     if key in ("int8", "fp8", "int8_graph"):
                         recs = cache.records
                         assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0

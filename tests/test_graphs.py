@@ -136,3 +136,40 @@ def test_graphed_forward_keeps_generates_argument_checks():
     with torch.no_grad():
         out = model(_ids(1, 8))
     assert out.logits.shape == (1, 8, 128) and out.logits.dtype == MODEL_DTYPE
+
+
+def test_beam_search_falls_back_to_eager_steps_and_stays_metered():
+    """Beam search reorders the cache every step (new tensors): the request continues on the
+    eager kernel path (logged), metered; a reset graphs the next request again."""
+    model = tiny_llama()
+    gr = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    ref = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64)
+    ids = _ids(1, 20)
+    outs = []
+    for c in (ref, gr):
+        with torch.no_grad():
+            outs.append(model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=4,
+                                       min_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=0))
+    assert torch.equal(outs[0], outs[1])
+    assert gr._graph_off is not None and gr._graph is None
+    assert len(gr.records) == len(ref.records) and all(np.all(r.tv_a > 0) for r in gr.records)
+    gr.reset()
+    assert gr._graph_off is None
+    _gen(model, gr, _ids(1, 20, seed=4), new=3)
+    assert gr._graph is not None
+
+
+def test_a_finished_cache_is_freed():
+    """Nothing keeps a dropped cache alive (its exact store is pinned host memory: a reference held
+    by the attention dispatch kept a 64 GB store alive on the H200, run I5)."""
+    import gc
+    import weakref
+
+    model = tiny_llama()
+    for graph in (False, True):
+        c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=graph)
+        _gen(model, c, _ids(1, 20), new=2)
+        r = weakref.ref(c)
+        del c
+        gc.collect()
+        assert r() is None

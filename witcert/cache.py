@@ -56,6 +56,7 @@ import os
 import secrets
 import sys
 import threading
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -97,6 +98,9 @@ REFERENCE_UNIT_ROUNDOFF = M.FP64_UNIT_ROUNDOFF
 log = logging.getLogger("witcert.cache")
 _LOGGED_REF: dict = {}  # schemes whose "no kernel: reference path" decision was logged
 
+#: the cache whose layer wrote last on this thread, for the attention function (a weak reference: a
+#: strong one kept a finished request's cache — its pinned exact store, 64 GB at Llama-8B / B 8 / 32K —
+#: alive until the next request wrote, and the device machine ran out of host memory, run I5)
 _ACTIVE = threading.local()
 
 
@@ -358,7 +362,7 @@ class WitCertLayer(CacheLayerMixin):
         elif not passthrough:
             self._append_served(key_states.detach(), value_states.detach())
         self._pending = "base" if (passthrough or first) else "served"
-        _ACTIVE.cache = o
+        _ACTIVE.cache = o._weak
         if passthrough:
             return self._ek, self._ev
         return key_states, value_states  # not read by the "witcert" attention on the served path
@@ -378,7 +382,7 @@ class WitCertLayer(CacheLayerMixin):
         write_kv(self.paged, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(), self.block_table, st.seq, st.pos,
                  store_exact=False, validate=False, slots=st.slots)
         self._pending = "served"
-        _ACTIVE.cache = self.owner
+        _ACTIVE.cache = self.owner._weak
         return key_states, value_states
 
     def ensure_capacity(self, n1: int) -> bool:
@@ -686,8 +690,10 @@ class WitCertCache(Cache):
             if why:
                 raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
         self.cuda_graph = cuda_graph
+        self._weak = weakref.ref(self)  # what _ACTIVE holds (made once: no allocation per layer step)
         self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
         self._graph = None  # witcert.graphs: the captured step and its static buffers
+        self._graph_off = None  # why this request's steps are not graphed (None: they are)
         super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
                                  else _ExactLayer() for i in range(L)])
 
@@ -712,6 +718,7 @@ class WitCertCache(Cache):
         self._lens_memo = None
         self._static = None
         self._graph = None  # a captured step reads the old layers' tensors: dropped
+        self._graph_off = None
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
 
@@ -802,6 +809,10 @@ class WitCertCache(Cache):
         """Beam search: every layer reorders (``WitCertLayer.reorder_cache``), and so do the
         per-sequence page-in counts."""
         super().reorder_cache(beam_idx)
+        if self.cuda_graph and self._graph_off is None:
+            # every step moves the blocks (new tensors): a capture per step would cost more than it saves
+            self._graph_off, self._graph = "beam search reorders the cache every step", None
+            log.info("WitCertCache(cuda_graph=True): beam search: the rest of this request is served without graphs")
         idx = beam_idx.detach().cpu().numpy()
         if self.pagein_blocks.shape[1] == len(idx):
             self.pagein_blocks = self.pagein_blocks[:, idx]
@@ -1251,7 +1262,8 @@ def _allowed(mask, Bsz, Lq, n, device) -> torch.Tensor:
 
 def _make_attention(base: str) -> Callable:
     def witcert_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        cache = getattr(_ACTIVE, "cache", None)
+        ref = getattr(_ACTIVE, "cache", None)
+        cache = ref() if ref is not None else None
         layer = cache.layers[module.layer_idx] if cache is not None and module.layer_idx < len(cache.layers) else None
         mode = layer._pending if layer is not None else None
         if layer is not None:

@@ -187,7 +187,7 @@ def step(orig, cache, args, kwargs):
         if ids.is_cuda:
             graph, gout = _capture(orig, cache, st, kwargs)
             if graph is None:
-                cache.cuda_graph = False  # logged in _capture; the cache serves eagerly from now on
+                cache.cuda_graph = False  # logged in _capture; this cache serves eagerly from now on
                 _after_step(cache, st)
                 return type(out)(logits=out.logits.clone(), past_key_values=cache)
         else:
@@ -286,7 +286,7 @@ def install(model):
     @functools.wraps(orig)
     def forward(*args, **kwargs):
         cache = kwargs.get("past_key_values")
-        if isinstance(cache, WitCertCache) and cache.cuda_graph:
+        if isinstance(cache, WitCertCache) and cache.cuda_graph and cache._graph_off is None:
             return step(orig, cache, args, kwargs)
         return orig(*args, **kwargs)
 
