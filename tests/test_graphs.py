@@ -117,6 +117,7 @@ def test_cuda_graph_refusals():
                      (dict(scheme="int8_dither", delta_req=1e-3), "delta_req"),
                      (dict(scheme="kivi2"), "kivi2"), (dict(backend="reference"), "reference"),
                      (dict(audit=True), "audit"), (dict(compress_layers=[0]), "compress_layers"),
+                     (dict(meter=False), "meter=False"),
                      (dict(scheme="none"), "none"), (dict(cuda_graph=1), "True or False")]:
         kw = {"scheme": "int8", "cuda_graph": True, **kw}
         with pytest.raises(ValueError, match=word):
@@ -173,3 +174,26 @@ def test_a_finished_cache_is_freed():
         del c
         gc.collect()
         assert r() is None
+
+
+def test_a_traced_graphed_cache_traces_what_the_kernel_path_traces():
+    """A trace sink on a graphed cache gets every step's records after the replay: the same rows
+    as the ungraphed kernel path's trace."""
+    from witcert.trace import FIELDS, Tracer
+
+    model = tiny_llama()
+    ids = _ids(2, 24)
+    traces = []
+    for graph in (False, True):
+        tr = Tracer(None)
+        tr.new_request("r")
+        c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=graph,
+                         trace=tr)
+        _gen(model, c, ids, new=3)
+        traces.append(tr.to_trace())
+        assert tr.records_seen == 2 * 2  # 2 decode steps × 2 layers, handed over during generation
+    for f in FIELDS:
+        if f.name not in ("time", "req"):
+            a, b = traces[0][f.name], traces[1][f.name]
+            if DEV == "cpu" or a.dtype.kind not in "f":
+                np.testing.assert_array_equal(a, b, err_msg=f.name)

@@ -682,7 +682,6 @@ class WitCertCache(Cache):
                  "scheme holds its partial page on the host's schedule)"),
                 (gate is not None, "a gate (it decides page-ins on the host every step)"),
                 (delta_req is not None, "delta_req (Tier B's budget changes every step)"),
-                (trace is not None, "trace (it reads every record on the host)"),
                 (audit, "audit=True (the float64 reference path)"),
                 (compress_layers is not None, "compress_layers (its exact layers grow by concatenation)"),
                 (not self.meter, "meter=False"),

@@ -29,7 +29,8 @@ host depends on the data):
   is captured and serves the steps that follow.
 
 Not graphed (refused at construction, ``WitCertCache``): gates (host decisions every step),
-Tier B (its budget changes every step), block schemes (kivi2), traces, audits, exact layers.
+Tier B (its budget changes every step), block schemes (kivi2), audits, exact layers. A trace sink
+is handed each step's records after the replay (one device-to-host transfer per step).
 Off CUDA (the interpreter) the static code runs eagerly every step, which is how the tests pin it
 to the ungraphed kernel path.
 """
@@ -271,7 +272,12 @@ def _after_step(cache, st: StaticStep) -> None:
         append_pair(layer._ek, layer._ev, st.stage[li, 0][:, :, None], st.stage[li, 1][:, :, None])
         layer.keys, layer.values = layer._views()
     st.n0 += 1
-    cache._lazy.append(GraphedRecords(step=cache.step, rec=st.rec.clone()))
+    recs = GraphedRecords(step=cache.step, rec=st.rec.clone())
+    if cache.trace is None:
+        cache._lazy.append(recs)
+    else:  # a trace sink reads every record now: one transfer per step (the ungraphed path: one per layer step)
+        for rec in recs.records(cache):
+            cache._emit(rec)
 
 
 def install(model):
