@@ -261,21 +261,32 @@ def test_exact_store_appends_and_grows():
     st = ExactStore(2, 3, 8, torch.bfloat16, "cpu")
     ref = torch.zeros(2, 3, 0, 8, dtype=torch.bfloat16)
     caps = []
-    for m in [300, 1, 1, 5, 200, 1] + [1] * 40:
+    for m in [300, 1, 1, 5, 200, 1] + [1] * 40 + [600, 1]:
         x = torch.randn(2, 3, m, 8, generator=g).bfloat16()
+        chunks = [c.data_ptr() for c in st._chunks]
         st.append(x)
         ref = torch.cat([ref, x], dim=-2)
         caps.append(st.capacity)
         assert torch.equal(st.data, ref) and len(st) == ref.shape[-2]
-        # the append's destination is one contiguous slice (B·H = 6 > 1): on CUDA a single
-        # asynchronous copy into pinned memory, not a staged synchronous one (witcert/store.py)
-        assert st._buf[len(st) - m: len(st)].is_contiguous() and st._buf.shape[1:] == (2, 3, 8)
-    assert caps[0] >= 450 and caps[0] >= INITIAL_CAPACITY  # headroom after the "prefill"
-    assert len(set(caps)) <= 3  # a few geometric growths, not one per step
+        # growth adds chunks and copies nothing: the earlier chunks stay where they were
+        assert [c.data_ptr() for c in st._chunks[: len(chunks)]] == chunks
+        # the append's destinations are contiguous token-major slices (B·H = 6 > 1): on CUDA one
+        # asynchronous copy per chunk into pinned memory, not a staged synchronous one (witcert/store.py)
+        pieces = list(st._pieces(len(st) - m, len(st)))
+        assert sum(k for _, _, k in pieces) == m and all(c[o: o + k].is_contiguous() for c, o, k in pieces)
+        assert all(c.shape[1:] == (2, 3, 8) for c in st._chunks)
+        # capacity: at most the need, a quarter more, and a prefill's eighth
+        assert len(st) <= st.capacity <= max(INITIAL_CAPACITY, len(st) + len(st) // 4 + m // 8 + 1) + len(st) // 8
+    assert caps[0] >= 300 + 300 // 8 and caps[0] >= INITIAL_CAPACITY  # headroom after the "prefill"
+    assert len(set(caps)) <= 6 and st.num_chunks <= 5  # a few geometric chunks, not one per step
+    for lo, hi in [(0, 0), (0, 7), (290, 310), (250, len(st)), (len(st) - 1, len(st))]:  # windows across chunks
+        assert torch.equal(st.read(lo, hi), ref[..., lo:hi, :])
+    with pytest.raises(ValueError, match="outside"):
+        st.read(0, len(st) + 1)
     with pytest.raises(ValueError, match="ExactStore"):
         st.append(torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16))
     st.reorder(torch.tensor([1, 1]))  # beam search: rows picked, the token-major layout kept
-    assert torch.equal(st.data, ref[[1, 1]])
+    assert torch.equal(st.data, ref[[1, 1]]) and st.capacity == caps[-1]
     st.crop(10)
     assert torch.equal(st.data, ref[[1, 1], :, :10])
 

@@ -238,26 +238,46 @@ class WitCertLayer(CacheLayerMixin):
             if o.gate is not None or o.scheme in BLOCK_SCHEMES:
                 self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
                                                   device=self.device).bind(self.paged)
-        self.keys, self.values = self._views()
         self.is_initialized = True
 
     @property
     def exact_k(self) -> torch.Tensor:
-        """The exact keys written so far [B, Hkv, n, D]: a view of the backing store, after every
-        pending asynchronous append has landed (``ExactStore.wait``: a host sync on CUDA when one is
-        pending). The hot path takes its views through ``_views`` instead (no wait)."""
+        """The exact keys written so far [B, Hkv, n, D], after every pending asynchronous append has
+        landed (``ExactStore.wait``: a host sync on CUDA when one is pending; a copy when the store
+        spans chunks). Not for the hot path (``_exact(lo, hi)`` reads a window)."""
         return self._ek.ready() if isinstance(self._ek, ExactStore) else self._ek
 
     @property
     def exact_v(self) -> torch.Tensor:
         return self._ev.ready() if isinstance(self._ev, ExactStore) else self._ev
 
-    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys, values) views of the exact store without waiting for pending appends: for
-        shapes and for transformers' ``keys`` / ``values`` attributes, never for the values."""
+    # transformers' layer attributes ``keys`` / ``values``: the exact K / V [B, Hkv, n, D], read on
+    # demand (a chunked store's tokens are gathered then; nothing is built per layer step). The base
+    # class assigns them (None at init / reset): ignored, the store is the truth.
+    @property
+    def keys(self):
+        return self.exact_k if getattr(self, "is_initialized", False) else None
+
+    @keys.setter
+    def keys(self, value) -> None:
+        pass
+
+    @property
+    def values(self):
+        return self.exact_v if getattr(self, "is_initialized", False) else None
+
+    @values.setter
+    def values(self, value) -> None:
+        pass
+
+    def _exact(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact (K, V) of tokens lo..hi [B, Hkv, hi − lo, D], after pending appends have landed."""
         if isinstance(self._ek, ExactStore):
-            return self._ek.data, self._ev.data
-        return self._ek, self._ev
+            return self._ek.read(lo, hi), self._ev.read(lo, hi)
+        return self._ek[..., lo:hi, :], self._ev[..., lo:hi, :]
+
+    def _batch(self) -> int:
+        return self._ek.shape[0]
 
     def get_seq_length(self) -> int:
         if not self.is_initialized:
@@ -287,7 +307,6 @@ class WitCertLayer(CacheLayerMixin):
             self._ev.reorder(idx)
         else:
             self._ek, self._ev = self._ek.index_select(0, idx), self._ev.index_select(0, idx)
-        self.keys, self.values = self._views()
         for name in ("k_hat", "v_hat", "k_wit", "v_wit", "k_scale", "repaired"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.paged is not None:
@@ -312,7 +331,6 @@ class WitCertLayer(CacheLayerMixin):
             self._ev.crop(n1)
         else:
             self._ek, self._ev = self._ek[..., :n1, :], self._ev[..., :n1, :]
-        self.keys, self.values = self._views()
         o = self.owner
         T = o.block_size
         if self.paged is not None and o.scheme in BLOCK_SCHEMES:
@@ -324,8 +342,8 @@ class WitCertLayer(CacheLayerMixin):
             # unless it is held or repaired already
             p = n1 // T
             lo = p * T
-            self.rep.hold(self._page_blocks(p), self.exact_k[..., lo:n1, :].to(self.device),
-                          self.exact_v[..., lo:n1, :].to(self.device))
+            ek, ev = self._exact(lo, n1)
+            self.rep.hold(self._page_blocks(p), ek.to(self.device), ev.to(self.device))
         if self.k_hat.shape[-2] > n1:
             self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
             self.k_wit, self.v_wit, self.k_scale = self.k_wit[..., :n1, :], self.v_wit[..., :n1], self.k_scale[..., :n1]
@@ -333,8 +351,9 @@ class WitCertLayer(CacheLayerMixin):
             self.repaired = self.repaired[..., : -(-n1 // T)]
             keep = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
             if keep < min(self.n_quantized, n1):  # a partial quantized block goes back to exact
-                self.k_hat[..., keep:n1, :] = self.exact_k[..., keep:n1, :].to(self.device, self.served_dtype)
-                self.v_hat[..., keep:n1, :] = self.exact_v[..., keep:n1, :].to(self.device, self.served_dtype)
+                ek, ev = self._exact(keep, n1)
+                self.k_hat[..., keep:n1, :] = ek.to(self.device, self.served_dtype)
+                self.v_hat[..., keep:n1, :] = ev.to(self.device, self.served_dtype)
                 self.k_wit[..., keep:n1, :] = 0
                 self.v_wit[..., keep:n1] = 0
                 self.k_scale[..., keep:n1] = 0
@@ -347,7 +366,7 @@ class WitCertLayer(CacheLayerMixin):
             return self._update_static(o._static, key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != self._views()[0].shape[0] or key_states.dtype != self.dtype:
+        if key_states.shape[0] != self._batch() or key_states.dtype != self.dtype:
             raise ValueError("WitCertCache: batch size / dtype changed inside a request; call cache.reset() between requests")
         first = self.get_seq_length() == 0
         passthrough = o.scheme == "none" and not o.meter
@@ -356,7 +375,6 @@ class WitCertLayer(CacheLayerMixin):
             self._ev = torch.cat([self._ev, value_states.detach()], dim=-2)
         else:  # O(new tokens), asynchronous on CUDA (one event after both copies)
             append_pair(self._ek, self._ev, key_states, value_states)
-        self.keys, self.values = self._views()
         if self.paged is not None:
             self._write_kernel(key_states.detach(), value_states.detach())
         elif not passthrough:
@@ -502,8 +520,8 @@ class WitCertLayer(CacheLayerMixin):
         b = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
         if b <= a:
             return
-        x_k = self.exact_k[..., a:b, :].to(self.device)
-        x_v = self.exact_v[..., a:b, :].to(self.device)
+        x_k, x_v = self._exact(a, b)
+        x_k, x_v = x_k.to(self.device), x_v.to(self.device)
         common = dict(seed=o.seed, layer=self.layer_idx, positions=torch.arange(a, b), block_size=T)
         kh, kmeta = quantize(o.scheme, x_k.float().cpu(), QuantContext(role="key", **common))
         vh, _ = quantize(o.scheme, x_v.float().cpu(), QuantContext(role="value", **common))
@@ -528,7 +546,7 @@ class WitCertLayer(CacheLayerMixin):
         if self.paged is not None:
             T = self.owner.block_size
             lo, hi = blk * T, min((blk + 1) * T, self.get_seq_length())
-            ek, ev = self.exact_k[b, h, lo:hi], self.exact_v[b, h, lo:hi]
+            ek, ev = (x[b, h] for x in self._exact(lo, hi))
             if not self.rep.page_in(int(self.block_table[b, blk]), h, ek, ev):
                 return 0
             return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
@@ -536,8 +554,7 @@ class WitCertLayer(CacheLayerMixin):
             return 0
         T = self.owner.block_size
         lo, hi = blk * T, min((blk + 1) * T, self.k_hat.shape[-2])
-        ek = self.exact_k[b, h, lo:hi].to(self.device, non_blocking=True)
-        ev = self.exact_v[b, h, lo:hi].to(self.device, non_blocking=True)
+        ek, ev = (x[b, h].to(self.device, non_blocking=True) for x in self._exact(lo, hi))
         self.k_hat[b, h, lo:hi] = ek.to(self.served_dtype)
         self.v_hat[b, h, lo:hi] = ev.to(self.served_dtype)
         self.k_wit[b, h, lo:hi] = 0

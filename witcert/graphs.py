@@ -270,7 +270,6 @@ def _after_step(cache, st: StaticStep) -> None:
     cache.rows_metered += 1
     for li, layer in enumerate(cache.layers):
         append_pair(layer._ek, layer._ev, st.stage[li, 0][:, :, None], st.stage[li, 1][:, :, None])
-        layer.keys, layer.values = layer._views()
     st.n0 += 1
     recs = GraphedRecords(step=cache.step, rec=st.rec.clone())
     if cache.trace is None:
