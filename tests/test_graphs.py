@@ -197,3 +197,100 @@ def test_a_traced_graphed_cache_traces_what_the_kernel_path_traces():
             a, b = traces[0][f.name], traces[1][f.name]
             if DEV == "cpu" or a.dtype.kind not in "f":
                 np.testing.assert_array_equal(a, b, err_msg=f.name)
+def _prefill_and_step(model, c, x):
+    with torch.no_grad():
+        model(x, attention_mask=torch.ones_like(x), past_key_values=c, use_cache=True)
+        return model(x[:, -1:], past_key_values=c, use_cache=True).logits  # a (graphed) step
+
+
+def test_a_mask_of_another_length_with_positional_ids_runs_eagerly():
+    """A decode step with input_ids passed positionally and a 2-D mask that is not (B, n + 1)
+    falls back to the eager path (it raised TypeError: input_ids given twice)."""
+    model = tiny_llama()
+    x = _ids(2, 20)
+    out = []
+    for graph in (False, True):
+        c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=graph)
+        _prefill_and_step(model, c, x)
+        n = c.get_seq_length()
+        with torch.no_grad():
+            out.append(model(x[:, :1], attention_mask=torch.ones(2, n + 4, dtype=torch.long, device=DEV),
+                             past_key_values=c, use_cache=True).logits)
+        assert c.step == 2 and c.get_seq_length() == n + 1
+    assert torch.equal(out[0], out[1]) if DEV == "cpu" else torch.allclose(out[0], out[1], atol=5e-2)
+
+
+def test_a_batch_change_inside_a_request_is_refused_before_any_write():
+    """As on the eager path: a decode step of another batch size is refused with the cache's own
+    error (the static step wrote its slots first: b·capacity + n is past the paged cache for a
+    larger batch, validate=False)."""
+    model = tiny_llama()
+    c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    _prefill_and_step(model, c, _ids(2, 20))
+    before = c.layers[0].paged.k_codes.clone()
+    for Bn in (1, 3):
+        with pytest.raises(ValueError, match="batch size"), torch.no_grad():
+            model(_ids(Bn, 1), past_key_values=c, use_cache=True)
+    assert torch.equal(before, c.layers[0].paged.k_codes) and c.get_seq_length() == 21
+
+
+@pytest.mark.parametrize("scenario", ["eager_step_between", "earlier_column_changes"])
+def test_every_column_of_the_callers_mask_is_read(scenario):
+    """The kernel reads the caller's whole padding mask each step, as the eager path does: a column
+    masked by a step that ran eagerly in between (output_hidden_states), or an earlier column the
+    caller masks later, is not served from a stale static mask."""
+    model = tiny_llama()
+    x = _ids(2, 20)
+    outs, caches = [], []
+    for graph in (False, True):
+        c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=graph)
+        L = []
+        with torch.no_grad():
+            model(x, attention_mask=torch.ones_like(x), past_key_values=c, use_cache=True)
+            for s in range(4):
+                n = c.get_seq_length()
+                m = torch.ones(2, n + 1, dtype=torch.long, device=DEV)
+                kw = {}
+                if scenario == "eager_step_between":
+                    if s >= 1:
+                        m[0, 21] = 0  # token 21 is padding from the step that wrote it on
+                    if s == 1:
+                        kw = dict(output_hidden_states=True)  # this step runs eagerly
+                elif s >= 2:
+                    m[1, 3:9] = 0
+                L.append(model(x[:, s:s + 1], attention_mask=m, past_key_values=c, use_cache=True, **kw).logits)
+        outs.append(torch.cat(L, 1))
+        caches.append(c)
+    assert torch.equal(outs[0], outs[1]) if DEV == "cpu" else torch.allclose(outs[0], outs[1], atol=5e-2)
+    _same_records(caches[0].records, caches[1].records, exact=DEV == "cpu")
+
+
+def test_a_capture_belongs_to_its_model():
+    """A cache stepped through a second model of the same shapes captures that model's step (a
+    replay of the first model's graph would run the first model's weights)."""
+    a, b = tiny_llama(seed=0), tiny_llama(seed=1)
+    x = _ids(1, 20)
+    ref = WitCertCache(a.config, scheme="int8", backend="kernel", seed=1, max_tokens=64)
+    gr = WitCertCache(a.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    outs = []
+    for c in (ref, gr):
+        _prefill_and_step(a, c, x)
+        g = c._graph
+        with torch.no_grad():
+            outs.append(b(x[:, :1], past_key_values=c, use_cache=True).logits)
+        if c is gr:
+            assert gr._graph is not g  # a new capture, for model b
+    assert torch.equal(outs[0], outs[1]) if DEV == "cpu" else torch.allclose(outs[0], outs[1], atol=5e-2)
+
+
+def test_a_changed_tilt_threshold_takes_a_new_capture():
+    """``tilt_above`` is an argument of the captured merge: changing it mid-request captures again
+    (the records then follow it, as on the ungraphed path)."""
+    model = tiny_llama()
+    c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    _prefill_and_step(model, c, _ids(1, 20))
+    g = c._graph
+    c.tilt_above = 0.5
+    with torch.no_grad():
+        model(_ids(1, 1), past_key_values=c, use_cache=True)
+    assert c._graph is not g and c._graph.key[3] == 0.5

@@ -175,7 +175,7 @@ class GraphedRecords:
         out = []
         for li in range(r.shape[0]):
             flag = r[li, 2] > 0
-            out.append(StepRecord(step=self.step, layer=li, tv_a=r[li, 0], tv_a_pre=r[li, 0], out_err=r[li, 1],
+            out.append(StepRecord(step=self.step, layer=li, tv_a=r[li, 0], tv_a_pre=r[li, 0].copy(), out_err=r[li, 1],
                                   tv_b=None, flag=flag, nonfinite=flag.copy(),
                                   pagein_blocks=np.zeros((Bsz, cache.num_kv_heads), dtype=np.int64),
                                   parts_pre=r[li, 3:6].copy()))

@@ -95,11 +95,13 @@ def _layers(cache):
     return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
 
 
-def _key(cache, B, kwargs, has_mask):
+def _key(cache, B, kwargs, has_mask, orig):
     layers = _layers(cache)
     sig = tuple(sorted((k, tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (k, repr(v))
                        for k, v in kwargs.items() if k not in ("past_key_values", "attention_mask")))
-    return (B, has_mask, sig, tuple((id(layer.paged), id(layer.block_table)) for layer in layers))
+    # tilt_above is read when the step is captured (the merge's argument): a change takes a new capture
+    return (id(orig), B, has_mask, cache.tilt_above, sig,
+            tuple((id(layer.paged), id(layer.block_table)) for layer in layers))
 
 
 def _why_not(cache, args, kwargs) -> str | None:
@@ -115,6 +117,8 @@ def _why_not(cache, args, kwargs) -> str | None:
         return "attentions / hidden states requested"
     if kwargs.get("return_dict") is False:
         return "return_dict=False"
+    if kwargs.get("labels") is not None:
+        return "labels (a loss: the graphed step returns logits)"
     if kwargs.get("use_cache") is False:
         return "use_cache=False"
     layers = cache.layers
@@ -123,6 +127,8 @@ def _why_not(cache, args, kwargs) -> str | None:
         return "the cache's layers are not on the kernel path (see the 'served by the reference path' log)"
     if layers[0].get_seq_length() == 0:
         return "the first forward of a request (prefill)"
+    if ids.shape[0] != layers[0]._batch():  # the eager path raises (cache.reset() between requests)
+        return "a batch size other than the cached request's"
     am = kwargs.get("attention_mask")
     if am is not None and (not isinstance(am, torch.Tensor) or am.dim() != 2):
         return "an attention mask that is not a 2-D padding mask"
@@ -162,17 +168,17 @@ def step(orig, cache, args, kwargs):
     if am is not None and am.shape != (B, n0 + 1):
         _log_once(("mask", tuple(am.shape)), "WitCertCache(cuda_graph=True): a %s attention mask for %d cached + 1 "
                   "new tokens: forward run eagerly", tuple(am.shape), n0)
-        return orig(*args, **dict(kwargs, attention_mask=am))
+        return orig(**dict(kwargs, attention_mask=am))  # input_ids is in kwargs now
     # the padding mask: read by the kernel whenever the caller passes one (all ones costs a byte per
     # token; deciding "no padding" once would miss a later masked column without a host sync per step)
     has_mask = am is not None
     g = cache._graph
-    if g is not None and g.key == _key(cache, B, kwargs, has_mask):
+    if g is not None and g.key == _key(cache, B, kwargs, has_mask, orig):
         st = g.st
         if st.n0 != n0:  # a crop moved the length
             st.fill(n0, capacity)
-        if am is not None:
-            st.mask[:, n0].copy_(am[:, -1].bool())
+        if am is not None:  # the whole mask (a device copy, no sync): the caller may change earlier columns,
+            st.mask[:, : n0 + 1].copy_(am)  # and an eager step in between wrote none of them
         _inputs(st, kwargs, n0)
         if g.graph is not None:
             g.graph.replay()
@@ -195,8 +201,8 @@ def step(orig, cache, args, kwargs):
             gout = out
             _log_once("eager", "WitCertCache(cuda_graph=True) off CUDA: the static decode step runs eagerly "
                       "(no graph)")
-        cache._graph = _Graph(key=_key(cache, B, kwargs, has_mask), st=st, graph=graph, out=gout,
-                              refs=tuple((layer.paged, layer.block_table) for layer in layers))
+        cache._graph = _Graph(key=_key(cache, B, kwargs, has_mask, orig), st=st, graph=graph, out=gout,
+                              refs=(orig, *((layer.paged, layer.block_table) for layer in layers)))
     _after_step(cache, st)
     return type(out)(logits=out.logits.clone(), past_key_values=cache)
 
