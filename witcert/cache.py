@@ -20,7 +20,10 @@ Serving semantics (what a paged server does):
   paged copy written by ``kernels.write.write_kv`` (README, "Metering a model"). Gated, the
   kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
   over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
-  (``WitCertCache._kernel_attention``).
+  (``WitCertCache._kernel_attention``). With ``cuda_graph=True`` (ungated, per-token kernel
+  schemes) a decode step is captured once in a CUDA graph and replayed (``witcert.graphs``; the
+  layers then write and decode through its static buffers: ``_update_static``,
+  ``_static_attention``).
 
 Storage per layer (B sequences, Hkv kv heads, n tokens, head dim D, G groups):
 
