@@ -127,6 +127,8 @@ def _why_not(cache, args, kwargs) -> str | None:
         return "the cache's layers are not on the kernel path (see the 'served by the reference path' log)"
     if layers[0].get_seq_length() == 0:
         return "the first forward of a request (prefill)"
+    if any(layer.device != ids.device for layer in layers):
+        return "the cache's layers are not all on the input's device (a model split over devices)"
     if ids.shape[0] != layers[0]._batch():  # the eager path raises (cache.reset() between requests)
         return "a batch size other than the cached request's"
     am = kwargs.get("attention_mask")
@@ -252,15 +254,16 @@ def _run(orig, cache, st: StaticStep, kwargs):
 
 
 def _capture(orig, cache, st, kwargs):
-    torch.cuda.synchronize()
+    dev = st.seq.device
+    torch.cuda.synchronize(dev)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.device(dev), torch.cuda.graph(graph):
             gout = _run(orig, cache, st, kwargs)
     except Exception as e:  # noqa: BLE001 — logged, and the cache serves eagerly (sound either way)
         log.warning("WitCertCache(cuda_graph=True): capturing the decode step failed (%s: %s); this cache serves "
                     "its decode steps eagerly", type(e).__name__, e)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(dev)
         return None, None
     return graph, gout
 
