@@ -294,3 +294,16 @@ def test_a_changed_tilt_threshold_takes_a_new_capture():
     with torch.no_grad():
         model(_ids(1, 1), past_key_values=c, use_cache=True)
     assert c._graph is not g and c._graph.key[3] == 0.5
+
+
+def test_an_audit_switched_on_mid_request_runs_eagerly_and_is_audited():
+    """``cache.audit = True`` after construction (bench/serving.py's audited step does it): the
+    step leaves the graph and is audited on the kernel path (realised TV, 0 violations)."""
+    model = tiny_llama()
+    c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=True)
+    _prefill_and_step(model, c, _ids(1, 20))
+    c.audit = True
+    with torch.no_grad():
+        model(_ids(1, 1), past_key_values=c, use_cache=True)
+    last = [r for r in c.records if r.step == c.step]
+    assert last and all(r.tv_real is not None and r.audit_violations == 0 for r in last)

@@ -44,6 +44,8 @@ import logging
 
 import torch
 
+from contract.schemes import BLOCK_SCHEMES
+
 log = logging.getLogger("witcert.graphs")
 
 #: record columns of a graphed step (``WitCertCache._static_attention``)
@@ -107,6 +109,8 @@ def _key(cache, B, kwargs, has_mask, orig):
 def _why_not(cache, args, kwargs) -> str | None:
     """Why this forward is not a graphable decode step of ``cache`` (None: it is)."""
     ids = kwargs.get("input_ids", args[0] if args else None)
+    if cache.audit or cache.gate is not None or cache.delta_req is not None or cache.scheme in BLOCK_SCHEMES:
+        return "audit / gate / Tier B / a block scheme set on the cache after construction (host work every step)"
     if args[1:]:
         return "positional arguments beyond input_ids"
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1:
