@@ -60,6 +60,7 @@ import secrets
 import sys
 import threading
 import weakref
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -102,8 +103,8 @@ log = logging.getLogger("witcert.cache")
 _LOGGED_REF: dict = {}  # schemes whose "no kernel: reference path" decision was logged
 
 #: the cache whose layer wrote last on this thread, for the attention function (a weak reference: a
-#: strong one kept a finished request's cache — its pinned exact store, 64 GB at Llama-8B / B 8 / 32K —
-#: alive until the next request wrote, and the device machine ran out of host memory, run I5)
+#: strong one kept a finished request's cache — its pinned exact store, ~64 GB by arithmetic at Llama-8B /
+#: B 8 / 32K — alive until the next request wrote, and the device machine ran out of host memory, run I5)
 _ACTIVE = threading.local()
 
 
@@ -166,23 +167,22 @@ def _model_dims(config):
 @dataclasses.dataclass
 class GraphedRecords:
     """The meter of one graphed decode step (``witcert.graphs``), kept on the device until
-    ``records`` is read: ``rec`` [L, 6, B, Hq] float64, columns tv_a, out_err, flag, tanh, e-form,
-    tilt (``WitCertCache._static_attention``)."""
+    ``records`` is read: ``rec`` [L, len(FIELDS), B, Hq] float64 (``WitCertCache._static_attention``)."""
+
+    #: the MeterRecord fields a graphed step keeps, in ``rec``'s column order (the flag as 0 / 1)
+    FIELDS = ("tv_upper_a", "out_err_upper", "flag", "tanh", "eform", "tilt")
 
     step: int
     rec: torch.Tensor
 
     def records(self, cache) -> list:
-        r = self.rec.cpu().numpy()
-        Bsz = r.shape[2]
-        out = []
-        for li in range(r.shape[0]):
-            flag = r[li, 2] > 0
-            out.append(StepRecord(step=self.step, layer=li, tv_a=r[li, 0], tv_a_pre=r[li, 0].copy(), out_err=r[li, 1],
-                                  tv_b=None, flag=flag, nonfinite=flag.copy(),
-                                  pagein_blocks=np.zeros((Bsz, cache.num_kv_heads), dtype=np.int64),
-                                  parts_pre=r[li, 3:6].copy()))
-        return out
+        """One StepRecord per layer, built by ``WitCertCache._kernel_record`` as the ungraphed
+        kernel path's (one host transfer for the step)."""
+        r = self.rec.cpu()
+        col = dict(zip(self.FIELDS, r.unbind(1)))
+        col["flag"] = col["flag"] > 0
+        return [cache._kernel_record(self.step, li, SimpleNamespace(tv_upper_b=None, **{k: v[li] for k, v in col.items()}),
+                                     None, r.shape[2]) for li in range(r.shape[0])]
 
 
 class WitCertLayer(CacheLayerMixin):
@@ -1034,8 +1034,7 @@ class WitCertCache(Cache):
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
                      validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above)
         r = out.meter
-        st.rec[layer.layer_idx].copy_(torch.stack([r.tv_upper_a, r.out_err_upper, r.flag.double(), r.tanh, r.eform,
-                                                   r.tilt]))
+        st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
         return out.o[:, None].to(dtype), None
 
     def _kernel_served(self, layer, q1, token_mask, sm, rows=None):

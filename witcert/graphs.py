@@ -6,8 +6,9 @@ in a CUDA graph and replayed (README, "CUDA graphs"; issue 11).
     model.generate(ids, past_key_values=cache, max_new_tokens=256)
 
 Why: a metered decode step is host-bound (three Triton launches and their Python per layer
-step, bench/SERVING.md), so its cost is Python, not GPU work. Replaying a captured step costs one
-launch for the whole model.
+step, bench/SERVING.md), so its cost is Python, not GPU work. A replayed step costs one graph
+launch for the whole model, plus the runner's host work after it (two asynchronous copies and an
+event per layer into the exact store, the record's copy).
 
 What makes the step capturable (everything a replay reads is at a fixed address, nothing on the
 host depends on the data):
@@ -48,8 +49,6 @@ from contract.schemes import BLOCK_SCHEMES
 
 log = logging.getLogger("witcert.graphs")
 
-#: record columns of a graphed step (``WitCertCache._static_attention``)
-RECORD_COLUMNS = ("tv_a", "out_err", "flag", "tanh", "eform", "tilt")
 
 
 @dataclasses.dataclass
@@ -68,12 +67,15 @@ class StaticStep:
     rec: torch.Tensor  # [L, 6, B, Hq] float64: the meter record columns
     inputs: dict  # name → static input tensor (input_ids, position_ids, cache_position)
 
-    def fill(self, n0: int, capacity: int) -> None:
-        """Set the device positions from the host's length (a new capture, a crop)."""
-        B = self.seq.shape[0]
+    def fill(self, n0: int, layer) -> None:
+        """Set the device positions from the host's length (a new capture, a crop); the slots are
+        ``kernels.write.token_slots`` of ``layer``'s table (every layer's is the identity layout, so
+        ``_advance``'s +1 stays on it)."""
+        from kernels.write import token_slots
+
         self.pos.fill_(n0)
         self.lens.fill_(n0 + 1)
-        self.slots.copy_(torch.arange(B, device=self.slots.device) * capacity + n0)
+        self.slots.copy_(token_slots(layer.paged, layer.block_table, self.seq, self.pos, validate=False))
         self.n0 = n0
 
 
@@ -182,10 +184,10 @@ def step(orig, cache, args, kwargs):
     if g is not None and g.key == _key(cache, B, kwargs, has_mask, orig):
         st = g.st
         if st.n0 != n0:  # a crop moved the length
-            st.fill(n0, capacity)
+            st.fill(n0, layers[0])
         if am is not None:  # the whole mask (a device copy, no sync): the caller may change earlier columns,
             st.mask[:, : n0 + 1].copy_(am)  # and an eager step in between wrote none of them
-        _inputs(st, kwargs, n0)
+        _inputs(st, kwargs)
         if g.graph is not None:
             g.graph.replay()
             out = g.out
@@ -194,7 +196,7 @@ def step(orig, cache, args, kwargs):
     else:
         cache._graph = None  # the old capture's memory goes first
         st = _static(cache, B, capacity, n0, am, has_mask, kwargs)
-        _inputs(st, kwargs, n0)
+        _inputs(st, kwargs)
         out = _run(orig, cache, st, kwargs)  # a real step (eager): compiles what the capture will launch
         graph = None
         if ids.is_cuda:
@@ -214,9 +216,12 @@ def step(orig, cache, args, kwargs):
 
 
 def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
+    from kernels.decode import _sm_count, choose_splits
+
+    from .cache import GraphedRecords
+
     layer = cache.layers[0]
     dev = layer.device
-    from kernels.decode import _sm_count, choose_splits
 
     mask = torch.ones(B, capacity, dtype=torch.bool, device=dev)
     if am is not None:
@@ -227,16 +232,17 @@ def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
         mask=mask, has_mask=has_mask,
         splits=choose_splits(B, cache.num_kv_heads, capacity, cache.block_size, _sm_count(dev)),
         stage=torch.zeros(len(cache.layers), 2, B, cache.num_kv_heads, cache.head_dim, dtype=layer.dtype, device=dev),
-        rec=torch.zeros(len(cache.layers), len(RECORD_COLUMNS), B, cache.num_q_heads, dtype=torch.float64, device=dev),
+        rec=torch.zeros(len(cache.layers), len(GraphedRecords.FIELDS), B, cache.num_q_heads, dtype=torch.float64,
+                        device=dev),
         inputs={k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
     )
-    st.fill(n0, capacity)
+    st.fill(n0, layer)
     log.info("WitCertCache(cuda_graph=True): capturing the decode step (batch %d, capacity %d tokens, %d splits, "
              "padding mask %s)", B, capacity, st.splits, has_mask)
     return st
 
 
-def _inputs(st: StaticStep, kwargs, n0: int) -> None:
+def _inputs(st: StaticStep, kwargs) -> None:
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor) and k in st.inputs:
             st.inputs[k].copy_(v)
