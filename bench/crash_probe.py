@@ -30,6 +30,8 @@ def cases():
     # (kernels.decode.tile_config: metered 128 tokens / one stage with table prefetch; unmetered two stages)
     for sch, (m, s, f) in itertools.product(("int4_group", "kivi2"), ((1, 1, 1), (1, 1, 0), (0, 2, 0), (1, 2, 1))):
         out.append(f"small-{sch}-m{m}-p8-s{s}-f{f}-e1")
+    # the one-stage tiles of the transposed 8-bit loads (2026-12-02, run J)
+    out += ["mid-int8-m0-p8-s1-f0-e1", "mid-int8-m1-p4-s1-f1-e1", "big-int8-m0-p8-s1-f0-e1-g", "big-int8-m1-p8-s1-f1-e1"]
     for kind in ("mid", "big"):  # graph-replayed, as the benchmark runs them
         out += [f"{kind}-int8-m0-p4-s1-f0-e1-g", f"{kind}-int8-m0-p8-s2-f0-e1-g", f"{kind}-int8-m1-p8-s1-f1-e1-g",
                 f"{kind}-int8-m1-p8-s1-f1-e0-g", f"{kind}-none-m0-p8-s2-f0-e1-g"]
@@ -37,6 +39,10 @@ def cases():
 
 
 def one(name):
+    if not name.endswith("-g"):
+        # without PyTorch's caching allocator every tensor is its own allocation, so memcheck also
+        # sees a read past a tensor that stays inside a cached segment (graph capture needs the cache)
+        os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
     import torch
     from kernels.decode import decode
     parts = name.split("-")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench ab serving stock host probe.
+# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench tiles ab serving stock host probe.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,6 +23,12 @@ fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
 fi
+if has tiles; then
+  # tile / stage / warp A/B of the decode kernel, one process per shape (bench/tile_ab.py)
+  for shp in ${TILE_SHAPES:-1:32768 8:32768 32:32768 8:131072}; do
+    timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" 2>&1 | tee -a "$OUT/tile_ab.txt"
+  done
+fi
 if has ab; then
   # the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
   timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
@@ -44,4 +50,16 @@ if has probe; then
   python3 bench/crash_probe.py --list | grep -E "${PROBE_GREP:-.}" | timeout "${PROBE_TIMEOUT:-400}" xargs -P 10 -I{} sh -c \
     'WITCERT_DEVICE=cuda timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 2 python3 bench/crash_probe.py {} > "$0/cs/{}.txt" 2>&1' "$OUT"
   for f in "$OUT"/cs/*.txt; do echo "$(basename "$f" .txt) $(grep -h 'ERROR SUMMARY' "$f") $(grep -h '^ok' "$f")"; done | tee "$OUT/probe.txt"
+fi
+if has race; then
+  # compute-sanitizer racecheck / synccheck (shared-memory hazards) on the cases in RACE_CASES
+  mkdir -p "$OUT/race"
+  for c in ${RACE_CASES:-mid-int8-m0-p4-s1-f0-e1-g mid-int8-m1-p8-s1-f1-e1}; do
+    for tool in racecheck synccheck; do
+      WITCERT_DEVICE=cuda timeout "${RACE_TIMEOUT:-150}" /usr/local/cuda/bin/compute-sanitizer --tool $tool --print-limit 4 \
+        python3 bench/crash_probe.py $c > "$OUT/race/$c-$tool.txt" 2>&1
+      echo "$c $tool: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUT/race/$c-$tool.txt" | tr '\n' ' ') $(grep -h '^ok' "$OUT/race/$c-$tool.txt")"
+      grep -h -A6 '^========= Error: Race\|^========= Warning' "$OUT/race/$c-$tool.txt" | head -40
+    done
+  done | tee "$OUT/race.txt"
 fi

@@ -212,8 +212,15 @@ def _decode_kernel(
             l = l * alpha + tl.sum(pT, axis=0)
             accT = accT * alpha[None, :] + tl.dot(tl.trans(vh), pT, input_precision=PREC32)
         else:
-            kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [N, D]
-            vcT = tl.load(VC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0)  # [D, N]
+            if SCHEME == NONE_ID:
+                kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [N, D]
+                vcT = tl.load(VC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0)  # [D, N]
+            else:
+                # 8-bit codes are loaded in the other orientation and transposed before their cast: Triton
+                # then moves them into the dots' register layout with 16-byte shared-memory stores / loads
+                # instead of one to two bytes per load after the cast (sm_90 SASS, bench/RESULTS.md run J)
+                kc = tl.trans(tl.load(KC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0))  # [N, D]
+                vcT = tl.trans(tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0))  # [D, N]
             if SCHEME == NONE_ID:
                 ks = tl.full([BLOCK_N], 1.0, tl.float32)
                 vs = tl.full([BLOCK_N], 1.0, tl.float32)
@@ -462,21 +469,41 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
     return q
 
 
-def tile_config(meter: bool, scheme: str = "int8") -> tuple[int, int]:
-    """(tokens per tile, software-pipeline stages) of the decode loop on the H200
-    (bench/stream_probe.py, bench/RESULTS.md, 2026-12-01). Triton stages the int8 tiles through
-    shared memory with ``cp.async`` when stages ≥ 2 and then reads them back bytewise into the
-    dots' register operands; with one stage the codes are loaded straight into registers.
-    With the meter: 128-token tiles, one stage (12-17 % less kernel time than two in the probe,
-    7-12 % less whole-call time in bench/decode.py, run G).
-    Without: 128-token tiles, two stages. The probe's faster unmetered choice (64-token tiles, one
-    stage) faulted with an illegal memory access when graph-replayed by bench/decode.py at
-    B = 8 / 32K (run G), and Triton 3.6 emits an out-of-bounds __shared__ read for the metered
-    bf16 ("none") kernel at 128 tokens, one stage, no table prefetch (compute-sanitizer,
-    bench/crash_probe.py): both are kept off until their cause is found."""
+#: schemes whose codes the decode loop loads as 8-bit tiles (transposed loads, one stage: run J)
+EIGHT_BIT_SCHEMES = ("int8", "int8_dither", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled")
+#: unmetered 8-bit decode: 64-token tiles once the grid has at least this many programs per SM
+OFF_SMALL_TILE_PROGRAMS_PER_SM = 4
+
+
+def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0) -> tuple[int, int, int]:
+    """(tokens per tile, software-pipeline stages, warps) of the decode loop on the H200, for a grid
+    of ``programs_per_sm`` programs per multiprocessor (bench/tile_ab.py, bench/RESULTS.md run J,
+    2026-12-02). The 8-bit code tiles are loaded in the other orientation and transposed before
+    their cast, so Triton moves them into the dots' register layout with 16-byte shared-memory
+    accesses (sm_90 SASS: no byte loads, 16-18 % fewer instructions per tile, no spills); with
+    two stages they go back through ``cp.async`` and bytewise reads, so every 8-bit
+    configuration takes one stage.
+
+    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (240 registers);
+    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (123 registers, four programs per
+      SM) when the grid has ≥ ``OFF_SMALL_TILE_PROGRAMS_PER_SM`` programs per SM, else 128-token
+      tiles, one stage, 8 warps (B = 1: fewer, longer programs);
+    * scheme none and the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage
+      with the meter (not for none), else two; 4 warps (unchanged: Triton 3.6 emits an
+      out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py).
+
+    The unmetered 64-token one-stage kernel faulted once under graph replay with the older
+    untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
+    under memcheck (every tensor its own allocation), racecheck and synccheck (run J)."""
+    if scheme in EIGHT_BIT_SCHEMES:
+        if meter:
+            return 128, 1, 4
+        if programs_per_sm >= OFF_SMALL_TILE_PROGRAMS_PER_SM:
+            return 64, 1, 4
+        return 128, 1, 8
     if meter and scheme != "none":
-        return 128, 1
-    return 128, 2
+        return 128, 1, 4
+    return 128, 2, 4
 
 
 def decode(
@@ -489,7 +516,7 @@ def decode(
     num_splits: int | None = None,
     delta_step: float | None = None,
     pages_per_tile: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
     validate: bool = True,
     epilogue: bool = True,
@@ -501,10 +528,12 @@ def decode(
     kv_indptr: torch.Tensor | None = None,
     repair: RepairOverlay | None = None,
     _ablate: int = 0,
+    _maxnreg: int | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
-    ``num_splits=None``: ``choose_splits`` (the one heuristic). ``tilt_above`` ≥ 0: the
+    ``num_splits=None``: ``choose_splits`` (the one heuristic); ``pages_per_tile`` / ``num_stages`` /
+    ``num_warps`` None: ``tile_config`` for this grid. ``tilt_above`` ≥ 0: the
     dual-grid tilt is computed only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp
     terms) is above it (a gate with threshold τ passes τ: at or below it the row is certified
     without the tilt), the others report tilt 1; TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
@@ -586,12 +615,14 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     pages_arg = pages_per_tile
-    if pages_per_tile is None or num_stages is None:
-        tile_tokens, stages = tile_config(meter, cache.scheme)
+    if pages_per_tile is None or num_stages is None or num_warps is None:
+        tile_tokens, stages, warps = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev))
         if pages_per_tile is None:
             pages_per_tile = max(1, tile_tokens // T)
         if num_stages is None and not INTERPRET:
             num_stages = stages
+        if num_warps is None:
+            num_warps = warps
     lowp = not INTERPRET and dev.type == "cuda"
     if not lowp:
         hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
@@ -631,6 +662,8 @@ def decode(
     else:
         tm = sl
     extra = {} if num_stages is None else {"num_stages": num_stages}
+    if _maxnreg is not None and not INTERPRET:  # (benchmark A/B) a register cap per thread
+        extra["maxnreg"] = _maxnreg
     def launch(pages):
         return _decode_kernel[(Bsz, Hkv, S)](
             q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
@@ -662,7 +695,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, _maxnreg)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:

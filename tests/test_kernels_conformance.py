@@ -543,16 +543,22 @@ def test_csr_layout_matches_block_table():
 
 
 def test_tile_config_and_its_overrides():
-    """``decode.tile_config`` (the measured tile / stage defaults): the meter always gets 128-token
-    tiles and one stage (scheme none: two); meter off, 128-token tiles and two stages (the faster
-    64 / one-stage choice faulted on the H200, bench/crash_probe.py). A caller's explicit ``pages_per_tile`` overrides it and gives the same output as the
-    default tiling up to fp32 summation order (the unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import tile_config
+    """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md run J): the
+    meter gets 128-token tiles and one stage (scheme none: two); meter off with 8-bit codes, one
+    stage, 64-token tiles on a grid of ≥ 4 programs per SM and 128-token tiles with 8 warps below;
+    none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
+    overrides it and gives the same output as the default tiling up to fp32 summation order (the
+    unmetered kernel's tile is a scheduling choice)."""
+    from kernels.decode import EIGHT_BIT_SCHEMES, OFF_SMALL_TILE_PROGRAMS_PER_SM, tile_config
 
-    assert tile_config(True) == (128, 1) and tile_config(True, "int8_dither") == (128, 1)
-    # the configurations seen to fault on the H200 (bench/crash_probe.py) stay off
-    assert tile_config(False) == (128, 2) and tile_config(False, "none") == (128, 2)
-    assert tile_config(True, "none") == (128, 2)
+    for sch in EIGHT_BIT_SCHEMES:
+        assert tile_config(True, sch) == (128, 1, 4) == tile_config(True, sch, 100.0)
+        assert tile_config(False, sch, OFF_SMALL_TILE_PROGRAMS_PER_SM) == (64, 1, 4)
+        assert tile_config(False, sch, 2.0) == (128, 1, 8)
+    # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
+    assert tile_config(True, "none") == (128, 2, 4) and tile_config(False, "none", 100.0) == (128, 2, 4)
+    for sch in ("int4_group", "kivi2"):
+        assert tile_config(True, sch) == (128, 1, 4) and tile_config(False, sch, 100.0) == (128, 2, 4)
     cache, bt, _ = build("int8", [300, 170], 2, 64, seed=4)
     bt, sl = bt.to(DEV), torch.tensor([300, 170], dtype=torch.int32).to(DEV)
     q = (torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1)) * 1.5).bfloat16().float().to(DEV)

@@ -1,0 +1,136 @@
+"""The decode kernel's sm_90 code without a GPU: registers, spills and the main loop's SASS
+instruction mix of ``kernels.decode._decode_kernel`` for a configuration (bench/RESULTS.md run J).
+
+    python3 bench/sass_probe.py                       # the tile_config configurations, int8
+    python3 bench/sass_probe.py --meter 1 --tokens 64 --stages 1 --warps 4 --maxnreg 168
+
+Triton compiles an ``ASTSource`` for ``GPUTarget("cuda", 90, 64)`` with the JIT's own argument
+specialisation (16-divisible pointers and ints marked divisible, ints equal to 1 made constants;
+the values are the benchmark's B 8 / n 32K / Hq 32 / Hkv 8 / d 128 int8 cache), then its bundled
+``ptxas -v`` (registers, spill bytes) and ``nvdisasm`` (the longest backward branch's body = the
+tile loop). Use the device's Triton version (3.6.0: ``pip install --target DIR triton==3.6.0`` and
+put DIR first on PYTHONPATH) to see what the H200 runs.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import kernels.decode as kd  # noqa: E402
+from kernels.paged import SCHEME_IDS  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTRS = {"Q": "*bf16", "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "KZ": "*fp16", "VZ": "*fp16",
+        "KW": "*fp16", "VW": "*fp16", "VN": "*fp16", "KN": "*fp16", "BT": "*i32", "SL": "*i32", "TM": "*i32",
+        "RS": "*i32", "RK": "*bf16", "RV": "*bf16", "RKN": "*fp32", "RVN": "*fp32",
+        "M_OUT": "*fp32", "L_OUT": "*fp32", "ACC_OUT": "*fp32", "HIST_OUT": "*fp32", "STAT_OUT": "*fp32"}
+# the benchmark's B 8 / n 32K int8 cache: strides and sizes as the JIT sees them
+INTS = dict(seed=12345, layer=0, num_splits=16, s_qb=4096, s_qh=128, s_cb=16384, s_ch=2048, s_ct=128,
+            s_sb=128, s_sh=16, s_st=1, s_vsb=128, s_vsh=16, s_vst=1, s_wb=128, s_wh=16, s_wt=1, s_vwb=128, s_vwh=16,
+            s_btb=2048, s_tmb=1, s_rsb=0, Hq=32)
+
+
+def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme: str = "int8",
+                   maxnreg: int | None = None, **constexprs):
+    """The compiled kernel (``.asm["ptx"]`` etc.) of one configuration, for sm_90."""
+    fn = kd._decode_kernel
+    names = fn.arg_names
+    const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=16, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
+                 NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
+                 PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
+                 PREFETCH_BT=meter, CSR=False, HAS_REP=False)
+    const.update(constexprs)
+    ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
+                         {"KC": "*fp8e4nv", "VC": "*fp8e4nv"} if scheme.startswith("fp8_e4m3") else
+                         {"KC": "*fp8e5", "VC": "*fp8e5"} if scheme == "fp8_e5m2" else {}))
+    sig, attrs = {}, {}
+    for n in names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in ptrs:
+            sig[n], attrs[(names.index(n),)] = ptrs[n], [["tt.divisibility", 16]]
+        elif n == "sm_scale":
+            sig[n] = "fp32"
+        elif INTS[n] == 1:
+            sig[n], const[n] = "constexpr", 1
+        else:
+            sig[n] = "i32"
+            if INTS[n] % 16 == 0:
+                attrs[(names.index(n),)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=opts)
+
+
+def analyze(ptx: str):
+    """(registers, spill-store bytes, loop SASS instructions, Counter of opcodes in the loop)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        p, cub = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        open(p, "w").write(ptx)
+        r = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", p, "-o", cub],
+                           capture_output=True, text=True, check=True)
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cub], capture_output=True, text=True,
+                              check=True).stdout.split("\n")
+    regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))
+    ins, labels = [], {}
+    for line in sass:
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+        lm = re.match(r"\.L_x_(\d+):", line.strip())
+        if lm:
+            labels[lm.group(1)] = None  # resolved to the next instruction's address below
+        elif m and labels and any(v is None for v in labels.values()):
+            for k, v in labels.items():
+                if v is None:
+                    labels[k] = int(m.group(1), 16)
+    idx = {a: i for i, (a, _) in enumerate(ins)}
+    best = (0, -1)
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA.*\.L_x_(\d+)", text)
+        if m and labels.get(m.group(1)) is not None and labels[m.group(1)] < a:
+            s = idx[labels[m.group(1)]]
+            if i - s > best[1] - best[0]:
+                best = (s, i)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for _, t in ins[best[0]:best[1] + 1])
+    return regs, spill, best[1] - best[0] + 1, ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meter", type=int, choices=(0, 1))
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--scheme", default="int8")
+    ap.add_argument("--maxnreg", type=int)
+    args = ap.parse_args(argv)
+    print(f"# triton {triton.__version__}, sm_90a, scheme {args.scheme}")
+    if args.meter is None:
+        configs = [(m, *kd.tile_config(m, args.scheme, p)[:3]) for m, p in ((True, 8.0), (False, 8.0), (False, 2.0))]
+    else:
+        configs = [(bool(args.meter), args.tokens, args.stages, args.warps)]
+    for meter, tokens, stages, warps in configs:
+        k = compile_decode(meter, tokens, stages, warps, args.scheme, args.maxnreg)
+        regs, spill, n, ops = analyze(k.asm["ptx"])
+        shared = sum(v for o, v in ops.items() if o.startswith(("LDS", "LDSM")))
+        byte_lds = sum(v for o, v in ops.items() if o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16"))
+        print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps: {regs} registers, "
+              f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
+              + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Tile A/B of the decode kernel on the GPU (kernel + split merge, no epilogue; CUDA-graph replay,
+cache copies rotated past the L2): which (tokens per tile, pipeline stages, warps) ``tile_config``
+should take, with the registers / spills of each, and bf16 SDPA of the same shape beside them.
+
+    python3 bench/tile_ab.py --shape 8:32768          # one shape per process (a fault kills only it)
+
+Configurations that once faulted on the H200 (bench/RESULTS.md run G) run last in each process.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch  # noqa: E402
+
+from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
+from kernels.decode import decode, tile_config  # noqa: E402
+
+# (tokens, stages, warps[, register cap])
+OFF = [(128, 2, 4), (128, 1, 4), (128, 1, 8), (64, 1, 4)]
+ON = [(128, 1, 4), (64, 1, 4), (128, 1, 8), (256, 1, 8), (64, 1, 4, 168), (64, 1, 4, 128), (128, 1, 4, 168)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="8:32768")
+    ap.add_argument("--heads", type=int, default=32)
+    args = ap.parse_args(argv)
+    B, n = (int(x) for x in args.shape.split(":"))
+    Hq, Hkv, D = args.heads, 8, 128
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, "cuda", sms)
+    t_sdpa = time_sdpa(q, Hkv, n, max(1, len(caches) // 2))
+    print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False)} on {tile_config(True)}",
+          flush=True)
+    for meter, configs in ((True, ON), (False, OFF)):
+        for tokens, stages, warps, *cap in configs:
+            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap[0] if cap else None)
+            try:
+                out = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False,
+                             epilogue=False, **kw)
+                t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, num_splits=S, meter=meter,
+                                                              validate=False, epilogue=False, **kw))
+                                   for c, bt in caches]), False)
+                k = out.compiled
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap[0]}' if cap else ''}: {t:.4f} ms  sdpa/x "
+                      f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
+            except Exception as e:  # a configuration that does not build is reported
+                print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
