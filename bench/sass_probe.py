@@ -119,15 +119,20 @@ def main(argv=None):
     args = ap.parse_args(argv)
     print(f"# triton {triton.__version__}, sm_90a, scheme {args.scheme}")
     if args.meter is None:
-        configs = [(m, *kd.tile_config(m, args.scheme, p)[:3]) for m, p in ((True, 8.0), (False, 8.0), (False, 2.0))]
+        configs = []
+        for m, p in ((True, 8.0), (True, 2.0), (False, 8.0), (False, 2.0)):
+            t = kd.tile_config(m, args.scheme, p)
+            if (m, t.tokens, t.stages, t.warps, t.max_registers) not in configs:
+                configs.append((m, t.tokens, t.stages, t.warps, t.max_registers))
     else:
-        configs = [(bool(args.meter), args.tokens, args.stages, args.warps)]
-    for meter, tokens, stages, warps in configs:
-        k = compile_decode(meter, tokens, stages, warps, args.scheme, args.maxnreg)
+        configs = [(bool(args.meter), args.tokens, args.stages, args.warps, args.maxnreg)]
+    for meter, tokens, stages, warps, cap in configs:
+        k = compile_decode(meter, tokens, stages, warps, args.scheme, cap)
         regs, spill, n, ops = analyze(k.asm["ptx"])
         shared = sum(v for o, v in ops.items() if o.startswith(("LDS", "LDSM")))
         byte_lds = sum(v for o, v in ops.items() if o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16"))
-        print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps: {regs} registers, "
+        print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps"
+              f"{f', cap {cap}' if cap else ''}: {regs} registers, "
               f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
               + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
 

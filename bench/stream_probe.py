@@ -262,7 +262,7 @@ def production(shapes):
         B, n = (int(x) for x in shp.split(":"))
         kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         for meter in (False, True):
-            default = tile_config(meter)
+            default = tile_config(meter)  # (the Tile at few programs per SM)
             for kw in ({}, dict(pages_per_tile=8, num_stages=2), dict(pages_per_tile=4, num_stages=1),
                        dict(pages_per_tile=8, num_stages=1), dict(prefetch_bt=not meter)):
                 if not meter and kw == dict(pages_per_tile=4, num_stages=1):

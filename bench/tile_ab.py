@@ -19,23 +19,32 @@ from kernels.decode import decode, tile_config  # noqa: E402
 # (tokens, stages, warps[, register cap])
 OFF = [(128, 2, 4), (128, 1, 4), (128, 1, 8), (64, 1, 4)]
 ON = [(128, 1, 4), (64, 1, 4), (128, 1, 8), (256, 1, 8), (64, 1, 4, 168), (64, 1, 4, 128), (128, 1, 4, 168)]
+# --ablate: the metered default with parts of the meter dropped (decode's _ablate, diagnosis only: bit 1 the
+# histogram dot, bit 2 the phi / nu / kappa loads, bit 4 the witness maximum)
+ABLATE = [(128, 1, 4, None, 0), (128, 1, 4, None, 1), (128, 1, 4, None, 2), (128, 1, 4, None, 7)]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="8:32768")
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--ablate", action="store_true", help="time the metered default with parts of the meter dropped")
     args = ap.parse_args(argv)
     B, n = (int(x) for x in args.shape.split(":"))
     Hq, Hkv, D = args.heads, 8, 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, "cuda", sms)
     t_sdpa = time_sdpa(q, Hkv, n, max(1, len(caches) // 2))
-    print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False)} on {tile_config(True)}",
-          flush=True)
-    for meter, configs in ((True, ON), (False, OFF)):
-        for tokens, stages, warps, *cap in configs:
-            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap[0] if cap else None)
+    pps = B * Hkv * S / sms
+    print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
+          f"on {tile_config(True, 'int8', pps)}", flush=True)
+    plan = ((True, ABLATE), (False, OFF[-1:])) if args.ablate else ((True, ON), (False, OFF))
+    for meter, configs in plan:
+        for tokens, stages, warps, *rest in configs:
+            cap = [rest[0]] if rest and rest[0] else []
+            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap[0] if cap else 0)
+            if len(rest) > 1:
+                kw["_ablate"] = rest[1]
             try:
                 out = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False,
                              epilogue=False, **kw)
@@ -43,7 +52,7 @@ def main(argv=None):
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap[0]}' if cap else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap[0]}' if cap else ''}{f' ablate {rest[1]}' if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",

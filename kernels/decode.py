@@ -471,23 +471,40 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
 
 #: schemes whose codes the decode loop loads as 8-bit tiles (transposed loads, one stage: run J)
 EIGHT_BIT_SCHEMES = ("int8", "int8_dither", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled")
-#: unmetered 8-bit decode: 64-token tiles once the grid has at least this many programs per SM
-OFF_SMALL_TILE_PROGRAMS_PER_SM = 4
+#: 64-token unmetered tiles and the metered register cap apply from this many programs per SM
+MANY_PROGRAMS_PER_SM = 4
+#: a register cap per thread for the metered 8-bit kernel on grids of ≥ MANY_PROGRAMS_PER_SM programs
+#: per SM (three programs per SM instead of two, with spills): measured 1-8 % faster at B ≥ 8 and
+#: 15 % slower at B = 1 (bench/RESULTS.md run J4), but not yet through the CUDA conformance suite
+#: (``test_register_cap_changes_no_value`` on the H200), so ``tile_config`` does not apply it
+#: (``CAP_METERED`` False); ``decode(_maxnreg=...)`` runs it for an A/B
+METERED_REGISTER_CAP = 168
+CAP_METERED = False
 
 
-def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0) -> tuple[int, int, int]:
-    """(tokens per tile, software-pipeline stages, warps) of the decode loop on the H200, for a grid
-    of ``programs_per_sm`` programs per multiprocessor (bench/tile_ab.py, bench/RESULTS.md run J,
-    2026-12-02). The 8-bit code tiles are loaded in the other orientation and transposed before
-    their cast, so Triton moves them into the dots' register layout with 16-byte shared-memory
-    accesses (sm_90 SASS: no byte loads, 16-18 % fewer instructions per tile, no spills); with
-    two stages they go back through ``cp.async`` and bytewise reads, so every 8-bit
-    configuration takes one stage.
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A decode launch's loop configuration (``tile_config``)."""
+    tokens: int  # tokens per tile (a multiple of the block size)
+    stages: int  # software-pipeline stages
+    warps: int
+    max_registers: int | None = None  # per-thread register cap (Triton's ``maxnreg``), None: the compiler's
 
-    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (240 registers);
+
+def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0) -> Tile:
+    """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
+    multiprocessor (bench/tile_ab.py, bench/RESULTS.md run J, 2026-12-02). The 8-bit code tiles are
+    loaded in the other orientation and transposed before their cast, so Triton moves them into
+    the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
+    16-18 % fewer instructions per tile, no spills); with two stages they go back through
+    ``cp.async`` and bytewise reads, so every 8-bit configuration takes one stage.
+
+    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (240 registers; capped at
+      ``METERED_REGISTER_CAP`` on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM once
+      ``CAP_METERED`` is on);
     * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (123 registers, four programs per
-      SM) when the grid has ≥ ``OFF_SMALL_TILE_PROGRAMS_PER_SM`` programs per SM, else 128-token
-      tiles, one stage, 8 warps (B = 1: fewer, longer programs);
+      SM) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage,
+      8 warps (B = 1: fewer, longer programs);
     * scheme none and the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage
       with the meter (not for none), else two; 4 warps (unchanged: Triton 3.6 emits an
       out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py).
@@ -495,15 +512,14 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0)
     The unmetered 64-token one-stage kernel faulted once under graph replay with the older
     untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
     under memcheck (every tensor its own allocation), racecheck and synccheck (run J)."""
+    many = programs_per_sm >= MANY_PROGRAMS_PER_SM
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
-            return 128, 1, 4
-        if programs_per_sm >= OFF_SMALL_TILE_PROGRAMS_PER_SM:
-            return 64, 1, 4
-        return 128, 1, 8
+            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and CAP_METERED else None)
+        return Tile(64, 1, 4) if many else Tile(128, 1, 8)
     if meter and scheme != "none":
-        return 128, 1, 4
-    return 128, 2, 4
+        return Tile(128, 1, 4)
+    return Tile(128, 2, 4)
 
 
 def decode(
@@ -533,7 +549,8 @@ def decode(
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
     ``num_splits=None``: ``choose_splits`` (the one heuristic); ``pages_per_tile`` / ``num_stages`` /
-    ``num_warps`` None: ``tile_config`` for this grid. ``tilt_above`` ≥ 0: the
+    ``num_warps`` None: ``tile_config`` for this grid (and its register cap; ``_maxnreg``: another cap
+    for an A/B, 0 for none). ``tilt_above`` ≥ 0: the
     dual-grid tilt is computed only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp
     terms) is above it (a gate with threshold τ passes τ: at or below it the row is certified
     without the tilt), the others report tilt 1; TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
@@ -615,14 +632,14 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     pages_arg = pages_per_tile
-    if pages_per_tile is None or num_stages is None or num_warps is None:
-        tile_tokens, stages, warps = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev))
-        if pages_per_tile is None:
-            pages_per_tile = max(1, tile_tokens // T)
-        if num_stages is None and not INTERPRET:
-            num_stages = stages
-        if num_warps is None:
-            num_warps = warps
+    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev))
+    if pages_per_tile is None:
+        pages_per_tile = max(1, tile.tokens // T)
+    if num_stages is None and not INTERPRET:
+        num_stages = tile.stages
+    if num_warps is None:
+        num_warps = tile.warps
+    maxnreg = tile.max_registers if _maxnreg is None else (_maxnreg or None)
     lowp = not INTERPRET and dev.type == "cuda"
     if not lowp:
         hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
@@ -662,8 +679,8 @@ def decode(
     else:
         tm = sl
     extra = {} if num_stages is None else {"num_stages": num_stages}
-    if _maxnreg is not None and not INTERPRET:  # (benchmark A/B) a register cap per thread
-        extra["maxnreg"] = _maxnreg
+    if maxnreg is not None and not INTERPRET:  # a register cap per thread (tile_config; ``_maxnreg``: A/B, 0 = none)
+        extra["maxnreg"] = maxnreg
     def launch(pages):
         return _decode_kernel[(Bsz, Hkv, S)](
             q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
@@ -695,7 +712,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, _maxnreg)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:

@@ -1,7 +1,8 @@
 """The decode kernel's sm_90 code, compiled on the CPU (no GPU): the 8-bit code tiles reach the
 dots' register layout without one- or two-byte shared-memory reads (the transposed loads of
 ``kernels.decode``, bench/RESULTS.md run J: 96 such reads per 64-token tile and ~18 % more loop
-instructions without them), and the metered tile of ``tile_config`` does not spill.
+instructions without them), and the metered 128-token tile does not spill uncapped (``tile_config``
+caps its registers only on grids of many programs, trading spills for occupancy).
 
 Runs ``bench/sass_probe.py`` in a subprocess without ``TRITON_INTERPRET`` (a jitted function is an
 interpreter object under it); skipped when Triton's bundled ptxas / nvdisasm are absent."""

@@ -549,16 +549,19 @@ def test_tile_config_and_its_overrides():
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import EIGHT_BIT_SCHEMES, OFF_SMALL_TILE_PROGRAMS_PER_SM, tile_config
+    from kernels.decode import CAP_METERED, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP, Tile, tile_config
 
+    many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
-        assert tile_config(True, sch) == (128, 1, 4) == tile_config(True, sch, 100.0)
-        assert tile_config(False, sch, OFF_SMALL_TILE_PROGRAMS_PER_SM) == (64, 1, 4)
-        assert tile_config(False, sch, 2.0) == (128, 1, 8)
+        assert tile_config(True, sch) == Tile(128, 1, 4)
+        # the register cap waits for test_register_cap_changes_no_value on the H200
+        assert tile_config(True, sch, many) == Tile(128, 1, 4, METERED_REGISTER_CAP if CAP_METERED else None)
+        assert tile_config(False, sch, many) == Tile(64, 1, 4)
+        assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
-    assert tile_config(True, "none") == (128, 2, 4) and tile_config(False, "none", 100.0) == (128, 2, 4)
+    assert tile_config(True, "none") == Tile(128, 2, 4) == tile_config(False, "none", 100.0)
     for sch in ("int4_group", "kivi2"):
-        assert tile_config(True, sch) == (128, 1, 4) and tile_config(False, sch, 100.0) == (128, 2, 4)
+        assert tile_config(True, sch, many) == Tile(128, 1, 4) and tile_config(False, sch, many) == Tile(128, 2, 4)
     cache, bt, _ = build("int8", [300, 170], 2, 64, seed=4)
     bt, sl = bt.to(DEV), torch.tensor([300, 170], dtype=torch.int32).to(DEV)
     q = (torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1)) * 1.5).bfloat16().float().to(DEV)
@@ -568,6 +571,28 @@ def test_tile_config_and_its_overrides():
         # GPU: p̂ is rounded to bf16 relative to each tile's running max (check_case's tolerance)
         tol = (1e-5 if DEV == "cpu" else 1e-2) * float(a.o.abs().max())
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
+
+
+def test_register_cap_changes_no_value(monkeypatch):
+    """A register cap on the metered kernel (``decode(_maxnreg=...)``; ``tile_config``'s on grids of
+    many programs once ``CAP_METERED`` is on: spills, no other instruction changes) serves the same
+    output and meter record bit for bit as the uncapped kernel. On the CPU the interpreter ignores
+    the cap (trivially equal); the H200 run of this test is what enabling ``CAP_METERED`` waits for."""
+    from kernels import decode as kd
+
+    cache, bt, _ = build("int8", [300, 170, 90], 2, 128, seed=5)
+    bt, sl = bt.to(DEV), torch.tensor([300, 170, 90], dtype=torch.int32).to(DEV)
+    q = (torch.randn(3, 8, 128, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
+    runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=cap)) for cap in (0, kd.METERED_REGISTER_CAP)]
+    monkeypatch.setattr(kd, "CAP_METERED", True)
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
+    assert kd.tile_config(True, "int8", 12).max_registers == kd.METERED_REGISTER_CAP
+    runs.append(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)))
+    for r in runs[1:]:
+        assert torch.equal(r.o, runs[0].o) and torch.equal(r.lse, runs[0].lse)
+        for f in dataclasses.fields(r.meter):
+            a, b = getattr(r.meter, f.name), getattr(runs[0].meter, f.name)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
 
 
 def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
