@@ -84,18 +84,16 @@ def analyze(ptx: str):
                               check=True).stdout.split("\n")
     regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
     spill = int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))
-    ins, labels = [], {}
+    ins, labels, pending = [], {}, []  # labels: name -> address of the instruction after it
     for line in sass:
+        lm = re.match(r"\.L_x_(\d+):", line.strip())
+        if lm:
+            pending.append(lm.group(1))
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2)))
-        lm = re.match(r"\.L_x_(\d+):", line.strip())
-        if lm:
-            labels[lm.group(1)] = None  # resolved to the next instruction's address below
-        elif m and labels and any(v is None for v in labels.values()):
-            for k, v in labels.items():
-                if v is None:
-                    labels[k] = int(m.group(1), 16)
+            labels.update((name, ins[-1][0]) for name in pending)
+            pending = []
     idx = {a: i for i, (a, _) in enumerate(ins)}
     best = (0, -1)
     for i, (a, text) in enumerate(ins):

@@ -61,6 +61,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from contract.schemes import SCHEMES
+
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
 from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
@@ -469,8 +471,9 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
     return q
 
 
-#: schemes whose codes the decode loop loads as 8-bit tiles (transposed loads, one stage: run J)
-EIGHT_BIT_SCHEMES = ("int8", "int8_dither", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled")
+#: schemes whose codes the decode loop loads as 8-bit tiles (one code per byte, from the scheme table:
+#: transposed loads, one stage; run J timed int8, the others share its loop but were not timed)
+EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits == 8)
 #: 64-token unmetered tiles and the metered register cap apply from this many programs per SM
 MANY_PROGRAMS_PER_SM = 4
 #: a register cap per thread for the metered 8-bit kernel on grids of ≥ MANY_PROGRAMS_PER_SM programs

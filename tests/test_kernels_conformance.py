@@ -573,6 +573,24 @@ def test_tile_config_and_its_overrides():
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
+def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, scheme):
+    """On a grid of many programs per SM the unmetered 8-bit call takes ``tile_config``'s 64-token
+    one-stage tile (timed for int8 only, run J): its output is the metered call's (whose output the
+    conformance cases check against the fp64 reference) up to summation order."""
+    from kernels import decode as kd
+
+    cache, bt, _ = build(scheme, [300, 170], 2, 128, seed=6)
+    bt, sl = bt.to(DEV), torch.tensor([300, 170], dtype=torch.int32).to(DEV)
+    q = (torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(3)) * 1.5).bfloat16().float().to(DEV)
+    on = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2))
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 2 × 2 × 2 = 8 programs per "SM"
+    assert kd.tile_config(False, scheme, 8).tokens == 64
+    off = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False))
+    tol = (1e-5 if DEV == "cpu" else 1e-2) * float(on.o.abs().max())
+    assert torch.allclose(off.o, on.o, rtol=0, atol=tol) and torch.allclose(off.lse, on.lse, rtol=0, atol=1e-4)
+
+
 def test_register_cap_changes_no_value(monkeypatch):
     """A register cap on the metered kernel (``decode(_maxnreg=...)``; ``tile_config``'s on grids of
     many programs once ``CAP_METERED`` is on: spills, no other instruction changes) serves the same
