@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench tiles ab serving stock host probe.
+# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench tiles ab serving stock host probe race.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,7 +26,7 @@ fi
 if has tiles; then
   # tile / stage / warp A/B of the decode kernel, one process per shape (bench/tile_ab.py)
   for shp in ${TILE_SHAPES:-1:32768 8:32768 32:32768 8:131072}; do
-    timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" 2>&1 | tee -a "$OUT/tile_ab.txt"
+    timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" 2>&1 | tee -a "$OUT/tiles.txt"
   done
 fi
 if has ab; then

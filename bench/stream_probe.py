@@ -266,7 +266,7 @@ def production(shapes):
             for kw in ({}, dict(pages_per_tile=8, num_stages=2), dict(pages_per_tile=4, num_stages=1),
                        dict(pages_per_tile=8, num_stages=1), dict(prefetch_bt=not meter)):
                 if not meter and kw == dict(pages_per_tile=4, num_stages=1):
-                    continue  # faulted under graph replay (RESULTS.md run G): bench/crash_probe.py, not here
+                    continue  # (faulted under graph replay with the old loads, RESULTS.md run G; bench/tile_ab.py times it now)
                 t = bench(graphed([(lambda c=c, bt=bt, kw=kw: decode(
                     c, q, bt, sl, num_splits=S, meter=meter, validate=False, epilogue=False, **kw))
                     for c, bt in caches]), False)

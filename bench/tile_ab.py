@@ -41,8 +41,8 @@ def main(argv=None):
     plan = ((True, ABLATE), (False, OFF[-1:])) if args.ablate else ((True, ON), (False, OFF))
     for meter, configs in plan:
         for tokens, stages, warps, *rest in configs:
-            cap = [rest[0]] if rest and rest[0] else []
-            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap[0] if cap else 0)
+            cap = rest[0] if rest else None
+            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0)
             if len(rest) > 1:
                 kw["_ablate"] = rest[1]
             try:
@@ -52,7 +52,7 @@ def main(argv=None):
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap[0]}' if cap else ''}{f' ablate {rest[1]}' if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' ablate {rest[1]}' if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",

@@ -499,7 +499,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0)
     multiprocessor (bench/tile_ab.py, bench/RESULTS.md run J, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
     the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
-    16-18 % fewer instructions per tile, no spills); with two stages they go back through
+    15-18 % fewer instructions per tile, no spills); with two stages they go back through
     ``cp.async`` and bytewise reads, so every 8-bit configuration takes one stage.
 
     * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (240 registers; capped at
