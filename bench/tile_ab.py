@@ -16,12 +16,15 @@ import torch  # noqa: E402
 from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
 from kernels.decode import decode, tile_config  # noqa: E402
 
-# (tokens, stages, warps[, register cap])
-OFF = [(128, 2, 4), (128, 1, 4), (128, 1, 8), (64, 1, 4)]
-ON = [(128, 1, 4), (64, 1, 4), (128, 1, 8), (256, 1, 8), (64, 1, 4, 168), (64, 1, 4, 128), (128, 1, 4, 168)]
+# (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram]])
+OFF = [(64, 1, 4, None, 16), (64, 1, 4, None, 8), (128, 1, 8, None, 16), (128, 1, 8, None, 8)]
+ON = [(128, 1, 4, None, 16, 0, False), (128, 1, 4, None, 8, 0, False), (128, 1, 4, 168, 8, 0, False),
+      (128, 1, 4, None, 8, 0, True), (128, 1, 4, 168, 8, 0, True), (128, 1, 4, 128, 8, 0, True),
+      (64, 1, 4, 128, 8, 0, True)]
 # --ablate: the metered default with parts of the meter dropped (decode's _ablate, diagnosis only: bit 1 the
 # histogram dot, bit 2 the phi / nu / kappa loads, bit 4 the witness maximum)
-ABLATE = [(128, 1, 4, None, 0), (128, 1, 4, None, 1), (128, 1, 4, None, 2), (128, 1, 4, None, 7)]
+ABLATE = [(128, 1, 4, None, None, 0), (128, 1, 4, None, None, 1), (128, 1, 4, None, None, 2),
+          (128, 1, 4, None, None, 7)]
 
 
 def main(argv=None):
@@ -38,13 +41,15 @@ def main(argv=None):
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
           f"on {tile_config(True, 'int8', pps)}", flush=True)
-    plan = ((True, ABLATE), (False, OFF[-1:])) if args.ablate else ((True, ON), (False, OFF))
+    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, ON), (False, OFF))
     for meter, configs in plan:
-        for tokens, stages, warps, *rest in configs:
-            cap = rest[0] if rest else None
-            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0)
+        for tokens, stages, warps, cap, hc, *rest in configs:
+            kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0,
+                      _head_columns=hc)
+            if rest:
+                kw["_ablate"] = rest[0]
             if len(rest) > 1:
-                kw["_ablate"] = rest[1]
+                kw["_pack_hist"] = rest[1]
             try:
                 out = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False,
                              epilogue=False, **kw)
@@ -52,7 +57,7 @@ def main(argv=None):
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' ablate {rest[1]}' if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",

@@ -99,6 +99,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
+    PACK_HIST: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -122,8 +123,17 @@ def _decode_kernel(
     heads_i = tl.arange(0, BLOCK_H)
     hmask = heads_i < GQ
     heads = kvh * GQ + heads_i
+    HALF: tl.constexpr = BLOCK_H // 2
+    if PACK_HIST:
+        # GQ ≤ BLOCK_H / 2: column c serves head c mod HALF, so the upper half of the (padding) columns
+        # repeats the lower half's logits and softmax; the histogram dot then takes p̂'s bf16 hi part in
+        # the lower columns and its lo part in the upper ones: one dot instead of two (summed after the loop)
+        hcol = heads_i % HALF
+    else:
+        hcol = heads_i
     d = tl.arange(0, D)
-    qT = tl.load(Q + b * s_qb + heads[None, :] * s_qh + d[:, None], mask=hmask[None, :], other=0.0)  # [D, H]
+    qT = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + d[:, None], mask=(hcol < GQ)[None, :],
+                 other=0.0)  # [D, H]
     q32T = qT.to(tl.float32)
     if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
         qT = q32T
@@ -353,11 +363,18 @@ def _decode_kernel(
                     ohbT = tl.where(col[:, None] == NB - 1, phi_up[None, :], onehotT.to(tl.float32)).to(tl.bfloat16)
                     p_hiT = pT.to(tl.bfloat16)
                     p_loT = (pT - p_hiT.to(tl.float32)).to(tl.bfloat16)
-                    hdT = tl.dot(ohbT, p_loT, acc=tl.dot(ohbT, p_hiT))  # [NB, H]
+                    if PACK_HIST:
+                        hdT = tl.dot(ohbT, tl.where(heads_i[None, :] < HALF, p_hiT, p_loT))  # [NB, H]: hi | lo
+                    else:
+                        hdT = tl.dot(ohbT, p_loT, acc=tl.dot(ohbT, p_hiT))  # [NB, H]
                 else:
                     ohT = tl.where(col[:, None] == NB - 1, phi[None, :], onehotT.to(tl.float32))
                     # fp32 operands: no p̂ is flushed above 2^-126 of the running max (paged.mass_eta)
-                    hdT = tl.dot(ohT, pT, input_precision=PREC_HIST)
+                    if PACK_HIST:  # the split is inside the dot: the lo columns carry 0 (the interpreter's check
+                        # of the packed layout, tests/test_kernels_conformance.py)
+                        hdT = tl.dot(ohT, tl.where(heads_i[None, :] < HALF, pT, 0.0), input_precision=PREC_HIST)
+                    else:
+                        hdT = tl.dot(ohT, pT, input_precision=PREC_HIST)
             histT = histT * alpha[None, :] + hdT
             if ABLATE // 4 % 2 == 0:
                 wmax = tl.maximum(wmax, wn)
@@ -372,7 +389,19 @@ def _decode_kernel(
     tl.store(L_OUT + o_idx, l, mask=hmask)
     tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
     if METER:
-        tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
+        if PACK_HIST:
+            # head h's masses: its hi column plus its lo column, the latter taken to the hi column's running
+            # max (the two columns compute the same logits, so the factor is exactly 1; kept for rigour)
+            hi_lo = tl.permute(tl.reshape(histT, [NB, 2, HALF]), (0, 2, 1))
+            hist_hi, hist_lo = tl.split(hi_lo)  # [NB, HALF] each
+            m_hi, m_lo = tl.split(tl.permute(tl.reshape(m, [2, HALF]), (1, 0)))
+            lo_f = tl.where(m_lo == m_hi, 1.0, tl.exp(m_lo - m_hi))
+            hh = tl.arange(0, HALF)
+            h_idx = (b * Hq + kvh * GQ + hh) * num_splits + sp
+            tl.store(HIST_OUT + h_idx[None, :] * NB + col[:, None], hist_hi + hist_lo * lo_f[None, :],
+                     mask=(hh < GQ)[None, :])
+        else:
+            tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
         st = STAT_OUT + o_idx * 6
         zero = tl.zeros([BLOCK_H], tl.float32)
         tl.store(st + 0, zero + tl.max(wmax, axis=0), mask=hmask)
@@ -477,12 +506,16 @@ EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits
 #: 64-token unmetered tiles and the metered register cap apply from this many programs per SM
 MANY_PROGRAMS_PER_SM = 4
 #: a register cap per thread for the metered 8-bit kernel on grids of ≥ MANY_PROGRAMS_PER_SM programs
-#: per SM (three programs per SM instead of two, with spills): measured 1-8 % faster at B ≥ 8 and
-#: 15 % slower at B = 1 (bench/RESULTS.md run J4), but not yet through the CUDA conformance suite
-#: (``test_register_cap_changes_no_value`` on the H200), so ``tile_config`` does not apply it
-#: (``CAP_METERED`` False); ``decode(_maxnreg=...)`` runs it for an A/B
+#: per SM: three programs per SM instead of two. With 8 head columns and the packed histogram it costs
+#: no spill (sm_90 SASS) and the metered call at B ≥ 8 takes 0.77-0.80× the uncapped time (run K,
+#: bench/tile_ab.py); ``test_register_cap_changes_no_value`` (capped = uncapped, bit for bit) passed on
+#: the H200 (bench/cap_test_2026-12-02_K.log). ``CAP_METERED`` False turns it off (``decode(_maxnreg=0)``
+#: for one call)
 METERED_REGISTER_CAP = 168
-CAP_METERED = False
+CAP_METERED = True
+#: the 8-bit schemes the cap applies to: not the position-keyed (dithered) ones, whose in-kernel dither
+#: generation spills 1.5 KB under the cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
+CAPPED_SCHEMES = tuple(name for name in EIGHT_BIT_SCHEMES if not SCHEMES[name].position_keyed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,25 +525,33 @@ class Tile:
     stages: int  # software-pipeline stages
     warps: int
     max_registers: int | None = None  # per-thread register cap (Triton's ``maxnreg``), None: the compiler's
+    # the fewest query-head columns a program's tiles are padded to (BLOCK_H ≥ GQ; the tensor-core dots take
+    # 8 columns as mma.sync n8 where 16 went to wgmma: 4-10 % less time at GQ 4-8, run K)
+    head_columns: int = 8
 
 
 def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0) -> Tile:
     """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
-    multiprocessor (bench/tile_ab.py, bench/RESULTS.md run J, 2026-12-02). The 8-bit code tiles are
+    multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J and K, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
     the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
     15-18 % fewer instructions per tile, no spills); with two stages they go back through
     ``cp.async`` and bytewise reads, so every 8-bit configuration takes one stage.
 
-    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (240 registers; capped at
-      ``METERED_REGISTER_CAP`` on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM once
-      ``CAP_METERED`` is on);
-    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (123 registers, four programs per
+    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
+      columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs
+      per SM, on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM while ``CAP_METERED``, for the
+      ``CAPPED_SCHEMES``: not int8_dither);
+    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers, four programs per
       SM) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage,
       8 warps (B = 1: fewer, longer programs);
-    * scheme none and the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage
-      with the meter (not for none), else two; 4 warps (unchanged: Triton 3.6 emits an
-      out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py).
+    * the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage with the meter,
+      else two; 4 warps; scheme none: two stages and 16 head columns (unchanged: Triton 3.6 emits an
+      out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py,
+      and its 8-column code has not been through that probe).
+
+    Every tile pads the GQ query heads of a kv head to ``head_columns`` (8; the dots run as mma.sync
+    n8 instead of wgmma n16: 4-10 % less time, fewer registers, run K).
 
     The unmetered 64-token one-stage kernel faulted once under graph replay with the older
     untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
@@ -518,11 +559,11 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0)
     many = programs_per_sm >= MANY_PROGRAMS_PER_SM
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
-            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and CAP_METERED else None)
+            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and CAP_METERED and scheme in CAPPED_SCHEMES else None)
         return Tile(64, 1, 4) if many else Tile(128, 1, 8)
-    if meter and scheme != "none":
-        return Tile(128, 1, 4)
-    return Tile(128, 2, 4)
+    if scheme == "none":
+        return Tile(128, 2, 4, head_columns=16)
+    return Tile(128, 1, 4) if meter else Tile(128, 2, 4)
 
 
 def decode(
@@ -548,6 +589,8 @@ def decode(
     repair: RepairOverlay | None = None,
     _ablate: int = 0,
     _maxnreg: int | None = None,
+    _head_columns: int | None = None,
+    _pack_hist: bool | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -630,7 +673,6 @@ def decode(
     sm = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     dev = q.device
     GQ = Hq // Hkv
-    BLOCK_H = max(16, triton.next_power_of_2(GQ))
     KA = KEY_LEVELS + 2
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
@@ -643,11 +685,16 @@ def decode(
     if num_warps is None:
         num_warps = tile.warps
     maxnreg = tile.max_registers if _maxnreg is None else (_maxnreg or None)
+    BLOCK_H = max(tile.head_columns if _head_columns is None else _head_columns, triton.next_power_of_2(GQ))
     lowp = not INTERPRET and dev.type == "cuda"
     if not lowp:
         hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
     if meter and levels == "page":
         hist_split = "page"  # fp32 sums, no operand split
+    # the bf16 hi / lo histogram operands packed into one dot where the padding columns can hold the lo parts
+    # (``_pack_hist`` True: also the fp32 split, where the lo columns carry 0: the interpreter's test of the layout)
+    pack = meter and hist_split != "page" and 2 * GQ <= BLOCK_H and (
+        hist_split == "bf16x2" if _pack_hist is None else bool(_pack_hist))
     if lowp:
         q = tensor_core_query(q, cache, validate)
     q = q.contiguous()
@@ -706,7 +753,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            num_warps=num_warps, **extra,
+            PACK_HIST=pack, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -715,7 +762,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:

@@ -543,23 +543,26 @@ def test_csr_layout_matches_block_table():
 
 
 def test_tile_config_and_its_overrides():
-    """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md run J): the
-    meter gets 128-token tiles and one stage (scheme none: two); meter off with 8-bit codes, one
+    """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
+    8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two); meter off with 8-bit codes, one
     stage, 64-token tiles on a grid of ≥ 4 programs per SM and 128-token tiles with 8 warps below;
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import CAP_METERED, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP, Tile, tile_config
+    from kernels.decode import (CAP_METERED, CAPPED_SCHEMES, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP,
+                                Tile, tile_config)
 
     many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
         assert tile_config(True, sch) == Tile(128, 1, 4)
-        # the register cap waits for test_register_cap_changes_no_value on the H200
-        assert tile_config(True, sch, many) == Tile(128, 1, 4, METERED_REGISTER_CAP if CAP_METERED else None)
+        # the register cap (on since test_register_cap_changes_no_value passed on the H200, run K)
+        # (not for the dithered scheme: its dither generation spills under the cap)
+        cap = METERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None
+        assert CAP_METERED and tile_config(True, sch, many) == Tile(128, 1, 4, cap)
         assert tile_config(False, sch, many) == Tile(64, 1, 4)
         assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
-    assert tile_config(True, "none") == Tile(128, 2, 4) == tile_config(False, "none", 100.0)
+    assert tile_config(True, "none") == Tile(128, 2, 4, head_columns=16) == tile_config(False, "none", 100.0)
     for sch in ("int4_group", "kivi2"):
         assert tile_config(True, sch, many) == Tile(128, 1, 4) and tile_config(False, sch, many) == Tile(128, 2, 4)
     cache, bt, _ = build("int8", [300, 170], 2, 64, seed=4)
@@ -591,26 +594,67 @@ def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, sch
     assert torch.allclose(off.o, on.o, rtol=0, atol=tol) and torch.allclose(off.lse, on.lse, rtol=0, atol=1e-4)
 
 
-def test_register_cap_changes_no_value(monkeypatch):
+@pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "fp8_e5m2"])
+def test_register_cap_changes_no_value(monkeypatch, scheme):
     """A register cap on the metered kernel (``decode(_maxnreg=...)``; ``tile_config``'s on grids of
-    many programs once ``CAP_METERED`` is on: spills, no other instruction changes) serves the same
-    output and meter record bit for bit as the uncapped kernel. On the CPU the interpreter ignores
-    the cap (trivially equal); the H200 run of this test is what enabling ``CAP_METERED`` waits for."""
+    many programs while ``CAP_METERED`` is on, for the ``CAPPED_SCHEMES``: spills, no other instruction
+    changes) serves the same output and meter record bit for bit as the uncapped kernel: for int8 at
+    each padding of the query heads (``_head_columns`` 8 and 16), 64- and 128-token tiles and both
+    caps measured (``METERED_REGISTER_CAP``, 128; passed on the H200, run K), for the fp8 schemes at
+    the default tile. On the CPU the interpreter ignores the cap (trivially equal)."""
     from kernels import decode as kd
 
-    cache, bt, _ = build("int8", [300, 170, 90], 2, 128, seed=5)
+    cache, bt, _ = build(scheme, [300, 170, 90], 2, 128, seed=5)
     bt, sl = bt.to(DEV), torch.tensor([300, 170, 90], dtype=torch.int32).to(DEV)
     q = (torch.randn(3, 8, 128, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
-    runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=cap)) for cap in (0, kd.METERED_REGISTER_CAP)]
+
+    def same(r, ref):
+        assert torch.equal(r.o, ref.o) and torch.equal(r.lse, ref.lse)
+        for f in dataclasses.fields(r.meter):
+            a, b = getattr(r.meter, f.name), getattr(ref.meter, f.name)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+    grid = [(hc, tokens, (0, kd.METERED_REGISTER_CAP, 128)) for hc in (8, 16) for tokens in (64, 128)] \
+        if scheme == "int8" else [(8, 128, (0, kd.METERED_REGISTER_CAP))]
+    for hc, tokens, caps in grid:
+        runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=cap, _head_columns=hc,
+                                 pages_per_tile=tokens // 16)) for cap in caps]
+        for r in runs[1:]:
+            same(r, runs[0])
+    ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=0))
     monkeypatch.setattr(kd, "CAP_METERED", True)
     monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
-    assert kd.tile_config(True, "int8", 12).max_registers == kd.METERED_REGISTER_CAP
-    runs.append(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)))
-    for r in runs[1:]:
-        assert torch.equal(r.o, runs[0].o) and torch.equal(r.lse, runs[0].lse)
-        for f in dataclasses.fields(r.meter):
-            a, b = getattr(r.meter, f.name), getattr(runs[0].meter, f.name)
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+    assert kd.tile_config(True, scheme, 12).max_registers == kd.METERED_REGISTER_CAP
+    same(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)), ref)
+
+
+@pytest.mark.parametrize("gq", [1, 3, 4, 8])
+def test_packed_histogram_matches_the_unpacked(gq):
+    """The packed histogram (``decode``'s default on the GPU where GQ ≤ half the padded head columns:
+    the padding columns repeat the heads' logits and carry p̂'s bf16 lo parts, so one histogram dot
+    takes both parts; each head's hi and lo columns are added after the loop) against the two-dot
+    form. In the interpreter the split is inside the fp32 dot and the lo columns carry 0: the packed
+    layout (column → head map, the final split / add and store) must reproduce the unpacked call bit
+    for bit, for GQ 1, 3 (not a power of two) and 4; GQ 8 fills the columns and is never packed. On
+    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_SPLIT_REL['bf16x2']``
+    counts the two extra roundings): equal to fp32 rounding; both calls' soundness is the
+    conformance cases' (the packed form is the default there)."""
+    from kernels import decode as kd
+
+    cache, bt, _ = build("int8", [300, 170, 41], 2, 64, seed=5)
+    bt, sl = bt.to(DEV), torch.tensor([300, 170, 41], dtype=torch.int32).to(DEV)
+    q = (torch.randn(3, 2 * gq, 64, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
+    a, b = (to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _pack_hist=pack)) for pack in (False, True))
+    assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
+    for f in dataclasses.fields(a.meter):
+        x, y = getattr(a.meter, f.name), getattr(b.meter, f.name)
+        if not isinstance(x, torch.Tensor):
+            assert x == y, f.name
+        elif DEV == "cpu" or x.dtype == torch.bool:
+            assert torch.equal(x, y), f.name
+        else:
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-9), f.name
+    assert float(b.meter.hist.sum(-1).min()) > 0.99  # the masses are there (a dropped half would show)
 
 
 def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
