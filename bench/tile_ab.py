@@ -32,11 +32,13 @@ def main(argv=None):
     ap.add_argument("--shape", default="8:32768")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--ablate", action="store_true", help="time the metered default with parts of the meter dropped")
+    ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     args = ap.parse_args(argv)
     B, n = (int(x) for x in args.shape.split(":"))
     Hq, Hkv, D = args.heads, 8, 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, "cuda", sms)
+    S = args.splits or S
     t_sdpa = time_sdpa(q, Hkv, n, max(1, len(caches) // 2))
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "

@@ -530,7 +530,7 @@ class Tile:
     head_columns: int = 8
 
 
-def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0) -> Tile:
+def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0, levels: str = "token") -> Tile:
     """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
     multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J and K, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
@@ -551,12 +551,16 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0)
       and its 8-column code has not been through that probe).
 
     Every tile pads the GQ query heads of a kv head to ``head_columns`` (8; the dots run as mma.sync
-    n8 instead of wgmma n16: 4-10 % less time, fewer registers, run K).
+    n8 instead of wgmma n16: 4-10 % less time, fewer registers, run K), except the metered page-level
+    bins (``levels="page"``), which keep run J's tile (16 columns, no cap: under the cap they spill
+    184 B, and they were 14-30 % slower with 8 columns in run K).
 
     The unmetered 64-token one-stage kernel faulted once under graph replay with the older
     untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
     under memcheck (every tensor its own allocation), racecheck and synccheck (run J)."""
     many = programs_per_sm >= MANY_PROGRAMS_PER_SM
+    if meter and levels == "page" and scheme != "none":
+        return Tile(128, 1, 4, head_columns=16)
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
             return Tile(128, 1, 4, METERED_REGISTER_CAP if many and CAP_METERED and scheme in CAPPED_SCHEMES else None)
@@ -677,7 +681,7 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     pages_arg = pages_per_tile
-    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev))
+    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev), levels)
     if pages_per_tile is None:
         pages_per_tile = max(1, tile.tokens // T)
     if num_stages is None and not INTERPRET:

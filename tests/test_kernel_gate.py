@@ -482,7 +482,7 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant)
     assert len(rows_cache.records) == len(all_cache.records)
     for a, b in zip(rows_cache.records, all_cache.records):
         for f in ("tv_a", "tv_a_pre", "out_err", "flag", "pagein_blocks") + (("tv_b", "tv_real") if tier_b else ()):
-            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
         if tier_b:
             assert np.all(a.tv_real <= a.tv_a + 1e-12) and a.audit_violations == b.audit_violations == 0
     np.testing.assert_array_equal(rows_cache.pagein_bytes, all_cache.pagein_bytes)

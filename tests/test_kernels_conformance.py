@@ -563,6 +563,9 @@ def test_tile_config_and_its_overrides():
         assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
     assert tile_config(True, "none") == Tile(128, 2, 4, head_columns=16) == tile_config(False, "none", 100.0)
+    # page-level bins keep run J's metered tile (16 columns, no cap: they spill under it, run K)
+    for sch in EIGHT_BIT_SCHEMES + ("int4_group", "kivi2"):
+        assert tile_config(True, sch, many, "page") == Tile(128, 1, 4, head_columns=16)
     for sch in ("int4_group", "kivi2"):
         assert tile_config(True, sch, many) == Tile(128, 1, 4) and tile_config(False, sch, many) == Tile(128, 2, 4)
     cache, bt, _ = build("int8", [300, 170], 2, 64, seed=4)
