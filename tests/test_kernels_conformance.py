@@ -208,8 +208,11 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
     out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels, prefetch_bt=prefetch_bt)
     # the metered tile, for bit-identity in the interpreter; on the GPU the default tile (kivi2 meter-off
     # at 128 tokens and two stages needs 262,144 B of shared memory: decode retries it at 64, H200 run I)
+    # (and its head columns: the interpreter's fp32 dot rounds an 8- and a 16-column product differently)
+    from kernels.decode import tile_config
     off = decode(cache, qd, btd, sld, num_splits=splits, meter=False,
-                 pages_per_tile=128 // cache.block_size if DEV == "cpu" else None)
+                 pages_per_tile=128 // cache.block_size if DEV == "cpu" else None,
+                 _head_columns=tile_config(True, scheme, 0.0, levels).head_columns)
     off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels)
     out, off, one = (to_cpu(x) for x in (out, off, one))
