@@ -663,6 +663,25 @@ def test_packed_histogram_matches_the_unpacked(gq):
     assert float(b.meter.hist.sum(-1).min()) > 0.99  # the masses are there (a dropped half would show)
 
 
+def test_packed_histogram_roundings_are_counted():
+    """The bf16 hi / lo histogram's slack (``paged.HIST_SPLIT_REL['bf16x2']``, part of η in Ξ): the operand
+    split |p̂ − p_hi − p_lo| ≤ 2⁻¹⁶ p̂, plus the packed form's two fp32 roundings (hi and lo are
+    accumulated in separate columns; after the loop the lo column is rescaled to the hi column's
+    maximum and added: ≤ 2 · KERNEL_UNIT of the mass). Fails if either term is dropped; the
+    operand-split term is also checked on data (every p̂ here, hi + lo in bf16 against the fp64 value)."""
+    from kernels.paged import HIST_SPLIT_REL, KERNEL_UNIT, mass_eta_terms
+
+    assert HIST_SPLIT_REL["bf16x2"] >= 2.0**-16 + 2 * KERNEL_UNIT
+    a, _ = mass_eta_terms(128, "bf16x2")
+    a32, _ = mass_eta_terms(128, "tf32x3")
+    assert a - a32 == pytest.approx(HIST_SPLIT_REL["bf16x2"] - HIST_SPLIT_REL["tf32x3"], rel=1e-12)
+    p = torch.exp(-torch.rand(1 << 16, dtype=torch.float64) * 80).float()  # p̂ = exp(−gap), gaps up to 80
+    hi = p.bfloat16()
+    lo = (p - hi.float()).bfloat16()
+    err = (p.double() - hi.double() - lo.double()).abs()
+    assert bool(torch.all(err <= 2.0**-16 * p.double()))
+
+
 def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
     """A default tile that does not fit the GPU's shared memory (Triton's ``OutOfResources`` at
     compile time: kivi2 with G = 2 at 128-token tiles on the H200, 2026-12-02) is retried at half
