@@ -8,7 +8,7 @@
         → out.o [B, Hq, D] float32, out.lse [B, Hq], out.meter (MeterRecord) or None
 
 Grid: (B, Hkv, num_splits). A program serves the GQ query heads of one kv head (padded to
-BLOCK_H ≥ 16 columns for the tensor-core dot) over its share of the sequence's pages, a tile of
+BLOCK_H columns for the tensor-core dots: ``Tile.head_columns``, 8 or 16) over its share of the sequence's pages, a tile of
 PAGES pages at a time, every tile transposed (tokens × heads: the K̂, V̂ᵀ and one-hot tiles are
 the dots' A operands, read from registers on Hopper): it dequantizes (regenerating the dither for ``int8_dither``), runs the
 online softmax and the output accumulation, and, when METER, in the same pass:
@@ -18,8 +18,9 @@ online softmax and the output accumulation, and, when METER, in the same pass:
   does the Tier B radius t_j(h) = c_h · s_j. Tokens are binned once per kv head by ‖W_j‖₂ and
   by s_j on a fixed geometric grid (ratio √2, rounded **up**), so all GQ query heads share the
   bins, and one tensor-core dot ``onehotᵀ @ p̂ᵀ`` per tile accumulates both p̂-mass histograms
-  and, in its last row, Σ p̂ φ. The dot takes p̂ in fp32 (tf32x3 on the GPU, ieee in the
-  interpreter): fp32's range, so a p̂ that fp16 would flush (a logit gap ≥ ~28 below the
+  and, in its last row, Σ p̂ φ. The dot takes p̂ in fp32's range (on the GPU as bf16 hi + lo
+  parts, packed into one dot where GQ ≤ BLOCK_H / 2 — PACK_HIST: the upper columns repeat the
+  heads and carry the lo parts —, or tf32x3; ieee in the interpreter): so a p̂ that fp16 would flush (a logit gap ≥ ~28 below the
   running maximum) keeps its mass; only masses below 2^-126 of the running maximum can be
   lost, and those are counted into the ρ term of the epilogue;
 * max ‖W_j‖, max s_j, max φ, max ν, max κ (≥ ‖k̂_j‖), and a count of non-finite radii / logits.
