@@ -17,9 +17,8 @@ from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
 from kernels.decode import decode, tile_config  # noqa: E402
 
 # (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram]])
-OFF = [(64, 1, 4, None, 8), (64, 1, 4, 96, 8), (64, 1, 4, 80, 8), (128, 1, 8, None, 8), (128, 1, 8, 96, 8)]
-ON = [(128, 1, 4, 168, 8, 0, True), (128, 1, 4, None, 8, 0, True), (128, 1, 4, 128, 8, 0, True),
-      (128, 1, 8, 128, 8, 0, True), (128, 1, 8, None, 8, 0, True), (128, 1, 4, 168, 8, 0, False)]
+OFF = [(64, 1, 4, 0, 8), (64, 1, 4, 80, 8), (64, 1, 4, 72, 8), (64, 1, 4, 64, 8), (128, 1, 8, None, 8)]
+ON = [(128, 1, 4, 168, 8, 0, True), (128, 1, 4, 128, 8, 0, True), (128, 1, 4, 0, 8, 0, True)]
 # --ablate: the metered default with parts of the meter dropped (decode's _ablate, diagnosis only: bit 1 the
 # histogram dot, bit 2 the phi / nu / kappa loads, bit 4 the witness maximum)
 ABLATE = [(128, 1, 4, None, None, 0), (128, 1, 4, None, None, 1), (128, 1, 4, None, None, 2),

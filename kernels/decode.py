@@ -424,10 +424,11 @@ class DecodeOutput:
         """A copy whose sequences ``rows`` come from ``sub`` (a decode of just those sequences;
         every other row kept). Each (sequence, kv head, split) program and each merged row depend
         only on their own sequence, so with the same ``num_splits`` the rows are those of a decode of
-        the whole batch (the gate re-decodes only the sequences it repaired). Bit-identical in the
-        interpreter (tested); on the GPU a rows-only decode may compile another variant (the
-        overlay on, HAS_REP, where the first decode had none), whose rounding may differ in the
-        last bits: every row's bound is the kernel's own, sound either way."""
+        the whole batch (the gate re-decodes only the sequences it repaired), up to the kernel
+        variant: a rows-only decode may run another one (the overlay on, HAS_REP, where the first
+        decode had none), whose rounding may differ in the last bits (on the H200 and in the
+        interpreter, tests/test_kernel_gate.py): every row's bound is the kernel's own, sound either
+        way."""
         def put(full, part):
             if full is None:
                 return None
@@ -504,18 +505,20 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
 #: schemes whose codes the decode loop loads as 8-bit tiles (one code per byte, from the scheme table:
 #: transposed loads, one stage; run J timed int8, the others share its loop but were not timed)
 EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits == 8)
-#: 64-token unmetered tiles and the metered register cap apply from this many programs per SM
+#: 64-token unmetered tiles and the register caps apply from this many programs per SM
 MANY_PROGRAMS_PER_SM = 4
-#: a register cap per thread for the metered 8-bit kernel on grids of ≥ MANY_PROGRAMS_PER_SM programs
-#: per SM: three programs per SM instead of two. With 8 head columns and the packed histogram it costs
-#: no spill (sm_90 SASS) and the metered call at B ≥ 8 takes 0.77-0.80× the uncapped time (run K,
-#: bench/tile_ab.py); ``test_register_cap_changes_no_value`` (capped = uncapped, bit for bit) passed on
-#: the H200 (bench/cap_test_2026-12-02_K.log). ``CAP_METERED`` False turns it off (``decode(_maxnreg=0)``
-#: for one call)
+#: register caps per thread for the 8-bit kernels on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM.
+#: Metered (128-token tiles): three programs per SM instead of two; with 8 head columns and the packed
+#: histogram no spill (sm_90 SASS), 0.77-0.80× the uncapped time at B ≥ 8 (run K, bench/tile_ab.py).
+#: Unmetered (64-token tiles): six programs per SM instead of four (24 B of spill), 0.84-0.96× the
+#: uncapped time at B ≥ 8 (run K3). ``test_register_cap_changes_no_value`` checks capped = uncapped bit
+#: for bit (passed on the H200 for the metered cap, bench/cap_test_2026-12-02_K.log). ``CAP_REGISTERS``
+#: False turns both off (``decode(_maxnreg=0)`` for one call)
 METERED_REGISTER_CAP = 168
-CAP_METERED = True
-#: the 8-bit schemes the cap applies to: not the position-keyed (dithered) ones, whose in-kernel dither
-#: generation spills 1.5 KB under the cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
+UNMETERED_REGISTER_CAP = 80
+CAP_REGISTERS = True
+#: the 8-bit schemes the caps apply to: not the position-keyed (dithered) ones, whose in-kernel dither
+#: generation spills 1.5 KB under the metered cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
 CAPPED_SCHEMES = tuple(name for name in EIGHT_BIT_SCHEMES if not SCHEMES[name].position_keyed)
 
 
@@ -541,11 +544,12 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
 
     * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
       columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs
-      per SM, on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM while ``CAP_METERED``, for the
+      per SM, on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM while ``CAP_REGISTERS``, for the
       ``CAPPED_SCHEMES``: not int8_dither);
-    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers, four programs per
-      SM) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage,
-      8 warps (B = 1: fewer, longer programs);
+    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
+      ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
+      ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (B = 1:
+      fewer, longer programs);
     * the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage with the meter,
       else two; 4 warps; scheme none: two stages and 16 head columns (unchanged: Triton 3.6 emits an
       out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py,
@@ -560,12 +564,13 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
     untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
     under memcheck (every tensor its own allocation), racecheck and synccheck (run J)."""
     many = programs_per_sm >= MANY_PROGRAMS_PER_SM
+    capped = CAP_REGISTERS and scheme in CAPPED_SCHEMES
     if meter and levels == "page" and scheme != "none":
         return Tile(128, 1, 4, head_columns=16)
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
-            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and CAP_METERED and scheme in CAPPED_SCHEMES else None)
-        return Tile(64, 1, 4) if many else Tile(128, 1, 8)
+            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and capped else None)
+        return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
     if scheme == "none":
         return Tile(128, 2, 4, head_columns=16)
     return Tile(128, 1, 4) if meter else Tile(128, 2, 4)

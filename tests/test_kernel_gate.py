@@ -427,8 +427,13 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
 @pytest.mark.parametrize("variant", ["int8", "int8_dither-tier_b-padded-audited"])
 def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant):
     """After a page-in the kernel path decodes again only the repaired sequences
-    (``DecodeOutput.with_rows``); with the same split count their rows are bit-identical to a
-    decode of the whole batch, so tokens, records and page-ins equal the whole-batch re-decode's.
+    (``DecodeOutput.with_rows``) with the same split count, so tokens, records and page-ins equal the
+    whole-batch re-decode's. A row kept from the first decode (no overlay) and the same row of the
+    whole-batch re-decode (overlay on: another kernel variant) may differ in the last bits of a bound
+    (8 head columns, 2026-12-02: out_err 5e-9 relative on the H200, 5e-8 in the interpreter, whose
+    numpy dots round a selected tile and a loaded one differently; both are that kernel's sound
+    bounds; the audit's realised TV, ~1e-4 here, differs by ~6e-10), so the records' floats agree to 1e-6
+    relative or 1e-8 absolute; tokens, flags and page-ins exactly.
     Second variant (from helper-12's review): Tier B (gate tier "B"), a left-padded row, a
     certified gate of several rounds, audited (tv_real ≤ tv_a)."""
     import kernels.decode as kd
@@ -482,7 +487,10 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant)
     assert len(rows_cache.records) == len(all_cache.records)
     for a, b in zip(rows_cache.records, all_cache.records):
         for f in ("tv_a", "tv_a_pre", "out_err", "flag", "pagein_blocks") + (("tv_b", "tv_real") if tier_b else ()):
-            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+            if f in ("flag", "pagein_blocks"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+            else:  # a kept row and its re-decode may come from two kernel variants (with_rows): last bits
+                np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-6, atol=1e-8, err_msg=f)
         if tier_b:
             assert np.all(a.tv_real <= a.tv_a + 1e-12) and a.audit_violations == b.audit_violations == 0
     np.testing.assert_array_equal(rows_cache.pagein_bytes, all_cache.pagein_bytes)

@@ -552,8 +552,8 @@ def test_tile_config_and_its_overrides():
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import (CAP_METERED, CAPPED_SCHEMES, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP,
-                                Tile, tile_config)
+    from kernels.decode import (CAP_REGISTERS, CAPPED_SCHEMES, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP,
+                                UNMETERED_REGISTER_CAP, Tile, tile_config)
 
     many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
@@ -561,8 +561,8 @@ def test_tile_config_and_its_overrides():
         # the register cap (on since test_register_cap_changes_no_value passed on the H200, run K)
         # (not for the dithered scheme: its dither generation spills under the cap)
         cap = METERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None
-        assert CAP_METERED and tile_config(True, sch, many) == Tile(128, 1, 4, cap)
-        assert tile_config(False, sch, many) == Tile(64, 1, 4)
+        assert CAP_REGISTERS and tile_config(True, sch, many) == Tile(128, 1, 4, cap)
+        assert tile_config(False, sch, many) == Tile(64, 1, 4, UNMETERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None)
         assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
     assert tile_config(True, "none") == Tile(128, 2, 4, head_columns=16) == tile_config(False, "none", 100.0)
@@ -602,12 +602,13 @@ def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, sch
 
 @pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "fp8_e5m2"])
 def test_register_cap_changes_no_value(monkeypatch, scheme):
-    """A register cap on the metered kernel (``decode(_maxnreg=...)``; ``tile_config``'s on grids of
-    many programs while ``CAP_METERED`` is on, for the ``CAPPED_SCHEMES``: spills, no other instruction
-    changes) serves the same output and meter record bit for bit as the uncapped kernel: for int8 at
-    each padding of the query heads (``_head_columns`` 8 and 16), 64- and 128-token tiles and both
-    caps measured (``METERED_REGISTER_CAP``, 128; passed on the H200, run K), for the fp8 schemes at
-    the default tile. On the CPU the interpreter ignores the cap (trivially equal)."""
+    """A register cap (``decode(_maxnreg=...)``; ``tile_config``'s on grids of many programs while
+    ``CAP_REGISTERS`` is on, for the ``CAPPED_SCHEMES``: spills, no other instruction changes) serves the
+    same output and meter record bit for bit as the uncapped kernel. Metered: for int8 at each padding
+    of the query heads (``_head_columns`` 8 and 16), 64- and 128-token tiles and both caps measured
+    (``METERED_REGISTER_CAP``, 128; passed on the H200, run K), for the fp8 schemes at the default
+    tile; unmetered: the 64-token tile at ``UNMETERED_REGISTER_CAP`` and 72. On the CPU the interpreter
+    ignores the cap (trivially equal)."""
     from kernels import decode as kd
 
     cache, bt, _ = build(scheme, [300, 170, 90], 2, 128, seed=5)
@@ -627,11 +628,18 @@ def test_register_cap_changes_no_value(monkeypatch, scheme):
                                  pages_per_tile=tokens // 16)) for cap in caps]
         for r in runs[1:]:
             same(r, runs[0])
+    off = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False, _maxnreg=cap, pages_per_tile=4, num_warps=4))
+           for cap in (0, kd.UNMETERED_REGISTER_CAP, 72)]
+    for r in off[1:]:
+        assert torch.equal(r.o, off[0].o) and torch.equal(r.lse, off[0].lse)
     ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=0))
-    monkeypatch.setattr(kd, "CAP_METERED", True)
+    monkeypatch.setattr(kd, "CAP_REGISTERS", True)
     monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
     assert kd.tile_config(True, scheme, 12).max_registers == kd.METERED_REGISTER_CAP
     same(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)), ref)
+    assert kd.tile_config(False, scheme, 12) == kd.Tile(64, 1, 4, kd.UNMETERED_REGISTER_CAP)
+    r = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False))
+    assert torch.equal(r.o, off[0].o) and torch.equal(r.lse, off[0].lse)
 
 
 @pytest.mark.parametrize("gq", [1, 3, 4, 8])
