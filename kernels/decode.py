@@ -509,11 +509,12 @@ EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits
 MANY_PROGRAMS_PER_SM = 4
 #: register caps per thread for the 8-bit kernels on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM.
 #: Metered (128-token tiles): three programs per SM instead of two; with 8 head columns and the packed
-#: histogram no spill (sm_90 SASS), 0.77-0.80× the uncapped time at B ≥ 8 (run K, bench/tile_ab.py).
-#: Unmetered (64-token tiles): six programs per SM instead of four (24 B of spill), 0.84-0.96× the
-#: uncapped time at B ≥ 8 (run K3). ``test_register_cap_changes_no_value`` checks capped = uncapped bit
-#: for bit (passed on the H200 for the metered cap, bench/cap_test_2026-12-02_K.log). ``CAP_REGISTERS``
-#: False turns both off (``decode(_maxnreg=0)`` for one call)
+#: histogram no spill (sm_90 SASS), 0.77-0.82× the uncapped time at B ≥ 8 (run K, bench/tile_ab.py).
+#: Unmetered (64-token tiles): six programs per SM instead of four (24 B of spill), 0.84-0.97× the
+#: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
+#: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
+#: (bench/cap_test_2026-12-02_K.log, bench/cuda_subset_2026-12-02_K4.log). ``CAP_REGISTERS`` False turns
+#: both off (``decode(_maxnreg=0)`` for one call)
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
 CAP_REGISTERS = True
