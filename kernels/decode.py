@@ -220,8 +220,9 @@ def _decode_kernel(
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
             sT = tl.where(valid[:, None], sT, float("-inf"))
             m_new = tl.maximum(m, tl.max(sT, axis=0))
-            alpha = tl.exp(m - m_new)
-            pT = tl.exp(sT - m_new[None, :])
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with nothing attended yet: no −inf − −inf
+            alpha = tl.exp(m - m_ref)
+            pT = tl.exp(sT - m_ref[None, :])
             l = l * alpha + tl.sum(pT, axis=0)
             accT = accT * alpha[None, :] + tl.dot(tl.trans(vh), pT, input_precision=PREC32)
         else:
@@ -275,8 +276,11 @@ def _decode_kernel(
             sT = qkT * (ks * sm_scale)[:, None]
             sT = tl.where(valid[:, None], sT, float("-inf"))
             m_new = tl.maximum(m, tl.max(sT, axis=0))
-            alpha = tl.exp(m - m_new)
-            pT = tl.exp(sT - m_new[None, :])
+            # a split whose tiles so far were all masked (left padding ≥ a tile) has m_new = −inf: its
+            # reference is 0 (α = e^−∞ = 0, p̂ = 0), not −inf − −inf = NaN
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_ref)
+            pT = tl.exp(sT - m_ref[None, :])
             l = l * alpha + tl.sum(pT, axis=0)
             pvT = pT * vs[:, None]
             if LOWP:

@@ -117,12 +117,19 @@ def dequantized_fp32(scheme: str) -> bool:
 #: and added once after the loop: the lo column's rescale to the hi column's maximum and the add);
 #: "page": page-level bins, masses summed in fp32 (≤ tile_tokens + 16 adds, already counted), no split
 HIST_SPLIT_REL = {"tf32x3": 2.0**-19, "bf16x2": 2.0**-16 + 2 * KERNEL_UNIT, "page": 0.0}
+#: growth of the accumulated terms over the mass: the fp32 sums' rounding bounds are relative to the
+#: sum of the terms' magnitudes, and a split operand's parts are summed with their signs
+#: (Σ|p_hi| + Σ|p_lo| ≤ (1 + 2^-8 + 2^-16) Σ p̂ for bf16 parts rounded to nearest, ≤ (1 + 2^-10 + …) Σ p̂
+#: for tf32's; rounded up here to 2^-7 and 2^-9); page masses are sums of p̂ itself
+HIST_TERM_GROWTH = {"tf32x3": 2.0**-9, "bf16x2": 2.0**-7, "page": 0.0}
 
 
 def mass_eta_terms(tile_tokens: int, split: str = "tf32x3") -> tuple[float, float]:
-    """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``."""
-    a = (tile_tokens + 16) * KERNEL_UNIT + HIST_SPLIT_REL[split] + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)
-    return a, KERNEL_EXP_REL + KERNEL_UNIT
+    """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``: the fp32 accumulation
+    terms grown by ``HIST_TERM_GROWTH[split]``, plus the operand split ``HIST_SPLIT_REL[split]``."""
+    g = 1.0 + HIST_TERM_GROWTH[split]
+    a = g * ((tile_tokens + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)) + HIST_SPLIT_REL[split]
+    return a, g * (KERNEL_EXP_REL + KERNEL_UNIT)
 
 
 def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3"):
