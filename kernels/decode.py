@@ -795,7 +795,8 @@ def decode(
         D=D, T=T, PAGES=pages_per_tile, NB=NB, KA=KA, sm=sm, tier_b=tier_b,
         delta_step=delta_step, gamma=dot_gamma(D, split3=dequantized_fp32(cache.scheme)),
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
-        eta=mass_eta_terms(pages_per_tile * T, hist_split), out_rel0=2.0**-8 if lowp else 0.0,
+        eta=mass_eta_terms(pages_per_tile * T, hist_split, packed=pack and hist_split == "bf16x2"),
+        out_rel0=2.0**-8 if lowp else 0.0,
     )
     if dev.type != "cuda" and MERGE_OFF_GPU == "torch":
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the

@@ -122,22 +122,29 @@ HIST_SPLIT_REL = {"tf32x3": 2.0**-19, "bf16x2": 2.0**-16 + 2 * KERNEL_UNIT, "pag
 #: (Σ|p_hi| + Σ|p_lo| ≤ (1 + 2^-8 + 2^-16) Σ p̂ for bf16 parts rounded to nearest, ≤ (1 + 2^-10 + …) Σ p̂
 #: for tf32's; rounded up here to 2^-7 and 2^-9); page masses are sums of p̂ itself
 HIST_TERM_GROWTH = {"tf32x3": 2.0**-9, "bf16x2": 2.0**-7, "page": 0.0}
+#: products per token that one accumulator sums in the histogram dot: tf32x3 chains three dots (hi·hi,
+#: hi·lo, lo·hi) into one accumulator, the two-dot bf16x2 form two (hi, then lo); the packed bf16x2 form
+#: (``decode``'s PACK_HIST) one per column, page masses one
+HIST_CHAINED_TERMS = {"tf32x3": 3, "bf16x2": 2, "page": 1}
 
 
-def mass_eta_terms(tile_tokens: int, split: str = "tf32x3") -> tuple[float, float]:
-    """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``: the fp32 accumulation
-    terms grown by ``HIST_TERM_GROWTH[split]``, plus the operand split ``HIST_SPLIT_REL[split]``."""
+def mass_eta_terms(tile_tokens: int, split: str = "tf32x3", packed: bool = False) -> tuple[float, float]:
+    """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``: the fp32 accumulation of
+    ``HIST_CHAINED_TERMS[split]`` (1 when ``packed``) products per token, grown by
+    ``HIST_TERM_GROWTH[split]``, plus the operand split ``HIST_SPLIT_REL[split]``."""
     g = 1.0 + HIST_TERM_GROWTH[split]
-    a = g * ((tile_tokens + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)) + HIST_SPLIT_REL[split]
+    terms = 1 if packed else HIST_CHAINED_TERMS[split]
+    a = g * ((terms * tile_tokens + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)) + HIST_SPLIT_REL[split]
     return a, g * (KERNEL_EXP_REL + KERNEL_UNIT)
 
 
-def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3"):
+def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3", packed: bool = False):
     """Relative error of a p̂ mass accumulated by the decode kernel over ``tiles`` tiles of
-    ``tile_tokens`` tokens: the histogram dot of one tile (≤ tile_tokens + 16 fp32 sums and
-    the operand split ``HIST_SPLIT_REL[split]``), the running rescale by α = exp(m − m')
-    (``KERNEL_EXP_REL`` per tile) and the fp32 add per tile."""
-    a, b = mass_eta_terms(tile_tokens, split)
+    ``tile_tokens`` tokens: the histogram dot of one tile (≤ chained terms · tile_tokens + 16 fp32
+    sums, ``HIST_CHAINED_TERMS``, and the operand split ``HIST_SPLIT_REL[split]``), the running
+    rescale by α = exp(m − m') (``KERNEL_EXP_REL`` per tile) and the fp32 add per tile, every
+    accumulation term grown by ``HIST_TERM_GROWTH[split]``."""
+    a, b = mass_eta_terms(tile_tokens, split, packed)
     return a + tiles * b
 
 

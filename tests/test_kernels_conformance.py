@@ -681,7 +681,8 @@ def test_packed_histogram_roundings_are_counted():
     and the packed form's two fp32 roundings (hi and lo are accumulated in separate columns; after
     the loop the lo column is rescaled to the hi column's maximum and added: ≤ 2 · KERNEL_UNIT of the
     mass) in ``paged.HIST_SPLIT_REL['bf16x2']``, and the accumulation's growth
-    ``paged.HIST_TERM_GROWTH`` (the sums' rounding is relative to Σ|terms|, with signed lo parts).
+    ``paged.HIST_TERM_GROWTH`` (the sums' rounding is relative to Σ|terms|, with signed lo parts), over
+    ``paged.HIST_CHAINED_TERMS`` products per token (dots chained into one accumulator).
     Fails if any term is dropped; the operand-split term and the growth are also checked on data
     (every p̂ here, hi + lo in bf16 against the fp64 value)."""
     from kernels.paged import HIST_SPLIT_REL, HIST_TERM_GROWTH, KERNEL_EXP_REL, KERNEL_UNIT, mass_eta_terms
@@ -690,11 +691,13 @@ def test_packed_histogram_roundings_are_counted():
     # the accumulators sum p_hi and p_lo with their signs: their rounding bounds grow with Σ|p_hi| + Σ|p_lo|
     # ≤ (1 + 2⁻⁸ + 2⁻¹⁶) Σ p̂ (helper-15's review), for every tile of the running rescale too
     assert HIST_TERM_GROWTH["bf16x2"] >= 2.0**-8 + 2.0**-16 and HIST_TERM_GROWTH["tf32x3"] >= 2.0**-10 + 2.0**-20
-    for n in (64, 128):
-        a, b = mass_eta_terms(n, "bf16x2")
-        acc_a = (n + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)
-        assert a >= (1 + HIST_TERM_GROWTH["bf16x2"]) * acc_a + HIST_SPLIT_REL["bf16x2"] * (1 - 1e-12)
-        assert b >= (1 + HIST_TERM_GROWTH["bf16x2"]) * (KERNEL_EXP_REL + KERNEL_UNIT) * (1 - 1e-12)
+    # one accumulator per column sums N products (packed), 2N (hi then lo into one accumulator), 3N (tf32x3)
+    for split, packed, terms in (("bf16x2", True, 1), ("bf16x2", False, 2), ("tf32x3", False, 3)):
+        for n in (64, 128):
+            a, b = mass_eta_terms(n, split, packed)
+            acc_a = (terms * n + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)
+            assert a >= ((1 + HIST_TERM_GROWTH[split]) * acc_a + HIST_SPLIT_REL[split]) * (1 - 1e-12), (split, n)
+            assert b >= (1 + HIST_TERM_GROWTH[split]) * (KERNEL_EXP_REL + KERNEL_UNIT) * (1 - 1e-12)
     p = torch.exp(-torch.rand(1 << 16, dtype=torch.float64) * 80).float()  # p̂ = exp(−gap), gaps up to 80
     hi = p.bfloat16()
     lo = (p - hi.float()).bfloat16()
