@@ -535,7 +535,7 @@ class Tile:
     warps: int
     max_registers: int | None = None  # per-thread register cap (Triton's ``maxnreg``), None: the compiler's
     # the fewest query-head columns a program's tiles are padded to (BLOCK_H ≥ GQ; the tensor-core dots take
-    # 8 columns as mma.sync n8 where 16 went to wgmma: 4-10 % less time at GQ 4-8, run K)
+    # 8 columns as mma.sync n8 where 16 went to wgmma: 2-10 % less time at GQ 4-8, run K)
     head_columns: int = 8
 
 
@@ -561,7 +561,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
       and its 8-column code has not been through that probe).
 
     Every tile pads the GQ query heads of a kv head to ``head_columns`` (8; the dots run as mma.sync
-    n8 instead of wgmma n16: 4-10 % less time, fewer registers, run K), except the metered page-level
+    n8 instead of wgmma n16: 2-10 % less time, fewer registers, run K), except the metered page-level
     bins (``levels="page"``), which keep run J's tile (16 columns, no cap: under the cap they spill
     184 B, and they were 14-30 % slower with 8 columns in run K).
 
