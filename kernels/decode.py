@@ -81,6 +81,18 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step(m, l, sT):
+    """One tile of the online softmax: the running max m' = max(m, max sT), the rescale α = e^(m − m'),
+    p̂ = e^(sT − m') and the running sum l·α + Σ p̂ (per head column). A split whose tiles so far were all
+    masked (left padding ≥ a tile) has m' = −∞: its reference is then 0 (α = 0, p̂ = 0), not −∞ − −∞ = NaN."""
+    m_new = tl.maximum(m, tl.max(sT, axis=0))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_ref)
+    pT = tl.exp(sT - m_ref[None, :])
+    return m_new, alpha, pT, l * alpha + tl.sum(pT, axis=0)
+
+
+@triton.jit
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
@@ -219,11 +231,7 @@ def _decode_kernel(
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
             sT = tl.where(valid[:, None], sT, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sT, axis=0))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with nothing attended yet: no −inf − −inf
-            alpha = tl.exp(m - m_ref)
-            pT = tl.exp(sT - m_ref[None, :])
-            l = l * alpha + tl.sum(pT, axis=0)
+            m_new, alpha, pT, l = _softmax_step(m, l, sT)
             accT = accT * alpha[None, :] + tl.dot(tl.trans(vh), pT, input_precision=PREC32)
         else:
             if SCHEME == NONE_ID:
@@ -275,13 +283,7 @@ def _decode_kernel(
                     qkT -= tl.dot(uk, qT)
             sT = qkT * (ks * sm_scale)[:, None]
             sT = tl.where(valid[:, None], sT, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sT, axis=0))
-            # a split whose tiles so far were all masked (left padding ≥ a tile) has m_new = −inf: its
-            # reference is 0 (α = e^−∞ = 0, p̂ = 0), not −inf − −inf = NaN
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m - m_ref)
-            pT = tl.exp(sT - m_ref[None, :])
-            l = l * alpha + tl.sum(pT, axis=0)
+            m_new, alpha, pT, l = _softmax_step(m, l, sT)
             pvT = pT * vs[:, None]
             if LOWP:
                 pvT = pvT.to(Q.dtype.element_ty)
@@ -527,6 +529,11 @@ CAP_REGISTERS = True
 CAPPED_SCHEMES = tuple(name for name in EIGHT_BIT_SCHEMES if not SCHEMES[name].position_keyed)
 
 
+def packs_histogram(gq: int, head_columns: int) -> bool:
+    """Whether the padding columns can carry the histogram's lo parts (PACK_HIST): GQ ≤ half the columns."""
+    return 2 * gq <= head_columns
+
+
 @dataclasses.dataclass(frozen=True)
 class Tile:
     """A decode launch's loop configuration (``tile_config``)."""
@@ -708,7 +715,7 @@ def decode(
         hist_split = "page"  # fp32 sums, no operand split
     # the bf16 hi / lo histogram operands packed into one dot where the padding columns can hold the lo parts
     # (``_pack_hist`` True: also the fp32 split, where the lo columns carry 0: the interpreter's test of the layout)
-    pack = meter and hist_split != "page" and 2 * GQ <= BLOCK_H and (
+    pack = meter and hist_split != "page" and packs_histogram(GQ, BLOCK_H) and (
         hist_split == "bf16x2" if _pack_hist is None else bool(_pack_hist))
     if lowp:
         q = tensor_core_query(q, cache, validate)

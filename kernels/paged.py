@@ -112,11 +112,12 @@ def dequantized_fp32(scheme: str) -> bool:
 
 #: relative error of the p̂ operand split of the histogram dot: tf32x3 (the dropped lo·lo product
 #: and the tf32 rounding of the lo parts; also used for the interpreter's ieee dot) and bf16x2
-#: (p̂ = p_hi + p_lo in bf16, each rounded to nearest: |p̂ − p_hi − p_lo| ≤ 2^-8 · 2^-8 p̂; + two fp32
-#: roundings where the hi and lo parts are accumulated in separate columns, ``decode``'s packed form,
-#: and added once after the loop: the lo column's rescale to the hi column's maximum and the add);
-#: "page": page-level bins, masses summed in fp32 (≤ tile_tokens + 16 adds, already counted), no split
-HIST_SPLIT_REL = {"tf32x3": 2.0**-19, "bf16x2": 2.0**-16 + 2 * KERNEL_UNIT, "page": 0.0}
+#: (p̂ = p_hi + p_lo in bf16, each rounded to nearest: |p̂ − p_hi − p_lo| ≤ 2^-8 · 2^-8 p̂); "page":
+#: page-level bins, masses summed in fp32 (≤ tile_tokens + 16 adds, already counted), no split
+HIST_SPLIT_REL = {"tf32x3": 2.0**-19, "bf16x2": 2.0**-16, "page": 0.0}
+#: the packed form's own roundings (``decode``'s PACK_HIST: hi and lo accumulated in separate columns,
+#: after the loop the lo column rescaled to the hi column's maximum and added: two fp32 roundings)
+HIST_PACK_REL = 2 * KERNEL_UNIT
 #: growth of the accumulated terms over the mass: the fp32 sums' rounding bounds are relative to the
 #: sum of the terms' magnitudes, and a split operand's parts are summed with their signs
 #: (Σ|p_hi| + Σ|p_lo| ≤ (1 + 2^-8 + 2^-16) Σ p̂ for bf16 parts rounded to nearest, ≤ (1 + 2^-10 + …) Σ p̂
@@ -131,10 +132,13 @@ HIST_CHAINED_TERMS = {"tf32x3": 3, "bf16x2": 2, "page": 1}
 def mass_eta_terms(tile_tokens: int, split: str = "tf32x3", packed: bool = False) -> tuple[float, float]:
     """(a, b) with ``mass_eta(tiles, tile_tokens, split) = a + tiles · b``: the fp32 accumulation of
     ``HIST_CHAINED_TERMS[split]`` (1 when ``packed``) products per token, grown by
-    ``HIST_TERM_GROWTH[split]``, plus the operand split ``HIST_SPLIT_REL[split]``."""
+    ``HIST_TERM_GROWTH[split]``, plus the operand split ``HIST_SPLIT_REL[split]`` (and, ``packed``,
+    ``HIST_PACK_REL``)."""
     g = 1.0 + HIST_TERM_GROWTH[split]
     terms = 1 if packed else HIST_CHAINED_TERMS[split]
     a = g * ((terms * tile_tokens + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)) + HIST_SPLIT_REL[split]
+    if packed:
+        a += HIST_PACK_REL
     return a, g * (KERNEL_EXP_REL + KERNEL_UNIT)
 
 

@@ -655,7 +655,7 @@ def test_packed_histogram_matches_the_unpacked(gq):
     form. In the interpreter the split is inside the fp32 dot and the lo columns carry 0: the packed
     layout (column → head map, the final split / add and store) must reproduce the unpacked call bit
     for bit, for GQ 1, 3 (not a power of two) and 4; GQ 8 fills the columns and is never packed. On
-    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_SPLIT_REL['bf16x2']``
+    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_PACK_REL``
     counts the two extra roundings): equal to fp32 rounding; both calls' soundness is the
     conformance cases' (the packed form is the default there)."""
     from kernels import decode as kd
@@ -680,14 +680,14 @@ def test_packed_histogram_roundings_are_counted():
     """The bf16 hi / lo histogram's slack (part of η in Ξ): the operand split |p̂ − p_hi − p_lo| ≤ 2⁻¹⁶ p̂
     and the packed form's two fp32 roundings (hi and lo are accumulated in separate columns; after
     the loop the lo column is rescaled to the hi column's maximum and added: ≤ 2 · KERNEL_UNIT of the
-    mass) in ``paged.HIST_SPLIT_REL['bf16x2']``, and the accumulation's growth
+    mass: ``paged.HIST_PACK_REL``, ``mass_eta_terms(packed=True)``), and the accumulation's growth
     ``paged.HIST_TERM_GROWTH`` (the sums' rounding is relative to Σ|terms|, with signed lo parts), over
     ``paged.HIST_CHAINED_TERMS`` products per token (dots chained into one accumulator).
     Fails if any term is dropped; the operand-split term and the growth are also checked on data
     (every p̂ here, hi + lo in bf16 against the fp64 value)."""
-    from kernels.paged import HIST_SPLIT_REL, HIST_TERM_GROWTH, KERNEL_EXP_REL, KERNEL_UNIT, mass_eta_terms
+    from kernels.paged import HIST_PACK_REL, HIST_SPLIT_REL, HIST_TERM_GROWTH, KERNEL_EXP_REL, KERNEL_UNIT, mass_eta_terms
 
-    assert HIST_SPLIT_REL["bf16x2"] >= 2.0**-16 + 2 * KERNEL_UNIT
+    assert HIST_SPLIT_REL["bf16x2"] >= 2.0**-16 and HIST_PACK_REL >= 2 * KERNEL_UNIT
     # the accumulators sum p_hi and p_lo with their signs: their rounding bounds grow with Σ|p_hi| + Σ|p_lo|
     # ≤ (1 + 2⁻⁸ + 2⁻¹⁶) Σ p̂ (helper-15's review), for every tile of the running rescale too
     assert HIST_TERM_GROWTH["bf16x2"] >= 2.0**-8 + 2.0**-16 and HIST_TERM_GROWTH["tf32x3"] >= 2.0**-10 + 2.0**-20
@@ -696,7 +696,8 @@ def test_packed_histogram_roundings_are_counted():
         for n in (64, 128):
             a, b = mass_eta_terms(n, split, packed)
             acc_a = (terms * n + 16) * KERNEL_UNIT + 2 * (KERNEL_EXP_REL + KERNEL_UNIT)
-            assert a >= ((1 + HIST_TERM_GROWTH[split]) * acc_a + HIST_SPLIT_REL[split]) * (1 - 1e-12), (split, n)
+            pack = HIST_PACK_REL if packed else 0.0
+            assert a >= ((1 + HIST_TERM_GROWTH[split]) * acc_a + HIST_SPLIT_REL[split] + pack) * (1 - 1e-12), (split, n)
             assert b >= (1 + HIST_TERM_GROWTH[split]) * (KERNEL_EXP_REL + KERNEL_UNIT) * (1 - 1e-12)
     p = torch.exp(-torch.rand(1 << 16, dtype=torch.float64) * 80).float()  # p̂ = exp(−gap), gaps up to 80
     hi = p.bfloat16()
