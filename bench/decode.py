@@ -154,13 +154,13 @@ def main(argv=None):
 
         print(f"# {p.name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}")
     print(f"# Hkv = {Hkv}, d = {D}, int8 K/V with per-token fp16 scales, per-token fp16 witnesses (G = 1), "
-          f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins; splits by choose_splits")
+          f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins; splits by choose_splits (S: meter on / off)")
     print(f"# whole decode call (kernel + fused merge/epilogue), CUDA-graph replay. on: tilt only where the closed"
           f" forms exceed tau = {args.tau} (a gate's question); full: the tilt on every row; page: as on, with"
           f" page-level bins (levels='page'); epi: full minus the same call without the record")
     if args.diag and not smoke:
         diag(32, Hkv, D, dev, sms)
-    hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S':>3} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
+    hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
            f"{'full/off':>8} {'page/off':>8} "
            f"{'sdpa ms':>8} {'sdpa/on':>7} {'sdpa/off':>8} {'own ms':>8} {'epi ms':>7} {'TB/s off':>8} {'sdpa TB/s':>9}")
     print(hdr)
@@ -189,7 +189,7 @@ def main(argv=None):
                         print(f"# {levels} meter={meter}: {type(exc).__name__}: {exc}"[:300], flush=True)
                         return float("nan")
 
-                S = choose_splits(B, Hkv, caches[0][1].shape[1] * 16, 16, sms)
+                S = "/".join(str(choose_splits(B, Hkv, caches[0][1].shape[1] * 16, 16, sms, m)) for m in (True, False))
                 t_on = timed(True, args.tau)
                 t_full = timed(True)
                 t_noepi = timed(True, epi=False)
@@ -202,7 +202,7 @@ def main(argv=None):
                 t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2), smoke)
                 bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
                 bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
-                row = (f"{Hq:>3} {B:>3} {n:>7} {S:>3} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
+                row = (f"{Hq:>3} {B:>3} {n:>7} {S:>8} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
                        f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
                        f"{t_full - t_noepi:>7.4f} {bw_off:>8.2f} {bw_sdpa:>9.2f}")
                 print(row, flush=True)

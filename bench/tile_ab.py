@@ -16,13 +16,18 @@ import torch  # noqa: E402
 from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
 from kernels.decode import decode, tile_config  # noqa: E402
 
-# (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram]])
+# (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram[, prefetch]]])
 OFF = [(64, 1, 4, 0, 8), (64, 1, 4, 80, 8), (64, 1, 4, 72, 8), (64, 1, 4, 64, 8), (128, 1, 8, None, 8)]
 ON = [(128, 1, 4, 168, 8, 0, True), (128, 1, 4, 128, 8, 0, True), (128, 1, 4, 0, 8, 0, True)]
 # --ablate: the metered default with parts of the meter dropped (decode's _ablate, diagnosis only: bit 1 the
 # histogram dot, bit 2 the phi / nu / kappa loads, bit 4 the witness maximum)
 ABLATE = [(128, 1, 4, None, None, 0), (128, 1, 4, None, None, 1), (128, 1, 4, None, None, 2),
           (128, 1, 4, None, None, 7)]
+# --lite: the meter without its histogram (ablate bit 8: the one-hot dot dropped, Σ p̂ φ summed per token lane
+# instead; witness / φ / ν / κ loads and maxima kept) at the unmetered kernel's tiles: what a histogram-free
+# first pass would cost (the histogram then only for rows whose closed-form bound does not settle the gate)
+LITE = [(64, 1, 4, 80, 8, 8, True, False), (64, 1, 4, 96, 8, 8, True, False), (64, 1, 4, 0, 8, 8, True, False),
+        (64, 1, 4, 96, 8, 8, True, True), (128, 1, 4, 168, 8, 8, True, False), (128, 1, 4, 168, 8, 0, True)]
 
 
 def main(argv=None):
@@ -30,6 +35,8 @@ def main(argv=None):
     ap.add_argument("--shape", default="8:32768")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--ablate", action="store_true", help="time the metered default with parts of the meter dropped")
+    ap.add_argument("--lite", action="store_true", help="time the meter without its histogram (LITE)")
+    ap.add_argument("--quick", action="store_true", help="only ON[0], ON[2], OFF[1], OFF[4] (split-count A/B)")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     args = ap.parse_args(argv)
     B, n = (int(x) for x in args.shape.split(":"))
@@ -41,7 +48,8 @@ def main(argv=None):
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
           f"on {tile_config(True, 'int8', pps)}", flush=True)
-    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, ON), (False, OFF))
+    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, LITE), (False, OFF[1:2])) if args.lite else \
+        ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:
             kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0,
@@ -50,6 +58,8 @@ def main(argv=None):
                 kw["_ablate"] = rest[0]
             if len(rest) > 1:
                 kw["_pack_hist"] = rest[1]
+            if len(rest) > 2:
+                kw["prefetch_bt"] = rest[2]
             try:
                 out = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False,
                              epilogue=False, **kw)
@@ -57,7 +67,7 @@ def main(argv=None):
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 else ''}{(' prefetch' if rest[2] else ' no prefetch') if len(rest) > 2 else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",

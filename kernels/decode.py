@@ -157,6 +157,8 @@ def _decode_kernel(
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
     histT = tl.zeros([NB, BLOCK_H], tl.float32)
+    if ABLATE // 8 % 2 == 1:  # (diagnosis) the lite meter: no histogram, Σ p̂ φ per token lane
+        pphiT = tl.zeros([PAGES * T, BLOCK_H], tl.float32)
     BLOCK_N: tl.constexpr = PAGES * T
     # running maxima / counts per token lane, reduced once after the loop (not per tile)
     wmax = tl.zeros([BLOCK_N], tl.float32)
@@ -356,6 +358,9 @@ def _decode_kernel(
                 psumT = tl.sum(tl.reshape(pT, [PAGES, T, BLOCK_H]), axis=1)  # [PAGES, H]
                 hdT = tl.sum(oh_pgT.to(tl.float32)[:, :, None] * psumT[None, :, :], axis=1)  # [NB, H]
                 hdT = tl.where(col[:, None] == NB - 1, tl.sum(pT * phi[:, None], axis=0)[None, :], hdT)
+            elif ABLATE // 8 % 2 == 1:
+                pphiT = pphiT * alpha[None, :] + pT * phi[:, None]
+                hdT = tl.zeros([NB, BLOCK_H], tl.float32)
             else:
                 onehotT = col[:, None] == la[None, :]  # [NB, N]
                 if TIER_B:
@@ -382,10 +387,12 @@ def _decode_kernel(
                         hdT = tl.dot(ohT, tl.where(heads_i[None, :] < HALF, pT, 0.0), input_precision=PREC_HIST)
                     else:
                         hdT = tl.dot(ohT, pT, input_precision=PREC_HIST)
-            histT = histT * alpha[None, :] + hdT
+            if ABLATE // 8 % 2 == 0:
+                histT = histT * alpha[None, :] + hdT
             if ABLATE // 4 % 2 == 0:
                 wmax = tl.maximum(wmax, wn)
-            smax = tl.maximum(smax, ks_lvl)
+            if TIER_B or SCHEME == INT8_DITHER_ID:  # max s: only Tier B's and the dither's terms read it
+                smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
             numax = tl.maximum(numax, nu)
             kapmax = tl.maximum(kapmax, kap)
@@ -396,6 +403,11 @@ def _decode_kernel(
     tl.store(L_OUT + o_idx, l, mask=hmask)
     tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
     if METER:
+        if ABLATE // 8 % 2 == 1:
+            if PACK_HIST:  # the upper columns repeat the heads: their sums are not lo parts
+                pphiT = tl.where((heads_i < HALF)[None, :], pphiT, 0.0)
+            pphi = tl.sum(pphiT, axis=0)
+            histT = tl.where(col[:, None] == NB - 1, pphi[None, :], histT)
         if PACK_HIST:
             # head h's masses: its hi column plus its lo column, the latter taken to the hi column's running
             # max (the two columns compute the same logits, so the factor is exactly 1; kept for rigour)
@@ -468,15 +480,37 @@ def key_edges(device=None) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.float64, device=device), X0 * torch.exp2((m - 1) / 2)])
 
 
-def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int) -> int:
+def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int, meter: bool | None = None,
+                  scheme: str = "int8", levels: str = "token") -> int:
     """Split-KV count for a decode launch of ``batch × kv_heads`` (sequence, kv head) pairs over at
     most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
     multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
     bench/RESULTS.md: more, shorter splits keep more bytes in flight than a few long ones), at
-    most 64, and no split shorter than 8 pages. The one split heuristic of the library."""
+    most 64, and no split shorter than 8 pages. The one split heuristic of the library.
+
+    With ``meter`` (True / False: the launch's kernel) and a tile whose register cap fixes how many
+    programs fit on a multiprocessor (``Tile.programs_per_sm``), a grid of fewer than ``FEW_WAVES``
+    waves is sized to whole waves instead: the largest split count whose grid fills ⌊waves⌋ (at
+    least one) waves of that many programs per SM (bench/RESULTS.md run L: a last wave one third
+    full cost the metered B 1 call 12-22 % and the unmetered B 8 call 10 %). A count that would change
+    the tile is not taken."""
     pages = max(1, -(-max_len // block_size))
-    s = max(-(-2 * sms // max(1, batch * kv_heads)), 16)
-    return max(1, min(s, 64, pages // 8))
+    pairs = max(1, batch * kv_heads)
+    s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
+    if meter is None:
+        return s
+    tile = tile_config(meter, scheme, pairs * s / sms, levels)
+    per_sm = tile.programs_per_sm()
+    if per_sm is None:
+        return s
+    slots = per_sm * sms
+    waves = pairs * s / slots
+    if waves >= FEW_WAVES:
+        return s
+    whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
+    if tile_config(meter, scheme, pairs * whole / sms, levels) != tile:
+        return s
+    return whole
 
 
 _SMS: dict = {}
@@ -511,11 +545,13 @@ def tensor_core_query(q: torch.Tensor, cache: PagedKV, validate: bool = True) ->
 #: schemes whose codes the decode loop loads as 8-bit tiles (one code per byte, from the scheme table:
 #: transposed loads, one stage; run J timed int8, the others share its loop but were not timed)
 EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits == 8)
-#: 64-token unmetered tiles and the register caps apply from this many programs per SM
+#: 64-token unmetered tiles and their register cap apply from this many programs per SM
 MANY_PROGRAMS_PER_SM = 4
-#: register caps per thread for the 8-bit kernels on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM.
-#: Metered (128-token tiles): three programs per SM instead of two; with 8 head columns and the packed
-#: histogram no spill (sm_90 SASS), 0.77-0.82× the uncapped time at B ≥ 8 (run K, bench/tile_ab.py).
+#: register caps per thread for the 8-bit kernels. Metered (128-token tiles, every grid): three programs
+#: per SM instead of two; with 8 head columns and the packed histogram no spill (sm_90 SASS), 0.77-0.82×
+#: the uncapped time at B ≥ 8 (run K, bench/tile_ab.py); at B 1 the same time on run K's 33 splits and,
+#: with ``choose_splits`` filling one wave of three programs per SM (49 splits), 0.88× at 32K, 0.77× at
+#: 128K (run L). Unmetered on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM.
 #: Unmetered (64-token tiles): six programs per SM instead of four (24 B of spill), 0.84-0.97× the
 #: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
 #: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
@@ -524,6 +560,12 @@ MANY_PROGRAMS_PER_SM = 4
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
 CAP_REGISTERS = True
+#: the register file and the most resident threads of a multiprocessor (sm_80 / sm_89 / sm_90)
+SM_REGISTERS = 65536
+SM_THREADS = 2048
+#: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
+#: 10 waves, measured no better; at 1.3-2.6 waves 3-22 % faster)
+FEW_WAVES = 4
 #: the 8-bit schemes the caps apply to: not the position-keyed (dithered) ones, whose in-kernel dither
 #: generation spills 1.5 KB under the metered cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
 CAPPED_SCHEMES = tuple(name for name in EIGHT_BIT_SCHEMES if not SCHEMES[name].position_keyed)
@@ -545,10 +587,19 @@ class Tile:
     # 8 columns as mma.sync n8 where 16 went to wgmma: 2-10 % less time at GQ 4-8, run K)
     head_columns: int = 8
 
+    def programs_per_sm(self) -> int | None:
+        """Programs that fit on one multiprocessor under the register cap (None without a cap: the
+        compiler's count is known only after the launch). Shared memory does not bind these tiles
+        (the 8-bit one-stage ones; run L's split A/B timed the waves this predicts)."""
+        if self.max_registers is None:
+            return None
+        regs = -(-self.max_registers // 8) * 8  # allocated per warp in units of 8 per thread
+        return max(1, min(SM_REGISTERS // (regs * 32 * self.warps), SM_THREADS // (32 * self.warps)))
+
 
 def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0, levels: str = "token") -> Tile:
     """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
-    multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J and K, 2026-12-02). The 8-bit code tiles are
+    multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J, K and L, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
     the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
     15-18 % fewer instructions per tile, no spills); with two stages they go back through
@@ -556,8 +607,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
 
     * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
       columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs
-      per SM, on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per SM while ``CAP_REGISTERS``, for the
-      ``CAPPED_SCHEMES``: not int8_dither);
+      per SM, on every grid while ``CAP_REGISTERS``, for the ``CAPPED_SCHEMES``: not int8_dither);
     * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
       ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
       ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (B = 1:
@@ -581,7 +631,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
         return Tile(128, 1, 4, head_columns=16)
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
-            return Tile(128, 1, 4, METERED_REGISTER_CAP if many and capped else None)
+            return Tile(128, 1, 4, METERED_REGISTER_CAP if capped else None)
         return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
     if scheme == "none":
         return Tile(128, 2, 4, head_columns=16)
@@ -683,7 +733,7 @@ def decode(
         raise ValueError(f"hist_split: expected 'bf16x2' or 'tf32x3', got {hist_split!r}")
     if num_splits is None:  # from the table's capacity (CSR: the mean length), not seq_lens: no device sync
         cap = max(1, block_table.shape[0] // max(Bsz, 1)) if csr else block_table.shape[1] * cache.block_size
-        num_splits = choose_splits(Bsz, Hkv, cap, cache.block_size, _sm_count(q.device))
+        num_splits = choose_splits(Bsz, Hkv, cap, cache.block_size, _sm_count(q.device), meter, cache.scheme, levels)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if delta_step is not None and not 0 < delta_step < 1:

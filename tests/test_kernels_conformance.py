@@ -562,11 +562,10 @@ def test_tile_config_and_its_overrides():
 
     many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
-        assert tile_config(True, sch) == Tile(128, 1, 4)
-        # the register cap (on since test_register_cap_changes_no_value passed on the H200, run K)
-        # (not for the dithered scheme: its dither generation spills under the cap)
+        # the register cap (on since test_register_cap_changes_no_value passed on the H200, run K; on every
+        # metered grid since run L) (not for the dithered scheme: its dither generation spills under the cap)
         cap = METERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None
-        assert CAP_REGISTERS and tile_config(True, sch, many) == Tile(128, 1, 4, cap)
+        assert CAP_REGISTERS and tile_config(True, sch, many) == tile_config(True, sch) == Tile(128, 1, 4, cap)
         assert tile_config(False, sch, many) == Tile(64, 1, 4, UNMETERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None)
         assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
@@ -585,6 +584,45 @@ def test_tile_config_and_its_overrides():
         # GPU: p̂ is rounded to bf16 relative to each tile's running max (check_case's tolerance)
         tol = (1e-5 if DEV == "cpu" else 1e-2) * float(a.o.abs().max())
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
+
+
+def test_choose_splits_fills_whole_waves():
+    """``choose_splits`` (bench/RESULTS.md run L): without the launch's kernel, the old rule (≥ 2 programs
+    per SM, ≥ 16 splits, ≤ 64, ≥ 8 pages a split); with it, a grid of fewer than FEW_WAVES waves of the
+    tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
+    a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
+    the tile keep the old rule. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
+    from kernels.decode import FEW_WAVES, Tile, choose_splits, tile_config
+
+    assert Tile(128, 1, 4, 168).programs_per_sm() == 3 and Tile(64, 1, 4, 80).programs_per_sm() == 6
+    assert Tile(128, 1, 4, 165).programs_per_sm() == 3  # registers are allocated in eights
+    assert Tile(128, 1, 8).programs_per_sm() is None and Tile(64, 1, 4, 8).programs_per_sm() == 16  # thread limit
+    sms = 132
+    for n in (32768, 131072):
+        assert [choose_splits(B, 8, n, 16, sms) for B in (1, 8, 32)] == [33, 16, 16]  # the old rule
+        # B 1 metered: 8 × 49 = 392 programs ≤ 3 × 132 (one wave; 33 splits filled two thirds of it)
+        assert choose_splits(1, 8, n, 16, sms, True) == 49
+        assert choose_splits(1, 8, n, 16, sms, False) == 33  # 128-token / 8-warp tile, no cap
+        # B 8: metered 64 × 12 = 768 ≤ 2 waves of 396; unmetered 768 ≤ 1 wave of 792 (16 splits: 1.3 waves)
+        assert choose_splits(8, 8, n, 16, sms, True) == 12 == choose_splits(8, 8, n, 16, sms, False)
+        # B 32: ≥ FEW_WAVES waves either way: the old rule
+        assert 32 * 8 * 16 / (3 * sms) >= FEW_WAVES
+        assert choose_splits(32, 8, n, 16, sms, True) == 16 == choose_splits(32, 8, n, 16, sms, False)
+        # uncapped tiles (the dithered scheme, the fp32-dequantizing ones, none): the old rule
+        for sch in ("int8_dither", "int4_group", "kivi2", "none"):
+            assert choose_splits(1, 8, n, 16, sms, True, sch) == 33, sch
+    # the page floor and the ceiling still hold, and the tile never changes
+    assert choose_splits(1, 8, 1024, 16, sms, True) == 8
+    assert choose_splits(1, 1, 1 << 20, 16, sms, True) == 64
+    for B in (1, 2, 3, 5, 8, 13, 16, 24, 32):
+        for meter in (True, False):
+            s0, s = choose_splits(B, 8, 32768, 16, sms), choose_splits(B, 8, 32768, 16, sms, meter)
+            t = tile_config(meter, "int8", B * 8 * s0 / sms)
+            assert tile_config(meter, "int8", B * 8 * s / sms) == t and 1 <= s <= 64, (B, meter)
+            per = t.programs_per_sm()
+            if per is not None and B * 8 * s0 < FEW_WAVES * per * sms:
+                k = max(1, int(B * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
+                assert B * 8 * s <= k * per * sms and (B * 8 * (s + 1) > k * per * sms or s == 64), (B, meter)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
@@ -655,9 +693,11 @@ def test_packed_histogram_matches_the_unpacked(gq):
     form. In the interpreter the split is inside the fp32 dot and the lo columns carry 0: the packed
     layout (column → head map, the final split / add and store) must reproduce the unpacked call bit
     for bit, for GQ 1, 3 (not a power of two) and 4; GQ 8 fills the columns and is never packed. On
-    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_PACK_REL``
-    counts the two extra roundings): equal to fp32 rounding; both calls' soundness is the
-    conformance cases' (the packed form is the default there)."""
+    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_PACK_REL`` counts the two
+    extra roundings) and the two forms count different roundings in η: masses equal to fp32 rounding,
+    Ξ apart by exactly the η difference, the bounds by at most that (run L: the bit-for-bit check of
+    every record field, stale since η became per form, failed on the H200); both calls' soundness is
+    the conformance cases' (the packed form is the default there)."""
     from kernels import decode as kd
 
     cache, bt, _ = build("int8", [300, 170, 41], 2, 64, seed=5)
@@ -665,14 +705,28 @@ def test_packed_histogram_matches_the_unpacked(gq):
     q = (torch.randn(3, 2 * gq, 64, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
     a, b = (to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _pack_hist=pack)) for pack in (False, True))
     assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
-    for f in dataclasses.fields(a.meter):
-        x, y = getattr(a.meter, f.name), getattr(b.meter, f.name)
-        if not isinstance(x, torch.Tensor):
-            assert x == y, f.name
-        elif DEV == "cpu" or x.dtype == torch.bool:
-            assert torch.equal(x, y), f.name
-        else:
-            assert torch.allclose(x, y, rtol=1e-5, atol=1e-9), f.name
+    if DEV == "cpu":
+        for f in dataclasses.fields(a.meter):
+            x, y = getattr(a.meter, f.name), getattr(b.meter, f.name)
+            assert (x is None and y is None) or torch.equal(x, y), f.name
+    else:
+        # the masses within fp32 rounding; Ξ by exactly the two forms' η difference (the packed form's
+        # one chained product per token plus HIST_PACK_REL, the two-dot form's two: mass_eta_terms, whose
+        # per-tile term is the same), and every bound that reads Ξ by at most that much (TV⁺ is
+        # 1-Lipschitz in Ξ up to the e-form's A² ≤ 2 here; the output bound scales it by its norms)
+        tokens = 128  # the metered tile on the GPU (tile_config)
+        ap, _ = P.mass_eta_terms(tokens, "bf16x2", packed=True)
+        au, _ = P.mass_eta_terms(tokens, "bf16x2", packed=False)
+        dxi = 2.1 * (ap - au) * (1 + 2.0**-20)
+        assert dxi < 0  # the packed form counts fewer roundings
+        assert torch.allclose(b.meter.xi - a.meter.xi, torch.full_like(a.meter.xi, dxi), rtol=1e-6, atol=1e-12)
+        for name in ("hist", "eps_max"):
+            assert torch.allclose(getattr(a.meter, name), getattr(b.meter, name), rtol=1e-5, atol=1e-9), name
+        assert torch.equal(a.meter.flag, b.meter.flag)
+        for name in ("tv_upper_a", "tanh", "eform", "tilt", "rho"):
+            x, y = getattr(a.meter, name), getattr(b.meter, name)
+            assert bool(torch.all((x - y).abs() <= 2 * abs(dxi) + 1e-5 * x.abs() + 1e-9)), name
+        assert torch.allclose(a.meter.out_err_upper, b.meter.out_err_upper, rtol=1e-2), "out_err_upper"
     assert float(b.meter.hist.sum(-1).min()) > 0.99  # the masses are there (a dropped half would show)
 
 

@@ -962,7 +962,8 @@ class WitCertCache(Cache):
         if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
-        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device))
+        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device), self.meter,
+                               layer.paged.scheme)
 
         def run(rows=None):
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);

@@ -230,7 +230,7 @@ def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
         n0=n0, seq=torch.arange(B, device=dev), pos=torch.empty(B, dtype=torch.int32, device=dev),
         slots=torch.empty(B, dtype=torch.int64, device=dev), lens=torch.empty(B, dtype=torch.int32, device=dev),
         mask=mask, has_mask=has_mask,
-        splits=choose_splits(B, cache.num_kv_heads, capacity, cache.block_size, _sm_count(dev)),
+        splits=choose_splits(B, cache.num_kv_heads, capacity, cache.block_size, _sm_count(dev), True, layer.paged.scheme),
         stage=torch.zeros(len(cache.layers), 2, B, cache.num_kv_heads, cache.head_dim, dtype=layer.dtype, device=dev),
         rec=torch.zeros(len(cache.layers), len(GraphedRecords.FIELDS), B, cache.num_q_heads, dtype=torch.float64,
                         device=dev),
