@@ -297,7 +297,7 @@ def _expm1_up(y):
 
 @triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG,
     Hq, S, sm, qn_infl, log_delta, tilt_above, s_qb, s_qh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -402,6 +402,7 @@ def _merge_meter_kernel(
             tl.store(r + REC_EPS, eps_max)
             tl.store(r + REC_XI, xi)
             tl.store(r + REC_FLAG, (bad > 0).to(tl.float64))
+            tl.store(FLAG + row, (bad > 0).to(tl.int8))  # the record's bool flag (no comparison launch after)
             if TIER_B:
                 # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
                 lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
@@ -575,10 +576,11 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
     rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
     scr = torch.empty(rows, 6 * KP, **f64) if meter and epilogue else lse
+    flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
+        flag, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, float(tilt_above), q.stride(0), q.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
@@ -594,7 +596,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
             out_err_upper=col(REC_EA), out_err_upper_b=col(REC_EB) if c.tier_b else None,
             eps_max=col(REC_EPS), tb_max=col(REC_TB) if c.tier_b else None,
             hist=hout[..., : c.KA], hist_b=hout[..., c.KA : 2 * c.KA] if c.tier_b else None,
-            tanh=col(REC_TANH), eform=col(REC_EFORM), tilt=col(REC_TILT), flag=col(REC_FLAG) > 0,
+            tanh=col(REC_TANH), eform=col(REC_EFORM), tilt=col(REC_TILT), flag=flag.view(torch.bool).view(Bsz, Hq),
             xi=col(REC_XI), rho=col(REC_RHO),
         )
     return o, lse, record
