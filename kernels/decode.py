@@ -551,8 +551,8 @@ MANY_PROGRAMS_PER_SM = 4
 #: per SM instead of two; with 8 head columns and the packed histogram no spill (sm_90 SASS), 0.77-0.82×
 #: the uncapped time at B ≥ 8 (run K, bench/tile_ab.py); at B 1 the same time on run K's 33 splits and,
 #: with ``choose_splits`` filling one wave of three programs per SM (49 splits), 0.88× at 32K, 0.77× at
-#: 128K (run L). Unmetered on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM.
-#: Unmetered (64-token tiles): six programs per SM instead of four (24 B of spill), 0.84-0.97× the
+#: 128K (run L). Unmetered (64-token tiles, on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM): six
+#: programs per SM instead of four (24 B of spill), 0.84-0.97× the
 #: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
 #: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
 #: (bench/cap_test_2026-12-02_K.log, bench/cuda_subset_2026-12-02_K4.log). ``CAP_REGISTERS`` False turns
