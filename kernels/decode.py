@@ -489,18 +489,18 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     most 64, and no split shorter than 8 pages. The one split heuristic of the library.
 
     With ``meter`` (True / False: the launch's kernel) and a tile whose register cap fixes how many
-    programs fit on a multiprocessor (``Tile.programs_per_sm``), a grid of fewer than ``FEW_WAVES``
+    programs fit on a multiprocessor (``Tile.resident_programs``), a grid of fewer than ``FEW_WAVES``
     waves is sized to whole waves instead: the largest split count whose grid fills ⌊waves⌋ (at
-    least one) waves of that many programs per SM (bench/RESULTS.md run L: a last wave one third
-    full cost the metered B 1 call 12-22 % and the unmetered B 8 call 10 %). A count that would change
-    the tile is not taken."""
+    least one) waves of that many programs per SM (bench/RESULTS.md run L: one wave two thirds full cost
+    the metered B 1 call 12-22 %, a second wave under a third full the unmetered B 8 call 10 %). A count
+    that would change the tile is not taken."""
     pages = max(1, -(-max_len // block_size))
     pairs = max(1, batch * kv_heads)
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
     if meter is None:
         return s
     tile = tile_config(meter, scheme, pairs * s / sms, levels)
-    per_sm = tile.programs_per_sm()
+    per_sm = tile.resident_programs()
     if per_sm is None:
         return s
     slots = per_sm * sms
@@ -564,7 +564,7 @@ CAP_REGISTERS = True
 SM_REGISTERS = 65536
 SM_THREADS = 2048
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
-#: 10 waves, measured no better; at 1.3-2.6 waves 3-22 % faster)
+#: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
 #: the 8-bit schemes the caps apply to: not the position-keyed (dithered) ones, whose in-kernel dither
 #: generation spills 1.5 KB under the metered cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
@@ -587,7 +587,7 @@ class Tile:
     # 8 columns as mma.sync n8 where 16 went to wgmma: 2-10 % less time at GQ 4-8, run K)
     head_columns: int = 8
 
-    def programs_per_sm(self) -> int | None:
+    def resident_programs(self) -> int | None:
         """Programs that fit on one multiprocessor under the register cap (None without a cap: the
         compiler's count is known only after the launch). Shared memory does not bind these tiles
         (the 8-bit one-stage ones; run L's split A/B timed the waves this predicts)."""

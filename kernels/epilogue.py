@@ -401,8 +401,7 @@ def _merge_meter_kernel(
             tl.store(r + REC_EA, ea)
             tl.store(r + REC_EPS, eps_max)
             tl.store(r + REC_XI, xi)
-            tl.store(r + REC_FLAG, (bad > 0).to(tl.float64))
-            tl.store(FLAG + row, (bad > 0).to(tl.int8))  # the record's bool flag (no comparison launch after)
+            tl.store(FLAG + row, (bad > 0).to(tl.int8))  # the record's bool flag (viewed as bool: no launch after)
             if TIER_B:
                 # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
                 lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
@@ -427,11 +426,11 @@ def _merge_meter_kernel(
                 tl.store(r + REC_EB, eb)
 
 
-#: columns of the fused merge's record (float64 per row)
-REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_FLAG, REC_XI, REC_RHO = range(12)
+#: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``)
+REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO = range(11)
 REC_COLS = 16
 for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
-              "REC_FLAG", "REC_XI", "REC_RHO", "REC_COLS"):
+              "REC_XI", "REC_RHO", "REC_COLS"):
     globals()[_name] = tl.constexpr(globals()[_name])
 
 

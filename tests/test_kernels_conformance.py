@@ -594,9 +594,9 @@ def test_choose_splits_fills_whole_waves():
     the tile keep the old rule. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
     from kernels.decode import FEW_WAVES, Tile, choose_splits, tile_config
 
-    assert Tile(128, 1, 4, 168).programs_per_sm() == 3 and Tile(64, 1, 4, 80).programs_per_sm() == 6
-    assert Tile(128, 1, 4, 165).programs_per_sm() == 3  # registers are allocated in eights
-    assert Tile(128, 1, 8).programs_per_sm() is None and Tile(64, 1, 4, 8).programs_per_sm() == 16  # thread limit
+    assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
+    assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
+    assert Tile(128, 1, 8).resident_programs() is None and Tile(64, 1, 4, 8).resident_programs() == 16  # thread limit
     sms = 132
     for n in (32768, 131072):
         assert [choose_splits(B, 8, n, 16, sms) for B in (1, 8, 32)] == [33, 16, 16]  # the old rule
@@ -619,7 +619,7 @@ def test_choose_splits_fills_whole_waves():
             s0, s = choose_splits(B, 8, 32768, 16, sms), choose_splits(B, 8, 32768, 16, sms, meter)
             t = tile_config(meter, "int8", B * 8 * s0 / sms)
             assert tile_config(meter, "int8", B * 8 * s / sms) == t and 1 <= s <= 64, (B, meter)
-            per = t.programs_per_sm()
+            per = t.resident_programs()
             if per is not None and B * 8 * s0 < FEW_WAVES * per * sms:
                 k = max(1, int(B * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
                 assert B * 8 * s <= k * per * sms and (B * 8 * (s + 1) > k * per * sms or s == 64), (B, meter)
