@@ -24,9 +24,9 @@ if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
 fi
 if has tiles; then
-  # tile / stage / warp A/B of the decode kernel, one process per shape (bench/tile_ab.py)
+  # tile / stage / warp A/B of the decode kernel, one process per shape (bench/tile_ab.py; B:n or B:n:S)
   for shp in ${TILE_SHAPES:-1:32768 8:32768 32:32768 8:131072}; do
-    timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" 2>&1 | tee -a "$OUT/tiles.txt"
+    timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" ${TILE_ARGS:-} 2>&1 | tee -a "$OUT/tiles.txt"
   done
 fi
 if has ab; then

@@ -28,6 +28,18 @@ ABLATE = [(128, 1, 4, None, None, 0), (128, 1, 4, None, None, 1), (128, 1, 4, No
 # first pass would cost (the histogram then only for rows whose closed-form bound does not settle the gate)
 LITE = [(64, 1, 4, 80, 8, 8, True, False), (64, 1, 4, 96, 8, 8, True, False), (64, 1, 4, 0, 8, 8, True, False),
         (64, 1, 4, 96, 8, 8, True, True), (128, 1, 4, 168, 8, 8, True, False), (128, 1, 4, 168, 8, 0, True)]
+# --pipe: the metered kernel with its codes in flight during its compute (two stages: cp.async into shared memory,
+# the 8-bit tiles still loaded transposed, so no bytewise shared reads: sm_90 SASS) or at more warps per SM
+# (registers as sm_90 SASS gives them under each cap; programs per SM in brackets)
+PIPE_ON = [(128, 1, 4, 168, 8, 0, True),   # the default [3]
+           (64, 1, 4, 120, 8, 0, True),    # 120, no spill [4]
+           (64, 2, 4, 160, 8, 0, True),    # 160, no spill [3], double-buffered
+           (64, 2, 4, 128, 8, 0, True),    # 128, 60 B spill [4], double-buffered
+           (128, 1, 8, 128, 8, 0, True)]   # 128, no spill [2 × 8 warps]
+PIPE_OFF = [(64, 1, 4, 80, 8),             # the default [6]
+            (128, 1, 8, 80, 8),            # 80, no spill [3 × 8 warps]
+            (64, 2, 4, 0, 8),              # 120, no spill [4], double-buffered
+            (64, 2, 4, 96, 8)]             # 96, 44 B spill [5], double-buffered
 
 
 def main(argv=None):
@@ -37,18 +49,19 @@ def main(argv=None):
     ap.add_argument("--ablate", action="store_true", help="time the metered default with parts of the meter dropped")
     ap.add_argument("--lite", action="store_true", help="time the meter without its histogram (LITE)")
     ap.add_argument("--quick", action="store_true", help="only ON[0], ON[2], OFF[1], OFF[4] (split-count A/B)")
+    ap.add_argument("--pipe", action="store_true", help="two-stage and 8-warp tiles (PIPE_ON / PIPE_OFF)")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     args = ap.parse_args(argv)
-    B, n = (int(x) for x in args.shape.split(":"))
+    B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
     Hq, Hkv, D = args.heads, 8, 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, "cuda", sms)
-    S = args.splits or S
+    S = args.splits or (split[0] if split else S)
     t_sdpa = time_sdpa(q, Hkv, n, max(1, len(caches) // 2))
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
           f"on {tile_config(True, 'int8', pps)}", flush=True)
-    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, LITE), (False, OFF[1:2])) if args.lite else \
+    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:
