@@ -51,6 +51,17 @@ REFINE_TOP = 8
 REFINE = 32
 _EPS = torch.finfo(torch.float64).eps
 FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
+#: points of the tilt's grid evaluated at a time on the GPU (divides COARSE and REFINE): its [TC, bins]
+#: float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole coarse grid
+#: at once, two programs per SM; bench/RESULTS.md run M)
+TILT_CHUNK = 16
+TC: tl.constexpr = tl.constexpr(TILT_CHUNK)
+
+
+def scratch_per_tier(nbp: int) -> int:
+    """float64 scratch per row and tier of ``_tv_row``: the masses, e^L, e^-L ([nbp] each) and U ([COARSE]);
+    the kernels index it as 3·NBP + N1 (N1 = COARSE)."""
+    return 3 * nbp + COARSE
 
 
 @dataclasses.dataclass
@@ -157,12 +168,13 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
 
 
 @triton.jit
-def _dense_d(ts, w, a, b, m, SCR, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
     """For each t of ``ts`` [TP]: max over λ ∈ {0} ∪ {1/β_c(t) : w_c > 0} of D(t, λ) minus its
     rounding-error bound (EPSC · magnitude). D(t, ·) is concave piecewise linear with its
     breakpoints at the 1/β_c, so this is the tight D (SPEC §3(c)). ``w, a, b`` [NBP] are the
-    row's masses, e^{L}, e^{-L}; SCR holds the same three vectors (scalar reads of bin c'
-    in the loop form). DENSE3D (interpreter): the [TP, NBP, NBP] form in one step."""
+    row's masses, e^{L}, e^{-L}; SCR holds the ``nl`` live bins' (w > 0) three values in bin order
+    (scalar reads of bin c' in the loop form: a bin with w = 0 adds exactly +0 to both sums, so
+    only the live ones are visited). DENSE3D (interpreter): the [TP, NBP, NBP] form in one step."""
     beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
     lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
     tm = (ts * m)[:, None]
@@ -174,7 +186,7 @@ def _dense_d(ts, w, a, b, m, SCR, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.
     else:
         dsum = tl.zeros_like(beta)
         msum = tl.zeros_like(beta)
-        for c2 in range(NB):
+        for c2 in range(nl):
             w2 = tl.load(SCR + c2)
             x = lam * ((1.0 - ts)[:, None] * tl.load(SCR + NBP + c2) + ts[:, None] * tl.load(SCR + 2 * NBP + c2))
             act = tl.maximum(x - 1.0, 0.0)
@@ -196,7 +208,9 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     The dual-grid tilt (coarse N1 intervals, then the RT of largest upper value split into NR)
     is computed only when the closed forms' TV⁺ (min(tanh, e-form) + tanh(Ξ/2) + ρ + slack) is
     above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
-    otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound."""
+    otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
+    ``tilt_above`` ≥ 0, a coarse grid whose bound already settles τ is not refined: ``tilt`` is then
+    the coarse bound (sound for any grid, SPEC §3(c); ≥ the refined one up to rounding)."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)
     lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
@@ -224,41 +238,61 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     if lmax == 0:
         tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
     elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
-        tl.store(SCR + k, w)
-        tl.store(SCR + NBP + k, a)
-        tl.store(SCR + 2 * NBP + k, b)
+        # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_d
+        # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
+        live_i = live.to(tl.int32)
+        pos = tl.cumsum(live_i, axis=0) - 1
+        nl = tl.sum(live_i, axis=0)
+        tl.store(SCR + pos, w, mask=live)
+        tl.store(SCR + NBP + pos, a, mask=live)
+        tl.store(SCR + 2 * NBP + pos, b, mask=live)
         tl.debug_barrier()
         i = tl.arange(0, N1)
-        U = (i + 1).to(tl.float64) * (1.0 / N1) - _dense_d(i.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, NB, NBP,
-                                                            EPSC, DENSE3D)
-        sel = i < 0
-        best = tl.full([], -1.0, tl.float64)
-        s = tl.arange(0, NR)
-        if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
-            rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
-            idxv = tl.zeros([RT], tl.int32)
-            for _r in range(RT):
-                um = tl.where(sel, -2.0, U)
-                mx = tl.max(um, axis=0)
-                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
-                sel = sel | (i == idx)
-                idxv = tl.where(rr == _r, idx, idxv)
-            ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1) + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)),
-                            [RT * NR])
-            up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
-            best = tl.max(up, axis=0)
+        if DENSE3D:
+            U = (i + 1).to(tl.float64) * (1.0 / N1) - _dense_d(i.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB,
+                                                                NBP, EPSC, DENSE3D)
+        else:  # (GPU) TC points at a time, through SCR: [TC, NBP] float64 tiles fit any warp count's registers
+            for c0 in range(0, N1, TC):
+                ic = c0 + tl.arange(0, TC)
+                tl.store(SCR + 3 * NBP + ic, (ic + 1).to(tl.float64) * (1.0 / N1) - _dense_d(
+                    ic.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D))
+            tl.debug_barrier()
+            U = tl.load(SCR + 3 * NBP + i)
+        coarse = tl.minimum(tl.maximum(tl.max(U, axis=0), 0.0), 1.0)
+        if (tilt_above >= 0.0) & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above):
+            # lazy: the coarse grid's bound (sound for any grid, ≥ the refined one) already settles τ
+            tilt = coarse
         else:
-            for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
-                um = tl.where(sel, -2.0, U)
-                mx = tl.max(um, axis=0)
-                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
-                sel = sel | (i == idx)
-                t0 = idx.to(tl.float64) * (1.0 / N1)
-                up = t0 + (s + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
-                    t0 + s.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, NB, NBP, EPSC, DENSE3D)
-                best = tl.maximum(best, tl.max(up, axis=0))
-        rest = tl.max(tl.where(sel, -1.0, U), axis=0)
-        tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
+            sel = i < 0
+            best = tl.full([], -1.0, tl.float64)
+            s = tl.arange(0, NR)
+            if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
+                rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
+                idxv = tl.zeros([RT], tl.int32)
+                for _r in range(RT):
+                    um = tl.where(sel, -2.0, U)
+                    mx = tl.max(um, axis=0)
+                    idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                    sel = sel | (i == idx)
+                    idxv = tl.where(rr == _r, idx, idxv)
+                ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
+                                + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
+                up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+                best = tl.max(up, axis=0)
+            else:
+                for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
+                    um = tl.where(sel, -2.0, U)
+                    mx = tl.max(um, axis=0)
+                    idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                    sel = sel | (i == idx)
+                    t0 = idx.to(tl.float64) * (1.0 / N1)
+                    for s0 in range(0, NR, TC):
+                        sc = s0 + tl.arange(0, TC)
+                        up = t0 + (sc + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
+                            t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+                        best = tl.maximum(best, tl.max(up, axis=0))
+            rest = tl.max(tl.where(sel, -1.0, U), axis=0)
+            tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
     tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
     return tv, tanh, eform, tilt, rho
@@ -277,7 +311,7 @@ def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above,
     lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     r = tl.load(RMAX + row).to(tl.float64)
     tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
-                                         tilt_above, SCR + row * 3 * NBP, NB, NBP, N1, RT, NR, EPSC, DENSE3D)
+                                         tilt_above, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D)
     o = OUT + row * 5
     tl.store(o + 0, tv)
     tl.store(o + 1, tanh)
@@ -305,6 +339,7 @@ def _merge_meter_kernel(
     GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
+    HA_HM: tl.constexpr,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -367,9 +402,12 @@ def _merge_meter_kernel(
             k = tl.arange(0, KP)
             km = k < KA
             edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
-            # tier A's bins, merged again from the partials (a register vector has no slices)
-            ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :], mask=smask[:, None] & km[None, :], other=0.0)
-            ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
+            if HA_HM:  # KP == NB (tier A alone): tier A's bins are the merged row's first KA (the same sums)
+                ha = tl.where(km, hm, 0.0)
+            else:  # tier A's bins, merged again from the partials (a register vector has no slices)
+                ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :], mask=smask[:, None] & km[None, :],
+                             other=0.0)
+                ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
             ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)
             pphi = tl.sum(tl.where(c == NB - 1, hm, 0.0), axis=0)
             out_rel = OUT_REL0 + eta
@@ -382,7 +420,7 @@ def _merge_meter_kernel(
             tva = tl.full([], 1.0, tl.float64)
             if bad == 0:
                 tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above,
-                                                      SCR + row * 6 * KP, KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                                                      SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
                 tl.store(r + REC_TILT, tilt)
@@ -417,7 +455,8 @@ def _merge_meter_kernel(
                 if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
                     # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
                     tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above,
-                                                  SCR + row * 6 * KP + 3 * KP, KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                                                  SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1, KA, KP, N1, RT, NR, EPSC,
+                                                  DENSE3D)
                     if single:
                         tvb = tl.full([], 0.0, tl.float64)
                     eb = (tvb * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
@@ -456,7 +495,8 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
     On CUDA (or ``force_kernel``) one Triton launch, a program per row (``_tv_row``, the code
     the decode's fused merge runs); CPU tensors use ``tv_from_hist_torch`` (a test pins the two).
-    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1)."""
+    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1), rows whose
+    coarse grid settles it skip the refinement (the coarse tilt is reported)."""
     if mass.device.type != "cuda" and not force_kernel:
         return tv_from_hist_torch(mass, lv, rmax, xi, lam)
     shp = mass.shape[:-1]
@@ -475,7 +515,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
         return tuple(torch.empty(shp, dtype=torch.float64, device=dev) for _ in range(5))
     NBP = triton.next_power_of_2(nb)
     out = torch.empty(Rn, 5, dtype=torch.float64, device=dev)
-    scr = torch.empty(Rn, 3 * NBP, dtype=torch.float64, device=dev)
+    scr = torch.empty(Rn, scratch_per_tier(NBP), dtype=torch.float64, device=dev)
     _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), float(tilt_above),
                       NB=nb, NBP=NBP, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(NBP),
                       DENSE3D=_dense3d(dev))
@@ -548,6 +588,27 @@ class MergeConstants:
 _EDGES: dict = {}
 
 
+#: warps per program of the fused merge (one program per row). With the meter record: four (the tilt is
+#: a float64 grid search that wants the threads; bench/merge_probe.py, run M, d 128, every row tilted: 89 /
+#: 102 / 303 µs at B 1 / 8 / 32 with four warps, 233 / 236 / 323 with one), although a record whose rows all
+#: skip the tilt is faster with one (13.3 / 11.3 / 13.2 µs against 15.6 / 13.4 / 25.9). Without it (the
+#: unmetered merge, or the histograms alone): one while a row's partial outputs (SP × D floats) are at most
+#: MERGE_ONE_WARP_ELEMS (7.1-9.4 µs against 7.5-10.0 with four), else four (not measured).
+MERGE_ONE_WARP_ELEMS = 64 * 128
+MERGE_RECORD_WARPS = 4
+
+
+def merge_warps(sp: int, d: int, record: bool) -> int:
+    """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels."""
+    if record:
+        return MERGE_RECORD_WARPS
+    return 1 if sp * d <= MERGE_ONE_WARP_ELEMS else 4
+
+#: tier A alone (KP == NB): tier A's bins taken from the merged histogram instead of merged a second time
+#: from the partials (the same float64 sums in the same order; tests flip it and compare bit for bit)
+HA_FROM_MERGED = True
+
+
 def _edges(dev, ka: int) -> torch.Tensor:
     from .decode import key_edges  # the decode's level grid (cached per device: no per-call kernels)
 
@@ -560,10 +621,11 @@ def _edges(dev, ka: int) -> torch.Tensor:
 
 
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
-          tilt_above: float = -1.0):
+          tilt_above: float = -1.0, num_warps: int | None = None):
     """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
     record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
-    q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec)."""
+    q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec).
+    ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py)."""
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     rows = Bsz * Hq
@@ -574,7 +636,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     f64 = dict(device=dev, dtype=torch.float64)
     hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
     rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
-    scr = torch.empty(rows, 6 * KP, **f64) if meter and epilogue else lse
+    scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     _merge_meter_kernel[(rows,)](
@@ -586,6 +648,8 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
+        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
+        num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue),
     )
     record = None
     if meter and epilogue:

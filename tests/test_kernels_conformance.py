@@ -386,6 +386,21 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
     assert torch.all(a[3].cpu()[skipped] == 1.0) and torch.all(a[0].cpu()[skipped] <= tau)
     torch.testing.assert_close(a[3].cpu()[kept], b[3][kept], rtol=0, atol=1e-12)
     assert torch.all(a[0].cpu() >= b[0] - 1e-15)
+    # a τ between the refined and the closed-form TV⁺: rows whose coarse grid (64 intervals) already settles
+    # it report that coarse tilt (≥ the refined one, TV⁺ ≤ τ) and skip the refinement; the rest refine
+    settled_any = False
+    for tau2 in sorted(set((0.5 * (b[0] + closed)).tolist())):
+        a = [x.cpu() for x in E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV),
+                                              force_kernel=True, tilt_above=tau2)]
+        ran = closed > tau2 * (1 + 1e-9)
+        assert torch.all(a[3][ran] >= b[3][ran] - 1e-12) and torch.all(a[0] >= b[0] - 1e-15)
+        coarse = ran & (a[3] > b[3] + 1e-12)
+        assert torch.all(a[0][coarse] <= tau2)  # the coarse tilt is taken only where it settles τ
+        refined = ran & ~coarse
+        torch.testing.assert_close(a[3][refined], b[3][refined], rtol=0, atol=1e-12)
+        assert torch.all(a[0][refined & (b[0] <= tau2 * (1 - 1e-9))] <= tau2)
+        settled_any |= bool(coarse.any())
+    assert settled_any
 
 
 def test_gpu_query_dtype_rules():
@@ -458,6 +473,26 @@ def test_fused_merge_matches_torch_merge(tier_b):
             torch.testing.assert_close(a, b, rtol=rt, atol=1e-12, msg=lambda m, f=f: f"{f}: {m}")
     torch.testing.assert_close(r1.hist, r2.hist.to(torch.float64), rtol=1e-12, atol=1e-15)
     assert torch.all(r1.tv_upper_a[1:][ok[1:]] > 0)
+    # tier A's bins taken from the merged histogram (HA_FROM_MERGED, tier A alone) or merged a second time
+    # from the partials: the same float64 sums (bit for bit in the interpreter; on the GPU the two loads may
+    # reduce in another order), and the merge at other warp counts: the same record up to that order
+    old = E.HA_FROM_MERGED
+    try:
+        E.HA_FROM_MERGED = not old
+        variants = [("merged twice", E.merge(*args, c))]
+    finally:
+        E.HA_FROM_MERGED = old
+    if DEV != "cpu":  # (the interpreter has no warps)
+        variants += [(f"{w} warps", E.merge(*args, c, num_warps=w)) for w in (1, 2, 4, 8)]
+    for name, (o3, _, r3) in variants:
+        torch.testing.assert_close(o3, o1, rtol=1e-6, atol=1e-6)
+        assert torch.equal(r3.flag.cpu(), r1.flag.cpu()), name
+        for f in fields + ["hist"]:
+            a, b = getattr(r3, f).cpu()[ok], getattr(r1, f).cpu()[ok]
+            if DEV == "cpu":
+                assert torch.equal(a, b), f"{f} ({name})"
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-12, msg=lambda m, f=f, n=name: f"{f} ({n}): {m}")
 
 
 @pytest.mark.parametrize("shape", ["short", "longer_than_a_tile"])

@@ -667,7 +667,8 @@ class WitCertCache(Cache):
         if tilt_above is not None and not (isinstance(tilt_above, (int, float)) and math.isfinite(tilt_above)):
             raise ValueError(f"tilt_above: expected a finite number or None, got {tilt_above!r}")
         # (kernels.decode's tilt_above: rows whose closed-form TV⁺ is ≤ it skip the dual-grid tilt
-        # and report tilt 1; TV⁺ stays sound; None: the tilt on every row)
+        # and report tilt 1, rows whose coarse grid settles it skip the refinement; TV⁺ stays sound;
+        # None: the tilt on every row, refined)
         self.tilt_above = -1.0 if tilt_above is None else float(tilt_above)
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)
