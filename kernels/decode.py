@@ -602,8 +602,9 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
     multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J, K and L, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
     the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
-    15-18 % fewer instructions per tile, no spills); with two stages they go back through
-    ``cp.async`` and bytewise reads, so every 8-bit configuration takes one stage.
+    15-18 % fewer instructions per tile, no spills); every 8-bit configuration takes one stage (with two,
+    cp.async stages the transposed tiles without bytewise reads now, sm_90 SASS, but every two-stage tile
+    was slower on the H200: run M, bench/tile_ab.py --pipe).
 
     * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
       columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs

@@ -589,11 +589,12 @@ _EDGES: dict = {}
 
 
 #: warps per program of the fused merge (one program per row). With the meter record: four (the tilt is
-#: a float64 grid search that wants the threads; bench/merge_probe.py, run M, d 128, every row tilted: 89 /
-#: 102 / 303 µs at B 1 / 8 / 32 with four warps, 233 / 236 / 323 with one), although a record whose rows all
-#: skip the tilt is faster with one (13.3 / 11.3 / 13.2 µs against 15.6 / 13.4 / 25.9). Without it (the
-#: unmetered merge, or the histograms alone): one while a row's partial outputs (SP × D floats) are at most
-#: MERGE_ONE_WARP_ELEMS (7.1-9.4 µs against 7.5-10.0 with four), else four (not measured).
+#: a float64 grid search that wants the threads; bench/merge_probe.py, run M3, d 128, the chunked tilt before
+#: its live-bin packing, every row tilted: 89 / 102 / 303 µs at B 1 / 8 / 32 with four warps, 233 / 236 / 323
+#: with one), although a record whose rows all skip the tilt is faster with one (13.3 / 11.3 / 13.2 µs against
+#: 15.6 / 13.4 / 25.9). Without it (the unmetered merge, or the histograms alone): one while a row's partial
+#: outputs (SP × D floats) are at most MERGE_ONE_WARP_ELEMS (unmetered 7.1 / 8.0 / 9.4 µs against 7.5 / 7.8 /
+#: 10.0 with four, histograms 9.4 / 9.6 / 11.2 against 9.4 / 9.4 / 13.5), else four (not measured).
 MERGE_ONE_WARP_ELEMS = 64 * 128
 MERGE_RECORD_WARPS = 4
 
@@ -605,7 +606,8 @@ def merge_warps(sp: int, d: int, record: bool) -> int:
     return 1 if sp * d <= MERGE_ONE_WARP_ELEMS else 4
 
 #: tier A alone (KP == NB): tier A's bins taken from the merged histogram instead of merged a second time
-#: from the partials (the same float64 sums in the same order; tests flip it and compare bit for bit)
+#: from the partials (the same float64 sums: bit for bit in the interpreter; on the GPU the second load may
+#: reduce in another order, last-bit differences, run M; tests flip it)
 HA_FROM_MERGED = True
 
 
