@@ -139,6 +139,8 @@ def main(argv=None):
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--heads", default="32,64", help="query heads (kv heads 8)")
     ap.add_argument("--tau", type=float, default=0.1, help="the gate threshold passed as tilt_above for 'on'")
+    ap.add_argument("--tau-tilt", type=float, default=0.005,
+                    help="tilt_above for 'tilt': below every row's TV+ here, so every row takes the (lazy) tilt")
     ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -157,11 +159,13 @@ def main(argv=None):
           f"{KEY_LEVELS} key-side levels (ratio sqrt 2) + zero and overflow bins; splits by choose_splits (S: meter on / off)")
     print(f"# whole decode call (kernel + fused merge/epilogue), CUDA-graph replay. on: tilt only where the closed"
           f" forms exceed tau = {args.tau} (a gate's question); full: the tilt on every row; page: as on, with"
-          f" page-level bins (levels='page'); epi: full minus the same call without the record")
+          f" page-level bins (levels='page'); epi: full minus the same call without the record; tilt: as on with"
+          f" tau = {args.tau_tilt}, below every row's TV+ on these witnesses, as tau = 0.1 is on keys with outlier"
+          f" channels (bench/TIGHTNESS.md): every row takes the tilt, refined only until tau is settled")
     if args.diag and not smoke:
         diag(32, Hkv, D, dev, sms)
     hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
-           f"{'full/off':>8} {'page/off':>8} "
+           f"{'full/off':>8} {'page/off':>8} {'tilt ms':>8} {'tilt/off':>8} {'tilted':>6} "
            f"{'sdpa ms':>8} {'sdpa/on':>7} {'sdpa/off':>8} {'own ms':>8} {'epi ms':>7} {'TB/s off':>8} {'sdpa TB/s':>9}")
     print(hdr)
     rows = []
@@ -195,6 +199,10 @@ def main(argv=None):
                 t_noepi = timed(True, epi=False)
                 t_off = timed(False)
                 t_page = timed(True, args.tau, levels="page")
+                t_tilt = timed(True, args.tau_tilt)
+                rec = decode(caches[0][0], q, caches[0][1], sl, meter=True, validate=False,
+                             tilt_above=args.tau_tilt).meter
+                tilted = float((rec.tilt < 1).double().mean())  # rows that took the tilt at tau_tilt (want 1)
                 del caches
                 bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
                 t_own = timed(False, cs=bf)
@@ -203,7 +211,7 @@ def main(argv=None):
                 bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
                 bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
                 row = (f"{Hq:>3} {B:>3} {n:>7} {S:>8} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
-                       f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
+                       f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_tilt:>8.4f} {t_tilt / t_off:>8.3f} {tilted:>6.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
                        f"{t_full - t_noepi:>7.4f} {bw_off:>8.2f} {bw_sdpa:>9.2f}")
                 print(row, flush=True)
                 rows.append(row)

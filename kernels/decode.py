@@ -672,8 +672,9 @@ def decode(
     for an A/B, 0 for none). ``tilt_above`` ≥ 0: the
     dual-grid tilt is computed only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp
     terms) is above it (a gate with threshold τ passes τ: at or below it the row is certified
-    without the tilt), the others report tilt 1, and a row whose coarse grid (``epilogue.COARSE`` intervals)
-    already settles τ reports that coarse tilt without refining it; TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
+    without the tilt), the others report tilt 1; a tilted row refines its grid (``epilogue.COARSE``
+    intervals, then up to ``REFINE_TOP`` of them) only until τ is settled either way and reports that
+    grid's tilt (the gate's decision is the fully refined one's); TV⁺ is sound either way. ``hist_split``: the histogram dot's operand
     split on the GPU, "bf16x2" (default) or "tf32x3" (``paged.HIST_SPLIT_REL``). ``levels``:
     "token" (each token binned by its own radius) or "page" (by its page's largest: looser where
     radii vary within a page, and cheaper: no one-hot dot, bench/RESULTS.md). ``token_mask``

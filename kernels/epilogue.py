@@ -209,8 +209,10 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     is computed only when the closed forms' TV⁺ (min(tanh, e-form) + tanh(Ξ/2) + ρ + slack) is
     above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
     otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
-    ``tilt_above`` ≥ 0, a coarse grid whose bound already settles τ is not refined: ``tilt`` is then
-    the coarse bound (sound for any grid, SPEC §3(c); ≥ the refined one up to rounding)."""
+    ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
+    first) once the grid reached certifies TV⁺ ≤ τ, or once the refined intervals alone put TV⁺ above
+    τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c); ≥ the fully refined one up to
+    rounding), and the gate's decision is the fully refined one's."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)
     lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
@@ -259,40 +261,56 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
             tl.debug_barrier()
             U = tl.load(SCR + 3 * NBP + i)
         coarse = tl.minimum(tl.maximum(tl.max(U, axis=0), 0.0), 1.0)
-        if (tilt_above >= 0.0) & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above):
-            # lazy: the coarse grid's bound (sound for any grid, ≥ the refined one) already settles τ
-            tilt = coarse
-        else:
-            sel = i < 0
-            best = tl.full([], -1.0, tl.float64)
-            s = tl.arange(0, NR)
-            if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
-                rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
-                idxv = tl.zeros([RT], tl.int32)
-                for _r in range(RT):
+        # lazy (τ ≥ 0): the refinement stops once the gate's question is settled either way. Every interval
+        # keeps a sound upper value (its refined maximum, or its coarse U if not refined), so the reported
+        # tilt — the maximum over all intervals — is sound for whatever grid was reached (SPEC §3(c)):
+        #  * certified: the current tilt already puts TV⁺ ≤ τ (before any refinement: the coarse grid);
+        #  * not certified: the refined intervals' maximum alone puts TV⁺ > τ, and the full refinement's
+        #    tilt is ≥ it (it refines the same intervals to the same values), so its TV⁺ is > τ too.
+        # Non-lazy (τ < 0): all RT intervals, the tight bound.
+        lazy = tilt_above >= 0.0
+        done = (lazy & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above)).to(tl.int32)
+        sel = i < 0
+        best = tl.full([], -1.0, tl.float64)
+        s = tl.arange(0, NR)
+        if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
+            rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
+            idxv = tl.zeros([RT], tl.int32)
+            selv = i < 0
+            for _r in range(RT):
+                um = tl.where(selv, -2.0, U)
+                mx = tl.max(um, axis=0)
+                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                selv = selv | (i == idx)
+                idxv = tl.where(rr == _r, idx, idxv)
+            ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
+                            + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
+            up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+            bm = tl.max(tl.reshape(up, [RT, NR]), axis=1)  # each picked interval's refined maximum
+        for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined in that order
+            if done == 0:
+                if DENSE3D:
+                    idx = tl.max(tl.where(rr == _r, idxv, -1), axis=0)
+                    bi = tl.max(tl.where(rr == _r, bm, -2.0), axis=0)
+                else:
                     um = tl.where(sel, -2.0, U)
                     mx = tl.max(um, axis=0)
                     idx = tl.min(tl.where(um == mx, i, N1), axis=0)
-                    sel = sel | (i == idx)
-                    idxv = tl.where(rr == _r, idx, idxv)
-                ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
-                                + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
-                up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
-                best = tl.max(up, axis=0)
-            else:
-                for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined
-                    um = tl.where(sel, -2.0, U)
-                    mx = tl.max(um, axis=0)
-                    idx = tl.min(tl.where(um == mx, i, N1), axis=0)
-                    sel = sel | (i == idx)
                     t0 = idx.to(tl.float64) * (1.0 / N1)
+                    bi = tl.full([], -2.0, tl.float64)
                     for s0 in range(0, NR, TC):
                         sc = s0 + tl.arange(0, TC)
                         up = t0 + (sc + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
                             t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
-                        best = tl.maximum(best, tl.max(up, axis=0))
-            rest = tl.max(tl.where(sel, -1.0, U), axis=0)
-            tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
+                        bi = tl.maximum(bi, tl.max(up, axis=0))
+                sel = sel | (i == idx)
+                best = tl.maximum(best, bi)
+                cur = tl.minimum(tl.maximum(tl.maximum(best, tl.max(tl.where(sel, -1.0, U), axis=0)), 0.0), 1.0)
+                low = tl.minimum(tl.maximum(best, 0.0), 1.0)
+                done = (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
+                                | (tl.minimum(cheap, low) + fp_terms > tilt_above))).to(tl.int32)
+        rest = tl.max(tl.where(sel, -1.0, U), axis=0)
+        tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
     tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
     return tv, tanh, eform, tilt, rho
@@ -495,8 +513,8 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
     On CUDA (or ``force_kernel``) one Triton launch, a program per row (``_tv_row``, the code
     the decode's fused merge runs); CPU tensors use ``tv_from_hist_torch`` (a test pins the two).
-    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1), rows whose
-    coarse grid settles it skip the refinement (the coarse tilt is reported)."""
+    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1); the others
+    refine only until τ is settled either way (``_tv_row``: that grid's tilt is reported)."""
     if mass.device.type != "cuda" and not force_kernel:
         return tv_from_hist_torch(mass, lv, rmax, xi, lam)
     shp = mass.shape[:-1]

@@ -378,29 +378,38 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
     cheap = torch.minimum(b[1], b[2])
     closed = cheap + (b[0] - torch.minimum(cheap, b[3]))
     tau = float(closed.median())
-    a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV), force_kernel=True,
-                       tilt_above=tau)
-    skipped = (closed < tau * (1 - 1e-9)) & (b[3] > 0)
-    kept = closed > tau * (1 + 1e-9)
-    assert skipped.any() and kept.any()
-    assert torch.all(a[3].cpu()[skipped] == 1.0) and torch.all(a[0].cpu()[skipped] <= tau)
-    torch.testing.assert_close(a[3].cpu()[kept], b[3][kept], rtol=0, atol=1e-12)
-    assert torch.all(a[0].cpu() >= b[0] - 1e-15)
-    # a τ between the refined and the closed-form TV⁺: rows whose coarse grid (64 intervals) already settles
-    # it report that coarse tilt (≥ the refined one, TV⁺ ≤ τ) and skip the refinement; the rest refine
-    settled_any = False
-    for tau2 in sorted(set((0.5 * (b[0] + closed)).tolist())):
-        a = [x.cpu() for x in E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV),
-                                              force_kernel=True, tilt_above=tau2)]
-        ran = closed > tau2 * (1 + 1e-9)
-        assert torch.all(a[3][ran] >= b[3][ran] - 1e-12) and torch.all(a[0] >= b[0] - 1e-15)
-        coarse = ran & (a[3] > b[3] + 1e-12)
-        assert torch.all(a[0][coarse] <= tau2)  # the coarse tilt is taken only where it settles τ
-        refined = ran & ~coarse
-        torch.testing.assert_close(a[3][refined], b[3][refined], rtol=0, atol=1e-12)
-        assert torch.all(a[0][refined & (b[0] <= tau2 * (1 - 1e-9))] <= tau2)
-        settled_any |= bool(coarse.any())
-    assert settled_any
+    for dense3d in ((True, False) if DEV == "cpu" else (None,)):  # (the lazy refinement in both forms)
+        if dense3d is not None:
+            monkeypatch.setattr(E, "DENSE3D_OVERRIDE", dense3d)
+        a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV), force_kernel=True,
+                           tilt_above=tau)
+        skipped = (closed < tau * (1 - 1e-9)) & (b[3] > 0)
+        kept = closed > tau * (1 + 1e-9)
+        assert skipped.any() and kept.any()
+        assert torch.all(a[3].cpu()[skipped] == 1.0) and torch.all(a[0].cpu()[skipped] <= tau)
+        assert torch.all(a[3].cpu()[kept] >= b[3][kept] - 1e-12) and torch.all(a[0].cpu() >= b[0] - 1e-15)
+        assert torch.equal((a[0].cpu() <= tau)[kept], (b[0] <= tau)[kept])  # (refined lazily: the same decisions)
+        # τ between the refined and the closed-form TV⁺ of some row: the refinement stops once τ is settled either
+        # way — certified by the grid reached (possibly the coarse one: TV⁺ ≤ τ) or not certified (the refined
+        # intervals alone above τ: the full refinement's TV⁺ is above τ too); the tilt of the grid reached is
+        # reported (≥ the refined one), and every row's gate decision is the fully refined one's
+        settled_any = stopped_any = False
+        for tau2 in sorted(set((0.5 * (b[0] + closed)).tolist())):
+            a = [x.cpu() for x in E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV),
+                                                  force_kernel=True, tilt_above=tau2)]
+            ran = closed > tau2 * (1 + 1e-9)
+            assert torch.all(a[3][ran] >= b[3][ran] - 1e-12) and torch.all(a[0] >= b[0] - 1e-15)
+            clear = (b[0] - tau2).abs() > 1e-9 * tau2
+            assert torch.equal((a[0] <= tau2)[clear], (b[0] <= tau2)[clear])  # the same decisions
+            early = ran & (a[3] > b[3] + 1e-12)  # a coarser grid than the full refinement's
+            settled = early & (a[0] <= tau2)
+            assert torch.all((b[0] > tau2)[early & ~settled])  # stopped unsettled: the full one is above τ too
+            refined = ran & ~early
+            torch.testing.assert_close(a[3][refined], b[3][refined], rtol=0, atol=1e-12)
+            assert torch.all(a[0][refined & (b[0] <= tau2 * (1 - 1e-9))] <= tau2)
+            settled_any |= bool(settled.any())
+            stopped_any |= bool((early & ~settled).any())
+        assert settled_any and stopped_any
 
 
 def test_gpu_query_dtype_rules():
