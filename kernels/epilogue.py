@@ -186,9 +186,20 @@ def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC:
     else:
         dsum = tl.zeros_like(beta)
         msum = tl.zeros_like(beta)
+        # bin c2 + 1's three values are loaded while bin c2's are used (the loop is latency-bound: a
+        # dependent scalar load per iteration otherwise); past nl they are read in bounds and unused
+        w2n = tl.load(SCR)
+        a2n = tl.load(SCR + NBP)
+        b2n = tl.load(SCR + 2 * NBP)
         for c2 in range(nl):
-            w2 = tl.load(SCR + c2)
-            x = lam * ((1.0 - ts)[:, None] * tl.load(SCR + NBP + c2) + ts[:, None] * tl.load(SCR + 2 * NBP + c2))
+            w2 = w2n
+            a2 = a2n
+            b2 = b2n
+            nx = tl.minimum(c2 + 1, NBP - 1)
+            w2n = tl.load(SCR + nx)
+            a2n = tl.load(SCR + NBP + nx)
+            b2n = tl.load(SCR + 2 * NBP + nx)
+            x = lam * ((1.0 - ts)[:, None] * a2 + ts[:, None] * b2)
             act = tl.maximum(x - 1.0, 0.0)
             dsum += w2 * act
             msum += tl.where(act > 0, w2 * (x + 1.0), 0.0)
