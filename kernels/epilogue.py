@@ -58,6 +58,18 @@ TILT_CHUNK = 16
 TC: tl.constexpr = tl.constexpr(TILT_CHUNK)
 
 
+def tau_bracket(tau: float) -> tuple[float, float]:
+    """(τ↓, τ↑): the float32 values just ≤ and ≥ ``tau``, the kernels' scalar arguments (a Python float
+    reaches a Triton kernel as float32). They certify against τ↓ (TV⁺ ≤ τ↓ ≤ τ) and stop refining as not
+    certified against τ↑ (TV⁺ > τ↑ ≥ τ), so rounding τ to float32 moves no gate decision: a row whose
+    TV⁺ lies between the two only refines further."""
+    t = torch.tensor(float(tau), dtype=torch.float64)
+    f = t.float()
+    lo = torch.where(f.double() > t, torch.nextafter(f, torch.tensor(-math.inf)), f)
+    hi = torch.where(f.double() < t, torch.nextafter(f, torch.tensor(math.inf)), f)
+    return float(lo), float(hi)
+
+
 def scratch_per_tier(nbp: int) -> int:
     """float64 scratch per row and tier of ``_tv_row``: the masses, e^L, e^-L ([nbp] each) and U ([COARSE]);
     the kernels index it as 3·NBP + N1 (N1 = COARSE)."""
@@ -152,18 +164,21 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
     lvr = torch.cat([lvr[:, : nb - 1], r[:, None]], dim=-1) if lvr.shape[-1] == nb - 1 else lvr
     lvr = torch.minimum(lvr, r[:, None]).clamp_min(0.0) + x[:, None]
     r = r + x
-    wn = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    ws = w.sum(-1)
+    okw = (ws >= 1e-300) & torch.isfinite(ws)  # masses that are a distribution (else e-form = tilt = 1)
+    wn = torch.where(okw[:, None], w / torch.where(okw, ws, torch.ones_like(ws))[:, None], torch.zeros_like(w))
     tanh = torch.tanh(r / 2.0)
     live = wn > 0
     A = (wn * torch.exp(torch.where(live, lvr, torch.zeros_like(lvr)))).sum(-1)
     eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * nb * _EPS)).clamp(max=1.0)
-    eform = torch.where(torch.isfinite(eform), eform, torch.ones_like(eform))
-    tilt = tilt_from_hist(w, lvr)
+    eform = torch.where(torch.isfinite(eform) & okw, eform, torch.ones_like(eform))
+    tilt = torch.where(okw, tilt_from_hist(torch.where(okw[:, None], w, torch.ones_like(w)), lvr), torch.ones_like(r))
     m = (wn * torch.exp(-torch.where(live, lvr, torch.zeros_like(lvr)))).sum(-1) * (1.0 - 2.0**-40)
     rho = torch.where(la > 0, la * (1.0 + torch.exp(r.clamp(max=700.0)) / m.clamp_min(1e-300)) * (1.0 + 2.0**-40),
                       torch.zeros_like(la))
     rho = torch.where(torch.isfinite(rho), rho, torch.ones_like(rho))
     tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + torch.tanh(x / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
+    tv = torch.where(torch.isnan(tv), torch.ones_like(tv), tv)  # (a NaN radius, Ξ or Λ: saturated)
     return tuple(t.reshape(shp) for t in (tv, tanh, eform, tilt, rho))
 
 
@@ -209,7 +224,7 @@ def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC:
 
 
 @triton.jit
-def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
+def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
             NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
             EPSC: tl.constexpr, DENSE3D: tl.constexpr):
     """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
@@ -223,11 +238,17 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
     first) once the grid reached certifies TV⁺ ≤ τ, or once the refined intervals alone put TV⁺ above
     τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c); ≥ the fully refined one up to
-    rounding), and the gate's decision is the fully refined one's."""
+    rounding), and the gate's decision is the fully refined one's. τ arrives as float32 (``tau_bracket``):
+    ``tilt_above`` = τ↓ for the skip and the certified stop, ``tilt_hi`` = τ↑ for the not-certified one.
+    Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)
     lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
-    w = w / tl.maximum(tl.sum(w, axis=0), 1e-300)
+    # masses whose sum is not a positive finite number (all 0, underflowed, overflowed, NaN / inf) carry no
+    # distribution: the e-form and the tilt are then 1 (tanh, from the maximum radius alone, still holds)
+    ws = tl.sum(w, axis=0)
+    okw = (ws >= 1e-300) & (ws < float("inf"))
+    w = tl.where(okw, w / tl.where(okw, ws, 1.0), 0.0)
     live = w > 0
     lv = tl.where(live, lv, 0.0)
     a = tl.exp(lv)
@@ -238,7 +259,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     tanh = (1.0 - e2) / (1.0 + e2)  # tanh((r + Ξ)/2)
     A = tl.sum(w * a, axis=0)
     eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
-    eform = tl.where(eform == eform, eform, 1.0)
+    eform = tl.where((eform == eform) & okw, eform, 1.0)
     mlo = m * (1.0 - 9.094947017729282e-13)
     rho = lam * (1.0 + tl.exp(tl.minimum(rx, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
     rho = tl.where(lam > 0, rho, 0.0)
@@ -248,9 +269,9 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
     e1 = tl.exp(-xi)
     fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
     tilt = tl.full([], 1.0, tl.float64)
-    if lmax == 0:
+    if okw & (lmax == 0):
         tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
-    elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
+    elif okw & (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
         # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_d
         # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
         live_i = live.to(tl.int32)
@@ -319,28 +340,30 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, SCR,
                 cur = tl.minimum(tl.maximum(tl.maximum(best, tl.max(tl.where(sel, -1.0, U), axis=0)), 0.0), 1.0)
                 low = tl.minimum(tl.maximum(best, 0.0), 1.0)
                 done = (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
-                                | (tl.minimum(cheap, low) + fp_terms > tilt_above))).to(tl.int32)
+                                | (tl.minimum(cheap, low) + fp_terms > tilt_hi))).to(tl.int32)
         rest = tl.max(tl.where(sel, -1.0, U), axis=0)
         tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
     tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
+    tv = tl.where(tv == tv, tv, 1.0)  # (a NaN radius, Ξ or Λ: saturated, never a NaN a comparison would pass)
     return tv, tanh, eform, tilt, rho
 
 
 
 @triton.jit
-def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above,
+def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
                NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
                EPSC: tl.constexpr, DENSE3D: tl.constexpr):
     """Program ``row``: ``_tv_row`` on one histogram row; OUT[row] = (TV⁺, tanh, e-form, tilt, ρ)."""
     row = tl.program_id(0)
     k = tl.arange(0, NBP)
     km = k < NB
-    w = tl.maximum(tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64), 0.0)
+    w = tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64)
+    w = tl.where(w == w, tl.maximum(w, 0.0), float("inf"))  # a NaN mass: no distribution (_tv_row saturates)
     lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     r = tl.load(RMAX + row).to(tl.float64)
     tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
-                                         tilt_above, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D)
+                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D)
     o = OUT + row * 5
     tl.store(o + 0, tv)
     tl.store(o + 1, tanh)
@@ -361,7 +384,7 @@ def _expm1_up(y):
 @triton.jit
 def _merge_meter_kernel(
     M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG,
-    Hq, S, sm, qn_infl, log_delta, tilt_above, s_qb, s_qh,
+    Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
     METER: tl.constexpr, EPI: tl.constexpr, TIER_B: tl.constexpr,
@@ -448,7 +471,7 @@ def _merge_meter_kernel(
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
             if bad == 0:
-                tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above,
+                tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above, tilt_hi,
                                                       SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
@@ -483,7 +506,7 @@ def _merge_meter_kernel(
                 hb = tl.maximum(tl.where(hb == hb, hb, 0.0), 0.0)
                 if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
                     # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
-                    tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above,
+                    tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
                                                   SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1, KA, KP, N1, RT, NR, EPSC,
                                                   DENSE3D)
                     if single:
@@ -545,7 +568,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     NBP = triton.next_power_of_2(nb)
     out = torch.empty(Rn, 5, dtype=torch.float64, device=dev)
     scr = torch.empty(Rn, scratch_per_tier(NBP), dtype=torch.float64, device=dev)
-    _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), float(tilt_above),
+    _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), *tau_bracket(tilt_above),
                       NB=nb, NBP=NBP, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(NBP),
                       DENSE3D=_dense3d(dev))
     return tuple(t.reshape(shp) for t in out.unbind(-1))
@@ -673,7 +696,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         flag, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
-        math.log(c.delta_step) if c.tier_b else 0.0, float(tilt_above), q.stride(0), q.stride(1),
+        math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],

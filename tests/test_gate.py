@@ -151,6 +151,12 @@ def test_exceeds_tiers_and_tau_v():
     assert exceeds(Gate("certified", tau=0.1, tier="B"), tv, tv_b).tolist() == [False, False, True]
     assert exceeds(Gate("certified", tau=0.1, tau_v=1.0), tv, None, err).tolist() == [True, True, True]
     assert exceeds(Gate("risk-ranked", tau=0.2), tv.numpy()).tolist() == [False, True, True]
+    # a NaN bound (or E⁺_V) is never within τ: it exceeds, in torch and numpy, either tier
+    nan = torch.tensor([float("nan"), 0.05])
+    assert exceeds(Gate("certified", tau=0.1), nan).tolist() == [True, False]
+    assert exceeds(Gate("certified", tau=0.1), nan.numpy()).tolist() == [True, False]
+    assert exceeds(Gate("certified", tau=0.1, tier="B"), torch.tensor([0.5, 0.05]), nan).tolist() == [True, False]
+    assert exceeds(Gate("certified", tau=0.1, tau_v=1.0), torch.tensor([0.05, 0.05]), None, nan).tolist() == [True, False]
 
 
 def test_block_risk_is_the_first_order_eform_share_per_block():

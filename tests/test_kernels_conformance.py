@@ -412,6 +412,44 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
         assert settled_any and stopped_any
 
 
+def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
+    """The kernels get τ as float32 (``tau_bracket``: τ↓ to certify, τ↑ to stop as not certified), so the lazy
+    refinement's decision is the fully refined one's even where float32 rounding of τ lands across TV⁺ (two
+    rows found by an adversarial review: τ's nearest float32 above, then below, the row's TV⁺); and masses
+    that are no distribution (sum 0, underflowed, inf, NaN) or a NaN radius never give a TV⁺ below tanh's."""
+    lo, hi = E.tau_bracket(0.1)
+    assert lo < 0.1 < hi and torch.tensor(lo).float().item() == lo and torch.tensor(hi).float().item() == hi
+    assert E.tau_bracket(0.5) == (0.5, 0.5) and E.tau_bracket(-1.0) == (-1.0, -1.0)
+    cases = [(torch.tensor([[1.0, 0, 0, 0, 0, 0, 0, 0]]), torch.linspace(0.1, 0.7, 7)[None], 1.0, 0.0650114482792593),
+             (torch.tensor([[0.7, 0.2, 0.1]]), torch.tensor([[0.1, 0.2]]), 1.5, 0.26036198045343095)]
+    for dense3d in ((True, False) if DEV == "cpu" else (None,)):
+        if dense3d is not None:
+            monkeypatch.setattr(E, "DENSE3D_OVERRIDE", dense3d)
+        for mass, lv, r, tau in cases:
+            mass, lv, r = mass.double(), lv.double(), torch.tensor([r], dtype=torch.float64)
+            full = E.tv_from_hist(mass.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True)[0].item()
+            lazy = E.tv_from_hist(mass.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True, tilt_above=tau)[0].item()
+            assert full <= tau and lazy <= tau and lazy >= full - 1e-15
+        lv = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)
+        r = torch.tensor([0.5], dtype=torch.float64)
+        floor = math.tanh(0.25)
+        for mass in ([0.0, 0.0, 0.0, 0.0], [1e-310, 0.0, 1e-310, 0.0], [1.0, math.inf, 0.0, 0.0],
+                     [0.5, math.nan, 0.5, 0.0], [1e308, 1e308, 1e308, 0.0]):
+            m = torch.tensor([mass], dtype=torch.float64)
+            ref = E.tv_from_hist_torch(m, lv, r)
+            for tau in (-1.0, 0.0, 0.5):
+                got = E.tv_from_hist(m.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True, tilt_above=tau)
+                assert got[0].item() >= floor and got[2].item() == 1.0, (mass, tau, got)
+                assert got[3].item() == 1.0
+            assert ref[0].item() >= floor and ref[2].item() == 1.0 and ref[3].item() == 1.0, (mass, ref)
+        got = E.tv_from_hist(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64).to(DEV), lv.to(DEV),
+                             torch.tensor([math.nan], dtype=torch.float64).to(DEV), force_kernel=True)
+        assert got[0].item() == 1.0
+        ref = E.tv_from_hist_torch(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), lv,
+                                   torch.tensor([math.nan], dtype=torch.float64))
+        assert ref[0].item() == 1.0
+
+
 def test_gpu_query_dtype_rules():
     from kernels.decode import tensor_core_query
 

@@ -81,12 +81,13 @@ class GateResult:
 
 def exceeds(gate: Gate, tv, tv_b=None, err=None):
     """Where the bounds do not hold (elementwise): the gated TV⁺ (Tier A, or min(A, B) with
-    ``tier="B"``) is above τ, or E⁺_V is above τ_v (when set). Torch tensors or numpy arrays."""
+    ``tier="B"``) is above τ, or E⁺_V is above τ_v (when set). Torch tensors or numpy arrays. A NaN
+    bound exceeds (never "within τ": ``not (x ≤ τ)``, not ``x > τ``)."""
     mn = torch.minimum if isinstance(tv, torch.Tensor) else np.minimum
     gtv = tv if gate.tier == "A" else mn(tv, tv_b)
-    o = gtv > gate.tau
+    o = ~(gtv <= gate.tau)
     if gate.tau_v is not None:
-        o = o | (err > gate.tau_v)
+        o = o | ~(err <= gate.tau_v)
     return o
 
 
