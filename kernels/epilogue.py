@@ -248,7 +248,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     # distribution: the e-form and the tilt are then 1 (tanh, from the maximum radius alone, still holds)
     ws = tl.sum(w, axis=0)
     okw = (ws >= 1e-300) & (ws < float("inf"))
-    w = tl.where(okw, w / tl.where(okw, ws, 1.0), 0.0)
+    w = w / tl.maximum(ws, 1e-300)  # (not okw: garbage, unused below; a tl.where here broke Triton 3.6's
+    # layout pass at 32+ bins, "operand does not dominate this use", 2026-12-03)
     live = w > 0
     lv = tl.where(live, lv, 0.0)
     a = tl.exp(lv)
@@ -264,14 +265,14 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     rho = lam * (1.0 + tl.exp(tl.minimum(rx, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
     rho = tl.where(lam > 0, rho, 0.0)
     rho = tl.where(rho == rho, rho, 1.0)
-    lmax = tl.max(lv, axis=0)
+    lmax = tl.where(okw, tl.max(lv, axis=0), float("inf"))  # (no distribution: neither branch below, tilt 1)
     cheap = tl.minimum(tanh, eform)
     e1 = tl.exp(-xi)
     fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
     tilt = tl.full([], 1.0, tl.float64)
-    if okw & (lmax == 0):
+    if lmax == 0:
         tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
-    elif okw & (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
+    elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
         # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_d
         # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
         live_i = live.to(tl.int32)
@@ -345,7 +346,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
     tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
-    tv = tl.where(tv == tv, tv, 1.0)  # (a NaN radius, Ξ or Λ: saturated, never a NaN a comparison would pass)
+    # a NaN radius, Ξ or Λ saturates (the GPU's min / max drop NaN operands, so test the inputs themselves)
+    tv = tl.where((tv == tv) & (r == r) & (xi == xi) & (lam == lam), tv, 1.0)
     return tv, tanh, eform, tilt, rho
 
 
