@@ -643,21 +643,30 @@ _EDGES: dict = {}
 
 
 #: warps per program of the fused merge (one program per row). With the meter record: four (the tilt is
-#: a float64 grid search that wants the threads; bench/merge_probe.py, run M3, d 128, the chunked tilt before
-#: its live-bin packing, every row tilted: 89 / 102 / 303 µs at B 1 / 8 / 32 with four warps, 233 / 236 / 323
-#: with one), although a record whose rows all skip the tilt is faster with one (13.3 / 11.3 / 13.2 µs against
-#: 15.6 / 13.4 / 25.9). Without it (the unmetered merge, or the histograms alone): one while a row's partial
-#: outputs (SP × D floats) are at most MERGE_ONE_WARP_ELEMS (unmetered 7.1 / 8.0 / 9.4 µs against 7.5 / 7.8 /
-#: 10.0 with four, histograms 9.4 / 9.6 / 11.2 against 9.4 / 9.4 / 13.5), else four (not measured).
+#: a float64 grid search that wants the threads; bench/merge_probe.py, run N2, d 128, every row tilted:
+#: 51.4 / 54.1 µs at B 1 / 8 with four warps, 95.6 / 90.7 with one), except on grids of at least
+#: MERGE_RECORD_ONE_WARP_ROWS_PER_SM rows per SM, where one warp per row is faster whatever the tilt does
+#: (B 32, Hq 32: 1024 rows on 132 SMs, every row tilted 120.2 µs with one warp against 164.5 with four;
+#: no row tilted 13.2 against 33.0). Without the record (the unmetered merge, or the histograms alone): one
+#: while a row's partial outputs (SP × D floats) are at most MERGE_ONE_WARP_ELEMS (run M: unmetered 7.1 / 8.0 /
+#: 9.4 µs against 7.5 / 7.8 / 10.0 with four, histograms 9.4 / 9.6 / 11.2 against 9.4 / 9.4 / 13.5), else four
+#: (not measured).
 MERGE_ONE_WARP_ELEMS = 64 * 128
 MERGE_RECORD_WARPS = 4
+MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
 
 
-def merge_warps(sp: int, d: int, record: bool) -> int:
-    """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels."""
+def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0) -> int:
+    """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels, over
+    ``rows`` programs on ``sms`` SMs (0: unknown, e.g. off the GPU)."""
     if record:
-        return MERGE_RECORD_WARPS
+        return 1 if sms and rows >= MERGE_RECORD_ONE_WARP_ROWS_PER_SM * sms else MERGE_RECORD_WARPS
     return 1 if sp * d <= MERGE_ONE_WARP_ELEMS else 4
+
+
+def _sms(dev) -> int:
+    dev = torch.device(dev)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
 
 #: tier A alone (KP == NB): tier A's bins taken from the merged histogram instead of merged a second time
 #: from the partials (the same float64 sums: bit for bit in the interpreter; on the GPU the second load may
@@ -705,7 +714,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
         HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
-        num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue),
+        num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev)),
     )
     record = None
     if meter and epilogue:

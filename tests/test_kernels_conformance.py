@@ -450,6 +450,17 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         assert ref[0].item() == 1.0
 
 
+def test_merge_warps_rule():
+    """The fused merge's warps (``epilogue.merge_warps``, measured in run N2): the record takes four warps per
+    row, one on grids of ≥ MERGE_RECORD_ONE_WARP_ROWS_PER_SM rows per SM or off the GPU's count (0 SMs:
+    four); without the record one while a row's partial outputs fit MERGE_ONE_WARP_ELEMS."""
+    mw = E.merge_warps
+    assert mw(16, 128, True, rows=256, sms=132) == 4 and mw(16, 128, True, rows=1024, sms=132) == 1
+    assert mw(16, 128, True, rows=4 * 132, sms=132) == 1 and mw(16, 128, True, rows=4 * 132 - 1, sms=132) == 4
+    assert mw(64, 128, True) == 4  # SMs unknown
+    assert mw(64, 128, False) == 1 and mw(128, 128, False) == 4
+
+
 def test_gpu_query_dtype_rules():
     from kernels.decode import tensor_core_query
 
