@@ -34,6 +34,7 @@ radius saturates it to 1, and the output bound to +inf, with ``flag`` set.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -58,6 +59,7 @@ TILT_CHUNK = 16
 TC: tl.constexpr = tl.constexpr(TILT_CHUNK)
 
 
+@functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
 def tau_bracket(tau: float) -> tuple[float, float]:
     """(τ↓, τ↑): the float32 values just ≤ and ≥ ``tau``, the kernels' scalar arguments (a Python float
     reaches a Triton kernel as float32). They certify against τ↓ (TV⁺ ≤ τ↓ ≤ τ) and stop refining as not
@@ -666,7 +668,12 @@ def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0) -> i
 
 def _sms(dev) -> int:
     dev = torch.device(dev)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
+    return _cuda_sms(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 #: tier A alone (KP == NB): tier A's bins taken from the merged histogram instead of merged a second time
 #: from the partials (the same float64 sums: bit for bit in the interpreter; on the GPU the second load may
