@@ -31,10 +31,13 @@ its log-ratio to p̂ = softmax(σ⟨q, k̂⟩) (exact) is at most Ξ = σ‖q_h�
 epilogue meters p̃ with every level raised by Ξ and adds tanh(Ξ/2) (TV(p̃, p̂)) and ρ (lost
 masses), so TV⁺ bounds both TV(p, p̂) and TV(p, p̃).
 
-Tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be exactly bf16)
-on the GPU: int8 and fp8 codes are exact in both, the per-token scales are folded into the
-logits and into p̂ (p̂·s_v is rounded to q's dtype, as in any bf16 attention kernel), and the
-int8_dither term q·u uses u split into hi + lo parts.
+On the GPU the K̂ tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be
+exactly bf16): int8 and fp8 codes are exact in both, the per-token key scales are folded into the
+logits, and the int8_dither term q·u uses u split into hi + lo parts. The PV dot takes p̂·s_v
+rounded to **bf16 whatever q's dtype** (relative 2^-9 down to fp32's 2^-126: ``out_rel0``; fp16
+would flush p̂·s_v below 2^-25, a logit gap of ~11 under s_v = 2^-10, which no relative bound
+covers) with the 8-bit value codes (exact in bf16); exact fp16 values (scheme none or a repaired
+pool under an fp16 query), which bf16 would round, take fp32 operands and tf32x3 (PV_F32).
 ``int4_group`` and ``kivi2`` tiles are unpacked and dequantized (z + s·c) in fp32 and dotted with
 tf32x3 (kivi2: one 2-bit code per byte; the key scale / zero per channel of the page, the value
 ones per 32 channels of the token).
@@ -112,7 +115,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
-    PACK_HIST: tl.constexpr,
+    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -251,9 +254,9 @@ def _decode_kernel(
             else:
                 ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
                 vs = tl.load(VS + vsbase, mask=valid, other=0.0).to(tl.float32)
-            if LOWP:  # tensor cores in q's dtype: int8 / fp8 codes are exact in bf16 and fp16
+            if LOWP:  # K̂ dot in q's dtype (int8 / fp8 codes are exact in bf16 and fp16); PV dot in bf16 or fp32
                 kc = kc.to(Q.dtype.element_ty)
-                vcT = vcT.to(Q.dtype.element_ty)
+                vcT = vcT.to(tl.float32 if PV_F32 else tl.bfloat16)
             else:
                 kc = kc.to(tl.float32)
                 vcT = vcT.to(tl.float32)
@@ -264,7 +267,7 @@ def _decode_kernel(
                 rvT = tl.load(RV + rbase[None, :] + d[:, None], mask=rep[None, :], other=0.0)  # [D, N]
                 if LOWP:
                     rk = rk.to(Q.dtype.element_ty)
-                    rvT = rvT.to(Q.dtype.element_ty)
+                    rvT = rvT.to(tl.float32 if PV_F32 else tl.bfloat16)
                 else:
                     rk = rk.to(tl.float32)
                     rvT = rvT.to(tl.float32)
@@ -287,19 +290,25 @@ def _decode_kernel(
             sT = tl.where(valid[:, None], sT, float("-inf"))
             m_new, alpha, pT, l = _softmax_step(m, l, sT)
             pvT = pT * vs[:, None]
-            if LOWP:
-                pvT = pvT.to(Q.dtype.element_ty)
-            pvvT = tl.dot(vcT, pvT)  # [D, H]
+            # the PV dot: p̂·s_v rounded to bf16 (relative 2^-9 down to fp32's 2^-126: out_rel0), whatever q's
+            # dtype; fp16 would flush p̂·s_v below 2^-25 (a logit gap of ~11 under s_v = 2^-10), which no
+            # relative bound covers. Exact fp16 values (scheme none, a repaired pool) are not bf16: fp32 (PV_F32)
+            if LOWP and not PV_F32:
+                pvT = pvT.to(tl.bfloat16)
+            if PV_F32:
+                pvvT = tl.dot(vcT, pvT, input_precision=PREC32)  # [D, H]
+            else:
+                pvvT = tl.dot(vcT, pvT)  # [D, H]
             if SCHEME == INT8_DITHER_ID:
                 uvT = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[None, :], d[:, None])  # [D, N]
                 if HAS_REP:
                     uvT = tl.where(rep[None, :], 0.0, uvT)
-                if LOWP:
-                    uv_hiT = uvT.to(Q.dtype.element_ty)
-                    uv_loT = (uvT - uv_hiT.to(tl.float32)).to(Q.dtype.element_ty)
+                if LOWP and not PV_F32:
+                    uv_hiT = uvT.to(tl.bfloat16)
+                    uv_loT = (uvT - uv_hiT.to(tl.float32)).to(tl.bfloat16)
                     pvvT -= tl.dot(uv_hiT, pvT) + tl.dot(uv_loT, pvT)
                 else:
-                    pvvT -= tl.dot(uvT, pvT)
+                    pvvT -= tl.dot(uvT, pvT, input_precision=PREC32)
             accT = accT * alpha[None, :] + pvvT
         # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
         ks_lvl = ks
@@ -781,6 +790,11 @@ def decode(
             raise ValueError(f"repair: the GPU dots run in q's dtype {q.dtype}; the exact pool is {repair.k.dtype} "
                              "(it would be rounded without being metered)")
     has_rep = repair is not None and repair.count > 0
+    # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
+    # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
+    pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
+    if pv_f32 and _maxnreg is None:
+        maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits
     f32 = dict(device=dev, dtype=torch.float32)
     m_out = torch.empty(Bsz, Hq, S, **f32)
@@ -828,7 +842,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -837,7 +851,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
