@@ -34,7 +34,7 @@ masses), so TV⁺ bounds both TV(p, p̂) and TV(p, p̃).
 On the GPU the K̂ tiles are dotted on tensor cores in q's dtype (bf16 or fp16; a float32 q must be
 exactly bf16): int8 and fp8 codes are exact in both, the per-token key scales are folded into the
 logits, and the int8_dither term q·u uses u split into hi + lo parts. The PV dot takes p̂·s_v
-rounded to **bf16 whatever q's dtype** (relative 2^-9 down to fp32's 2^-126: ``out_rel0``; fp16
+rounded to **bf16 whatever q's dtype** (relative 2^-8, bf16's unit roundoff, down to fp32's 2^-126: ``out_rel0``; fp16
 would flush p̂·s_v below 2^-25, a logit gap of ~11 under s_v = 2^-10, which no relative bound
 covers) with the 8-bit value codes (exact in bf16); exact fp16 values (scheme none or a repaired
 pool under an fp16 query), which bf16 would round, take fp32 operands and tf32x3 (PV_F32).
@@ -257,6 +257,10 @@ def _decode_kernel(
                     pgs = tl.arange(0, PAGES)
                     tt = tl.arange(0, T)
                     pgv = p0 + pgs < p_end
+                    if HAS_MASK:  # a page whose tokens are all masked (left padding) may hold no valid block id
+                        tok2 = (p0 + pgs)[:, None] * T + tt[None, :]
+                        live = (tl.load(TM + b * s_tmb + tok2, mask=pgv[:, None] & (tok2 < seq_len), other=0) != 0)
+                        pgv = pgv & (tl.max(live.to(tl.int32), axis=1) > 0)
                     blkp = tl.load(BT + p0 + pgs, mask=pgv, other=0).to(tl.int64)
                     v3 = tl.load(VC + (blkp * s_cb + kvh * s_ch)[:, None, None] + d[None, :, None] * T
                                  + tt[None, None, :], mask=pgv[:, None, None], other=0)  # [PAGES, D, T]
@@ -305,7 +309,7 @@ def _decode_kernel(
             sT = tl.where(valid[:, None], sT, float("-inf"))
             m_new, alpha, pT, l = _softmax_step(m, l, sT)
             pvT = pT * vs[:, None]
-            # the PV dot: p̂·s_v rounded to bf16 (relative 2^-9 down to fp32's 2^-126: out_rel0), whatever q's
+            # the PV dot: p̂·s_v rounded to bf16 (relative 2^-8 down to fp32's 2^-126: out_rel0), whatever q's
             # dtype; fp16 would flush p̂·s_v below 2^-25 (a logit gap of ~11 under s_v = 2^-10), which no
             # relative bound covers. Exact fp16 values (scheme none, a repaired pool) are not bf16: fp32 (PV_F32)
             if LOWP and not PV_F32:

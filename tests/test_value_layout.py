@@ -86,3 +86,18 @@ def test_copies_keep_the_layout_and_other_layouts_are_refused():
         write_kv(bad, torch.zeros(1, 1, 64).to(DEV), torch.zeros(1, 1, 64).to(DEV), torch.zeros(1, 1, dtype=torch.int32).to(DEV),
                  torch.zeros(1, dtype=torch.long).to(DEV), torch.zeros(1, dtype=torch.long).to(DEV))
     assert value_codes_layout(odd) == "channel-major"  # a view with the same strides is the same layout
+
+
+def test_fully_masked_pages_are_not_read():
+    """A left-padded sequence may leave its padding pages' block ids invalid (found by a review: the
+    channel-major load, masked only by the page's place in the split, read block 2^24 and crashed the
+    interpreter). Pages whose tokens are all masked are skipped; the result is the one with valid ids."""
+    cache, bt, sl = filled("int8", "channel-major", n=(64,))
+    mask = torch.ones(1, 64, dtype=torch.bool)
+    mask[0, :32] = False  # pages 0 and 1 are padding
+    q = (torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
+    ref = decode(cache, q, bt.to(DEV), sl.to(DEV), token_mask=mask.to(DEV), num_splits=1)
+    bad = bt.clone()
+    bad[0, :2] = 1 << 24
+    out = decode(cache, q, bad.to(DEV), sl.to(DEV), token_mask=mask.to(DEV), num_splits=1)
+    assert torch.equal(out.o, ref.o) and torch.equal(out.meter.tv_upper_a, ref.meter.tv_upper_a)
