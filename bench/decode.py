@@ -12,7 +12,6 @@ epilogue alone, and the write kernel vs a plain torch int8 quantize.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import sys
@@ -58,12 +57,6 @@ def fill_cache(B, n, Hkv, D, scheme, dev, G=1, gen=None):
         c.k_norm.uniform_(1.0, 3.0)
     bt = torch.randperm(nb, device=dev, dtype=torch.int32).view(B, pages)
     return c, bt
-
-
-def token_major(cache):
-    """A copy of ``cache`` with token-major value pages (the layout before channel-major int8 pages,
-    ``kernels.paged.channel_major_values``): what the historical probe kernels (stream_probe, swap_probe) read."""
-    return dataclasses.replace(cache, v_codes=cache.v_codes.contiguous())
 
 
 def int8_shape(B, n, Hq, Hkv, D, dev, sms):

@@ -9,12 +9,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from bench.decode import bench, fill_cache, graphed, token_major  # noqa: E402
+from bench.decode import bench, fill_cache, graphed  # noqa: E402
 from bench.stream_probe import probe_decode  # noqa: E402
 
 B, n, Hq, Hkv, D = 8, 32768, 32, 8, 128
 torch.manual_seed(0)
-caches = [(token_major(c), bt) for c, bt in (fill_cache(B, n, Hkv, D, "int8", "cuda") for _ in range(2))]  # token-major value pages
+caches = [fill_cache(B, n, Hkv, D, "int8", "cuda") for _ in range(2)]
 q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
 sl = torch.full((B,), n, device="cuda", dtype=torch.int32)
 S = 16

@@ -30,7 +30,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kernels.paged import value_codes_layout  # noqa: E402
 from kernels.decode import KEY_LEVELS, X0, _key_level, choose_splits, decode  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
 
@@ -203,8 +202,6 @@ MODES = {"read": 0, "base": 1, "pf": 2, "fastcvt": 3}
 
 
 def probe_decode(cache, q, bt, sl, num_splits, meter=True, mode="base", pages=8, num_warps=4, num_stages=2):
-    if value_codes_layout(cache) != "token-major":
-        raise ValueError("probe_decode: the probe kernel reads token-major value pages (bench.decode.token_major)")
     B, Hq, D = q.shape
     Hkv = cache.num_kv_heads
     GQ = Hq // Hkv
@@ -236,12 +233,11 @@ def merged(m, l, acc, hist):
 
 
 def check():
-    from bench.decode import fill_cache, token_major
+    from bench.decode import fill_cache
 
     torch.manual_seed(0)
     B, n, Hkv, D, GQ = 2, 300, 2, 64, 4
     c, bt = fill_cache(B, n, Hkv, D, "int8", "cpu")
-    c = token_major(c)  # the probe kernel reads token-major value pages
     q = torch.randn(B, Hkv * GQ, D).bfloat16().float()
     sl = torch.full((B,), n, dtype=torch.int32)
     ref = decode(c, q, bt, sl, num_splits=3, meter=True)
@@ -256,7 +252,7 @@ def check():
 def production(shapes):
     """The production kernel (whole decode() minus the epilogue) at its defaults and with the tile
     size, pipeline stages and block-table prefetch forced: an A/B of ``decode.tile_config``."""
-    from bench.decode import bench, graphed, int8_shape, token_major
+    from bench.decode import bench, graphed, int8_shape
     from kernels.decode import tile_config
 
     dev = "cuda"
@@ -265,7 +261,6 @@ def production(shapes):
     for shp in shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
         kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
-        caches = [(token_major(c), bt) for c, bt in caches]  # the probe kernel reads token-major value pages
         for meter in (False, True):
             default = tile_config(meter)  # (the Tile at few programs per SM)
             for kw in ({}, dict(pages_per_tile=8, num_stages=2), dict(pages_per_tile=4, num_stages=1),
@@ -292,7 +287,7 @@ def main(argv=None):
         return check()
     if args.production:
         return production(args.shapes)
-    from bench.decode import bench, graphed, int8_shape, time_sdpa, token_major
+    from bench.decode import bench, graphed, int8_shape, time_sdpa
 
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -311,7 +306,6 @@ def main(argv=None):
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
         kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
-        caches = [(token_major(c), bt) for c, bt in caches]  # the probe kernel reads token-major value pages
         t_sdpa = time_sdpa(q, Hkv, n, max(1, math.ceil(4 * 60e6 / (B * n * Hkv * D * 4))))
         refs = {meter: decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False)
                 for meter in (False, True)}

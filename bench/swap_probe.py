@@ -31,7 +31,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kernels.paged import value_codes_layout  # noqa: E402
 from kernels.decode import KEY_LEVELS, X0, _key_level, decode  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
 
@@ -122,8 +121,6 @@ def _swap_kernel(
 
 
 def swap_decode(cache, q, bt, sl, num_splits, meter=True, pages=8, num_warps=4, num_stages=2):
-    if value_codes_layout(cache) != "token-major":
-        raise ValueError("swap_decode: the probe kernel reads token-major value pages (bench.decode.token_major)")
     B, Hq, D = q.shape
     Hkv = cache.num_kv_heads
     GQ = Hq // Hkv
@@ -155,12 +152,11 @@ def merged(m, l, acc, hist):
 
 
 def check():
-    from bench.decode import fill_cache, token_major
+    from bench.decode import fill_cache
 
     torch.manual_seed(0)
     B, n, Hkv, D, GQ = 2, 300, 2, 64, 4
     c, bt = fill_cache(B, n, Hkv, D, "int8", "cpu")
-    c = token_major(c)  # the probe kernel reads token-major value pages
     q = torch.randn(B, Hkv * GQ, D).bfloat16().float()
     sl = torch.full((B,), n, dtype=torch.int32)
     ref = decode(c, q, bt, sl, num_splits=2, meter=False)
@@ -201,7 +197,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.check:
         return check()
-    from bench.decode import bench, graphed, int8_shape, token_major
+    from bench.decode import bench, graphed, int8_shape
 
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -212,7 +208,6 @@ def main(argv=None):
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
         _, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
-        caches = [(token_major(c), bt) for c, bt in caches]  # the probe kernel reads token-major value pages
         # agreement on this shape
         ref = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=False, validate=False)
         o, _ = merged(*swap_decode(caches[0][0], q, caches[0][1], sl, S, meter=False))

@@ -7,7 +7,6 @@ should take, with the registers / spills of each, and bf16 SDPA of the same shap
 Configurations that once faulted on the H200 (bench/RESULTS.md run G) run last in each process.
 """
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -42,15 +41,6 @@ PIPE_OFF = [(64, 1, 4, 80, 8),             # the default [6]
             (64, 2, 4, 0, 8),              # 120, no spill [4], double-buffered
             (64, 2, 4, 96, 8)]             # 96, 44 B spill [5], double-buffered
 
-# --layout: the value pages' layout (kernels.paged.channel_major_values) side by side: the defaults on token-major
-# copies of the same caches ("tm"), then tiles the channel-major kernel's register counts may favour (sm_90 SASS,
-# programs per SM in brackets): metered 128 tokens uncapped 168 [3], <= 128 188 B spill [4], 64 tokens <= 128 no
-# spill [4], 128 tokens / 8 warps <= 128 8 B spill [2 x 8]; unmetered 64 tokens <= 80 no spill [6], uncapped 96 [5],
-# <= 72 36 B spill [7], <= 64 112 B spill [8], 128 tokens / 8 warps <= 80 no spill [3 x 8]
-LAYOUT_ON = [(128, 1, 4, 168, 8, 0, True), (128, 1, 4, 128, 8, 0, True), (64, 1, 4, 128, 8, 0, True),
-             (128, 1, 8, 128, 8, 0, True)]
-LAYOUT_OFF = [(64, 1, 4, 80, 8), (64, 1, 4, 0, 8), (64, 1, 4, 72, 8), (64, 1, 4, 64, 8), (128, 1, 8, 80, 8)]
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
@@ -61,7 +51,6 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="only ON[0], ON[2], OFF[1], OFF[4] (split-count A/B)")
     ap.add_argument("--pipe", action="store_true", help="two-stage and 8-warp tiles (PIPE_ON / PIPE_OFF)")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
-    ap.add_argument("--layout", action="store_true", help="token-major vs channel-major value pages (LAYOUT_ON / _OFF)")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
     Hq, Hkv, D = args.heads, 8, 128
@@ -72,15 +61,7 @@ def main(argv=None):
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
           f"on {tile_config(True, 'int8', pps)}", flush=True)
-    if args.layout:  # the defaults on token-major copies first
-        tm = [(dataclasses.replace(c, v_codes=c.v_codes.contiguous()), bt) for c, bt in caches]
-        for meter in (True, False):
-            t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, num_splits=S, meter=meter, validate=False,
-                                                          epilogue=False)) for c, bt in tm]), False)
-            print(f"  {'on ' if meter else 'off'} default, token-major values (tm): {t:.4f} ms  sdpa/x {t_sdpa / t:.3f}  "
-                  f"TB/s {kvb / t / 1e9:.2f}", flush=True)
-        del tm
-    plan = ((True, LAYOUT_ON), (False, LAYOUT_OFF)) if args.layout else ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
+    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:

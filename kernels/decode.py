@@ -69,8 +69,7 @@ from contract.schemes import SCHEMES
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
-from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, mass_eta_terms,
-                    page_scaled_keys, value_codes_layout)
+from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
 
@@ -116,7 +115,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
-    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, V_T: tl.constexpr,
+    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -248,25 +247,7 @@ def _decode_kernel(
                 # then moves them into the dots' register layout with 16-byte shared-memory stores / loads
                 # instead of one to two bytes per load after the cast (sm_90 SASS, bench/RESULTS.md run J)
                 kc = tl.trans(tl.load(KC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0))  # [N, D]
-                if V_T:
-                    # channel-major value pages (``paged.channel_major_values``): a page's T codes of a channel
-                    # are contiguous, the PV dot's operand order (tokens along k), so each is one vector load
-                    # and no byte transposes follow (sm_90 SASS: 766 → 654 instructions per unmetered 64-token
-                    # tile). The mask is the page's: its unwritten tail is read (finite int8 codes under
-                    # p̂·s_v = 0; a page past the split is masked); one block-table entry per page
-                    pgs = tl.arange(0, PAGES)
-                    tt = tl.arange(0, T)
-                    pgv = p0 + pgs < p_end
-                    if HAS_MASK:  # a page whose tokens are all masked (left padding) may hold no valid block id
-                        tok2 = (p0 + pgs)[:, None] * T + tt[None, :]
-                        live = (tl.load(TM + b * s_tmb + tok2, mask=pgv[:, None] & (tok2 < seq_len), other=0) != 0)
-                        pgv = pgv & (tl.max(live.to(tl.int32), axis=1) > 0)
-                    blkp = tl.load(BT + p0 + pgs, mask=pgv, other=0).to(tl.int64)
-                    v3 = tl.load(VC + (blkp * s_cb + kvh * s_ch)[:, None, None] + d[None, :, None] * T
-                                 + tt[None, None, :], mask=pgv[:, None, None], other=0)  # [PAGES, D, T]
-                    vcT = tl.reshape(tl.permute(v3, (1, 0, 2)), [D, BLOCK_N])  # [D, N]
-                else:
-                    vcT = tl.trans(tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0))  # [D, N]
+                vcT = tl.trans(tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0))  # [D, N]
             if SCHEME == NONE_ID:
                 ks = tl.full([BLOCK_N], 1.0, tl.float32)
                 vs = tl.full([BLOCK_N], 1.0, tl.float32)
@@ -812,7 +793,6 @@ def decode(
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
     pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
-    v_t = value_codes_layout(cache) == "channel-major"
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits
@@ -862,7 +842,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, V_T=v_t, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -871,7 +851,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, v_t)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:

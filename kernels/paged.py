@@ -4,8 +4,6 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
 
     k_codes, v_codes  [NB, Hkv, T, D]   int8 (int8, int8_dither), fp8 (raw / scaled), or the
                                         model dtype (scheme "none")
-                                        (int8, int8_dither, T > 1: v_codes is the [NB, Hkv, T, D] view of
-                                        channel-major pages [NB, Hkv, D, T], ``channel_major_values``)
     k_codes, v_codes  [NB, Hkv, T, D/2] uint8 for int4_group: byte i holds channel i (low nibble)
                                         and channel i + D/2 (high nibble), the RoPE 'half' pairing
     k_scale, v_scale  [NB, Hkv, T]      float16, rounded up (1.0 where a scheme has no scale);
@@ -154,46 +152,6 @@ def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3", packed: bool = Fals
     return a + tiles * b
 
 
-#: schemes whose value codes are stored channel-major within a page (storage [NB, Hkv, D, T], the cache's
-#: ``v_codes`` its [NB, Hkv, T, D] view): the decode's PV dot takes the codes of one channel along the tokens,
-#: so a page's T codes of a channel are one vector load and no byte transposes follow (sm_90 SASS, bench/
-#: RESULTS.md run O: 766 → 654 instructions per unmetered 64-token tile, 1557 → 1346 per metered 128-token
-#: one). The integer 8-bit schemes only: the decode reads a page's unwritten tail (under p̂·s_v = 0), and every
-#: int8 byte is a finite code, where an fp8 byte may be NaN.
-CHANNEL_MAJOR_VALUE_SCHEMES = ("int8", "int8_dither")
-
-
-def channel_major_values(scheme: str, block_size: int) -> bool:
-    """Whether ``PagedKV.allocate`` stores a scheme's value codes channel-major within a page."""
-    return scheme in CHANNEL_MAJOR_VALUE_SCHEMES and block_size > 1
-
-
-def value_codes(shape: tuple, dtype: torch.dtype, device, channel_major: bool) -> torch.Tensor:
-    """Zero value codes of ``shape`` [NB, Hkv, T, D]: a plain tensor, or the view of channel-major pages."""
-    if channel_major:
-        return torch.zeros(shape[:2] + (shape[3], shape[2]), dtype=dtype, device=device).transpose(2, 3)
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
-def value_codes_layout(cache: "PagedKV") -> str:
-    """"token-major" (v_codes strided like k_codes) or "channel-major" (``channel_major_values``' layout, a
-    scheme that allows it); ValueError for any other layout (the kernels address values with k_codes'
-    strides or as channel-major pages)."""
-    v, k = cache.v_codes, cache.k_codes
-
-    def strides(t):  # a size-1 dimension's stride is never used
-        return tuple(st if n > 1 else 0 for st, n in zip(t.stride(), t.shape))
-
-    if v.shape == k.shape and strides(v) == strides(k):
-        return "token-major"
-    T = cache.block_size
-    if (cache.scheme in CHANNEL_MAJOR_VALUE_SCHEMES and T > 1 and v.dim() == 4 and v.shape == k.shape
-            and v.stride() == (k.stride(0), k.stride(1), 1, T)):
-        return "channel-major"
-    raise ValueError(f"v_codes: strides {tuple(v.stride())} are neither k_codes' {tuple(k.stride())} nor channel-major "
-                     f"pages of {T} tokens (scheme {cache.scheme})")
-
-
 @dataclasses.dataclass
 class PagedKV:
     scheme: str
@@ -275,7 +233,7 @@ class PagedKV:
             per_token_witness=per_token_witness,
             group_id=gid.to(device),
             k_codes=torch.zeros(cshape, dtype=cdt, **kw),
-            v_codes=value_codes(cshape, cdt, device, channel_major_values(scheme, block_size)),
+            v_codes=torch.zeros(cshape, dtype=cdt, **kw),
             k_scale=torch.ones(ksshape, dtype=torch.float16, **kw),
             v_scale=torch.ones(vsshape, dtype=torch.float16, **kw),
             k_zero=torch.zeros(ksshape if row.key_scales in asym else (1,), dtype=torch.float16, **kw),
@@ -307,10 +265,6 @@ class PagedKV:
             if t.dim() >= 1 and t.shape[0] == nb and not (nb == 1 and t.dim() == 1):
                 out = fn(name, t.view(batch, pages, *t.shape[1:]))
                 fields[name] = out.reshape(out.shape[0] * out.shape[1], *t.shape[1:])
-        if "v_codes" in fields and channel_major_values(self.scheme, self.block_size):  # keep the pages channel-major
-            v = fields["v_codes"]
-            fields["v_codes"] = value_codes(tuple(v.shape), v.dtype, v.device, True)
-            fields["v_codes"].copy_(v)
         return dataclasses.replace(self, **fields)
 
     def regrouped(self, batch: int, old_pages: int, new_pages: int) -> "PagedKV":

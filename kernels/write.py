@@ -34,7 +34,7 @@ from contract.schemes import SCHEMES
 
 from .ids import (FP8_E4M3_SCALED_ID, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID,
                   INT8_ID, KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
-from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys, value_codes_layout
+from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -144,7 +144,6 @@ def _write_kernel(
     seed, layer, N,
     s_kn, s_kh, s_vn, s_vh,
     s_cb, s_ch, s_ct,
-    s_vcb, s_vch, s_vct, s_vcd,
     s_sb, s_sh, s_st,
     s_vsb, s_vsh, s_vst,
     s_eb, s_eh, s_et,
@@ -168,7 +167,6 @@ def _write_kernel(
     off = slot % T
     gid = tl.load(GID + d_idx)
     cbase = blk * s_cb + h * s_ch + off * s_ct
-    vcbase = blk * s_vcb + h * s_vch + off * s_vct  # value codes: token-major (s_vcd 1) or channel-major pages
     sbase = blk * s_sb + h * s_sh + off * s_st  # key scales (kivi2: s_st = 0, + the channel)
     vsbase = blk * s_vsb + h * s_vsh + off * s_vst  # value scales
     ebase = blk * s_eb + h * s_eh + off * s_et
@@ -280,10 +278,8 @@ def _write_kernel(
             caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
         elif SCHEME == KIVI2_ID:
             caddr = cbase[:, None] + tl.arange(0, D4)[None, :]
-        elif which == 0:
-            caddr = cbase[:, None] + d_idx[None, :]
         else:
-            caddr = vcbase[:, None] + d_idx[None, :] * s_vcd
+            caddr = cbase[:, None] + d_idx[None, :]
         if SCHEME == KIVI2_ID and which == 0:  # one scale / zero per channel of the page, from its row 0
             saddr = rbase[:, None] + d_idx[None, :]
             smask = m2 & (off == 0)[:, None]
@@ -384,7 +380,6 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         pv = _torch_fp8_codes(cache.scheme, v)
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
-    value_codes_layout(cache)  # token-major or channel-major pages (ValueError otherwise)
     BLOCK_T = 16 if INTERPRET else 4
     per_page = page_scaled_keys(cache.scheme)
     if per_page:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
@@ -398,7 +393,6 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        *cache.v_codes.stride(),
         cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if per_page else cache.k_scale.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),

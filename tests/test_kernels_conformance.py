@@ -510,6 +510,8 @@ def test_output_bound_covers_the_served_output_of_many_small_masses(qdtype, sche
     flushes p̂·s_v < 2^-25 — here every token but one, 1/8 of the mass, an output error of ~0.12 against
     an E⁺ of ~0.01 (found on reading the kernel, 2026-12-03). It now goes to bf16 whatever q's dtype, and
     exact fp16 values (scheme none of an fp16 model), which bf16 would round, to fp32 (PV_F32)."""
+    if DEV == "cpu" and (qdtype, scheme) != (torch.float16, "int8"):
+        pytest.skip("in the interpreter every dtype runs the same fp32 PV dot: one case checks the bound there")
     cache, bt, sl, q, kx, vx = small_masses_case(scheme=scheme, model_dtype=qdtype if scheme == "none" else torch.bfloat16)
     out = to_cpu(decode(cache, q.to(qdtype).to(DEV), bt.to(DEV), sl.to(DEV)))
     rec = out.meter
