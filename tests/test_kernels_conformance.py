@@ -512,7 +512,9 @@ def test_output_bound_covers_the_served_output_of_many_small_masses(qdtype, sche
     exact fp16 values (scheme none of an fp16 model), which bf16 would round, to fp32 (PV_F32)."""
     if DEV == "cpu" and (qdtype, scheme) != (torch.float16, "int8"):
         pytest.skip("in the interpreter every dtype runs the same fp32 PV dot: one case checks the bound there")
-    cache, bt, sl, q, kx, vx = small_masses_case(scheme=scheme, model_dtype=qdtype if scheme == "none" else torch.bfloat16)
+    n = 8192 if DEV != "cpu" else 4096  # the interpreter: half the tokens, 1/14 of the mass in the small ones
+    cache, bt, sl, q, kx, vx = small_masses_case(n=n, scheme=scheme,
+                                                 model_dtype=qdtype if scheme == "none" else torch.bfloat16)
     out = to_cpu(decode(cache, q.to(qdtype).to(DEV), bt.to(DEV), sl.to(DEV)))
     rec = out.meter
     assert not rec.flag.any()
@@ -520,7 +522,7 @@ def test_output_bound_covers_the_served_output_of_many_small_masses(qdtype, sche
     qq = q[0, 0].double()
     p = torch.softmax(sigma * (kx @ qq), 0)
     o_exact = p @ vx
-    assert 0.1 <= float(p[1:].sum()) <= 0.15  # the case is what it claims: 1/8 of the mass in the small tokens
+    assert 0.065 <= float(p[1:].sum()) <= 0.15  # the case is what it claims: 1/14-1/8 of the mass in the small tokens
     err = (out.o[0, 0].double() - o_exact).norm().item()
     bound = rec.out_err_upper[0, 0].item()
     assert bound < 0.05, bound  # a bound that could not be violated would prove nothing
