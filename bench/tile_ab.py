@@ -16,7 +16,8 @@ import torch  # noqa: E402
 from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
 from kernels.decode import decode, tile_config  # noqa: E402
 
-# (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram[, prefetch]]])
+# (tokens, stages, warps, register cap or None, head columns BLOCK_H or None[, ablate[, packed histogram[, prefetch
+#  (None: decode's default)[, split multiplier]]]])
 OFF = [(64, 1, 4, 0, 8), (64, 1, 4, 80, 8), (64, 1, 4, 72, 8), (64, 1, 4, 64, 8), (128, 1, 8, None, 8)]
 ON = [(128, 1, 4, 168, 8, 0, True), (128, 1, 4, 128, 8, 0, True), (128, 1, 4, 0, 8, 0, True)]
 # --ablate: the metered default with parts of the meter dropped (decode's _ablate, diagnosis only: bit 1 the
@@ -36,6 +37,22 @@ PIPE_ON = [(128, 1, 4, 168, 8, 0, True),   # the default [3]
            (64, 2, 4, 160, 8, 0, True),    # 160, no spill [3], double-buffered
            (64, 2, 4, 128, 8, 0, True),    # 128, 60 B spill [4], double-buffered
            (128, 1, 8, 128, 8, 0, True)]   # 128, no spill [2 × 8 warps]
+# --warp1: one- and two-warp programs (no cross-warp exchange of p̂ / the one-hot per tile: each program's
+# dots and reductions stay inside its warps), at 1x / 2x the split count (a one-warp program covers a quarter of
+# a four-warp one's threads; sm_90 registers, no spill: meter on 32 tokens / 1 warp 200 under the cap (46.8 SASS
+# per token against the default's 48.7), meter off 32 / 1 186, 64 / 1 243)
+WARP1_ON = [(128, 1, 4, 168, 8, 0, True),               # the default [3 x 4 warps]
+            (32, 1, 1, 200, 8, 0, True, None, 1),      # [10 x 1]
+            (32, 1, 1, 200, 8, 0, True, None, 2),
+            (32, 1, 1, 200, 8, 0, True, None, 4),
+            (32, 1, 1, 168, 8, 0, True, None, 2),      # 140 B spill [12 x 1]
+            (64, 1, 2, 200, 8, 0, True, None, 2)]      # [5 x 2]
+WARP1_OFF = [(64, 1, 4, 80, 8),                        # the default [6 x 4]
+             (32, 1, 1, 0, 8, 0, None, None, 1),       # 186 [11 x 1]
+             (32, 1, 1, 0, 8, 0, None, None, 2),
+             (32, 1, 1, 0, 8, 0, None, None, 4),
+             (64, 1, 1, 0, 8, 0, None, None, 2),       # 243 [8 x 1]
+             (32, 1, 2, 0, 8, 0, None, None, 2)]       # 146 [7 x 2]
 PIPE_OFF = [(64, 1, 4, 80, 8),             # the default [6]
             (128, 1, 8, 80, 8),            # 80, no spill [3 × 8 warps]
             (64, 2, 4, 0, 8),              # 120, no spill [4], double-buffered
@@ -50,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--lite", action="store_true", help="time the meter without its histogram (LITE)")
     ap.add_argument("--quick", action="store_true", help="only ON[0], ON[2], OFF[1], OFF[4] (split-count A/B)")
     ap.add_argument("--pipe", action="store_true", help="two-stage and 8-warp tiles (PIPE_ON / PIPE_OFF)")
+    ap.add_argument("--warp1", action="store_true", help="one- and two-warp programs (WARP1_ON / WARP1_OFF)")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
@@ -61,7 +79,7 @@ def main(argv=None):
     pps = B * Hkv * S / sms
     print(f"B={B} n={n} Hq={Hq} S={S} sdpa {t_sdpa:.4f} ms; defaults off {tile_config(False, 'int8', pps)} "
           f"on {tile_config(True, 'int8', pps)}", flush=True)
-    plan = ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
+    plan = ((True, WARP1_ON), (False, WARP1_OFF)) if args.warp1 else ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:
@@ -69,18 +87,19 @@ def main(argv=None):
                       _head_columns=hc)
             if rest:
                 kw["_ablate"] = rest[0]
-            if len(rest) > 1:
+            if len(rest) > 1 and rest[1] is not None:
                 kw["_pack_hist"] = rest[1]
-            if len(rest) > 2:
+            if len(rest) > 2 and rest[2] is not None:
                 kw["prefetch_bt"] = rest[2]
+            Sx = min(64, S * rest[3]) if len(rest) > 3 else S
             try:
-                out = decode(caches[0][0], q, caches[0][1], sl, num_splits=S, meter=meter, validate=False,
+                out = decode(caches[0][0], q, caches[0][1], sl, num_splits=Sx, meter=meter, validate=False,
                              epilogue=False, **kw)
-                t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, num_splits=S, meter=meter,
+                t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, num_splits=Sx, meter=meter,
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 else ''}{(' prefetch' if rest[2] else ' no prefetch') if len(rest) > 2 else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 and rest[1] is not None else ''}{(' prefetch' if rest[2] else ' no prefetch') if len(rest) > 2 and rest[2] is not None else ''}{f' S {Sx}' if Sx != S else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",
