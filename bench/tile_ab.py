@@ -68,6 +68,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="only ON[0], ON[2], OFF[1], OFF[4] (split-count A/B)")
     ap.add_argument("--pipe", action="store_true", help="two-stage and 8-warp tiles (PIPE_ON / PIPE_OFF)")
     ap.add_argument("--warp1", action="store_true", help="one- and two-warp programs (WARP1_ON / WARP1_OFF)")
+    ap.add_argument("--configs", help="explicit configurations instead of a plan: 'on|off:tokens:stages:warps:cap:S,...' "
+                    "(cap 0: none; S 0: the shape's split count), 8 head columns, the packed histogram")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
@@ -81,6 +83,12 @@ def main(argv=None):
           f"on {tile_config(True, 'int8', pps)}", flush=True)
     plan = ((True, WARP1_ON), (False, WARP1_OFF)) if args.warp1 else ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
+    if args.configs:
+        plan = []
+        for c in args.configs.split(","):
+            m, tk, st, w, cap, sx = c.split(":")
+            plan.append((m == "on", [(int(tk), int(st), int(w), int(cap), 8, 0, True if m == "on" else None, None,
+                                      int(sx) / S if int(sx) else 1)]))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:
             kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0,
@@ -91,7 +99,7 @@ def main(argv=None):
                 kw["_pack_hist"] = rest[1]
             if len(rest) > 2 and rest[2] is not None:
                 kw["prefetch_bt"] = rest[2]
-            Sx = min(64, S * rest[3]) if len(rest) > 3 else S
+            Sx = min(64, round(S * rest[3])) if len(rest) > 3 else S
             try:
                 out = decode(caches[0][0], q, caches[0][1], sl, num_splits=Sx, meter=meter, validate=False,
                              epilogue=False, **kw)

@@ -508,7 +508,7 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
     if meter is None:
         return s
-    tile = tile_config(meter, scheme, pairs * s / sms, levels)
+    tile = tile_config(meter, scheme, pairs * s / sms, levels, block_size)
     per_sm = tile.resident_programs()
     if per_sm is None:
         return s
@@ -517,7 +517,7 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     if waves >= FEW_WAVES:
         return s
     whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
-    if tile_config(meter, scheme, pairs * whole / sms, levels) != tile:
+    if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) != tile:
         return s
     return whole
 
@@ -569,9 +569,19 @@ MANY_PROGRAMS_PER_SM = 4
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
 CAP_REGISTERS = True
-#: the register file and the most resident threads of a multiprocessor (sm_80 / sm_89 / sm_90)
+#: the register file, the most resident threads and the most resident programs (thread blocks) of a
+#: multiprocessor (sm_80 / sm_89 / sm_90)
 SM_REGISTERS = 65536
 SM_THREADS = 2048
+SM_PROGRAMS = 32
+#: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
+#: programs per SM (run P, 2026-12-03, bench/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
+#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.93× at B 32 / 32K; 1.5× slower at B 1,
+#: where the grid is small). A one-warp program exchanges nothing between warps per tile (the 4-warp
+#: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
+#: under METERED_REGISTER_CAP twelve fit per SM (28 B of spill). Only int8 was timed: the other 8-bit
+#: schemes keep the 4-warp tile
+ONE_WARP_METERED_SCHEMES = ("int8",)
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
@@ -603,10 +613,11 @@ class Tile:
         if self.max_registers is None:
             return None
         regs = -(-self.max_registers // 8) * 8  # allocated per warp in units of 8 per thread
-        return max(1, min(SM_REGISTERS // (regs * 32 * self.warps), SM_THREADS // (32 * self.warps)))
+        return max(1, min(SM_REGISTERS // (regs * 32 * self.warps), SM_THREADS // (32 * self.warps), SM_PROGRAMS))
 
 
-def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0, levels: str = "token") -> Tile:
+def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0, levels: str = "token",
+                block_size: int = 16) -> Tile:
     """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
     multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J, K and L, 2026-12-02). The 8-bit code tiles are
     loaded in the other orientation and transposed before their cast, so Triton moves them into
@@ -618,6 +629,10 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
     * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
       columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs
       per SM, on every grid while ``CAP_REGISTERS``, for the ``CAPPED_SCHEMES``: not int8_dither);
+      for the ``ONE_WARP_METERED_SCHEMES`` (int8) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per
+      SM, 32-token tiles in one-warp programs under the same cap (twelve per SM; run P: 7-10 % faster
+      at B 8 and 32, and ``choose_splits`` sizes their grid to whole waves of twelve), where a page
+      (``block_size`` tokens) fits in such a tile;
     * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
       ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
       ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (B = 1:
@@ -641,6 +656,8 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
         return Tile(128, 1, 4, head_columns=16)
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
+            if many and capped and scheme in ONE_WARP_METERED_SCHEMES and levels == "token" and block_size <= 32:
+                return Tile(32, 1, 1, METERED_REGISTER_CAP)
             return Tile(128, 1, 4, METERED_REGISTER_CAP if capped else None)
         return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
     if scheme == "none":
@@ -761,7 +778,7 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     pages_arg = pages_per_tile
-    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev), levels)
+    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev), levels, cache.block_size)
     if pages_per_tile is None:
         pages_per_tile = max(1, tile.tokens // T)
     if num_stages is None and not INTERPRET:

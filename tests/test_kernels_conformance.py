@@ -190,13 +190,23 @@ def test_decode_conformance_page_levels(case):
     check_case(*case, levels="page")
 
 
+@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 7)], ids=["int8-ragged", "int8-1000"])
+def test_decode_conformance_one_warp_tile(case):
+    """The metered int8 kernel in ``tile_config``'s one-warp programs (32-token tiles under the metered register
+    cap: a grid of many programs per SM picks them, run P), which the fixed cases' small grids do not reach."""
+    from kernels.decode import METERED_REGISTER_CAP
+    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
+
+
 @pytest.mark.parametrize("case", [FIXED[i] for i in (0, 1, 8)], ids=["int8", "int8_dither", "int4_group"])
 def test_decode_conformance_prefetched_block_table(case):
     """prefetch_bt=True (the next tile's block-table entries loaded one iteration ahead)."""
     check_case(*case, prefetch_bt=True)
 
 
-def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False):
+def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False,
+               tile_kw=None):
+    tile_kw = tile_kw or {}
     cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
     Hq = Hkv * GQ
     q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
@@ -205,16 +215,17 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
     sigma = 1 / math.sqrt(D)
     delta = 1e-3
     qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
-    out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels, prefetch_bt=prefetch_bt)
+    out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels, prefetch_bt=prefetch_bt,
+                 **tile_kw)
     # the metered tile, for bit-identity in the interpreter; on the GPU the default tile (kivi2 meter-off
     # at 128 tokens and two stages needs 262,144 B of shared memory: decode retries it at 64, H200 run I)
     # (and its head columns: the interpreter's fp32 dot rounds an 8- and a 16-column product differently)
     from kernels.decode import tile_config
     off = decode(cache, qd, btd, sld, num_splits=splits, meter=False,
-                 pages_per_tile=128 // cache.block_size if DEV == "cpu" else None,
+                 pages_per_tile=tile_kw.get("pages_per_tile", 128 // cache.block_size) if DEV == "cpu" else None,
                  _head_columns=tile_config(True, scheme, 0.0, levels).head_columns)
     off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
-    one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels)
+    one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels, **tile_kw)
     out, off, one = (to_cpu(x) for x in (out, off, one))
     cache = on_cpu(cache)
     if DEV == "cpu":  # fp32 in the interpreter: the meter does not touch the output at all
@@ -697,20 +708,26 @@ def test_csr_layout_matches_block_table():
 
 def test_tile_config_and_its_overrides():
     """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
-    8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two); meter off with 8-bit codes, one
+    8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two), int8 32-token one-warp
+    programs on a grid of ≥ 4 programs per SM (run P) where a page fits in them; meter off with 8-bit codes, one
     stage, 64-token tiles on a grid of ≥ 4 programs per SM and 128-token tiles with 8 warps below;
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
     from kernels.decode import (CAP_REGISTERS, CAPPED_SCHEMES, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP,
-                                UNMETERED_REGISTER_CAP, Tile, tile_config)
+                                ONE_WARP_METERED_SCHEMES, UNMETERED_REGISTER_CAP, Tile, tile_config)
 
     many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
         # the register cap (on since test_register_cap_changes_no_value passed on the H200, run K; on every
         # metered grid since run L) (not for the dithered scheme: its dither generation spills under the cap)
         cap = METERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None
-        assert CAP_REGISTERS and tile_config(True, sch, many) == tile_config(True, sch) == Tile(128, 1, 4, cap)
+        assert CAP_REGISTERS and tile_config(True, sch) == Tile(128, 1, 4, cap)
+        if sch in ONE_WARP_METERED_SCHEMES:  # one-warp programs on many-program grids, pages of ≤ 32 tokens
+            assert tile_config(True, sch, many) == tile_config(True, sch, many, "token", 32) == Tile(32, 1, 1, cap)
+            assert tile_config(True, sch, many, "token", 64) == tile_config(True, sch, many - 1) == Tile(128, 1, 4, cap)
+        else:
+            assert tile_config(True, sch, many) == Tile(128, 1, 4, cap)
         assert tile_config(False, sch, many) == Tile(64, 1, 4, UNMETERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None)
         assert tile_config(False, sch, 2.0) == Tile(128, 1, 8)
     # the metered none kernel at one stage reads shared memory out of bounds (bench/crash_probe.py)
@@ -742,17 +759,20 @@ def test_choose_splits_fills_whole_waves():
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
     assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
     assert Tile(128, 1, 8).resident_programs() is None and Tile(64, 1, 4, 8).resident_programs() == 16  # thread limit
+    assert Tile(32, 1, 1, 168).resident_programs() == 12 and Tile(32, 1, 1, 32).resident_programs() == 32  # block limit
     sms = 132
     for n in (32768, 131072):
         assert [choose_splits(B, 8, n, 16, sms) for B in (1, 8, 32)] == [33, 16, 16]  # the old rule
         # B 1 metered: 8 × 49 = 392 programs ≤ 3 × 132 (one wave; 33 splits filled two thirds of it)
         assert choose_splits(1, 8, n, 16, sms, True) == 49
         assert choose_splits(1, 8, n, 16, sms, False) == 33  # 128-token / 8-warp tile, no cap
-        # B 8: metered 64 × 12 = 768 ≤ 2 waves of 396; unmetered 768 ≤ 1 wave of 792 (16 splits: 1.3 waves)
-        assert choose_splits(8, 8, n, 16, sms, True) == 12 == choose_splits(8, 8, n, 16, sms, False)
-        # B 32: ≥ FEW_WAVES waves either way: the old rule
-        assert 32 * 8 * 16 / (3 * sms) >= FEW_WAVES
-        assert choose_splits(32, 8, n, 16, sms, True) == 16 == choose_splits(32, 8, n, 16, sms, False)
+        # B 8: metered (one-warp programs, twelve per SM, run P) 64 × 24 = 1536 ≤ 1 wave of 1584; unmetered
+        # 64 × 12 = 768 ≤ 1 wave of 792 (16 splits: 1.3 waves)
+        assert choose_splits(8, 8, n, 16, sms, True) == 24 and choose_splits(8, 8, n, 16, sms, False) == 12
+        # B 32: metered 256 × 16 = 2.6 waves of 1584 → 2 whole waves (12 splits); unmetered ≥ FEW_WAVES waves of
+        # 6 × 132: the old rule
+        assert 32 * 8 * 16 / (6 * sms) >= FEW_WAVES
+        assert choose_splits(32, 8, n, 16, sms, True) == 12 and choose_splits(32, 8, n, 16, sms, False) == 16
         # uncapped tiles (the dithered scheme, the fp32-dequantizing ones, none): the old rule
         for sch in ("int8_dither", "int4_group", "kivi2", "none"):
             assert choose_splits(1, 8, n, 16, sms, True, sch) == 33, sch
@@ -809,21 +829,22 @@ def test_register_cap_changes_no_value(monkeypatch, scheme):
             a, b = getattr(r.meter, f.name), getattr(ref.meter, f.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
 
-    grid = [(hc, tokens, (0, kd.METERED_REGISTER_CAP, 128)) for hc in (8, 16) for tokens in (64, 128)] \
-        if scheme == "int8" else [(8, 128, (0, kd.METERED_REGISTER_CAP))]
-    for hc, tokens, caps in grid:
+    grid = [(hc, tokens, 4, (0, kd.METERED_REGISTER_CAP, 128)) for hc in (8, 16) for tokens in (64, 128)] \
+        + [(8, 32, 1, (0, kd.METERED_REGISTER_CAP))] if scheme == "int8" else [(8, 128, 4, (0, kd.METERED_REGISTER_CAP))]
+    for hc, tokens, warps, caps in grid:
         runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=cap, _head_columns=hc,
-                                 pages_per_tile=tokens // 16)) for cap in caps]
+                                 pages_per_tile=tokens // 16, num_warps=warps)) for cap in caps]
         for r in runs[1:]:
             same(r, runs[0])
     off = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False, _maxnreg=cap, pages_per_tile=4, num_warps=4))
            for cap in (0, kd.UNMETERED_REGISTER_CAP, 72)]
     for r in off[1:]:
         assert torch.equal(r.o, off[0].o) and torch.equal(r.lse, off[0].lse)
-    ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=0))
     monkeypatch.setattr(kd, "CAP_REGISTERS", True)
     monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
-    assert kd.tile_config(True, scheme, 12).max_registers == kd.METERED_REGISTER_CAP
+    t = kd.tile_config(True, scheme, 12)
+    assert t.max_registers == kd.METERED_REGISTER_CAP and (t.warps == 1) == (scheme == "int8")
+    ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=0, pages_per_tile=t.tokens // 16, num_warps=t.warps))
     same(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)), ref)
     assert kd.tile_config(False, scheme, 12) == kd.Tile(64, 1, 4, kd.UNMETERED_REGISTER_CAP)
     r = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False))
