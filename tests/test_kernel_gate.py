@@ -207,6 +207,16 @@ def test_repaired_pages_are_served_exact_and_metered_soundly(scheme):
         assert torch.all(rep.v_norm[r, : hi - lo].cpu().double() >= v[lo:hi, h].double().norm(dim=-1))
 
 
+def test_repaired_pages_in_the_one_warp_tile(monkeypatch):
+    """The same, int8, in the one-warp metered tile (``tile_config`` on grids of many programs per SM, run P):
+    a one-"SM" device makes the test's grid a many-program one."""
+    from kernels import decode as kd
+
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
+    assert kd.tile_config(True, "int8", 12.0).warps == 1
+    test_repaired_pages_are_served_exact_and_metered_soundly("int8")
+
+
 def test_fully_repaired_cache_meters_only_the_fp_terms():
     lens = [40]
     cache, bt, exact = build("int8", lens, 1, seed=3)

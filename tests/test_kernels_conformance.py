@@ -706,6 +706,22 @@ def test_csr_layout_matches_block_table():
         decode(c16, q[:1, :1].contiguous(), bt16.flatten().to(DEV), None, kv_indptr=torch.tensor([0, 20]).int().to(DEV))
 
 
+@pytest.mark.parametrize("shape", ["short", "longer_than_a_tile"])
+def test_one_warp_tile_serves_masks_and_the_csr_layout(monkeypatch, shape):
+    """The one-warp metered tile (``tile_config`` on grids of many programs per SM, run P) on the paths the
+    fixed cases do not take: a token mask (left padding longer than a tile, a masked token mid-sequence) and
+    SGLang's CSR layout (block size 1: 32 one-token pages per tile). A one-"SM" device makes the tests'
+    small grids many-program ones, so their own assertions run on that tile."""
+    from kernels import decode as kd
+
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
+    assert kd.tile_config(True, "int8", 8.0) == kd.tile_config(True, "int8", 8.0, "token", 1) == kd.Tile(
+        32, 1, 1, kd.METERED_REGISTER_CAP)
+    test_token_mask_is_left_padding("token", shape)
+    if shape == "short":
+        test_csr_layout_matches_block_table()
+
+
 def test_tile_config_and_its_overrides():
     """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
     8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two), int8 32-token one-warp
