@@ -209,7 +209,8 @@ def test_repaired_pages_are_served_exact_and_metered_soundly(scheme):
 
 def test_repaired_pages_in_the_one_warp_tile(monkeypatch):
     """The same, int8, in the one-warp metered tile (``tile_config`` on grids of many programs per SM, run P):
-    a one-"SM" device makes the test's grid a many-program one."""
+    a one-"SM" device makes the test's grid a many-program one (on the GPU; the interpreter's default path keeps
+    128-token tiles)."""
     from kernels import decode as kd
 
     monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
