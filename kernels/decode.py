@@ -576,7 +576,7 @@ SM_THREADS = 2048
 SM_PROGRAMS = 32
 #: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
 #: programs per SM (run P, 2026-12-03, bench/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
-#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.93× at B 32 / 32K; 1.5× slower at B 1,
+#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1,
 #: where the grid is small). A one-warp program exchanges nothing between warps per tile (the 4-warp
 #: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
 #: under METERED_REGISTER_CAP twelve fit per SM (28 B of spill). Only int8 was timed: the other 8-bit
