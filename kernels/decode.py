@@ -579,7 +579,8 @@ SM_PROGRAMS = 32
 #: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1,
 #: where the grid is small). A one-warp program exchanges nothing between warps per tile (the 4-warp
 #: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
-#: under METERED_REGISTER_CAP twelve fit per SM (28 B of spill). Only int8 was timed: the other 8-bit
+#: under METERED_REGISTER_CAP twelve fit per SM (spills: Triton's n_spills 28 on the H200, 140 B of spill stores in
+#: offline sm_90 ptxas, bench/sass_probe.py). Only int8 was timed: the other 8-bit
 #: schemes keep the 4-warp tile
 ONE_WARP_METERED_SCHEMES = ("int8",)
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
