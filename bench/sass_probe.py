@@ -31,7 +31,7 @@ import kernels.decode as kd  # noqa: E402
 from kernels.paged import SCHEME_IDS  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-PTRS = {"Q": os.environ.get("QT", "*bf16"), "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "KZ": "*fp16", "VZ": "*fp16",
+PTRS = {"Q": "*bf16", "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "KZ": "*fp16", "VZ": "*fp16",
         "KW": "*fp16", "VW": "*fp16", "VN": "*fp16", "KN": "*fp16", "BT": "*i32", "SL": "*i32", "TM": "*i32",
         "RS": "*i32", "RK": "*bf16", "RV": "*bf16", "RKN": "*fp32", "RVN": "*fp32",
         "M_OUT": "*fp32", "L_OUT": "*fp32", "ACC_OUT": "*fp32", "HIST_OUT": "*fp32", "STAT_OUT": "*fp32"}
@@ -50,7 +50,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
     const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
-                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, F16_KEYS=scheme == "int8")
+                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kd.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else

@@ -71,8 +71,6 @@ def main(argv=None):
     ap.add_argument("--configs", help="explicit configurations instead of a plan: 'on|off:tokens:stages:warps:cap:S,...' "
                     "(cap 0: none; S 0: the shape's split count), 8 head columns, the packed histogram")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
-    ap.add_argument("--f16ab", action="store_true", help="the production tiles and split counts (decode's defaults), "
-                    "meter on and off, with the int8 key dot in bf16 and against the scaled fp16 query (_f16_keys)")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
     Hq, Hkv, D = args.heads, 8, 128
@@ -85,16 +83,6 @@ def main(argv=None):
           f"on {tile_config(True, 'int8', pps)}", flush=True)
     plan = ((True, WARP1_ON), (False, WARP1_OFF)) if args.warp1 else ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
-    if args.f16ab:
-        for meter in (True, False):
-            for f16 in (False, True):
-                kw = dict(meter=meter, validate=False, epilogue=False, _f16_keys=f16)
-                out = decode(caches[0][0], q, caches[0][1], sl, **kw)
-                t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, **kw)) for c, bt in caches]), False)
-                k = out.compiled
-                print(f"  {'on ' if meter else 'off'} default {'fp16 q' if f16 else 'bf16 q'}: {t:.4f} ms  sdpa/x "
-                      f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
-        return
     if args.configs:
         plan = []
         for c in args.configs.split(","):

@@ -68,7 +68,7 @@ from triton.runtime.errors import OutOfResources
 from contract.schemes import SCHEMES
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID, Q16_MAX_SHIFT, Q16_MIN_SHIFT, Q16_TOP, Q16_TOP_VALUE
+from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
 from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
 from .write import INTERPRET, dither_from_hash, token_hash
 
@@ -84,40 +84,14 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _i8_to_f16(x):
-    """int8 codes → fp16, exactly, four per 32-bit register (F16_KEYS, GPU only): c XOR 0x80 = c + 128 is
-    placed under the fp16 exponent of 1024 (bits 0x64uu = 1024 + u) and 1152 subtracted (exact: integers
-    below 2^11). Five instructions per four codes, where Triton's cast to bf16 takes eight (sm_90 SASS)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 x, c, k;
-        xor.b32 x, $2, 0x80808080;
-        mov.b32 c, 0x64646464;
-        mov.b32 k, 0x64806480;
-        prmt.b32 $0, x, c, 0x5140;
-        prmt.b32 $1, x, c, 0x7362;
-        sub.f16x2 $0, $0, k;
-        sub.f16x2 $1, $1, k;
-        }""", constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
-
-
-@triton.jit
-def _softmax_step(m, l, sT, lg2, SCALED: tl.constexpr):
+def _softmax_step(m, l, sT):
     """One tile of the online softmax: the running max m' = max(m, max sT), the rescale α = e^(m − m'),
     p̂ = e^(sT − m') and the running sum l·α + Σ p̂ (per head column). A split whose tiles so far were all
-    masked (left padding ≥ a tile) has m' = −∞: its reference is then 0 (α = 0, p̂ = 0), not −∞ − −∞ = NaN.
-    ``SCALED``: sT and m are the logits times 2^e per head column (the scaled fp16 query) and ``lg2`` is
-    log2(e)·2^-e, so e^(x − m') = 2^((x' − m'')·lg2): the same fp32 operations as exp's own log2(e)
-    product, scaled by a power of two (exact), with no multiply to unscale the logits."""
+    masked (left padding ≥ a tile) has m' = −∞: its reference is then 0 (α = 0, p̂ = 0), not −∞ − −∞ = NaN."""
     m_new = tl.maximum(m, tl.max(sT, axis=0))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if SCALED:
-        alpha = tl.exp2((m - m_ref) * lg2)
-        pT = tl.exp2((sT - m_ref[None, :]) * lg2[None, :])
-    else:
-        alpha = tl.exp(m - m_ref)
-        pT = tl.exp(sT - m_ref[None, :])
+    alpha = tl.exp(m - m_ref)
+    pT = tl.exp(sT - m_ref[None, :])
     return m_new, alpha, pT, l * alpha + tl.sum(pT, axis=0)
 
 
@@ -141,7 +115,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
-    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, F16_KEYS: tl.constexpr,
+    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -179,23 +153,6 @@ def _decode_kernel(
     q32T = qT.to(tl.float32)
     if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
         qT = q32T
-    if F16_KEYS:
-        # int8 key codes in fp16 (SPEC §7, contract.rounding.scaled_f16_query): each head column of q is
-        # scaled by 2^e, its largest |q| into [2^14, 2^15), and rounded to fp16. Normal fp16 holds every
-        # bf16 / fp16 value exactly; only entries under 2^-14 (2^-28 of the column's largest) can round,
-        # each by ≤ 2^-14 even if flushed: dot_gamma(D, f16_query=True) meters it (query_f16_rel). The
-        # logits take 2^-e back exactly (|q·c| ≥ 2^-24 when nonzero, e ≤ 100: a normal fp32). A column
-        # whose largest |q| is under 2^-86 cannot reach 2^14: it is counted non-finite (flagged, TV⁺ 1)
-        qmax = tl.max(tl.abs(q32T), axis=0)  # [H]
-        qexp = ((qmax.to(tl.int32, bitcast=True) >> 23) & 255) - 127  # ⌊log2⌋ of a normal qmax (-127 for 0)
-        qe = Q16_TOP - qexp
-        qe = tl.where(qe < Q16_MIN_SHIFT, Q16_MIN_SHIFT, tl.where(qe > Q16_MAX_SHIFT, Q16_MAX_SHIFT, qe))
-        qscale = ((127 + qe) << 23).to(tl.float32, bitcast=True)  # 2^e, a normal fp32
-        qinv = ((127 - qe) << 23).to(tl.float32, bitcast=True)  # 2^-e
-        lg2 = 1.4426950408889634 * qinv  # log2(e)·2^-e: exact (a power of two times fp32's log2(e))
-        q16T = (q32T * qscale[None, :]).to(tl.float16)
-        qtiny = ((qmax > 0) & (qmax * qscale < Q16_TOP_VALUE)).to(tl.float32)
-        qT = q16T if LOWP else q16T.to(tl.float32)  # the interpreter dots the same rounded q in fp32
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
@@ -279,7 +236,7 @@ def _decode_kernel(
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
             sT = tl.where(valid[:, None], sT, float("-inf"))
-            m_new, alpha, pT, l = _softmax_step(m, l, sT, m, False)
+            m_new, alpha, pT, l = _softmax_step(m, l, sT)
             accT = accT * alpha[None, :] + tl.dot(tl.trans(vh), pT, input_precision=PREC32)
         else:
             if SCHEME == NONE_ID:
@@ -298,10 +255,7 @@ def _decode_kernel(
                 ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
                 vs = tl.load(VS + vsbase, mask=valid, other=0.0).to(tl.float32)
             if LOWP:  # K̂ dot in q's dtype (int8 / fp8 codes are exact in bf16 and fp16); PV dot in bf16 or fp32
-                if F16_KEYS:  # int8 codes and the scaled fp16 query
-                    kc = _i8_to_f16(kc)
-                else:
-                    kc = kc.to(Q.dtype.element_ty)
+                kc = kc.to(Q.dtype.element_ty)
                 vcT = vcT.to(tl.float32 if PV_F32 else tl.bfloat16)
             else:
                 kc = kc.to(tl.float32)
@@ -332,13 +286,9 @@ def _decode_kernel(
                     qkT -= tl.dot(uk_hi, qT) + tl.dot(uk_lo, qT)
                 else:
                     qkT -= tl.dot(uk, qT)
-            # (F16_KEYS: the logits times 2^e per head column; _softmax_step takes 2^-e into its exp2)
             sT = qkT * (ks * sm_scale)[:, None]
             sT = tl.where(valid[:, None], sT, float("-inf"))
-            if F16_KEYS:
-                m_new, alpha, pT, l = _softmax_step(m, l, sT, lg2, True)
-            else:
-                m_new, alpha, pT, l = _softmax_step(m, l, sT, m, False)
+            m_new, alpha, pT, l = _softmax_step(m, l, sT)
             pvT = pT * vs[:, None]
             # the PV dot: p̂·s_v rounded to bf16 (relative 2^-8 down to fp32's 2^-126: out_rel0), whatever q's
             # dtype; fp16 would flush p̂·s_v below 2^-25 (a logit gap of ~11 under s_v = 2^-10), which no
@@ -458,8 +408,6 @@ def _decode_kernel(
         m = m_new
 
     o_idx = (b * Hq + heads) * num_splits + sp
-    if F16_KEYS:
-        m = m * qinv  # the running max of the logits times 2^e: back to their scale, exactly
     tl.store(M_OUT + o_idx, m, mask=hmask)
     tl.store(L_OUT + o_idx, l, mask=hmask)
     tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
@@ -488,10 +436,7 @@ def _decode_kernel(
         tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask)
         tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask)
         tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask)
-        if F16_KEYS:  # a query column too small for the scaled fp16 dot
-            tl.store(st + 4, zero + tl.sum(bad, axis=0) + qtiny, mask=hmask)
-        else:
-            tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask)
+        tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask)
         tl.store(st + 5, zero + tl.max(kapmax, axis=0), mask=hmask)
 
 
@@ -746,7 +691,6 @@ def decode(
     _maxnreg: int | None = None,
     _head_columns: int | None = None,
     _pack_hist: bool | None = None,
-    _f16_keys: bool | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -876,12 +820,6 @@ def decode(
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
     pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
-    # the K̂ dot of int8 codes in fp16 against the scaled fp16 query (F16_KEYS, SPEC §7: its rounding is metered
-    # through dot_gamma's QUERY_F16_REL): on the GPU for int8 without a repaired pool (whose exact bf16 keys fp16
-    # would round); ``_f16_keys`` forces it on or off (A/B; on in the interpreter it rounds q the same way)
-    f16_keys = (lowp and cache.scheme == "int8" and not has_rep) if _f16_keys is None else bool(_f16_keys)
-    if f16_keys and (cache.scheme != "int8" or has_rep):
-        raise ValueError("_f16_keys: only int8 codes without a repaired pool take the fp16 key dot")
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits
@@ -931,7 +869,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, F16_KEYS=f16_keys, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -940,7 +878,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, f16_keys)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
@@ -956,7 +894,7 @@ def decode(
             _TILE_FIT[fit_key] = pages_per_tile  # later calls of this configuration start there
     consts = MergeConstants(
         D=D, T=T, PAGES=pages_per_tile, NB=NB, KA=KA, sm=sm, tier_b=tier_b,
-        delta_step=delta_step, gamma=dot_gamma(D, split3=dequantized_fp32(cache.scheme), f16_query=f16_keys),
+        delta_step=delta_step, gamma=dot_gamma(D, split3=dequantized_fp32(cache.scheme)),
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
         eta=mass_eta_terms(pages_per_tile * T, hist_split, packed=pack and hist_split == "bf16x2"),
         out_rel0=2.0**-8 if lowp else 0.0,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from contract.rounding import QUERY_F16_MAX_SHIFT, QUERY_F16_MIN_SHIFT, QUERY_F16_TOP
 from contract.schemes import INT4_GROUP, SCHEMES, kernel_id
 
 NONE_ID = tl.constexpr(kernel_id("none"))
@@ -31,10 +30,3 @@ INT4_DIVISOR = tl.constexpr(float(SCHEMES["int4_group"].divisor))
 KIVI2_DIVISOR = tl.constexpr(float(SCHEMES["kivi2"].divisor))
 #: channels per int4_group scale / zero
 GROUP = tl.constexpr(INT4_GROUP)
-
-#: the scaled fp16 query of the int8 key dot (``contract.rounding``): largest |q| into [2^TOP, 2^(TOP+1)),
-#: shifts within [MIN_SHIFT, MAX_SHIFT]
-Q16_TOP = tl.constexpr(QUERY_F16_TOP)
-Q16_TOP_VALUE = tl.constexpr(2.0**QUERY_F16_TOP)
-Q16_MAX_SHIFT = tl.constexpr(QUERY_F16_MAX_SHIFT)
-Q16_MIN_SHIFT = tl.constexpr(QUERY_F16_MIN_SHIFT)

@@ -37,10 +37,7 @@ Floating point of the kernels (SPEC §7), the constants below:
   by ``KERNEL_REL_SLACK``, floored at ``KERNEL_WITNESS_FLOOR`` for lossy schemes (a residual whose
   entries a flush-to-zero GPU treats as 0 is < √D·2^-126) and rounded **up** into its dtype;
 * a served logit σ·s_j·⟨q, c_j⟩ computed in fp32 (tensor cores: exact products, fp32 sums that
-  may truncate) is within ``σ ‖q‖ κ_j γ`` of the exact one, γ = ``dot_gamma(D)``; where the int8
-  key codes are dotted in fp16 against q scaled per head by 2^e (largest |q| in [2^14, 2^15)) and
-  rounded to fp16 (``dot_gamma(D, f16_query=True)``), the rounding of q is metered by
-  ``query_f16_rel(D)``;
+  may truncate) is within ``σ ‖q‖ κ_j γ`` of the exact one, γ = ``dot_gamma(D)``;
 * a p̂ mass accumulated in fp32 (tf32x3 / ieee histogram dot, the running rescale by α per
   tile) is within a relative ``mass_eta(tiles)`` of the exact one; masses below
   ``FP32_FLUSH`` relative to the running maximum may be lost entirely (counted, ``ρ``).
@@ -53,7 +50,6 @@ import dataclasses
 import torch
 
 from contract.bands import group_slices
-from contract.rounding import query_f16_rel  # noqa: F401 (re-exported: the kernels' γ term)
 from contract.schemes import INT4_GROUP, KERNEL_SCHEME_IDS, SCHEMES, scale_bytes_per_token
 
 #: scheme ids shared by the kernels (constexpr SCHEME), from the scheme table (re-exported)
@@ -77,17 +73,14 @@ FP32_FLUSH = 2.0**-100
 KERNEL_EXP_REL = 2.0**-20
 
 
-def dot_gamma(head_dim: int, split3: bool = False, f16_query: bool = False) -> float:
+def dot_gamma(head_dim: int, split3: bool = False) -> float:
     """γ with |fl(σ s ⟨q, c⟩) − σ s ⟨q, c⟩| ≤ γ σ ‖q‖ κ: D exact products summed in fp32, each
     add with relative error ≤ KERNEL_UNIT (truncation included), + the scale products and the
     subtraction of the running max (+32); ``split3``: the int4 tf32x3 dot (three partial products
-    per term, each operand split into two tf32 parts: 3·2^-22 relative per product); ``f16_query``:
-    the int8 codes dotted against the scaled fp16 query, + ``query_f16_rel(D)``."""
+    per term, each operand split into two tf32 parts: 3·2^-22 relative per product)."""
     if split3:
-        if f16_query:
-            raise ValueError("dot_gamma: the fp16 query is for the int8 codes' dot, not the tf32x3 one")
         return (3 * head_dim + 32) * KERNEL_UNIT + 2.0**-19
-    return (head_dim + 32) * KERNEL_UNIT + (query_f16_rel(head_dim) if f16_query else 0.0)
+    return (head_dim + 32) * KERNEL_UNIT
 
 
 def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:

@@ -198,16 +198,6 @@ def test_decode_conformance_one_warp_tile(case):
     check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
 
 
-@pytest.mark.parametrize("case", [FIXED[0]], ids=["int8"])
-@pytest.mark.parametrize("one_warp", [False, True])
-def test_decode_conformance_f16_key_dot(case, one_warp):
-    """The int8 key dot against the scaled fp16 query (``_f16_keys``, SPEC §7: the GPU's default for int8; in the
-    interpreter the same rounded query dotted in fp32), in the default and the one-warp tile."""
-    from kernels.decode import METERED_REGISTER_CAP
-    kw = dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP) if one_warp else {}
-    check_case(*case, tile_kw=dict(kw, _f16_keys=True))
-
-
 @pytest.mark.parametrize("case", [FIXED[i] for i in (0, 1, 8)], ids=["int8", "int8_dither", "int4_group"])
 def test_decode_conformance_prefetched_block_table(case):
     """prefetch_bt=True (the next tile's block-table entries loaded one iteration ahead)."""
@@ -231,11 +221,10 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
     # at 128 tokens and two stages needs 262,144 B of shared memory: decode retries it at 64, H200 run I)
     # (and its head columns: the interpreter's fp32 dot rounds an 8- and a 16-column product differently)
     from kernels.decode import tile_config
-    f16 = tile_kw.get("_f16_keys")  # the scaled fp16 query of the int8 key dot (on the GPU by default)
     off = decode(cache, qd, btd, sld, num_splits=splits, meter=False,
                  pages_per_tile=tile_kw.get("pages_per_tile", 128 // cache.block_size) if DEV == "cpu" else None,
-                 _head_columns=tile_config(True, scheme, 0.0, levels).head_columns, _f16_keys=f16)
-    off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False, _f16_keys=f16))
+                 _head_columns=tile_config(True, scheme, 0.0, levels).head_columns)
+    off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels, **tile_kw)
     out, off, one = (to_cpu(x) for x in (out, off, one))
     cache = on_cpu(cache)
@@ -294,8 +283,7 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
             kap = cache.k_norm[bt[b, torch.arange(n) // 16].long(), h,
                                (torch.arange(n) % 16) if cache.per_token_witness else 0].double()
             assert torch.all(kap >= kh.norm(dim=-1))
-            f16_query = bool(f16) if f16 is not None else DEV != "cpu" and scheme == "int8"
-            assert xi >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, split3, f16_query)
+            assert xi >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, split3)
             qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
             eps_k = qn * W.norm(dim=-1) + xi
             if levels == "page":  # each token at its (logical) page's largest radius
@@ -998,47 +986,3 @@ def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
     assert seen == [2]  # remembered
     with pytest.raises(OutOfResources):
         KD.decode(cache, q, bt, sl, num_splits=2, pages_per_tile=8)
-
-
-def test_f16_key_dot_meters_the_rounded_query():
-    """The scaled fp16 query (SPEC §7, ``contract.rounding.scaled_f16_query``) on queries that round: a head whose
-    entries span 2^40 (those under 2^-28 of its largest are fp16 subnormals after the scaling), one at 2^100,
-    one of zeros, and one too small to reach 2^14 (largest |q| 2^-90: flagged, TV⁺ 1, E⁺ inf). The kernel serves
-    the rounded query's logits, and its bounds hold against the exact query's attention."""
-    from contract.rounding import scaled_f16_query
-
-    D, GQ, n = 64, 4, 150
-    cache, bt, exact = build("int8", [n], 1, D, G=1, seed=21)
-    g = torch.Generator().manual_seed(22)
-    q = torch.randn(1, GQ, D, generator=g)
-    q[0, 0] *= torch.exp2(-40.0 * torch.rand(D, generator=g))  # a 2^40 spread: the small entries round
-    q[0, 1] *= 2.0**100
-    q[0, 2] = 0.0
-    q[0, 3] *= 2.0**-92
-    q = q.bfloat16().float()
-    e, q16, tiny = scaled_f16_query(q)
-    assert tiny[0].tolist() == [False, False, False, True]
-    assert not torch.equal(q16[0, 0], q[0, 0].double())  # the spread head does round
-    sigma = 1 / math.sqrt(D)
-    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([n]).to(DEV), delta_step=None, _f16_keys=True))
-    rec = out.meter
-    assert rec.flag[0].tolist() == [False, False, False, True]
-    assert rec.tv_upper_a[0, 3].item() == 1.0 and math.isinf(rec.out_err_upper[0, 3].item())
-    cache = on_cpu(cache)
-    kh, vh = dequant(cache, bt, 0, n, 0)
-    kx, vx = (t[:, 0].double() for t in exact[0])
-    for h in range(3):
-        qq = q[0, h].double()
-        p_hat = torch.softmax(sigma * (kh @ qq), 0)
-        # the served logits are the rounded query's
-        lse16 = torch.logsumexp(sigma * (kh @ q16[0, h]), 0).item()
-        assert abs(out.lse[0, h].item() - lse16) <= 1e-4 * max(1.0, abs(lse16))
-        W, _, _ = stored_witnesses(cache, bt, 0, n, 0)
-        eps = B.logit_radius(qq, W, cache.groups(), sigma, block_size=1, n=n)
-        tv_k = rec.tv_upper_a[0, h].item()
-        assert tv_k >= B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14 - 1e-7
-        p = torch.softmax(sigma * (kx @ qq), 0)
-        assert B.tv(p, p_hat).item() <= tv_k
-        assert (out.o[0, h].double() - p @ vx).norm().item() <= rec.out_err_upper[0, h].item()
-        kap = cache.k_norm[bt[0, torch.arange(n) // 16].long(), 0, torch.arange(n) % 16].double()
-        assert rec.xi[0, h].item() >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, f16_query=True)

@@ -336,27 +336,6 @@ def logit_radius(q, key_witness, groups, scale, block_size: int = 16, n: int | N
     return _wrap(_round_up_rel(eps), q, key_witness)
 
 
-def f16_query_error(q, flush: bool = True):
-    """The rounding of the query by the GPU's int8 key dot (SPEC §7; ``kernels.decode`` F16_KEYS): each
-    vector of q's last axis scaled by 2^e (its largest |q| into [2^14, 2^15)) and rounded to fp16, as
-    ``contract.rounding.scaled_f16_query``. Returns ``‖q̃ − q‖₂`` per vector ``[...]``; with ``flush``
-    (the bound's model) every entry in fp16's subnormal range is flushed to 0 instead of rounded. The
-    kernels meter it as ``2·‖q̃ − q‖ / ‖q‖ ≤ query_f16_rel(d)`` inside γ (``kernels.paged.dot_gamma``)."""
-    import torch
-
-    from contract.rounding import QUERY_F16_TOP, scaled_f16_query
-
-    qa = _as_np(q, "q")
-    _need_ndim(qa, 1, "q", "[..., d]")
-    qt = torch.from_numpy(np.ascontiguousarray(qa))
-    e, q16, _ = scaled_f16_query(qt)
-    if flush:
-        scaled = qt * torch.exp2(e.to(torch.float64))[..., None]
-        q16 = torch.where(scaled.abs() < 2.0 ** -QUERY_F16_TOP, torch.zeros_like(q16), q16)
-    out = (q16 - qt).norm(dim=-1).numpy()
-    return _wrap(out, q)
-
-
 def dot_rounding_radius(q, k_hat, scale, unit_roundoff: float = 2.0**-53):
     """Rounding of a served logit computed in floating point (SPEC §7): a d-term dot product
     with unit roundoff u is within ``γ_d Σ_i |q_i||k̂_{j,i}|`` of the exact one, γ_d = d·u/(1 − d·u)
