@@ -71,6 +71,10 @@ def main(argv=None):
     ap.add_argument("--configs", help="explicit configurations instead of a plan: 'on|off:tokens:stages:warps:cap:S,...' "
                     "(cap 0: none; S 0: the shape's split count), 8 head columns, the packed histogram")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
+    ap.add_argument("--prefetch", help="comma-separated prefetch levels (decode's _prefetch: 0 none, 1 L2, 2 L1) "
+                    "for the production tiles and split counts (decode's defaults), meter on and off; the outputs "
+                    "must be bit-identical")
+    ap.add_argument("--only", choices=("on", "off"), help="with --prefetch: only the metered / unmetered call")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
     Hq, Hkv, D = args.heads, 8, 128
@@ -83,6 +87,20 @@ def main(argv=None):
           f"on {tile_config(True, 'int8', pps)}", flush=True)
     plan = ((True, WARP1_ON), (False, WARP1_OFF)) if args.warp1 else ((True, ABLATE), (False, OFF[:1])) if args.ablate else ((True, PIPE_ON), (False, PIPE_OFF)) if args.pipe else ((True, LITE), (False, OFF[1:2])) if args.lite else \
         ((True, ON[0::2]), (False, OFF[1::3])) if args.quick else ((True, ON), (False, OFF))
+    if args.prefetch:
+        for meter in (True, False) if not args.only else (args.only == "on",):
+            outs = []
+            for l2 in (int(x) for x in args.prefetch.split(",")):
+                kw = dict(meter=meter, validate=False, epilogue=False, _prefetch=l2)
+                out = decode(caches[0][0], q, caches[0][1], sl, **kw)
+                outs.append(out)
+                t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, **kw)) for c, bt in caches]), False)
+                k = out.compiled
+                print(f"  {'on ' if meter else 'off'} default, prefetch {('none', 'L2', 'L1')[l2]}: {t:.4f} ms  sdpa/x "
+                      f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
+            same = all(torch.equal(outs[0].o, x.o) and torch.equal(outs[0].lse, x.lse) for x in outs)
+            print(f"  {'on ' if meter else 'off'} bit-identical across prefetch levels: {same}", flush=True)
+        return
     if args.configs:
         plan = []
         for c in args.configs.split(","):

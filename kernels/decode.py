@@ -84,6 +84,30 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _prefetch(ptr, mask, LEVEL: tl.constexpr):
+    """prefetch.global.L2 (LEVEL 1) or .L1 (LEVEL 2) of each address where ``mask`` (GPU only: inline PTX; no
+    value is read or changed)."""
+    if LEVEL == 2:
+        tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .pred p;
+            setp.ne.b32 p, $2, 0;
+            @p prefetch.global.L1 [$1];
+            mov.u32 $0, 0;
+            }""", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .pred p;
+            setp.ne.b32 p, $2, 0;
+            @p prefetch.global.L2 [$1];
+            mov.u32 $0, 0;
+            }""", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _softmax_step(m, l, sT):
     """One tile of the online softmax: the running max m' = max(m, max sT), the rescale α = e^(m − m'),
     p̂ = e^(sT − m') and the running sum l·α + Σ p̂ (per head column). A split whose tiles so far were all
@@ -115,7 +139,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
-    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr,
+    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -178,8 +202,10 @@ def _decode_kernel(
     off = n_idx % T
     # the block-table entries of the next tile are loaded one iteration ahead (PREFETCH_BT), so a
     # tile's code loads do not wait behind its own table load
-    if PREFETCH_BT:
+    if PREFETCH_BT or PF_AHEAD:
         bt_next = tl.load(BT + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
+    if PF_AHEAD:  # the tile after: its block ids arrive during the first tile
+        bt_after = tl.load(BT + p_start + PAGES + pg_in, mask=p_start + PAGES + pg_in < p_end, other=0)
     for p0 in range(p_start, p_end, PAGES):
         page = p0 + pg_in
         tok = page * T + off
@@ -187,7 +213,29 @@ def _decode_kernel(
         valid = pvalid & (tok < seq_len)
         if HAS_MASK:  # token mask (padding): a masked token is not attended and not metered
             valid = valid & (tl.load(TM + b * s_tmb + tok, mask=valid, other=0) != 0)
-        if PREFETCH_BT:
+        if PF_AHEAD:
+            # the next tile's code rows (one 128-byte line per token for d 128) and its per-token scales and
+            # witnesses are prefetched into the L2 while this tile computes: its loads then wait on the L2, not
+            # on DRAM (ncu, run Q: 48 % of the metered one-warp kernel's stall samples were long-scoreboard waits
+            # on its code and scale loads). The block ids run two tiles ahead. A prefetch changes no value
+            blk = bt_next.to(tl.int64)
+            pn = page + PAGES
+            nblk = bt_after.to(tl.int64)
+            bt_next = bt_after
+            bt_after = tl.load(BT + pn + PAGES, mask=pn + PAGES < p_end, other=0)
+            nbase = nblk * s_cb + kvh * s_ch + off * s_ct
+            nok = pn < p_end
+            _prefetch(KC + nbase, nok, PF_AHEAD)
+            _prefetch(VC + nbase, nok, PF_AHEAD)
+            _prefetch(KS + nblk * s_sb + kvh * s_sh + off * s_st, nok & (off == 0), PF_AHEAD)
+            _prefetch(VS + nblk * s_vsb + kvh * s_vsh + off * s_vst, nok & (off == 0), PF_AHEAD)
+            if METER:
+                nwoff = nblk * s_vwb + kvh * s_vwh + off
+                _prefetch(KW + nblk * s_wb + kvh * s_wh + off * s_wt, nok & (off == 0), PF_AHEAD)
+                _prefetch(VW + nwoff, nok & (off == 0), PF_AHEAD)
+                _prefetch(VN + nwoff, nok & (off == 0), PF_AHEAD)
+                _prefetch(KN + nwoff, nok & (off == 0), PF_AHEAD)
+        elif PREFETCH_BT:
             blk = bt_next.to(tl.int64)
             pn = page + PAGES
             bt_next = tl.load(BT + pn, mask=pn < p_end, other=0)
@@ -583,6 +631,12 @@ SM_PROGRAMS = 32
 #: offline sm_90 ptxas, bench/sass_probe.py). Only int8 was timed: the other 8-bit
 #: schemes keep the 4-warp tile
 ONE_WARP_METERED_SCHEMES = ("int8",)
+#: the one-warp metered tile prefetches the next tile into the L2 (``Tile.prefetch``; run Q, 2026-12-03,
+#: bench/tile_ab_l2_2026-12-03_Q.log, kernel + merge: 0.95-0.97× the time at B 8 and 32, bit-identical
+#: outputs). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits for the tile's code and scale
+#: loads at 2.8 of 12 possible warps per scheduler. The unmetered 64-token tile spilled under its cap with it
+#: (1.2× slower), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
+METERED_ONE_WARP_PREFETCH = 1
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
@@ -606,6 +660,9 @@ class Tile:
     # the fewest query-head columns a program's tiles are padded to (BLOCK_H ≥ GQ; the tensor-core dots take
     # 8 columns as mma.sync n8 where 16 went to wgmma: 2-10 % less time at GQ 4-8, run K)
     head_columns: int = 8
+    # 1: the next tile's code rows, scales and witnesses are prefetched into the L2 while a tile computes
+    # (prefetch.global.L2, block ids two tiles ahead; on the GPU); 0: none
+    prefetch: int = 0
 
     def resident_programs(self) -> int | None:
         """Programs that fit on one multiprocessor under the register cap (None without a cap: the
@@ -658,7 +715,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
     if scheme in EIGHT_BIT_SCHEMES:
         if meter:
             if many and capped and scheme in ONE_WARP_METERED_SCHEMES and levels == "token" and block_size <= 32:
-                return Tile(32, 1, 1, METERED_REGISTER_CAP)
+                return Tile(32, 1, 1, METERED_REGISTER_CAP, prefetch=METERED_ONE_WARP_PREFETCH)
             return Tile(128, 1, 4, METERED_REGISTER_CAP if capped else None)
         return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
     if scheme == "none":
@@ -691,6 +748,7 @@ def decode(
     _maxnreg: int | None = None,
     _head_columns: int | None = None,
     _pack_hist: bool | None = None,
+    _prefetch: int | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -820,6 +878,11 @@ def decode(
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
     pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
+    # the next tile's codes, scales and witnesses prefetched while a tile computes (``Tile.prefetch``; GPU only:
+    # inline PTX; ``_prefetch`` for an A/B: 0 none, 1 into the L2, 2 into the L1)
+    pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
+    if pf_ahead not in (0, 1, 2):
+        raise ValueError(f"_prefetch: expected 0, 1 or 2, got {_prefetch!r}")
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits
@@ -869,7 +932,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -878,7 +941,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, pf_ahead)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:

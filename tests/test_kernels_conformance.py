@@ -717,10 +717,44 @@ def test_one_warp_tile_serves_masks_and_the_csr_layout(monkeypatch, shape):
 
     monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
     assert kd.tile_config(True, "int8", 8.0) == kd.tile_config(True, "int8", 8.0, "token", 1) == kd.Tile(
-        32, 1, 1, kd.METERED_REGISTER_CAP)
+        32, 1, 1, kd.METERED_REGISTER_CAP, prefetch=kd.METERED_ONE_WARP_PREFETCH)
     test_token_mask_is_left_padding("token", shape)
     if shape == "short":
         test_csr_layout_matches_block_table()
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="the prefetch is inline PTX: the interpreter runs without it")
+@pytest.mark.parametrize("layout", ["table", "mask", "csr"])
+def test_prefetch_changes_no_value(monkeypatch, layout):
+    """``Tile.prefetch`` (the one-warp metered tile prefetches the next tile into the L2, run Q): no value changes,
+    bit for bit, at every level (none, L2, L1), on ragged lengths, a token mask and SGLang's CSR layout."""
+    from kernels import decode as kd
+
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # the tests' small grids take the one-warp tile
+    lens = [1, 37, 300]
+    T = 1 if layout == "csr" else 16
+    cache, bt, _ = build("int8", lens, 2, 128, T=T, G=1, seed=5)
+    q = (torch.randn(len(lens), 8, 128, generator=torch.Generator().manual_seed(6)) * 1.5).bfloat16().float().to(DEV)
+    sl = torch.tensor(lens)
+    kw = dict(num_splits=3, delta_step=None)
+    if layout == "csr":
+        rows = [bt[b, :n] for b, n in enumerate(lens)]
+        indptr = torch.tensor([0] + list(np.cumsum(lens))).int().to(DEV)
+        args = (torch.cat(rows).to(DEV), None)
+        kw["kv_indptr"] = indptr
+    else:
+        args = (bt.to(DEV), sl.to(DEV))
+    if layout == "mask":
+        mask = torch.ones(len(lens), 300, dtype=torch.bool)
+        mask[2, :40] = False
+        mask[1, 5] = False
+        kw["token_mask"] = mask.to(DEV)
+    outs = [to_cpu(decode(cache, q, *args, _prefetch=pf, **kw)) for pf in (0, 1, 2)]
+    assert outs[1].compiled is not None
+    for o in outs[1:]:
+        assert torch.equal(o.o, outs[0].o) and torch.equal(o.lse, outs[0].lse)
+        assert torch.equal(o.meter.tv_upper_a, outs[0].meter.tv_upper_a)
+        assert torch.equal(o.meter.out_err_upper, outs[0].meter.out_err_upper)
 
 
 def test_tile_config_and_its_overrides():
@@ -741,7 +775,7 @@ def test_tile_config_and_its_overrides():
         cap = METERED_REGISTER_CAP if sch in CAPPED_SCHEMES else None
         assert CAP_REGISTERS and tile_config(True, sch) == Tile(128, 1, 4, cap)
         if sch in ONE_WARP_METERED_SCHEMES:  # one-warp programs on many-program grids, pages of ≤ 32 tokens
-            assert tile_config(True, sch, many) == tile_config(True, sch, many, "token", 32) == Tile(32, 1, 1, cap)
+            assert tile_config(True, sch, many) == tile_config(True, sch, many, "token", 32) == Tile(32, 1, 1, cap, prefetch=1)
             assert tile_config(True, sch, many, "token", 64) == tile_config(True, sch, many - 1) == Tile(128, 1, 4, cap)
         else:
             assert tile_config(True, sch, many) == Tile(128, 1, 4, cap)
