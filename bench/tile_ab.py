@@ -69,7 +69,8 @@ def main(argv=None):
     ap.add_argument("--pipe", action="store_true", help="two-stage and 8-warp tiles (PIPE_ON / PIPE_OFF)")
     ap.add_argument("--warp1", action="store_true", help="one- and two-warp programs (WARP1_ON / WARP1_OFF)")
     ap.add_argument("--configs", help="explicit configurations instead of a plan: 'on|off:tokens:stages:warps:cap:S,...' "
-                    "(cap 0: none; S 0: the shape's split count), 8 head columns, the packed histogram")
+                    "(cap 0: none; S 0: the shape's split count; an optional 7th field: decode's _prefetch level), 8 head "
+                    "columns, the packed histogram")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
     ap.add_argument("--prefetch", help="comma-separated prefetch levels (decode's _prefetch: 0 none, 1 L2, 2 L1) "
                     "for the production tiles and split counts (decode's defaults), meter on and off; the outputs "
@@ -104,9 +105,9 @@ def main(argv=None):
     if args.configs:
         plan = []
         for c in args.configs.split(","):
-            m, tk, st, w, cap, sx = c.split(":")
+            m, tk, st, w, cap, sx, *pf = c.split(":")
             plan.append((m == "on", [(int(tk), int(st), int(w), int(cap), 8, 0, True if m == "on" else None, None,
-                                      int(sx) / S if int(sx) else 1)]))
+                                      int(sx) / S if int(sx) else 1, int(pf[0]) if pf else None)]))
     for meter, configs in plan:
         for tokens, stages, warps, cap, hc, *rest in configs:
             kw = dict(pages_per_tile=tokens // 16, num_stages=stages, num_warps=warps, _maxnreg=cap or 0,
@@ -118,6 +119,8 @@ def main(argv=None):
             if len(rest) > 2 and rest[2] is not None:
                 kw["prefetch_bt"] = rest[2]
             Sx = min(64, round(S * rest[3])) if len(rest) > 3 else S
+            if len(rest) > 4 and rest[4] is not None:
+                kw["_prefetch"] = rest[4]
             try:
                 out = decode(caches[0][0], q, caches[0][1], sl, num_splits=Sx, meter=meter, validate=False,
                              epilogue=False, **kw)
@@ -125,7 +128,7 @@ def main(argv=None):
                                                               validate=False, epilogue=False, **kw))
                                    for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 and rest[1] is not None else ''}{(' prefetch' if rest[2] else ' no prefetch') if len(rest) > 2 and rest[2] is not None else ''}{f' S {Sx}' if Sx != S else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} {tokens:>3} tok s{stages} w{warps}{f' r{cap}' if cap else ''}{f' h{hc}' if hc else ''}{f' ablate {rest[0]}' if rest and rest[0] else ''}{(' packed' if rest[1] else ' 2 dots') if len(rest) > 1 and rest[1] is not None else ''}{(' prefetch' if rest[2] else ' no prefetch') if len(rest) > 2 and rest[2] is not None else ''}{f' S {Sx}' if Sx != S else ''}{f' prefetch {rest[4]}' if len(rest) > 4 and rest[4] is not None else ''}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             except Exception as e:  # a configuration that does not build is reported
                 print(f"  {'on ' if meter else 'off'} {tokens} tok s{stages} w{warps}: {type(e).__name__}: {str(e)[:200]}",
