@@ -632,10 +632,11 @@ SM_PROGRAMS = 32
 #: schemes keep the 4-warp tile
 ONE_WARP_METERED_SCHEMES = ("int8",)
 #: the one-warp metered tile prefetches the next tile into the L2 (``Tile.prefetch``; run Q, 2026-12-03,
-#: bench/tile_ab_l2_2026-12-03_Q.log, kernel + merge: 0.95-0.97× the time at B 8 and 32, bit-identical
-#: outputs). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits for the tile's code and scale
-#: loads at 2.8 of 12 possible warps per scheduler. The unmetered 64-token tile spilled under its cap with it
-#: (1.2× slower), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
+#: bench/tile_ab_prefetch_2026-12-03_Q.log, kernel + merge: 0.955-0.981× the time at B 8 and 32, outputs
+#: bit-identical; into the L1 no better). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits
+#: for the tile's code and scale loads, at 2.8 active warps per scheduler. The unmetered 64-token tile spilled
+#: under its cap with it (1.2× slower; uncapped, at 96 registers or in one-warp programs 7-35 % slower than the
+#: capped default), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
 METERED_ONE_WARP_PREFETCH = 1
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
@@ -690,7 +691,8 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
       for the ``ONE_WARP_METERED_SCHEMES`` (int8) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per
       SM, 32-token tiles in one-warp programs under the same cap (twelve per SM; run P: 7-10 % faster
       at B 8 and 32, and ``choose_splits`` sizes their grid to whole waves of twelve), where a page
-      (``block_size`` tokens) fits in such a tile;
+      (``block_size`` tokens) fits in such a tile, each prefetching its next tile into the L2
+      (``METERED_ONE_WARP_PREFETCH``, run Q: 2-5 % faster);
     * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
       ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
       ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (B = 1:
