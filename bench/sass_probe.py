@@ -50,7 +50,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
     const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
-                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=0, PF_DIST=1)
+                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=0)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kd.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else

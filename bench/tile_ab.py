@@ -72,11 +72,10 @@ def main(argv=None):
                     "(cap 0: none; S 0: the shape's split count; an optional 7th field: decode's _prefetch level), 8 head "
                     "columns, the packed histogram")
     ap.add_argument("--splits", type=int, help="another split count than choose_splits'")
-    ap.add_argument("--prefetch", help="comma-separated prefetch levels (decode's _prefetch: 0 none, 1 L2, 2 L1) "
+    ap.add_argument("--prefetch", help="comma-separated prefetch levels (decode's _prefetch: 0 none, 1 L2) "
                     "for the production tiles and split counts (decode's defaults), meter on and off; the outputs "
                     "must be bit-identical")
     ap.add_argument("--only", choices=("on", "off"), help="with --prefetch: only the metered / unmetered call")
-    ap.add_argument("--prefetch-distance", type=int, default=1, help="with --prefetch: tiles ahead (1 or 2)")
     args = ap.parse_args(argv)
     B, n, *split = (int(x) for x in args.shape.split(":"))  # B:n or B:n:S (S as --splits)
     Hq, Hkv, D = args.heads, 8, 128
@@ -93,13 +92,12 @@ def main(argv=None):
         for meter in (True, False) if not args.only else (args.only == "on",):
             outs = []
             for l2 in (int(x) for x in args.prefetch.split(",")):
-                kw = dict(meter=meter, validate=False, epilogue=False, _prefetch=l2,
-                          _prefetch_distance=args.prefetch_distance)
+                kw = dict(meter=meter, validate=False, epilogue=False, _prefetch=l2)
                 out = decode(caches[0][0], q, caches[0][1], sl, **kw)
                 outs.append(out)
                 t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, **kw)) for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} default, prefetch {('none', 'L2', 'L1')[l2]}{f' {args.prefetch_distance} tiles ahead' if l2 else ''}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} default, prefetch {('none', 'L2', 'L1')[l2]}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             same = all(torch.equal(outs[0].o, x.o) and torch.equal(outs[0].lse, x.lse) for x in outs)
             print(f"  {'on ' if meter else 'off'} bit-identical across prefetch levels: {same}", flush=True)

@@ -84,27 +84,16 @@ def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _prefetch(ptr, mask, LEVEL: tl.constexpr):
-    """prefetch.global.L2 (LEVEL 1) or .L1 (LEVEL 2) of each address where ``mask`` (GPU only: inline PTX; no
-    value is read or changed)."""
-    if LEVEL == 2:
-        tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .pred p;
-            setp.ne.b32 p, $2, 0;
-            @p prefetch.global.L1 [$1];
-            mov.u32 $0, 0;
-            }""", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .pred p;
-            setp.ne.b32 p, $2, 0;
-            @p prefetch.global.L2 [$1];
-            mov.u32 $0, 0;
-            }""", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptr, mask):
+    """prefetch.global.L2 of each address where ``mask`` (GPU only: inline PTX; no value is read or changed)."""
+    tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .pred p;
+        setp.ne.b32 p, $2, 0;
+        @p prefetch.global.L2 [$1];
+        mov.u32 $0, 0;
+        }""", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -139,7 +128,7 @@ def _decode_kernel(
     SCHEME: tl.constexpr, METER: tl.constexpr, TIER_B: tl.constexpr, PER_TOKEN: tl.constexpr, LOWP: tl.constexpr,
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
-    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr, PF_DIST: tl.constexpr,
+    PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -206,8 +195,6 @@ def _decode_kernel(
         bt_next = tl.load(BT + p_start + pg_in, mask=p_start + pg_in < p_end, other=0)
     if PF_AHEAD:  # the tile after: its block ids arrive during the first tile
         bt_after = tl.load(BT + p_start + PAGES + pg_in, mask=p_start + PAGES + pg_in < p_end, other=0)
-        if PF_DIST == 2:
-            bt_far = tl.load(BT + p_start + 2 * PAGES + pg_in, mask=p_start + 2 * PAGES + pg_in < p_end, other=0)
     for p0 in range(p_start, p_end, PAGES):
         page = p0 + pg_in
         tok = page * T + off
@@ -221,29 +208,22 @@ def _decode_kernel(
             # on DRAM (ncu, run Q: 48 % of the metered one-warp kernel's stall samples were long-scoreboard waits
             # on its code and scale loads). The block ids run two tiles ahead. A prefetch changes no value
             blk = bt_next.to(tl.int64)
-            if PF_DIST == 2:  # (A/B) the tile after next
-                pn = page + 2 * PAGES
-                nblk = bt_far.to(tl.int64)
-                bt_next = bt_after
-                bt_after = bt_far
-                bt_far = tl.load(BT + pn + PAGES, mask=pn + PAGES < p_end, other=0)
-            else:
-                pn = page + PAGES
-                nblk = bt_after.to(tl.int64)
-                bt_next = bt_after
-                bt_after = tl.load(BT + pn + PAGES, mask=pn + PAGES < p_end, other=0)
+            pn = page + PAGES
+            nblk = bt_after.to(tl.int64)
+            bt_next = bt_after
+            bt_after = tl.load(BT + pn + PAGES, mask=pn + PAGES < p_end, other=0)
             nbase = nblk * s_cb + kvh * s_ch + off * s_ct
             nok = pn < p_end
-            _prefetch(KC + nbase, nok, PF_AHEAD)
-            _prefetch(VC + nbase, nok, PF_AHEAD)
-            _prefetch(KS + nblk * s_sb + kvh * s_sh + off * s_st, nok & (off == 0), PF_AHEAD)
-            _prefetch(VS + nblk * s_vsb + kvh * s_vsh + off * s_vst, nok & (off == 0), PF_AHEAD)
+            _prefetch_l2(KC + nbase, nok)
+            _prefetch_l2(VC + nbase, nok)
+            _prefetch_l2(KS + nblk * s_sb + kvh * s_sh + off * s_st, nok & (off == 0))
+            _prefetch_l2(VS + nblk * s_vsb + kvh * s_vsh + off * s_vst, nok & (off == 0))
             if METER:
                 nwoff = nblk * s_vwb + kvh * s_vwh + off
-                _prefetch(KW + nblk * s_wb + kvh * s_wh + off * s_wt, nok & (off == 0), PF_AHEAD)
-                _prefetch(VW + nwoff, nok & (off == 0), PF_AHEAD)
-                _prefetch(VN + nwoff, nok & (off == 0), PF_AHEAD)
-                _prefetch(KN + nwoff, nok & (off == 0), PF_AHEAD)
+                _prefetch_l2(KW + nblk * s_wb + kvh * s_wh + off * s_wt, nok & (off == 0))
+                _prefetch_l2(VW + nwoff, nok & (off == 0))
+                _prefetch_l2(VN + nwoff, nok & (off == 0))
+                _prefetch_l2(KN + nwoff, nok & (off == 0))
         elif PREFETCH_BT:
             blk = bt_next.to(tl.int64)
             pn = page + PAGES
@@ -760,7 +740,6 @@ def decode(
     _head_columns: int | None = None,
     _pack_hist: bool | None = None,
     _prefetch: int | None = None,
-    _prefetch_distance: int = 1,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -890,13 +869,11 @@ def decode(
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
     pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
-    # the next tile's codes, scales and witnesses prefetched while a tile computes (``Tile.prefetch``; GPU only:
-    # inline PTX; ``_prefetch`` for an A/B: 0 none, 1 into the L2, 2 into the L1)
+    # the next tile's codes, scales and witnesses prefetched into the L2 while a tile computes (``Tile.prefetch``;
+    # GPU only: inline PTX; ``_prefetch`` for an A/B: 0 none, 1 into the L2. Run Q also timed the L1: no better)
     pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
-    if pf_ahead not in (0, 1, 2):
-        raise ValueError(f"_prefetch: expected 0, 1 or 2, got {_prefetch!r}")
-    if _prefetch_distance not in (1, 2):
-        raise ValueError(f"_prefetch_distance: expected 1 or 2 tiles, got {_prefetch_distance!r}")
+    if pf_ahead not in (0, 1):
+        raise ValueError(f"_prefetch: expected 0 or 1, got {_prefetch!r}")
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits
@@ -946,7 +923,7 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, PF_DIST=_prefetch_distance, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -955,7 +932,7 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, pf_ahead, _prefetch_distance)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, pf_ahead)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
