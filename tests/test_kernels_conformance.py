@@ -859,6 +859,7 @@ def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, sch
     assert torch.allclose(off.o, on.o, rtol=0, atol=tol) and torch.allclose(off.lse, on.lse, rtol=0, atol=1e-4)
 
 
+@pytest.mark.skipif(DEV == "cpu", reason="the interpreter ignores the register cap (trivially equal; ~150 s of CI)")
 @pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "fp8_e5m2"])
 def test_register_cap_changes_no_value(monkeypatch, scheme):
     """A register cap (``decode(_maxnreg=...)``; ``tile_config``'s on grids of many programs while
