@@ -97,7 +97,7 @@ def main(argv=None):
                 outs.append(out)
                 t = bench(graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, **kw)) for c, bt in caches]), False)
                 k = out.compiled
-                print(f"  {'on ' if meter else 'off'} default, prefetch {('none', 'L2', 'L1')[l2]}: {t:.4f} ms  sdpa/x "
+                print(f"  {'on ' if meter else 'off'} default, prefetch {('none', 'L2')[l2]}: {t:.4f} ms  sdpa/x "
                       f"{t_sdpa / t:.3f}  TB/s {kvb / t / 1e9:.2f}  regs {k.n_regs} spills {k.n_spills}", flush=True)
             same = all(torch.equal(outs[0].o, x.o) and torch.equal(outs[0].lse, x.lse) for x in outs)
             print(f"  {'on ' if meter else 'off'} bit-identical across prefetch levels: {same}", flush=True)
