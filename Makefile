@@ -2,7 +2,9 @@
 # this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-v4
+STAMP := $(VENV)/.installed-v5
+# pytest workers (pytest-xdist): the suite's time is the interpreter on one core per process
+WORKERS ?= 2
 export OMP_NUM_THREADS := 1
 export TRITON_INTERPRET := 1
 
@@ -22,7 +24,7 @@ demo: $(STAMP)
 	$(VENV)/bin/witcert demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist worksteal
 
 soak: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -s --soak -k soak

