@@ -42,15 +42,15 @@ INTS = dict(seed=12345, layer=0, num_splits=16, s_qb=4096, s_qh=128, s_cb=16384,
 
 
 def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme: str = "int8",
-                   maxnreg: int | None = None, head_columns: int = 8, **constexprs):
+                   maxnreg: int | None = None, head_columns: int = 8, prefetch: int = 0, **constexprs):
     """The compiled kernel (``.asm["ptx"]`` etc.) of one configuration, for sm_90 (GQ 4; the histogram
-    packed as ``decode`` packs it unless PACK_HIST is given)."""
+    packed as ``decode`` packs it unless PACK_HIST is given; ``prefetch``: ``Tile.prefetch``, the L2 prefetch)."""
     fn = kd._decode_kernel
     names = fn.arg_names
     const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
-                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=0)
+                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kd.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
@@ -117,23 +117,25 @@ def main(argv=None):
     ap.add_argument("--scheme", default="int8")
     ap.add_argument("--maxnreg", type=int)
     ap.add_argument("--head-columns", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, choices=(0, 1), default=0, help="with --meter: Tile.prefetch (L2)")
     args = ap.parse_args(argv)
     print(f"# triton {triton.__version__}, sm_90a, scheme {args.scheme}")
     if args.meter is None:
         configs = []
         for m, p in ((True, 8.0), (True, 2.0), (False, 8.0), (False, 2.0)):
             t = kd.tile_config(m, args.scheme, p)
-            if (m, t.tokens, t.stages, t.warps, t.max_registers, t.head_columns) not in configs:
-                configs.append((m, t.tokens, t.stages, t.warps, t.max_registers, t.head_columns))
+            c = (m, t.tokens, t.stages, t.warps, t.max_registers, t.head_columns, t.prefetch)
+            if c not in configs:
+                configs.append(c)
     else:
-        configs = [(bool(args.meter), args.tokens, args.stages, args.warps, args.maxnreg, args.head_columns)]
-    for meter, tokens, stages, warps, cap, hc in configs:
-        k = compile_decode(meter, tokens, stages, warps, args.scheme, cap, hc)
+        configs = [(bool(args.meter), args.tokens, args.stages, args.warps, args.maxnreg, args.head_columns, args.prefetch)]
+    for meter, tokens, stages, warps, cap, hc, pf in configs:
+        k = compile_decode(meter, tokens, stages, warps, args.scheme, cap, hc, pf)
         regs, spill, n, ops = analyze(k.asm["ptx"])
         shared = sum(v for o, v in ops.items() if o.startswith(("LDS", "LDSM")))
         byte_lds = sum(v for o, v in ops.items() if o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16"))
         print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps, {hc} head columns"
-              f"{f', cap {cap}' if cap else ''}: {regs} registers, "
+              f"{f', cap {cap}' if cap else ''}{', L2 prefetch' if pf else ''}: {regs} registers, "
               f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
               + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
 

@@ -97,6 +97,26 @@ def _prefetch_l2(ptr, mask):
 
 
 @triton.jit
+def _code_offsets(blk, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst):
+    """Element offsets of token ``off`` of block ``blk`` (kv head ``kvh``) in the paged code rows (K and V share
+    them), key scales (kivi2: s_st = 0, + the channel) and value scales. The loop's loads and the next tile's L2
+    prefetch both take them (and ``_witness_offsets``) from here, so the two cannot drift apart."""
+    return blk * s_cb + kvh * s_ch + off * s_ct, blk * s_sb + kvh * s_sh + off * s_st, blk * s_vsb + kvh * s_vsh + off * s_vst
+
+
+@triton.jit
+def _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN: tl.constexpr):
+    """Element offsets of the key witnesses and of the value-side arrays (φ, ν, κ share them) of token ``off`` of
+    block ``blk`` (kv head ``kvh``); one per block without PER_TOKEN."""
+    wbase = blk * s_wb + kvh * s_wh
+    vwoff = blk * s_vwb + kvh * s_vwh
+    if PER_TOKEN:
+        wbase += off * s_wt
+        vwoff += off
+    return wbase, vwoff
+
+
+@triton.jit
 def _softmax_step(m, l, sT):
     """One tile of the online softmax: the running max m' = max(m, max sT), the rescale α = e^(m − m'),
     p̂ = e^(sT − m') and the running sum l·α + Σ p̂ (per head column). A split whose tiles so far were all
@@ -212,27 +232,26 @@ def _decode_kernel(
             nblk = bt_after.to(tl.int64)
             bt_next = bt_after
             bt_after = tl.load(BT + pn + PAGES, mask=pn + PAGES < p_end, other=0)
-            nbase = nblk * s_cb + kvh * s_ch + off * s_ct
+            nc, ns, nvs = _code_offsets(nblk, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst)
             nok = pn < p_end
-            _prefetch_l2(KC + nbase, nok)
-            _prefetch_l2(VC + nbase, nok)
-            _prefetch_l2(KS + nblk * s_sb + kvh * s_sh + off * s_st, nok & (off == 0))
-            _prefetch_l2(VS + nblk * s_vsb + kvh * s_vsh + off * s_vst, nok & (off == 0))
+            _prefetch_l2(KC + nc, nok)
+            _prefetch_l2(VC + nc, nok)
+            # a page's scales and witnesses share one line: its first token's lane prefetches it
+            _prefetch_l2(KS + ns, nok & (off == 0))
+            _prefetch_l2(VS + nvs, nok & (off == 0))
             if METER:
-                nwoff = nblk * s_vwb + kvh * s_vwh + off
-                _prefetch_l2(KW + nblk * s_wb + kvh * s_wh + off * s_wt, nok & (off == 0))
-                _prefetch_l2(VW + nwoff, nok & (off == 0))
-                _prefetch_l2(VN + nwoff, nok & (off == 0))
-                _prefetch_l2(KN + nwoff, nok & (off == 0))
+                nw, nvw = _witness_offsets(nblk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
+                _prefetch_l2(KW + nw, nok & (off == 0))
+                _prefetch_l2(VW + nvw, nok & (off == 0))
+                _prefetch_l2(VN + nvw, nok & (off == 0))
+                _prefetch_l2(KN + nvw, nok & (off == 0))
         elif PREFETCH_BT:
             blk = bt_next.to(tl.int64)
             pn = page + PAGES
             bt_next = tl.load(BT + pn, mask=pn < p_end, other=0)
         else:
             blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
-        cbase = blk * s_cb + kvh * s_ch + off * s_ct
-        sbase = blk * s_sb + kvh * s_sh + off * s_st  # key scales (kivi2: s_st = 0, + the channel)
-        vsbase = blk * s_vsb + kvh * s_vsh + off * s_vst  # value scales
+        cbase, sbase, vsbase = _code_offsets(blk, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst)
         if HAS_REP:  # repaired pages (overlay): exact K/V from the pool slot RS[blk, kvh] (-1: none)
             rslot = tl.load(RS + blk * s_rsb + kvh, mask=valid, other=-1)
             rep = valid & (rslot >= 0)
@@ -353,9 +372,7 @@ def _decode_kernel(
             ks_lvl = tl.where(rep, 0.0, ks)
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
-            wbase = blk * s_wb + kvh * s_wh
-            if PER_TOKEN:
-                wbase += off * s_wt
+            wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             # ‖W_j‖₂ scaled by the largest group witness: squares of tiny fp32 (per-block)
             # witnesses would underflow to a zero radius; ≥ that largest witness, never 0
             if G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
@@ -372,9 +389,6 @@ def _decode_kernel(
                 # (a NaN / inf group witness makes w2 NaN: kept NaN, so it is counted and flags the row;
                 # the GPU's max drops NaN operands)
                 wn = tl.where(valid, tl.where(w2 == w2, tl.maximum(tl.sqrt(w2) * wmx, wmx) * INFL, float("nan")), 0.0)
-            vwoff = blk * s_vwb + kvh * s_vwh
-            if PER_TOKEN:
-                vwoff += off
             if ABLATE // 2 % 2 == 1:  # (diagnosis) no φ / ν / κ loads
                 phi = tl.where(valid, 0.5, 0.0)
                 nu = phi
