@@ -1,0 +1,56 @@
+"""B 1 metered decode in one-warp programs on a full wave (run R): the whole call, as bench/decode.py's "on" column
+(meter on, tilt above τ 0.1, kernel + fused merge / record, CUDA-graph replay, caches rotated past the L2), for
+the production tile (4 warps, 128 tokens, choose_splits' count) against explicit split counts, at which
+``tile_config`` takes the one-warp 32-token tile (≥ MANY_PROGRAMS_PER_SM programs per SM). A B 1 grid of 8 kv heads
+needs ~200 splits to fill a wave of twelve one-warp programs per SM: each program then runs ~5 tiles of 32 tokens
+at 32K, against ~5 tiles of 128 in the four-warp one (run P timed the one-warp tile at B 1 only up to 64 splits,
+where a program runs 16 tiles: 1.5x slower). The merge reads S partials per row (SP = the next power of two).
+
+    python3 bench/b1_probe.py --lengths 32768,131072 --splits 96,128,192
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch  # noqa: E402
+
+from bench.decode import bench, graphed, int8_shape  # noqa: E402
+from kernels.decode import decode, tile_config  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="32768,131072")
+    ap.add_argument("--heads", default="32,64")
+    ap.add_argument("--splits", default="96,128,160,192")
+    ap.add_argument("--tau", type=float, default=0.1)
+    args = ap.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for Hq in (int(x) for x in args.heads.split(",")):
+        for n in (int(x) for x in args.lengths.split(",")):
+            kvb, caches, q, sl, _ = int8_shape(1, n, Hq, 8, 128, "cuda", sms)
+
+            def timed(meter, S=None):
+                fns = [(lambda c=c, bt=bt: decode(c, q, bt, sl, meter=meter, num_splits=S, validate=False,
+                                                  tilt_above=args.tau)) for c, bt in caches]
+                out = decode(caches[0][0], q, caches[0][1], sl, meter=meter, num_splits=S, validate=False,
+                             tilt_above=args.tau)
+                return bench(graphed(fns), False), out
+
+            t_off, _ = timed(False)
+            t_on, ref = timed(True)
+            line = f"Hq={Hq} n={n}: off {t_off:.4f} ms, on (production) {t_on:.4f} ms = {t_on / t_off:.3f}x off"
+            for S in (int(x) for x in args.splits.split(",")):
+                t, out = timed(True, S)
+                tile = tile_config(True, "int8", 8 * S / sms)
+                k = out.compiled
+                ok = bool(torch.all(out.meter.tv_upper_a >= 0)) and bool(torch.isfinite(out.o).all())
+                dtv = (out.meter.tv_upper_a - ref.meter.tv_upper_a).abs().max().item()
+                line += (f" | S {S} ({tile.tokens} tok w{tile.warps}, regs {k.n_regs} spills {k.n_spills}) {t:.4f} ms ="
+                         f" {t / t_off:.3f}x off, max |dTV+| vs production {dtv:.2e}{'' if ok else ' BAD'}")
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
