@@ -7,6 +7,11 @@ at 32K, against ~5 tiles of 128 in the four-warp one (run P timed the one-warp t
 where a program runs 16 tiles: 1.5x slower). The merge reads S partials per row (SP = the next power of two).
 
     python3 bench/b1_probe.py --lengths 32768,131072 --splits 96,128,192
+    python3 bench/b1_probe.py --batch 4 --lengths 8192,32768 --splits 12    # choose_splits' count against 12
+
+"production" is ``choose_splits``' count: at run R's first call the 4-warp tile on 49 splits at B 1; since
+ONE_WARP_MIN_SPLIT_PAGES, the one-warp tile on one wave (B 1-4 at 8 kv heads): the explicit counts are then the
+old rule's (B 1 49, B 2 24, B 4 12, all 4-warp tiles).
 """
 import argparse
 import os
@@ -16,11 +21,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from bench.decode import bench, graphed, int8_shape  # noqa: E402
-from kernels.decode import decode, tile_config  # noqa: E402
+from kernels.decode import choose_splits, decode, tile_config  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--heads", default="32,64")
     ap.add_argument("--splits", default="96,128,160,192")
@@ -29,7 +35,7 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for Hq in (int(x) for x in args.heads.split(",")):
         for n in (int(x) for x in args.lengths.split(",")):
-            kvb, caches, q, sl, _ = int8_shape(1, n, Hq, 8, 128, "cuda", sms)
+            kvb, caches, q, sl, _ = int8_shape(args.batch, n, Hq, 8, 128, "cuda", sms)
 
             def timed(meter, S=None):
                 fns = [(lambda c=c, bt=bt: decode(c, q, bt, sl, meter=meter, num_splits=S, validate=False,
@@ -40,10 +46,12 @@ def main(argv=None):
 
             t_off, _ = timed(False)
             t_on, ref = timed(True)
-            line = f"Hq={Hq} n={n}: off {t_off:.4f} ms, on (production) {t_on:.4f} ms = {t_on / t_off:.3f}x off"
+            S0 = choose_splits(args.batch, 8, n, 16, sms, True)
+            t0 = tile_config(True, "int8", args.batch * 8 * S0 / sms)
+            line = f"B={args.batch} Hq={Hq} n={n}: off {t_off:.4f} ms, on (production: S {S0}, {t0.tokens} tok w{t0.warps}) {t_on:.4f} ms = {t_on / t_off:.3f}x off"
             for S in (int(x) for x in args.splits.split(",")):
                 t, out = timed(True, S)
-                tile = tile_config(True, "int8", 8 * S / sms)
+                tile = tile_config(True, "int8", args.batch * 8 * S / sms)
                 k = out.compiled
                 ok = bool(torch.all(out.meter.tv_upper_a >= 0)) and bool(torch.isfinite(out.o).all())
                 dtv = (out.meter.tv_upper_a - ref.meter.tv_upper_a).abs().max().item()

@@ -553,13 +553,30 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     waves is sized to whole waves instead: the largest split count whose grid fills ⌊waves⌋ (at
     least one) waves of that many programs per SM (bench/RESULTS.md run L: one wave two thirds full cost
     the metered B 1 call 12-22 %, a second wave under a third full the unmetered B 8 call 10 %). A count
-    that would change the tile is not taken."""
+    that would change the tile is not taken.
+
+    A metered grid too small for the one-warp tile at those counts (B 1-4 at 8 kv heads) takes it where
+    ``tile_config`` has one for the scheme (int8) and the sequence is long enough: as many splits as fill one
+    wave of its programs (twelve per SM), but no split shorter than ``ONE_WARP_MIN_SPLIT_PAGES`` pages and at
+    most ``ONE_WARP_MAX_SPLITS`` splits (more than 64; bench/RESULTS.md run R: at B 1 a one-warp program's chain of 32-token tiles on a full
+    wave is shorter than a four-warp program's chain of 128-token ones; past 128 splits at 32K the merge of
+    256 partials per row costs more than the shorter chains save)."""
     pages = max(1, -(-max_len // block_size))
     pairs = max(1, batch * kv_heads)
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
     if meter is None:
         return s
     tile = tile_config(meter, scheme, pairs * s / sms, levels, block_size)
+    if meter and tile.warps > 1:
+        # a small metered grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
+        # one-warp tile on one wave of its resident programs, at least ONE_WARP_MIN_SPLIT_PAGES pages a
+        # split, where that grid takes the one-warp tile (run R, B 1)
+        one = tile_config(meter, scheme, float(MANY_PROGRAMS_PER_SM), levels, block_size)
+        per_one = one.resident_programs() if one.warps == 1 else None
+        if per_one is not None:
+            s1 = min(per_one * sms // pairs, pages // ONE_WARP_MIN_SPLIT_PAGES, ONE_WARP_MAX_SPLITS)
+            if s1 >= 1 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == one:
+                return s1
     per_sm = tile.resident_programs()
     if per_sm is None:
         return s
@@ -641,6 +658,14 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: under its cap with it (1.2× slower; uncapped, at 96 registers or in one-warp programs 7-35 % slower than the
 #: capped default), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
 METERED_ONE_WARP_PREFETCH = 1
+#: the fewest pages per split ``choose_splits`` gives a small metered grid that it puts on one wave of one-warp
+#: programs (run R, 2026-12-03, bench/b1_probe.py, B 1, Hq 32 / 64, whole call: at 32K, 128 splits (16 pages a
+#: split) 1.240 / 1.241x the unmetered call, against 1.347 / 1.354 for the 4-warp tile at 49 splits and
+#: 1.323 / 1.322 at 192 splits; at 128K, 192 splits 1.048 / 1.066, 128 splits 1.097 / 1.131, 4-warp 1.126 / 1.150)
+ONE_WARP_MIN_SPLIT_PAGES = 16
+#: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
+#: d 128; a grid of one or two kv heads would otherwise take a thousand)
+ONE_WARP_MAX_SPLITS = 256
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
