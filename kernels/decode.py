@@ -555,28 +555,28 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     the metered B 1 call 12-22 %, a second wave under a third full the unmetered B 8 call 10 %). A count
     that would change the tile is not taken.
 
-    A metered grid too small for the one-warp tile at those counts (B 1-4 at 8 kv heads) takes it where
-    ``tile_config`` has one for the scheme (int8) and the sequence is long enough: as many splits as fill one
-    wave of its programs (twelve per SM), but no split shorter than ``ONE_WARP_MIN_SPLIT_PAGES`` pages and at
-    most ``ONE_WARP_MAX_SPLITS`` splits (more than 64; bench/RESULTS.md run R: at B 1 a one-warp program's chain of 32-token tiles on a full
-    wave is shorter than a four-warp program's chain of 128-token ones; past 128 splits at 32K the merge of
-    256 partials per row costs more than the shorter chains save)."""
+    A grid too small for the many-program tiles at those counts (B 1-4 at 8 kv heads; ``SMALL_GRID_SCHEMES``:
+    int8) takes them anyway where the sequence is long enough: as many splits as fill one wave of their
+    programs (metered: one warp, 32 tokens, twelve per SM; unmetered: 64 tokens under the cap, six per SM),
+    but no split shorter than ``SMALL_GRID_MIN_SPLIT_TOKENS`` tokens and at most ``SMALL_GRID_MAX_SPLITS``
+    (past 64; bench/RESULTS.md run R: a program's chain of tiles on a full wave of small programs is shorter
+    than a 4- or 8-warp program's chain of 128-token ones, and the unmetered B 2 call had run a second wave
+    of eight programs; past 128 splits at 32K the merge of 256 partials per row costs more than the shorter
+    chains save)."""
     pages = max(1, -(-max_len // block_size))
     pairs = max(1, batch * kv_heads)
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
     if meter is None:
         return s
     tile = tile_config(meter, scheme, pairs * s / sms, levels, block_size)
-    if meter and tile.warps > 1:
-        # a small metered grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
-        # one-warp tile on one wave of its resident programs, at least ONE_WARP_MIN_SPLIT_PAGES pages a
-        # split, where that grid takes the one-warp tile (run R, B 1)
-        one = tile_config(meter, scheme, float(MANY_PROGRAMS_PER_SM), levels, block_size)
-        per_one = one.resident_programs() if one.warps == 1 else None
-        if per_one is not None:
-            s1 = min(per_one * sms // pairs, pages // ONE_WARP_MIN_SPLIT_PAGES, ONE_WARP_MAX_SPLITS)
-            if s1 >= 1 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == one:
-                return s1
+    many = tile_config(meter, scheme, float(MANY_PROGRAMS_PER_SM), levels, block_size)
+    if scheme in SMALL_GRID_SCHEMES and many != tile and many.resident_programs() is not None:
+        # a small grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
+        # many-program tile (metered: one warp, 32 tokens; unmetered: 64 tokens, capped) on one wave of its
+        # resident programs, at least SMALL_GRID_MIN_SPLIT_TOKENS tokens a split, where that grid takes it (run R)
+        s1 = min(many.resident_programs() * sms // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MAX_SPLITS)
+        if s1 >= 1 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many:
+            return s1
     per_sm = tile.resident_programs()
     if per_sm is None:
         return s
@@ -658,14 +658,18 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: under its cap with it (1.2× slower; uncapped, at 96 registers or in one-warp programs 7-35 % slower than the
 #: capped default), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
 METERED_ONE_WARP_PREFETCH = 1
-#: the fewest pages per split ``choose_splits`` gives a small metered grid that it puts on one wave of one-warp
-#: programs (run R, 2026-12-03, bench/b1_probe.py, B 1, Hq 32 / 64, whole call: at 32K, 128 splits (16 pages a
-#: split) 1.240 / 1.241x the unmetered call, against 1.347 / 1.354 for the 4-warp tile at 49 splits and
-#: 1.323 / 1.322 at 192 splits; at 128K, 192 splits 1.048 / 1.066, 128 splits 1.097 / 1.131, 4-warp 1.126 / 1.150)
-ONE_WARP_MIN_SPLIT_PAGES = 16
+#: the fewest tokens per split ``choose_splits`` gives a small grid that it puts on one wave of the many-program
+#: tile (run R, 2026-12-03, bench/b1_probe.py, Hq 32, whole call, ms; bench/b1_probe_2026-12-03_R.log and _R2 / _R3):
+#: metered B 1, one-warp tile: at 32K 128 splits (256 tokens a split) 0.0595 against 0.0647 for the 4-warp tile at
+#: 49 and 0.0635 at 192 splits; at 128K 198 splits 0.146 (192), 128 splits 0.153, 4-warp 0.157; B 2 / 4: 3-12 %
+#: less time. Unmetered, the capped 64-token tile against the 128-token / 8-warp one: B 1 32K 0.0442 / 0.0483,
+#: 128K 0.113 / 0.139; B 2 0.068 / 0.116, 0.209 / 0.418; B 4 8K 0.043 / 0.050, 32K 0.116 / 0.142
+SMALL_GRID_MIN_SPLIT_TOKENS = 256
+#: the schemes whose small grids ``choose_splits`` puts on one wave of the many-program tile (only int8 was timed)
+SMALL_GRID_SCHEMES = ("int8",)
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)
-ONE_WARP_MAX_SPLITS = 256
+SMALL_GRID_MAX_SPLITS = 256
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
@@ -723,8 +727,9 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
       (``METERED_ONE_WARP_PREFETCH``, run Q: 2-5 % faster);
     * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
       ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
-      ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (B = 1:
-      fewer, longer programs);
+      ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (fewer, longer
+      programs: short sequences at small B; ``choose_splits`` gives int8's long small-B grids enough splits
+      for the 64-token tile, run R);
     * the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage with the meter,
       else two; 4 warps; scheme none: two stages and 16 head columns (unchanged: Triton 3.6 emits an
       out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py,

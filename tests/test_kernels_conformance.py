@@ -200,7 +200,7 @@ def test_decode_conformance_one_warp_tile(case):
 
 def test_decode_conformance_one_warp_tile_many_splits():
     """The one-warp tile at the split counts ``choose_splits`` gives a small metered grid (up to
-    ONE_WARP_MAX_SPLITS, run R): 200 splits of a 63-page sequence, most of them empty, merged from 256 partial
+    SMALL_GRID_MAX_SPLITS, run R): 200 splits of a 63-page sequence, most of them empty, merged from 256 partial
     slots per row (the merge's next power of two)."""
     from kernels.decode import METERED_REGISTER_CAP
     case = list(FIXED[7])
@@ -815,8 +815,8 @@ def test_choose_splits_fills_whole_waves():
     tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
     the tile keep the old rule. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
-    from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, ONE_WARP_MAX_SPLITS, ONE_WARP_MIN_SPLIT_PAGES, Tile,
-                                choose_splits, tile_config)
+    from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MAX_SPLITS, SMALL_GRID_MIN_SPLIT_TOKENS,
+                                Tile, choose_splits, tile_config)
 
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
     assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
@@ -828,7 +828,11 @@ def test_choose_splits_fills_whole_waves():
         # B 1 metered (run R): one wave of one-warp programs (12 × 132 / 8 = 198 splits), at least 16 pages a
         # split (32K: 2048 pages → 128 splits)
         assert choose_splits(1, 8, n, 16, sms, True) == (128 if n == 32768 else 198)
-        assert choose_splits(1, 8, n, 16, sms, False) == 33  # 128-token / 8-warp tile, no cap
+        # B 1 unmetered (run R3): one wave of the capped 64-token tile (6 × 132 / 8 = 99 splits), not the
+        # 128-token / 8-warp tile's 33
+        assert choose_splits(1, 8, n, 16, sms, False) == 99
+        # B 2 unmetered: 49 (the old 17 splits of 8-warp programs ran two waves, the second of 8 programs)
+        assert choose_splits(2, 8, n, 16, sms, False) == 49
         # B 8: metered (one-warp programs, twelve per SM, run P) 64 × 24 = 1536 ≤ 1 wave of 1584; unmetered
         # 64 × 12 = 768 ≤ 1 wave of 792 (16 splits: 1.3 waves)
         assert choose_splits(8, 8, n, 16, sms, True) == 24 and choose_splits(8, 8, n, 16, sms, False) == 12
@@ -839,24 +843,30 @@ def test_choose_splits_fills_whole_waves():
         # uncapped tiles (the dithered scheme, the fp32-dequantizing ones, none): the old rule
         for sch in ("int8_dither", "int4_group", "kivi2", "none"):
             assert choose_splits(1, 8, n, 16, sms, True, sch) == 33, sch
+        # the small-grid rule is int8's (SMALL_GRID_SCHEMES, the one timed): fp8 keeps the old counts
+        assert choose_splits(1, 8, n, 16, sms, False, "fp8_e4m3_scaled") == 33
     # B 1 metered at 8K: 512 pages give 32 splits of 16, 1.9 programs per SM: too few for the one-warp tile, so
     # the 4-warp tile on one wave (run L's 49)
     assert choose_splits(1, 8, 8192, 16, sms, True) == 49
+    # the split floor is in tokens: SGLang's one-token pages (CSR) split a 32K sequence as 16-token pages do
+    assert choose_splits(1, 8, 32768, 1, sms, True) == 128 and choose_splits(1, 8, 32768, 1, sms, False) == 99
     # the page floor and the ceiling still hold, and the tile never changes but for a small metered grid that
     # takes the one-warp tile on one wave
     assert choose_splits(1, 8, 1024, 16, sms, True) == 8
-    assert choose_splits(1, 1, 1 << 20, 16, sms, False) == 64
+    assert choose_splits(1, 1, 1 << 20, 16, sms, False) == 64  # 256 programs of 64 tokens: under 4 per SM
     assert choose_splits(1, 1, 1 << 20, 16, sms, True) == 64  # 256 one-warp programs: under 4 per SM
-    assert choose_splits(3, 1, 1 << 20, 16, sms, True) == ONE_WARP_MAX_SPLITS  # not 528: the merge's partials
-    one = tile_config(True, "int8", float(MANY_PROGRAMS_PER_SM))
-    assert one.warps == 1
+    assert choose_splits(3, 1, 1 << 20, 16, sms, True) == SMALL_GRID_MAX_SPLITS  # not 528: the merge's partials
+    many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
+    assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
     for B in (1, 2, 3, 5, 8, 13, 16, 24, 32):
         for meter in (True, False):
             s0, s = choose_splits(B, 8, 32768, 16, sms), choose_splits(B, 8, 32768, 16, sms, meter)
             t = tile_config(meter, "int8", B * 8 * s0 / sms)
-            if meter and t.warps > 1:
-                assert tile_config(meter, "int8", B * 8 * s / sms) == one and B <= 4, B
-                assert B * 8 * s <= one.resident_programs() * sms and s <= 2048 // ONE_WARP_MIN_SPLIT_PAGES, B
+            if t != many[meter]:  # a small grid: one wave of the many-program tile
+                one = many[meter]
+                assert tile_config(meter, "int8", B * 8 * s / sms) == one and B <= 4, (B, meter)
+                assert B * 8 * s <= one.resident_programs() * sms and s <= 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, B
+                assert B * 8 * (s + 1) > one.resident_programs() * sms or s == 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, B
                 continue
             assert tile_config(meter, "int8", B * 8 * s / sms) == t and 1 <= s <= 64, (B, meter)
             per = t.resident_programs()
