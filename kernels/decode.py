@@ -541,7 +541,7 @@ def key_edges(device=None) -> torch.Tensor:
 
 
 def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int, meter: bool | None = None,
-                  scheme: str = "int8", levels: str = "token") -> int:
+                  scheme: str = "int8", levels: str = "token", head_dim: int = 128) -> int:
     """Split-KV count for a decode launch of ``batch × kv_heads`` (sequence, kv head) pairs over at
     most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
     multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
@@ -559,7 +559,8 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     int8) takes them anyway where the sequence is long enough: as many splits as fill one wave of their
     programs (metered: one warp, 32 tokens, twelve per SM; unmetered: 64 tokens under the cap, six per SM),
     but no split shorter than ``SMALL_GRID_MIN_SPLIT_TOKENS`` tokens and at most ``SMALL_GRID_MAX_SPLITS``
-    (past 64; bench/RESULTS.md run R: a program's chain of tiles on a full wave of small programs is shorter
+    (past 64), nor more than the merge's measured partials per row allow at ``head_dim``
+    (``SMALL_GRID_MAX_PARTIALS``: the next power of two of the count times d; bench/RESULTS.md run R: a program's chain of tiles on a full wave of small programs is shorter
     than a 4- or 8-warp program's chain of 128-token ones, and the unmetered B 2 call had run a second wave
     of eight programs; past 128 splits at 32K the merge of 256 partials per row costs more than the shorter
     chains save)."""
@@ -574,7 +575,8 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
         # a small grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
         # many-program tile (metered: one warp, 32 tokens; unmetered: 64 tokens, capped) on one wave of its
         # resident programs, at least SMALL_GRID_MIN_SPLIT_TOKENS tokens a split, where that grid takes it (run R)
-        s1 = min(many.resident_programs() * sms // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MAX_SPLITS)
+        s1 = min(many.resident_programs() * sms // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MAX_SPLITS,
+                 SMALL_GRID_MAX_PARTIALS // max(1, head_dim))
         if s1 >= 1 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many:
             return s1
     per_sm = tile.resident_programs()
@@ -670,6 +672,9 @@ SMALL_GRID_SCHEMES = ("int8",)
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)
 SMALL_GRID_MAX_SPLITS = 256
+#: the most partial-output floats per row (the merge's next power of two of the split count times d) a small grid
+#: is given: 256 × 128, the largest measured (run R, d 128); d 256 then takes at most 128 splits
+SMALL_GRID_MAX_PARTIALS = 256 * 128
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
@@ -856,7 +861,8 @@ def decode(
         raise ValueError(f"hist_split: expected 'bf16x2' or 'tf32x3', got {hist_split!r}")
     if num_splits is None:  # from the table's capacity (CSR: the mean length), not seq_lens: no device sync
         cap = max(1, block_table.shape[0] // max(Bsz, 1)) if csr else block_table.shape[1] * cache.block_size
-        num_splits = choose_splits(Bsz, Hkv, cap, cache.block_size, _sm_count(q.device), meter, cache.scheme, levels)
+        num_splits = choose_splits(Bsz, Hkv, cap, cache.block_size, _sm_count(q.device), meter, cache.scheme, levels,
+                                   cache.head_dim)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
     if delta_step is not None and not 0 < delta_step < 1:

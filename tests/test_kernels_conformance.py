@@ -815,8 +815,8 @@ def test_choose_splits_fills_whole_waves():
     tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
     the tile keep the old rule. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
-    from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MAX_SPLITS, SMALL_GRID_MIN_SPLIT_TOKENS,
-                                Tile, choose_splits, tile_config)
+    from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MAX_PARTIALS, SMALL_GRID_MAX_SPLITS,
+                                SMALL_GRID_MIN_SPLIT_TOKENS, Tile, choose_splits, tile_config)
 
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
     assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
@@ -856,6 +856,9 @@ def test_choose_splits_fills_whole_waves():
     assert choose_splits(1, 1, 1 << 20, 16, sms, False) == 64  # 256 programs of 64 tokens: under 4 per SM
     assert choose_splits(1, 1, 1 << 20, 16, sms, True) == 64  # 256 one-warp programs: under 4 per SM
     assert choose_splits(3, 1, 1 << 20, 16, sms, True) == SMALL_GRID_MAX_SPLITS  # not 528: the merge's partials
+    # d 256: at most 128 splits (256 × 128 partial floats per row, the largest measured); d 64 keeps 198
+    assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=256) == SMALL_GRID_MAX_PARTIALS // 256 == 128
+    assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=64) == 198
     many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
     assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
     for B in (1, 2, 3, 5, 8, 13, 16, 24, 32):

@@ -964,7 +964,7 @@ class WitCertCache(Cache):
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
         splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device), self.meter,
-                               layer.paged.scheme)
+                               layer.paged.scheme, head_dim=layer.paged.head_dim)
 
         def run(rows=None):
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
