@@ -546,7 +546,8 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
     multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
     bench/RESULTS.md: more, shorter splits keep more bytes in flight than a few long ones), at
-    most 64, and no split shorter than 8 pages. The one split heuristic of the library.
+    most 64, and no split shorter than 8 pages: the base count, which the two rules below may replace.
+    The one split heuristic of the library.
 
     With ``meter`` (True / False: the launch's kernel) and a tile whose register cap fixes how many
     programs fit on a multiprocessor (``Tile.resident_programs``), a grid of fewer than ``FEW_WAVES``
@@ -556,14 +557,15 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     that would change the tile is not taken.
 
     A grid too small for the many-program tiles at those counts (B 1-4 at 8 kv heads; ``SMALL_GRID_SCHEMES``:
-    int8) takes them anyway where the sequence is long enough: as many splits as fill one wave of their
-    programs (metered: one warp, 32 tokens, twelve per SM; unmetered: 64 tokens under the cap, six per SM),
-    but no split shorter than ``SMALL_GRID_MIN_SPLIT_TOKENS`` tokens and at most ``SMALL_GRID_MAX_SPLITS``
-    (past 64), nor more than the merge's measured partials per row allow at ``head_dim``
-    (``SMALL_GRID_MAX_PARTIALS``: the next power of two of the count times d; bench/RESULTS.md run R: a program's chain of tiles on a full wave of small programs is shorter
-    than a 4- or 8-warp program's chain of 128-token ones, and the unmetered B 2 call had run a second wave
-    of eight programs; past 128 splits at 32K the merge of 256 partials per row costs more than the shorter
-    chains save)."""
+    int8, pages no larger than those tiles) takes them anyway where the sequence is long enough: as many
+    splits as fill one wave of their programs (metered: one warp, 32 tokens, twelve per SM; unmetered: 64
+    tokens under the cap, six per SM), but no split shorter than ``SMALL_GRID_MIN_SPLIT_TOKENS`` tokens or
+    one page, at most ``SMALL_GRID_MAX_SPLITS`` (past 64), nor more than the merge's measured partials per
+    row allow at ``head_dim`` (``SMALL_GRID_MAX_PARTIALS``: the next power of two of the count times d); a
+    count that fills less than ``SMALL_GRID_MIN_WAVE`` of the wave keeps the rules above. bench/RESULTS.md
+    run R: a program's chain of tiles on a wave of small programs is shorter than a 4- or 8-warp program's
+    chain of 128-token ones, and the unmetered B 2 call had run a second wave of eight programs; past 128
+    splits at 32K the merge of 256 partials per row costs more than the shorter chains save."""
     pages = max(1, -(-max_len // block_size))
     pairs = max(1, batch * kv_heads)
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
@@ -571,13 +573,17 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
         return s
     tile = tile_config(meter, scheme, pairs * s / sms, levels, block_size)
     many = tile_config(meter, scheme, float(MANY_PROGRAMS_PER_SM), levels, block_size)
-    if scheme in SMALL_GRID_SCHEMES and many != tile and many.resident_programs() is not None:
+    if (scheme in SMALL_GRID_SCHEMES and many != tile and many.resident_programs() is not None
+            and block_size <= many.tokens):
         # a small grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
         # many-program tile (metered: one warp, 32 tokens; unmetered: 64 tokens, capped) on one wave of its
-        # resident programs, at least SMALL_GRID_MIN_SPLIT_TOKENS tokens a split, where that grid takes it (run R)
-        s1 = min(many.resident_programs() * sms // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MAX_SPLITS,
+        # resident programs, at least SMALL_GRID_MIN_SPLIT_TOKENS tokens a split, where that grid takes it and
+        # fills at least SMALL_GRID_MIN_WAVE of the wave (run R)
+        wave = many.resident_programs() * sms
+        s1 = min(wave // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, pages, SMALL_GRID_MAX_SPLITS,
                  SMALL_GRID_MAX_PARTIALS // max(1, head_dim))
-        if s1 >= 1 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many:
+        if (s1 >= 1 and pairs * s1 >= SMALL_GRID_MIN_WAVE * wave
+                and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many):
             return s1
     per_sm = tile.resident_programs()
     if per_sm is None:
@@ -629,8 +635,8 @@ MANY_PROGRAMS_PER_SM = 4
 #: register caps per thread for the 8-bit kernels. Metered (128-token tiles, every grid): three programs
 #: per SM instead of two; with 8 head columns and the packed histogram no spill (sm_90 SASS), 0.77-0.82×
 #: the uncapped time at B ≥ 8 (run K, bench/tile_ab.py); at B 1 the same time on run K's 33 splits and,
-#: with ``choose_splits`` filling one wave of three programs per SM (49 splits), 0.88× at 32K, 0.77× at
-#: 128K (run L). Unmetered (64-token tiles, on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM): six
+#: with ``choose_splits`` filling one wave of three programs per SM (49 splits; since run R long B 1 sequences
+#: take the one-warp tile instead), 0.88× at 32K, 0.77× at 128K (run L). Unmetered (64-token tiles, on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM): six
 #: programs per SM instead of four (24 B of spill), 0.84-0.97× the
 #: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
 #: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
@@ -646,8 +652,8 @@ SM_THREADS = 2048
 SM_PROGRAMS = 32
 #: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
 #: programs per SM (run P, 2026-12-03, bench/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
-#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1,
-#: where the grid is small). A one-warp program exchanges nothing between warps per tile (the 4-warp
+#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1
+#: at ≤ 64 splits, where the grid is small: run R's ``choose_splits`` gives long B 1-4 sequences a wave of them). A one-warp program exchanges nothing between warps per tile (the 4-warp
 #: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
 #: under METERED_REGISTER_CAP twelve fit per SM (spills: Triton's n_spills 28 on the H200, 140 B of spill stores in
 #: offline sm_90 ptxas, bench/sass_probe.py). Only int8 was timed: the other 8-bit
@@ -675,6 +681,9 @@ SMALL_GRID_MAX_SPLITS = 256
 #: the most partial-output floats per row (the merge's next power of two of the split count times d) a small grid
 #: is given: 256 × 128, the largest measured (run R, d 128); d 256 then takes at most 128 splits
 SMALL_GRID_MAX_PARTIALS = 256 * 128
+#: the smallest share of a wave that count must fill (run R, metered B 1: 0.65 of a wave (128 splits) was the best
+#: measured at 32K; 0.48 (96 splits) no better than the 4-warp tile at 32K and 19 % slower at 128K)
+SMALL_GRID_MIN_WAVE = 0.6
 #: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
 #: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
 FEW_WAVES = 4
@@ -784,6 +793,7 @@ def decode(
     prefetch_bt: bool | None = None,
     kv_indptr: torch.Tensor | None = None,
     repair: RepairOverlay | None = None,
+    tile: Tile | None = None,
     _ablate: int = 0,
     _maxnreg: int | None = None,
     _head_columns: int | None = None,
@@ -794,7 +804,9 @@ def decode(
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
     ``num_splits=None``: ``choose_splits`` (the one heuristic); ``pages_per_tile`` / ``num_stages`` /
     ``num_warps`` None: ``tile_config`` for this grid (and its register cap; ``_maxnreg``: another cap
-    for an A/B, 0 for none). ``tilt_above`` ≥ 0: the
+    for an A/B, 0 for none). ``tile``: the loop configuration to use instead of ``tile_config``'s for this
+    grid (a gate's re-decode of some rows passes the whole batch's: the grid is smaller, the tile and so the
+    sums must be the same). ``tilt_above`` ≥ 0: the
     dual-grid tilt is computed only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp
     terms) is above it (a gate with threshold τ passes τ: at or below it the row is certified
     without the tilt), the others report tilt 1; a tilted row refines its grid (``epilogue.COARSE``
@@ -878,7 +890,10 @@ def decode(
     NB = triton.next_power_of_2((2 * KA if tier_b else KA) + 1)  # + the Σ p̂ φ column
     T = cache.block_size
     pages_arg = pages_per_tile
-    tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev), levels, cache.block_size)
+    if tile is None:
+        tile = tile_config(meter, cache.scheme, Bsz * Hkv * num_splits / _sm_count(dev), levels, cache.block_size)
+    elif not isinstance(tile, Tile):
+        raise ValueError(f"tile: expected a kernels.decode.Tile, got {type(tile).__name__}")
     if pages_per_tile is None:
         tokens = tile.tokens
         if INTERPRET and tile.warps == 1:

@@ -524,6 +524,46 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant,
     assert min(rows_batches) < 3
 
 
+def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
+    """A re-decode of some rows runs a smaller grid, for which ``tile_config`` would pick another tile (here the
+    4-warp one where the whole batch took one-warp programs: a one-"SM" device, as a B 5 batch on the H200 whose
+    single repaired row falls under MANY_PROGRAMS_PER_SM), and so other sums: the cache passes the whole batch's
+    tile to every call of the step (from helper-18's review, 2026-12-03)."""
+    import kernels.decode as kd
+    from witcert.cache import Gate, WitCertCache
+
+    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
+    monkeypatch.setattr(WitCertCache, "REDECODE_ROWS", True)
+    model = tiny_llama(3)
+    ids = torch.randint(1, 128, (3, 36), generator=torch.Generator().manual_seed(8))
+    ids[1, 4:] = ids[1, 3]
+    ids = ids.to(DEV)
+    calls = []
+    orig = kd.decode
+
+    def spied(*a, **k):
+        calls.append((a[1].shape[0], k.get("tile")))
+        return orig(*a, **k)
+
+    monkeypatch.setattr(kd, "decode", spied)
+
+    def run(gate):
+        cache = WitCertCache(model.config, scheme="int8", backend="kernel", seed=2, gate=gate)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=2,
+                           min_new_tokens=2, do_sample=False, pad_token_id=0)
+        return cache
+
+    per_seq = np.stack([r.tv_a for r in run(None).records]).max(axis=(0, 2))
+    calls.clear()
+    tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
+    cache = run(Gate("certified", tau=tau, max_pagein_blocks=2))
+    whole = kd.tile_config(True, "int8", 3 * 2 * 1 / 1)
+    assert whole.warps == 1 and kd.tile_config(True, "int8", 1 * 2 * 1 / 1).warps == 4  # the grids differ
+    assert any(b < 3 for b, _ in calls) and int(cache.pagein_blocks.sum()) > 0  # some rows were decoded again
+    assert all(t == whole for _, t in calls), calls
+
+
 def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
     from witcert.cache import served_kv
     from witcert.cache import Gate, WitCertCache

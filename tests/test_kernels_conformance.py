@@ -680,6 +680,8 @@ def test_token_mask_is_left_padding(levels, shape):
         torch.testing.assert_close(a.meter.tv_upper_a, b.meter.tv_upper_a, rtol=0, atol=1e-3)
     with pytest.raises(ValueError, match="token_mask"):
         decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), token_mask=mask.int().to(DEV))
+    with pytest.raises(ValueError, match="tile: expected a kernels.decode.Tile"):
+        decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), tile=(32, 1, 1))
 
 
 def test_csr_layout_matches_block_table():
@@ -810,13 +812,14 @@ def test_tile_config_and_its_overrides():
 
 
 def test_choose_splits_fills_whole_waves():
-    """``choose_splits`` (bench/RESULTS.md run L): without the launch's kernel, the old rule (≥ 2 programs
-    per SM, ≥ 16 splits, ≤ 64, ≥ 8 pages a split); with it, a grid of fewer than FEW_WAVES waves of the
-    tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
+    """``choose_splits`` (bench/RESULTS.md runs L and R): without the launch's kernel, the base rule (≥ 2
+    programs per SM, ≥ 16 splits, ≤ 64, ≥ 8 pages a split); with it, a grid of fewer than FEW_WAVES waves of
+    the tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
-    the tile keep the old rule. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
+    the tile keep the base rule; and a small int8 grid (run R) takes the many-program tile on one wave of it
+    where the sequence is long enough. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
     from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MAX_PARTIALS, SMALL_GRID_MAX_SPLITS,
-                                SMALL_GRID_MIN_SPLIT_TOKENS, Tile, choose_splits, tile_config)
+                                SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MIN_WAVE, Tile, choose_splits, tile_config)
 
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
     assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
@@ -846,16 +849,21 @@ def test_choose_splits_fills_whole_waves():
         # the small-grid rule is int8's (SMALL_GRID_SCHEMES, the one timed): fp8 keeps the old counts
         assert choose_splits(1, 8, n, 16, sms, False, "fp8_e4m3_scaled") == 33
     # B 1 metered at 8K: 512 pages give 32 splits of 16, 1.9 programs per SM: too few for the one-warp tile, so
-    # the 4-warp tile on one wave (run L's 49)
+    # the 4-warp tile on one wave (run L's 49); at 24K 96 splits would fill only 0.48 of a one-warp wave
+    # (SMALL_GRID_MIN_WAVE), at 26K 104 fill 0.53: also 49; at 32K 128 fill 0.65
     assert choose_splits(1, 8, 8192, 16, sms, True) == 49
+    assert choose_splits(1, 8, 24576, 16, sms, True) == choose_splits(1, 8, 26624, 16, sms, True) == 49
+    assert 8 * 104 < SMALL_GRID_MIN_WAVE * 12 * sms <= 8 * 128
+    # pages larger than the many-program tile (unmetered 64 tokens): the base rules, not 99 one-page splits
+    assert choose_splits(1, 8, 32768, 128, sms, False) == 32 and choose_splits(1, 8, 32768, 512, sms, False) == 8
     # the split floor is in tokens: SGLang's one-token pages (CSR) split a 32K sequence as 16-token pages do
     assert choose_splits(1, 8, 32768, 1, sms, True) == 128 and choose_splits(1, 8, 32768, 1, sms, False) == 99
-    # the page floor and the ceiling still hold, and the tile never changes but for a small metered grid that
-    # takes the one-warp tile on one wave
+    # the page floor and the ceiling still hold, and the tile never changes but for a small grid that takes the
+    # many-program tile on one wave
     assert choose_splits(1, 8, 1024, 16, sms, True) == 8
     assert choose_splits(1, 1, 1 << 20, 16, sms, False) == 64  # 256 programs of 64 tokens: under 4 per SM
     assert choose_splits(1, 1, 1 << 20, 16, sms, True) == 64  # 256 one-warp programs: under 4 per SM
-    assert choose_splits(3, 1, 1 << 20, 16, sms, True) == SMALL_GRID_MAX_SPLITS  # not 528: the merge's partials
+    assert choose_splits(5, 1, 1 << 20, 16, sms, True) == SMALL_GRID_MAX_SPLITS  # not 316: the merge's partials
     # d 256: at most 128 splits (256 × 128 partial floats per row, the largest measured); d 64 keeps 198
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=256) == SMALL_GRID_MAX_PARTIALS // 256 == 128
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=64) == 198
