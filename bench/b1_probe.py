@@ -1,19 +1,18 @@
-"""B 1 metered decode in one-warp programs on a full wave (run R): the whole call, as bench/decode.py's "on" column
-(meter on, tilt above τ 0.1, kernel + fused merge / record, CUDA-graph replay, caches rotated past the L2), for
-the production tile (4 warps, 128 tokens, choose_splits' count) against explicit split counts, at which
-``tile_config`` takes the one-warp 32-token tile (≥ MANY_PROGRAMS_PER_SM programs per SM). A B 1 grid of 8 kv heads
-needs ~200 splits to fill a wave of twelve one-warp programs per SM: each program then runs ~5 tiles of 32 tokens
-at 32K, against ~5 tiles of 128 in the four-warp one (run P timed the one-warp tile at B 1 only up to 64 splits,
-where a program runs 16 tiles: 1.5x slower). The merge reads S partials per row (SP = the next power of two).
+"""Small batches on one wave of the many-program tiles (run R): the whole call, as bench/decode.py's "on" column
+(meter on, tilt above τ 0.1, kernel + fused merge / record, CUDA-graph replay, caches rotated past the L2), at
+``choose_splits``' count ("production") against explicit split counts. A B 1 grid of 8 kv heads needs ~200 splits
+to fill a wave of twelve one-warp programs per SM (each program then runs ~5 tiles of 32 tokens at 32K, against
+~5 tiles of 128 in a four-warp one); the merge reads S partials per row (its next power of two).
 
     python3 bench/b1_probe.py --lengths 32768,131072 --splits 96,128,192
-    python3 bench/b1_probe.py --batch 4 --lengths 8192,32768 --splits 12    # choose_splits' count against 12
+    python3 bench/b1_probe.py --batch 4 --lengths 8192,32768 --splits 12          # the old rule's count
+    python3 bench/b1_probe.py --off --batch 2 --lengths 32768 --splits 17         # the same for the unmetered call
 
-"production" is ``choose_splits``' count: at run R's first call the 4-warp tile on 49 splits at B 1; since
-ONE_WARP_MIN_SPLIT_PAGES, the one-warp tile on one wave (B 1-4 at 8 kv heads): the explicit counts are then the
-old rule's (B 1 49, B 2 24, B 4 12, all 4-warp tiles). ``--off``: the same for the unmetered call (its old
-rule: B 1 33, B 2 17, B 4 16 splits of the 128-token / 8-warp tile; the new one: one wave of the capped
-64-token tile).
+At run R's first call (bench/b1_probe_2026-12-03_R.log) production was the old rule: the 4-warp tile on 49 splits
+at B 1. Since the small-grid rule (``SMALL_GRID_MIN_SPLIT_TOKENS``) production is one wave of the one-warp tile
+(metered) or of the capped 64-token tile (unmetered) at B 1-4, and the explicit counts given in runs R2 / R3 are
+the old rule's: metered B 1 49, B 2 24, B 4 12 (4-warp tiles); unmetered B 1 33, B 2 17, B 4 16 (128-token /
+8-warp tiles). A printed tile is ``tile_config``'s for that count.
 """
 import argparse
 import os

@@ -497,6 +497,7 @@ class DecodeOutput:
     lse: torch.Tensor
     meter: MeterRecord | None
     compiled: object = None  # the launched kernel (registers / spills for the benchmark)
+    tile: "Tile | None" = None  # the loop configuration it ran (``decode(tile=)`` for a re-decode of some rows)
 
     def with_rows(self, rows: torch.Tensor, sub: "DecodeOutput") -> "DecodeOutput":
         """A copy whose sequences ``rows`` come from ``sub`` (a decode of just those sequences;
@@ -518,7 +519,8 @@ class DecodeOutput:
         if self.meter is not None:
             rec = MeterRecord(**{f.name: put(getattr(self.meter, f.name), getattr(sub.meter, f.name))
                                  for f in dataclasses.fields(MeterRecord)})
-        return DecodeOutput(o=put(self.o, sub.o), lse=put(self.lse, sub.lse), meter=rec, compiled=sub.compiled)
+        return DecodeOutput(o=put(self.o, sub.o), lse=put(self.lse, sub.lse), meter=rec, compiled=sub.compiled,
+                            tile=self.tile)
 
 
 #: off the GPU (the interpreter): "torch" serves the merge / epilogue with its torch twin
@@ -1031,4 +1033,4 @@ def decode(
     else:
         o, lse, rec = merge(m_out, l_out, acc_out, hist if meter else None, stat if meter else None, q, sl, consts,
                             epilogue=meter and epilogue, tilt_above=tilt_above)
-    return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled)
+    return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, tile=tile)

@@ -542,8 +542,9 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
     orig = kd.decode
 
     def spied(*a, **k):
-        calls.append((a[1].shape[0], k.get("tile")))
-        return orig(*a, **k)
+        out = orig(*a, **k)
+        calls.append((a[1].shape[0], out.tile))  # the tile each call ran
+        return out
 
     monkeypatch.setattr(kd, "decode", spied)
 

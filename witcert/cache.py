@@ -943,7 +943,7 @@ class WitCertCache(Cache):
         pages), pages the chosen ones into the layer's overlay (``WitCertLayer.page_in``) and runs
         the decode again, so the output and the record reflect the repair (certified: up to
         ``max_pagein_blocks`` rounds, one decode each)."""
-        from kernels.decode import _sm_count, choose_splits, decode, tile_config
+        from kernels.decode import _sm_count, choose_splits, decode
 
         Bsz, Hq, Lq, D = query.shape
         if Lq != 1 or (allowed is not None and allowed.shape[1] != 1):
@@ -963,20 +963,19 @@ class WitCertCache(Cache):
         if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
-        sms = _sm_count(query.device)
-        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, sms, self.meter,
+        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device), self.meter,
                                layer.paged.scheme, head_dim=layer.paged.head_dim)
-        # the whole batch's tile, kept for a re-decode of some rows (whose smaller grid would pick another)
-        tile = tile_config(self.meter, layer.paged.scheme, Bsz * self.num_kv_heads * splits / sms, "token",
-                           layer.paged.block_size)
 
         def run(rows=None):
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
-            # rows: only these sequences (the same split count and tile, so bit-identical rows)
+            # rows: only these sequences, at the whole batch's split count and tile (its smaller grid would
+            # pick another tile), so the rows are the whole batch's sums
             q, bt, lens, tm = q1, layer.block_table, sl, token_mask
+            tile = None
             if rows is not None:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
                 tm = None if token_mask is None else token_mask[rows]
+                tile = out.tile
             return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=splits,
                           delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, tile=tile)
 
