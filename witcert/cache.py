@@ -76,6 +76,7 @@ from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
 from .schemes import QuantContext, get_scheme, quantize
+from .hostpool import HostCost, HostPool, cache_pool, open_stores
 from .store import ExactStore, append_pair
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
@@ -213,10 +214,8 @@ class WitCertLayer(CacheLayerMixin):
         if passthrough:
             self._ek = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
             self._ev = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
-        else:  # the backing store: host memory (pinned on CUDA), preallocated, async appends
-            pin = self.device.type == "cuda"
-            self._ek = ExactStore(Bsz, H, D, self.dtype, "cpu", pin=pin)
-            self._ev = ExactStore(Bsz, H, D, self.dtype, "cpu", pin=pin)
+        else:  # the backing store: host memory (pinned on CUDA: the process's HostPool), async appends
+            self._ek, self._ev = open_stores(o, self, key_states, pin=self.device.type == "cuda")
         # what attention reads: float32 holds every bf16 / fp16 / fp32 value exactly; a float64
         # model keeps float64 (an unmetered cast to float32 would be a silent error)
         self.served_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
@@ -294,6 +293,9 @@ class WitCertLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
+        for st in (getattr(self, "_ek", None), getattr(self, "_ev", None)):
+            if isinstance(st, ExactStore):
+                st.release()  # its memory back to the host pool (kept pinned) for the next request
         self.is_initialized = False
         self.keys = self.values = None
         self._pending = None
@@ -480,6 +482,7 @@ class WitCertLayer(CacheLayerMixin):
         T = self.owner.block_size
         a, c = (n0 // T) * T, (n1 // T) * T  # the page n0 falls in; the end of the full pages
         if n1 > c and c >= n0:  # a new partial last page: held exact from its first token
+            self.owner.host_cost.sync("kivi2_hold")
             self.rep.hold(self._page_blocks(c // T))
         self.rep.write(slots // T, slots % T, kf, vf)  # held and repaired pages get the tokens
         if c <= a:
@@ -609,6 +612,7 @@ class WitCertCache(Cache):
         trace=None,
         compress_layers=None,
         cuda_graph: bool = False,
+        host_pool=None,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -710,6 +714,13 @@ class WitCertCache(Cache):
             if why:
                 raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
         self.cuda_graph = cuda_graph
+        # host_pool: where the exact store's host memory comes from (witcert.hostpool): None, the process-wide
+        # pinned HostPool on CUDA (plain per-store memory elsewhere); a HostPool; False, per-store pinned
+        # allocation as before the pool. host_cost: what the current request cost the host (summary()["host"])
+        if host_pool is not None and host_pool is not False and not isinstance(host_pool, HostPool):
+            raise ValueError(f"host_pool: expected None, False or a witcert.hostpool.HostPool, got {host_pool!r}")
+        self.host_pool = host_pool
+        self.host_cost = HostCost()
         self._weak = weakref.ref(self)  # what _ACTIVE holds (made once: no allocation per layer step)
         self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
         self._graph = None  # witcert.graphs: the captured step and its static buffers
@@ -741,6 +752,7 @@ class WitCertCache(Cache):
         self._graph_off = None
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
+        self.host_cost.new_request()  # (the layers gave their exact stores back to the pool above)
 
     def check_metered(self) -> None:
         """Raise if a forward wrote this cache but its attention did not run through the meter
@@ -833,6 +845,7 @@ class WitCertCache(Cache):
             # every step moves the blocks (new tensors): a capture per step would cost more than it saves
             self._graph_off, self._graph = "beam search reorders the cache every step", None
             log.info("WitCertCache(cuda_graph=True): beam search: the rest of this request is served without graphs")
+        self.host_cost.sync("beam_reorder")
         idx = beam_idx.detach().cpu().numpy()
         if self.pagein_blocks.shape[1] == len(idx):
             self.pagein_blocks = self.pagein_blocks[:, idx]
@@ -861,12 +874,25 @@ class WitCertCache(Cache):
             "pagein_bytes": self.pagein_bytes.sum(0),
             "pagein_blocks_per_layer": self.pagein_blocks.copy(),
             "pagein_bytes_per_layer": self.pagein_bytes.copy(),
+            "host": self.host_summary(),
         }
         if recs and recs[0].tv_b is not None:
             out["max_tv_b"] = np.max([r.tv_b.max(-1) for r in recs], axis=0)
             # per (layer, head): Σ over the request's rows; summed over layers and heads ≤ δ_req
             out["delta_spent"] = float(sum(r.delta_spent for r in recs if r.layer == 0)) * self.num_layers * self.num_q_heads
             out["tier_b_caveat"] = TIER_B_CAVEAT
+        return out
+
+    def host_summary(self) -> dict:
+        """What the current request cost the host (``HostCost``: pinned bytes held, pool hits / misses, host
+        allocations on the request path, device-to-host copies, host syncs by reason) and the state of the
+        pool its exact stores use (None without one): plain Python values."""
+        out = self.host_cost.as_dict()
+        layers = [la for la in self.layers if getattr(la, "is_initialized", False)]
+        pin = any(getattr(la, "device", None) is not None and la.device.type == "cuda" for la in layers)
+        pool = cache_pool(self, pin)
+        out["mode"] = "pool" if pool is not None else ("per-store pinned" if pin else "plain")
+        out["pool"] = pool.stats() if pool is not None else None
         return out
 
     @property
@@ -918,6 +944,7 @@ class WitCertCache(Cache):
         if layer.paged is not None:
             allowed = None if attention_mask is None else _allowed(attention_mask, Bsz, Lq, layer.get_seq_length(), query.device)
             return self._kernel_attention(layer, query, allowed, sm)
+        self.host_cost.sync("reference_path")
         allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)
         GQ = Hq // self.num_kv_heads
         q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
@@ -930,6 +957,7 @@ class WitCertCache(Cache):
 
     def _page_in_counted(self, layer, b, h, blk) -> int:
         """``layer.page_in`` with the request's accounting (blocks and bytes per layer and sequence)."""
+        self.host_cost.sync("page_in")
         nbytes = layer.page_in(b, h, blk)
         if nbytes:
             self.pagein_blocks[layer.layer_idx, b] += 1
@@ -992,6 +1020,7 @@ class WitCertCache(Cache):
                 return exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)
 
             def over():  # the gate's one host sync per round
+                self.host_cost.sync("gate")
                 cur["over"] = over_rows(cur["out"].meter).view(Bsz, Hkv, GQ).any(-1).cpu().numpy()
                 return cur["over"]
 
@@ -1021,10 +1050,12 @@ class WitCertCache(Cache):
                 flag = over_rows(out.meter)
         args = (self.step, layer.layer_idx, out.meter, ds, Bsz, pre, pagein, flag)
         if self.audit:
+            self.host_cost.sync("records")
             self._emit(self._kernel_record(*args, audit=self._kernel_audit(layer, q1, token_mask, sm, out.meter)))
         elif self.trace is None:  # stays on the device until cache.records is read
             self._lazy.append(args)
         else:  # tracing reads the record now (its cost is one transfer per (step, layer))
+            self.host_cost.sync("records")
             self._emit(self._kernel_record(*args))
         return out.o[:, None].to(query.dtype), None
 
@@ -1365,6 +1396,7 @@ def _check_new_request(module, args, kwargs):
     pos = kwargs.get("position_ids")
     if isinstance(pos, torch.Tensor) and pos.dim() == 2 and pos.numel():
         p0 = pos[:, 0]
+        cache.host_cost.sync("new_request_check")
         if bool((p0 == 0).all()) or (mask is None and bool((p0 < n).all())):
             raise ValueError(f"WitCertCache: the cache holds {n} tokens of an earlier request and this forward starts "
                              f"at position {int(p0.min())}, not after them (a fresh prompt): its tokens would be "

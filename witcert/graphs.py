@@ -7,8 +7,9 @@ in a CUDA graph and replayed (README, "CUDA graphs"; issue 11).
 
 Why: a metered decode step is host-bound (three Triton launches and their Python per layer
 step, bench/SERVING.md), so its cost is Python, not GPU work. A replayed step costs one graph
-launch for the whole model, plus the runner's host work after it (two asynchronous copies and an
-event per layer into the exact store, the record's copy).
+launch for the whole model, plus the runner's host work after it (a device copy of the staging
+buffer, two asynchronous copies per layer into the exact store on the host pool's side stream with
+one event for the step, the record's copy).
 
 What makes the step capturable (everything a replay reads is at a fixed address, nothing on the
 host depends on the data):
@@ -20,7 +21,8 @@ host depends on the data):
   before each replay); the split count comes from the table's capacity, not the length.
 * the exact backing store (pinned host memory) cannot be written by a graph at a moving address:
   the step stages each layer's new K / V in a static device buffer and the runner appends it to
-  the store after the replay (``_after_step``: asynchronous copies, no host sync).
+  the store after the replay (``_after_step``: from a device copy of the buffer, which the next
+  replay overwrites, asynchronous copies on ``witcert.hostpool``'s side stream, no host sync).
 * the meter's record columns are copied into a static [L, 6, B, Hq] buffer; the runner keeps a
   device copy per step (``GraphedRecords``), read when ``cache.records`` is.
 * a capture is tied to the layers' tensors: it is made again (and logged) when the batch, the
@@ -266,6 +268,7 @@ def _run(orig, cache, st: StaticStep, kwargs):
 
 def _capture(orig, cache, st, kwargs):
     dev = st.seq.device
+    cache.host_cost.sync("graph_capture")  # (and torch.cuda.graph's own synchronize / empty caches)
     torch.cuda.synchronize(dev)
     graph = torch.cuda.CUDAGraph()
     try:
@@ -283,18 +286,22 @@ def _after_step(cache, st: StaticStep) -> None:
     """The host side of one graphed step: the exact store's appends from the staging buffer
     (asynchronous), the step counters, and the step's record (a device copy)."""
     from .cache import GraphedRecords
-    from .store import append_pair
+    from .store import append_group
 
     cache.step += 1
     cache._row_range = (cache.rows_metered, 1)
     cache.rows_metered += 1
-    for li, layer in enumerate(cache.layers):
-        append_pair(layer._ek, layer._ev, st.stage[li, 0][:, :, None], st.stage[li, 1][:, :, None])
+    # every layer's K and V in one group (one completion event). On CUDA from a copy of the staging buffer
+    # (one device copy): the pool's side stream reads it while the next replay overwrites the buffer
+    stage = st.stage.clone() if st.stage.is_cuda else st.stage
+    append_group([(store, stage[li, j][:, :, None]) for li, layer in enumerate(cache.layers)
+                  for j, store in enumerate((layer._ek, layer._ev))])
     st.n0 += 1
     recs = GraphedRecords(step=cache.step, rec=st.rec.clone())
     if cache.trace is None:
         cache._lazy.append(recs)
     else:  # a trace sink reads every record now: one transfer per step (the ungraphed path: one per layer step)
+        cache.host_cost.sync("records")
         for rec in recs.records(cache):
             cache._emit(rec)
 
