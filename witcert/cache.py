@@ -70,6 +70,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
+from contract.sketch import DEFAULT_SKETCH_BITS, DEFAULT_WINDOW, check_bits, check_window
 
 from . import bounds as B
 from . import meter as M
@@ -80,6 +81,25 @@ from .store import ExactStore, append_pair
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
 #: quantized per full block (``contract.schemes``: granularity "block")
+
+
+def _check_cache_weights(weights, L: int, Hkv: int, D: int, scheme: str):
+    """The sketch radius's channel weights as a float64 [L, Hkv, D] array of powers of two, or None
+    (all 1): from a ``witcert.calibrate.Calibration`` or an array of that shape."""
+    if weights is None:
+        return None
+    from .calibrate import Calibration, check_weights
+
+    if isinstance(weights, Calibration):
+        if weights.scheme != scheme:
+            log.warning("weights: calibrated for scheme %s, used with %s (sound with any weights; maybe looser)",
+                        weights.scheme, scheme)
+        weights = weights.weights
+    w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    if w.shape != (L, Hkv, D):
+        raise ValueError(f"weights: expected [{L} layers, {Hkv} kv heads, {D}] for this model, got shape {w.shape}")
+    check_weights(w)
+    return w
 
 
 def _kernel_scheme(scheme: str) -> bool:
@@ -225,6 +245,8 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit = z(Bsz, H, 0, o.num_groups, dt=torch.float64, dev=self.device)
         self.v_wit = z(Bsz, H, 0, dt=torch.float64, dev=self.device)
         self.k_scale = z(Bsz, H, 0, dt=torch.float32, dev=self.device)
+        # the residual sketch r̃ of each served token (0 where served exact), reference path only
+        self.k_sk = z(Bsz, H, 0, D, dt=torch.float64, dev=self.device) if o.sketch_bits else None
         self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
         self.n_quantized = 0
         self.paged = None
@@ -312,6 +334,8 @@ class WitCertLayer(CacheLayerMixin):
             self._ek, self._ev = self._ek.index_select(0, idx), self._ev.index_select(0, idx)
         for name in ("k_hat", "v_hat", "k_wit", "v_wit", "k_scale", "repaired"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.k_sk is not None:
+            self.k_sk = self.k_sk.index_select(0, idx)
         if self.paged is not None:
             Bsz, per_seq = self.block_table.shape
             self.paged = self.paged.reordered(Bsz, per_seq, idx)
@@ -350,17 +374,23 @@ class WitCertLayer(CacheLayerMixin):
         if self.k_hat.shape[-2] > n1:
             self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
             self.k_wit, self.v_wit, self.k_scale = self.k_wit[..., :n1, :], self.v_wit[..., :n1], self.k_scale[..., :n1]
-            T = o.block_size
+            if self.k_sk is not None:
+                self.k_sk = self.k_sk[..., :n1, :]
             self.repaired = self.repaired[..., : -(-n1 // T)]
-            keep = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
-            if keep < min(self.n_quantized, n1):  # a partial quantized block goes back to exact
-                ek, ev = self._exact(keep, n1)
-                self.k_hat[..., keep:n1, :] = ek.to(self.device, self.served_dtype)
-                self.v_hat[..., keep:n1, :] = ev.to(self.device, self.served_dtype)
-                self.k_wit[..., keep:n1, :] = 0
-                self.v_wit[..., keep:n1] = 0
-                self.k_scale[..., keep:n1] = 0
-            self.n_quantized = min(self.n_quantized, keep)
+            # tokens back inside the window (or a partial block) are served exact again
+            lo, end = o.quantized_range(n1)
+            keep = min(max(end, 0), self.n_quantized)
+            a, b = max(keep, lo), min(self.n_quantized, n1)
+            if a < b:
+                ek, ev = self._exact(a, b)
+                self.k_hat[..., a:b, :] = ek.to(self.device, self.served_dtype)
+                self.v_hat[..., a:b, :] = ev.to(self.device, self.served_dtype)
+                self.k_wit[..., a:b, :] = 0
+                self.v_wit[..., a:b] = 0
+                self.k_scale[..., a:b] = 0
+                if self.k_sk is not None:
+                    self.k_sk[..., a:b, :] = 0
+            self.n_quantized = keep
 
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):
@@ -516,11 +546,14 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit = torch.cat([self.k_wit, torch.zeros(Bsz, H, m, o.num_groups, **f64)], dim=-2)
         self.v_wit = torch.cat([self.v_wit, torch.zeros(Bsz, H, m, **f64)], dim=-1)
         self.k_scale = torch.cat([self.k_scale, torch.zeros(Bsz, H, m, dtype=torch.float32, device=self.device)], dim=-1)
+        if self.k_sk is not None:
+            self.k_sk = torch.cat([self.k_sk, torch.zeros(Bsz, H, m, D, **f64)], dim=-2)
         if o.scheme == "none":
             self.n_quantized = n1
             return
-        a = self.n_quantized
-        b = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
+        # tokens enter exact (the window, KIVI's partial block) and are quantized once they leave it
+        lo, b = o.quantized_range(n1)
+        a = max(self.n_quantized, lo)
         if b <= a:
             return
         x_k, x_v = self._exact(a, b)
@@ -529,7 +562,17 @@ class WitCertLayer(CacheLayerMixin):
         kh, kmeta = quantize(o.scheme, x_k.float().cpu(), QuantContext(role="key", **common))
         vh, _ = quantize(o.scheme, x_v.float().cpu(), QuantContext(role="value", **common))
         kh, vh = kh.to(self.device, self.served_dtype), vh.to(self.device, self.served_dtype)
-        kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
+        if o.sketch:  # the sketch radius's witness (and sketch): contract.sketch
+            r = kh.double() - x_k.double()
+            rt = torch.zeros_like(r)
+            if o.sketch_bits:
+                beta = S.residual_range(o.scheme, kh.double().cpu(), kmeta)
+                codes, beta = B.sketch_encode(r.cpu(), o.sketch_bits, beta)
+                rt = B.sketch_decode(codes, beta, o.sketch_bits).to(self.device)
+            wl = None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx][None]).to(self.device)
+            kw = B.sketch_witness(r, rt, wl)[..., None]
+        else:
+            kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
         vw = B.value_witness(x_v.double(), vh.double(), block_size=1)
         # tokens of repaired blocks stay exact (repair is persistent)
         rep = self.repaired.repeat_interleave(T, dim=-1)[..., a:b]
@@ -537,6 +580,8 @@ class WitCertLayer(CacheLayerMixin):
         self.v_hat[..., a:b, :] = torch.where(rep[..., None], x_v.to(self.served_dtype), vh)
         self.k_wit[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(kw), kw)
         self.v_wit[..., a:b] = torch.where(rep, torch.zeros_like(vw), vw)
+        if self.k_sk is not None:
+            self.k_sk[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(rt), rt)
         if "scale" in kmeta and o.scheme == "int8_dither":
             self.k_scale[..., a:b] = torch.where(rep, 0.0, kmeta["scale"].to(self.device))
         self.n_quantized = b
@@ -563,6 +608,8 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit[b, h, lo:hi] = 0
         self.v_wit[b, h, lo:hi] = 0
         self.k_scale[b, h, lo:hi] = 0
+        if self.k_sk is not None:
+            self.k_sk[b, h, lo:hi] = 0
         self.repaired[b, h, blk] = True
         return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
 
@@ -609,6 +656,9 @@ class WitCertCache(Cache):
         trace=None,
         compress_layers=None,
         cuda_graph: bool = False,
+        sketch_bits: int | None = None,
+        window=DEFAULT_WINDOW,
+        weights=None,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -642,6 +692,18 @@ class WitCertCache(Cache):
         self.seed = self._draw_seed()
         self.num_groups = num_groups
         self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
+        # the key radius (SPEC §2 as amended by issue 33, contract.sketch): a sketch_bits residual sketch
+        # and channel weights (the sketch radius ε_hj = c_h (W_j + u_j)); with neither, the group
+        # Cauchy–Schwarz radius of the G witnesses. The exact window: the first / last tokens served exact
+        if sketch_bits is None:  # the scheme table's default (user schemes: the library's)
+            sketch_bits = SCHEMES[scheme].default_sketch_bits if scheme in SCHEMES else DEFAULT_SKETCH_BITS
+        self.sketch_bits = check_bits(sketch_bits)
+        self.window = check_window(window)
+        self.weights = _check_cache_weights(weights, L, Hkv, D, scheme)
+        self.sketch = self.sketch_bits > 0 or self.weights is not None
+        if self.sketch and (num_groups != 1 or witness != "token"):
+            raise ValueError("sketch_bits / weights: the sketch radius takes one per-token witness (num_groups=1, "
+                             "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
         if backend not in ("auto", "reference", "kernel"):
             raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
@@ -718,6 +780,16 @@ class WitCertCache(Cache):
                                  else _ExactLayer() for i in range(L)])
 
     # -- bookkeeping
+    def quantized_range(self, n: int) -> tuple[int, int]:
+        """Tokens [lo, hi) of a sequence of length ``n`` served compressed: not the exact window's first
+        ``sink`` and last ``recent``, nor a block scheme's partial last block (KIVI's residual); a block
+        scheme keeps whole blocks exact (the sinks' blocks, the blocks the recent window touches)."""
+        sink, recent = self.window
+        if SCHEMES[self.scheme].per_block:
+            T = self.block_size
+            return -(-sink // T) * T, max(0, (n - recent) // T * T)
+        return sink, max(0, n - recent)
+
     def _draw_seed(self) -> int:
         if self._fixed_seed is not None:
             return int(self._fixed_seed)
@@ -1119,6 +1191,9 @@ class WitCertCache(Cache):
         """ε [B, Hkv, GQ, Lq, n] (Tier A, ``witcert.bounds.logit_radius``) from the stored
         witnesses (per token, or their maximum over each block of T tokens), plus the float64
         rounding of the served logits (``witcert.meter.served_radius``); 0 at masked tokens."""
+        if self.sketch:
+            return M.served_radius(self._sketch_radii(layer, q, sm), q, layer.k_hat.double()[:, :, None, None], sm,
+                                   REFERENCE_UNIT_ROUNDOFF, mask=al)
         W = layer.k_wit  # [B, Hkv, n, G]
         n = W.shape[-2]
         T = self.block_size if self.witness == "block" else 1
@@ -1128,6 +1203,16 @@ class WitCertCache(Cache):
             W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2)
         eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
         return M.served_radius(eps, q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
+
+    def _sketch_radii(self, layer, q, sm):
+        """The sketch radius ε [B, Hkv, GQ, Lq, n] (``witcert.bounds.sketch_radius``, shared over the GQ
+        heads of a query row, as the kernels bin it) from the stored sketches and witnesses; 0 on
+        tokens served exact (the window, repaired blocks: W = 0, r̃ = 0)."""
+        qr = q.transpose(2, 3)  # [B, Hkv, Lq, GQ, D]: the shared maximum is over a row's heads
+        rt = None if layer.k_sk is None else layer.k_sk[:, :, None]
+        wl = None if self.weights is None else torch.from_numpy(self.weights[layer.layer_idx][None, :, None]).to(q.device)
+        eps = B.sketch_radius(qr, rt, layer.k_wit[:, :, None, :, 0], sm, wl)  # [B, Hkv, Lq, GQ, n]
+        return eps.to(q.device).transpose(2, 3)
 
     def _tier_b_radii(self, layer, q, al, sm, delta_step):
         """t [B, Hkv, GQ, Lq, n] (Tier B, ``witcert.meter.tier_b_radius``) plus the rounding; 0 at masked tokens."""
