@@ -68,9 +68,10 @@ from triton.runtime.errors import OutOfResources
 from contract.schemes import SCHEMES
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
-from .write import INTERPRET, dither_from_hash, token_hash
+from .ids import FP8_E4M3_SCALED_ID, INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID, NONE_ID
+from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, ExactWindow, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma,
+                    mass_eta_terms, page_scaled_keys)
+from .write import INTERPRET, dither_from_hash, sketch_beta, sketch_value, token_hash
 
 
 @triton.jit
@@ -132,8 +133,9 @@ def _softmax_step(m, l, sT):
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
+    SK, WGT, WK, WV, WKN, WVN,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
-    seed, layer, sm_scale, num_splits,
+    seed, layer, sm_scale, num_splits, sink, recent,
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
     s_sb, s_sh, s_st,
@@ -141,6 +143,7 @@ def _decode_kernel(
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
     s_btb, s_tmb, s_rsb,
+    s_skb, s_skh, s_skt, s_wnb, s_wnh,
     Hq,
     INFL: tl.constexpr, X0: tl.constexpr,
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
@@ -149,6 +152,7 @@ def _decode_kernel(
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
+    SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -190,6 +194,17 @@ def _decode_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
     accT = tl.zeros([D, BLOCK_H], tl.float32)
+    SKETCH: tl.constexpr = METER and (SKB > 0 or WEIGHTED)
+    if SKETCH:
+        # the sketch radius's head factor c_h = |σ|·‖a⊙q_h‖ (contract.sketch), scaled by its largest entry
+        # (no square underflows); the epilogue's factor, in fp64 and rounded up, is at least this one
+        if WEIGHTED:
+            qa = q32T * tl.load(WGT + kvh * D + d)[:, None]
+        else:
+            qa = q32T
+        qam = tl.max(tl.abs(qa), axis=0)
+        qsc = qa / tl.where(qam > 0, qam, 1.0)[None, :]
+        c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
     histT = tl.zeros([NB, BLOCK_H], tl.float32)
@@ -257,6 +272,11 @@ def _decode_kernel(
             rep = valid & (rslot >= 0)
             rbase = tl.where(rep, rslot, 0).to(tl.int64) * (T * D) + off * D  # pool [R, T, D]
             rnbase = tl.where(rep, rslot, 0).to(tl.int64) * T + off  # norms [R, T]
+        if HAS_WIN:  # the exact window (paged.ExactWindow): the first `sink` and last `recent` tokens, from the ring
+            win = valid & ((tok < sink) | (tok >= seq_len - recent))
+            wcol = tl.where(tok < sink, tok, sink + tok % tl.maximum(recent, 1)).to(tl.int64)
+            wnoff = b * s_wnb + kvh * s_wnh + wcol  # norms [B, Hkv, C]
+            ringb = wnoff * D  # values [B, Hkv, C, D]
         if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:  # z + s·c in fp32
             vgidx = vsbase[:, None] + (d // 32)[None, :]  # the value scale / zero of a 32-channel group
             if SCHEME == INT4_GROUP_ID:  # unpack nibbles (channel i low, i + D/2 high)
@@ -280,14 +300,19 @@ def _decode_kernel(
                 vcode = ((tl.load(VC + cbase[:, None] + byte, mask=valid[:, None], other=0).to(tl.int32) >> shift) & 3
                          ).to(tl.float32)
                 kgidx = sbase[:, None] + d[None, :]
-            kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
-                tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
+            ksc = tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32)  # (the sketch's β = ksc / 2)
+            kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + ksc * kcode
             vh = tl.load(VZ + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(VS + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
             if HAS_REP:  # a repaired token: its exact K/V (model dtype, exact in fp32) instead of z + s·c
                 kh = tl.where(rep[:, None], tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
                               .to(tl.float32), kh)
                 vh = tl.where(rep[:, None], tl.load(RV + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
+                              .to(tl.float32), vh)
+            if HAS_WIN:  # a window token: its exact K/V from the ring
+                kh = tl.where(win[:, None], tl.load(WK + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)
+                              .to(tl.float32), kh)
+                vh = tl.where(win[:, None], tl.load(WV + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)
                               .to(tl.float32), vh)
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
@@ -331,11 +356,28 @@ def _decode_kernel(
                 vcT = tl.where(rep[None, :], rvT, vcT)
                 ks = tl.where(rep, 1.0, ks)
                 vs = tl.where(rep, 1.0, vs)
+            if SKETCH and SCHEME != NONE_ID:
+                kcode8 = kc  # the codes (in q's dtype on the GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β
+            if HAS_WIN:  # a window token: its exact K/V from the ring (q's dtype on the GPU, as a repaired page)
+                wk = tl.load(WK + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)  # [N, D]
+                wvT = tl.load(WV + ringb[None, :] + d[:, None], mask=win[None, :], other=0.0)  # [D, N]
+                if LOWP:
+                    wk = wk.to(Q.dtype.element_ty)
+                    wvT = wvT.to(tl.float32 if PV_F32 else tl.bfloat16)
+                else:
+                    wk = wk.to(tl.float32)
+                    wvT = wvT.to(tl.float32)
+                kc = tl.where(win[:, None], wk, kc)
+                vcT = tl.where(win[None, :], wvT, vcT)
+                ks = tl.where(win, 1.0, ks)
+                vs = tl.where(win, 1.0, vs)
             qkT = tl.dot(kc, qT)  # [N, H]
             if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
                 if HAS_REP:
                     uk = tl.where(rep[:, None], 0.0, uk)
+                if HAS_WIN:
+                    uk = tl.where(win[:, None], 0.0, uk)
                 if LOWP:
                     uk_hi = uk.to(Q.dtype.element_ty)
                     uk_lo = (uk - uk_hi.to(tl.float32)).to(Q.dtype.element_ty)
@@ -359,6 +401,8 @@ def _decode_kernel(
                 uvT = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[None, :], d[:, None])  # [D, N]
                 if HAS_REP:
                     uvT = tl.where(rep[None, :], 0.0, uvT)
+                if HAS_WIN:
+                    uvT = tl.where(win[None, :], 0.0, uvT)
                 if LOWP and not PV_F32:
                     uv_hiT = uvT.to(tl.bfloat16)
                     uv_loT = (uvT - uv_hiT.to(tl.float32)).to(tl.bfloat16)
@@ -369,13 +413,46 @@ def _decode_kernel(
         # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
         ks_lvl = ks
         if HAS_REP:
-            ks_lvl = tl.where(rep, 0.0, ks)
+            ks_lvl = tl.where(rep, 0.0, ks_lvl)
+        if HAS_WIN:
+            ks_lvl = tl.where(win, 0.0, ks_lvl)
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             # ‖W_j‖₂ scaled by the largest group witness: squares of tiny fp32 (per-block)
             # witnesses would underflow to a zero radius; ≥ that largest witness, never 0
-            if G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
+            if SKETCH:
+                # the sketch radius (contract.sketch): U_j = W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h, the token part of
+                # ε_hj = c_h·U_j; r̃_j = β·(2·code + 1 − L)/L from the packed codes and the scheme's β
+                wn = tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32)
+                if SKB > 0:
+                    LV: tl.constexpr = 1 << SKB
+                    CPB: tl.constexpr = 8 // SKB
+                    DB: tl.constexpr = D // CPB
+                    skoff = blk * s_skb + kvh * s_skh + off * s_skt
+                    skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+                            >> (SKB * (d // DB))[None, :]) & (LV - 1)).to(tl.float32)
+                    lev = sketch_value(skc, LV)  # [N, D] odd integers
+                    if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
+                        # β = s/2 per token: the odd levels dotted exactly against q, then scaled
+                        if LOWP:
+                            dT = tl.dot(lev.to(Q.dtype.element_ty), qT)
+                        else:
+                            dT = tl.dot(lev, q32T)
+                        dT = dT * (ks * (0.5 / LV))[:, None]
+                    else:
+                        if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
+                            beta = sketch_beta(kh, kh, ksc, SCHEME)
+                        else:  # fp8: half a spacing of x̂ = s·code (the write path's β, bit for bit)
+                            xh8 = ks[:, None] * kcode8.to(tl.float32)
+                            beta = sketch_beta(xh8, ks[:, None], xh8, SCHEME)
+                        dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
+                    dT = tl.abs(dT) * tl.abs(sm_scale)
+                    ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
+                                     tl.where(dT > 0, float("inf"), 0.0))
+                    wn = wn + tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
+                wn = tl.where(valid, wn * INFL, 0.0)
+            elif G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
                 wn = tl.where(valid, tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32) * INFL, 0.0)
             else:
                 wmx = tl.zeros([BLOCK_N], tl.float32)
@@ -402,6 +479,11 @@ def _decode_kernel(
                 phi = tl.where(rep, 0.0, phi)
                 nu = tl.where(rep, tl.load(RVN + rnbase, mask=rep, other=0.0).to(tl.float32), nu)
                 kap = tl.where(rep, tl.load(RKN + rnbase, mask=rep, other=0.0).to(tl.float32), kap)
+            if HAS_WIN:  # a window token is exact: radius 0, φ = 0, ν / κ ≥ its exact norms (rounded up)
+                wn = tl.where(win, 0.0, wn)
+                phi = tl.where(win, 0.0, phi)
+                nu = tl.where(win, tl.load(WVN + wnoff, mask=win, other=0.0), nu)
+                kap = tl.where(win, tl.load(WKN + wnoff, mask=win, other=0.0), kap)
             # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf")) \
                 | (kap != kap) | (kap == float("inf"))
@@ -796,6 +878,7 @@ def decode(
     kv_indptr: torch.Tensor | None = None,
     repair: RepairOverlay | None = None,
     tile: Tile | None = None,
+    window: ExactWindow | None = None,
     _ablate: int = 0,
     _maxnreg: int | None = None,
     _head_columns: int | None = None,
@@ -830,7 +913,11 @@ def decode(
     overlay with no slot in use, launches the kernel without the overlay (HAS_REP off: the same
     code as before). On the GPU the pool's dtype must be q's (bf16 / fp16): the dots run in it.
     Off the GPU the merge / epilogue runs as ``epilogue.merge_torch`` (``MERGE_OFF_GPU``), which
-    computes the tilt on every row whatever ``tilt_above`` is."""
+    computes the tilt on every row whatever ``tilt_above`` is. ``window`` (``paged.ExactWindow``, one ring
+    per sequence of this batch): each sequence's first ``sink`` and last ``recent`` tokens are served from
+    it (model dtype, radius 0, φ = 0, ν / κ from its norms); not with ``kv_indptr``. A cache with a key
+    sketch or channel weights (``PagedKV.sketch_bits`` / ``weights``) is metered with the sketch radius
+    ε_hj = c_h (W_j + u_j) (``contract.sketch``)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -933,9 +1020,20 @@ def decode(
             raise ValueError(f"repair: the GPU dots run in q's dtype {q.dtype}; the exact pool is {repair.k.dtype} "
                              "(it would be rounded without being metered)")
     has_rep = repair is not None and repair.count > 0
+    if window is not None:
+        if not isinstance(window, ExactWindow):
+            raise ValueError(f"window: expected a kernels.paged.ExactWindow, got {type(window).__name__}")
+        if csr:
+            raise ValueError("window: the exact window needs per-sequence rings; not with kv_indptr (SGLang's layout)")
+        window.validate(cache, Bsz)
+        if lowp and window.k.dtype != q.dtype:
+            raise ValueError(f"window: the GPU dots run in q's dtype {q.dtype}; the ring is {window.k.dtype}")
+    has_win = window is not None and window.columns > 0
+    skb = cache.sketch_bits if (meter and cache.scheme != "none") else 0
+    weighted = bool(meter and cache.weighted)
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
-    pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
+    pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep or has_win)
     # the next tile's codes, scales and witnesses prefetched into the L2 while a tile computes (``Tile.prefetch``;
     # GPU only: inline PTX; ``_prefetch`` for an A/B: 0 none, 1 into the L2. Run Q also timed the L1: no better)
     pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
@@ -973,8 +1071,10 @@ def decode(
             q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
             cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
             *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
+            cache.k_sketch if skb else sl, cache.weights,
+            *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, m_out, m_out)),
             m_out, l_out, acc_out, hist, stat,
-            cache.seed, cache.layer, sm, S,
+            cache.seed, cache.layer, sm, S, window.sink if has_win else 0, window.recent if has_win else 0,
             q.stride(0), q.stride(1),
             cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
             cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if page_scaled_keys(cache.scheme) else cache.k_scale.stride(2),
@@ -982,6 +1082,8 @@ def decode(
             cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
             cache.v_wit.stride(0), cache.v_wit.stride(1),
             0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
+            *(cache.k_sketch.stride()[:3] if skb else (0, 0, 0)),
+            *(window.k_norm.stride()[:2] if has_win else (0, 0)),
             Hq,
             INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
             GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
@@ -990,7 +1092,8 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, SKB=skb, WEIGHTED=weighted, HAS_WIN=has_win,
+            num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -999,7 +1102,8 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, pf_ahead)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32,
+               pf_ahead, skb, weighted, has_win)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
@@ -1019,6 +1123,7 @@ def decode(
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
         eta=mass_eta_terms(pages_per_tile * T, hist_split, packed=pack and hist_split == "bf16x2"),
         out_rel0=2.0**-8 if lowp else 0.0,
+        weights=cache.weights if (skb or weighted) else None, gq=GQ,
     )
     if dev.type != "cuda" and MERGE_OFF_GPU == "torch":
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the

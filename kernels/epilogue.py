@@ -387,7 +387,7 @@ def _expm1_up(y):
 
 @triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -395,7 +395,7 @@ def _merge_meter_kernel(
     GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
-    HA_HM: tl.constexpr,
+    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -444,7 +444,12 @@ def _merge_meter_kernel(
             qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
             qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
             q1 = tl.sum(tl.abs(qv), axis=0)
-            eps_max = qn * wmx.to(tl.float64)
+            if WEIGHTED:  # the sketch radius's head factor c_h = |σ| ‖a⊙q_h‖ (contract.sketch), rounded up
+                qa = qv * tl.load(WGT + (h // GQ) * D + d).to(tl.float64)
+                qn_a = tl.sqrt(tl.sum(qa * qa, axis=0)) * qn_infl
+            else:
+                qn_a = qn
+            eps_max = qn_a * wmx.to(tl.float64)
             n_pages = (n + T - 1) // T
             tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES
             eta = ETA0 + ETA1 * tiles.to(tl.float64)
@@ -475,7 +480,7 @@ def _merge_meter_kernel(
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
             if bad == 0:
-                tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above, tilt_hi,
+                tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
                                                       SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
@@ -639,6 +644,10 @@ class MergeConstants:
     dither_u: float  # |σ| 2^-19 for the bf16 hi + lo dither split, else 0
     eta: tuple  # ``paged.mass_eta_terms``
     out_rel0: float  # 2^-8 on the GPU (bf16 p̂·s_v), 0 in the interpreter
+    #: the sketch radius's channel weights [Hkv, D] (``contract.sketch``): the Tier A head factor is then
+    #: |σ|·‖a⊙q_h‖ (kv head h // gq); None: |σ|·‖q_h‖
+    weights: torch.Tensor | None = None
+    gq: int = 1
 
 
 _EDGES: dict = {}
@@ -713,14 +722,14 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        flag, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
+        flag, c.weights if c.weights is not None else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
-        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
+        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b, WEIGHTED=c.weights is not None, GQ=c.gq,
         num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev)),
     )
     record = None
@@ -768,9 +777,13 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
     qd = q.double()
     qnorm = qd.norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
+    qn_a = qnorm
+    if c.weights is not None:  # the sketch radius's head factor |σ| ‖a⊙q_h‖ (contract.sketch)
+        a = c.weights.double().to(dev).repeat_interleave(c.gq, dim=0)  # [Hq, D]
+        qn_a = (qd * a).norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
     edges = _edges(dev, c.KA)
-    lv_a = qnorm[..., None] * edges
-    eps_max = qnorm * mx[..., 0].double()
+    lv_a = qn_a[..., None] * edges
+    eps_max = qn_a * mx[..., 0].double()
     n_pages = (sl.double() + c.T - 1).div(c.T).floor()
     tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None]
     xi = qnorm * mx[..., 5].double() * c.gamma + KERNEL_EXP_REL + c.dither_u * qd.abs().sum(-1) * mx[..., 1].double()
