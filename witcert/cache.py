@@ -107,6 +107,9 @@ def _kernel_scheme(scheme: str) -> bool:
     meter on is served by the reference path)."""
     row = SCHEMES.get(scheme)
     return row is not None and row.kernel_supported and row.lossy
+#: the exact window of a cache built with ``window="default"`` (``contract.sketch.DEFAULT_WINDOW``: the first 4
+#: and the last 64 tokens served exact)
+CACHE_DEFAULT_WINDOW = DEFAULT_WINDOW
 #: levels the tilt bound rounds radii up onto: 0 and 2^-14 … 16 with ratio 2^(1/4) (any set of
 #: levels is sound, SPEC §3(c); radii above 16 use the row maximum, where every bound is ≈ 1)
 METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
@@ -678,7 +681,7 @@ class WitCertCache(Cache):
         compress_layers=None,
         cuda_graph: bool = False,
         sketch_bits: int | None = None,
-        window=DEFAULT_WINDOW,
+        window="default",
         weights=None,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
@@ -716,10 +719,12 @@ class WitCertCache(Cache):
         # the key radius (SPEC §2 as amended by issue 33, contract.sketch): a sketch_bits residual sketch
         # and channel weights (the sketch radius ε_hj = c_h (W_j + u_j)); with neither, the group
         # Cauchy–Schwarz radius of the G witnesses. The exact window: the first / last tokens served exact
-        if sketch_bits is None:  # the scheme table's default (user schemes: the library's)
-            sketch_bits = SCHEMES[scheme].default_sketch_bits if scheme in SCHEMES else DEFAULT_SKETCH_BITS
+        if sketch_bits is None:  # the scheme table's default (user schemes: the library's); none with G > 1 / blocks
+            grouped = num_groups != 1 or witness != "token"
+            sketch_bits = 0 if grouped else (SCHEMES[scheme].default_sketch_bits if scheme in SCHEMES
+                                             else DEFAULT_SKETCH_BITS)
         self.sketch_bits = check_bits(sketch_bits)
-        self.window = check_window(window)
+        self.window = check_window(CACHE_DEFAULT_WINDOW if isinstance(window, str) and window == "default" else window)
         self.weights = _check_cache_weights(weights, L, Hkv, D, scheme)
         self.sketch = self.sketch_bits > 0 or self.weights is not None
         if self.sketch and (num_groups != 1 or witness != "token"):
@@ -805,7 +810,7 @@ class WitCertCache(Cache):
         """Tokens [lo, hi) of a sequence of length ``n`` stored compressed on the reference path: all of
         them, but a block scheme's partial last block (KIVI's residual, exact until the block is full). The
         exact window is applied when the cache is read (``_view``), as the kernel path serves it."""
-        if SCHEMES[self.scheme].per_block:
+        if self.scheme in BLOCK_SCHEMES:
             return 0, n // self.block_size * self.block_size
         return 0, n
 
