@@ -74,6 +74,11 @@ from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, ExactWindow, PagedKV, RepairOv
 from .write import INTERPRET, dither_from_hash, sketch_beta, sketch_value, token_hash
 
 
+#: a tile whose every logit is this far below the running maximum (p̂ ≤ e^-20 of the largest) skips the key
+#: sketch's dot: its tokens take the sketch radius's upper bound u_j ≤ ‖r̃_j/a‖ instead (sound; int8 family)
+SKETCH_COLD = tl.constexpr(20.0)
+
+
 @triton.jit
 def _key_level(x, X0: tl.constexpr, K: tl.constexpr):
     """Key-side level of a non-negative value: 0 for x = 0, else the smallest m in 1..K with
@@ -152,7 +157,7 @@ def _decode_kernel(
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
-    SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr,
+    SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -205,6 +210,26 @@ def _decode_kernel(
         qam = tl.max(tl.abs(qa), axis=0)
         qsc = qa / tl.where(qam > 0, qam, 1.0)[None, :]
         c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
+        q_sum = tl.sum(q32T, axis=0)  # Σ_i q_hi (the magic-number sketch dot's offset)
+        if SKB > 0 and (SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID):
+            # the sketch's chunks of q (chunk k: channels k·D/c …, contract.sketch), loaded once: two-bit codes
+            CPB0: tl.constexpr = 8 // SKB
+            DB0: tl.constexpr = D // CPB0
+            qrow = Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + tl.arange(0, DB0)[:, None]
+            qmask = (hcol < GQ)[None, :]
+            qk0 = tl.load(qrow, mask=qmask, other=0.0)
+            qk1 = tl.load(qrow + DB0, mask=qmask, other=0.0)
+            if CPB0 >= 4:
+                qk2 = tl.load(qrow + 2 * DB0, mask=qmask, other=0.0)
+                qk3 = tl.load(qrow + 3 * DB0, mask=qmask, other=0.0)
+            # a cold tile's tokens (every logit ≥ SKETCH_COLD below the running maximum: p̂ ≤ e^-20 of the largest)
+            # take u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead of the sketch dot (sound; tightness costs ≤ e^-20
+            # per token): the per-head constant ‖1/a‖
+            if WEIGHTED:
+                ainv = 1.0 / tl.load(WGT + kvh * D + d)
+                inv_a_norm = tl.sqrt(tl.sum(ainv * ainv, axis=0))
+            else:
+                inv_a_norm = tl.sqrt(D * 1.0)
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
     histT = tl.zeros([NB, BLOCK_H], tl.float32)
@@ -272,11 +297,8 @@ def _decode_kernel(
             rep = valid & (rslot >= 0)
             rbase = tl.where(rep, rslot, 0).to(tl.int64) * (T * D) + off * D  # pool [R, T, D]
             rnbase = tl.where(rep, rslot, 0).to(tl.int64) * T + off  # norms [R, T]
-        if HAS_WIN:  # the exact window (paged.ExactWindow): the first `sink` and last `recent` tokens, from the ring
-            win = valid & ((tok < sink) | (tok >= seq_len - recent))
-            wcol = tl.where(tok < sink, tok, sink + tok % tl.maximum(recent, 1)).to(tl.int64)
-            wnoff = b * s_wnb + kvh * s_wnh + wcol  # norms [B, Hkv, C]
-            ringb = wnoff * D  # values [B, Hkv, C, D]
+        if HAS_WIN:  # the exact window's tokens (the first `sink`, the last `recent`) are served by the ring pass below
+            valid = valid & ~((tok < sink) | (tok >= seq_len - recent))
         if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:  # z + s·c in fp32
             vgidx = vsbase[:, None] + (d // 32)[None, :]  # the value scale / zero of a 32-channel group
             if SCHEME == INT4_GROUP_ID:  # unpack nibbles (channel i low, i + D/2 high)
@@ -308,11 +330,6 @@ def _decode_kernel(
                 kh = tl.where(rep[:, None], tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
                               .to(tl.float32), kh)
                 vh = tl.where(rep[:, None], tl.load(RV + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
-                              .to(tl.float32), vh)
-            if HAS_WIN:  # a window token: its exact K/V from the ring
-                kh = tl.where(win[:, None], tl.load(WK + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)
-                              .to(tl.float32), kh)
-                vh = tl.where(win[:, None], tl.load(WV + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)
                               .to(tl.float32), vh)
             ks = tl.full([BLOCK_N], 1.0, tl.float32)
             sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
@@ -358,26 +375,11 @@ def _decode_kernel(
                 vs = tl.where(rep, 1.0, vs)
             if SKETCH and SCHEME != NONE_ID:
                 kcode8 = kc  # the codes (in q's dtype on the GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β
-            if HAS_WIN:  # a window token: its exact K/V from the ring (q's dtype on the GPU, as a repaired page)
-                wk = tl.load(WK + ringb[:, None] + d[None, :], mask=win[:, None], other=0.0)  # [N, D]
-                wvT = tl.load(WV + ringb[None, :] + d[:, None], mask=win[None, :], other=0.0)  # [D, N]
-                if LOWP:
-                    wk = wk.to(Q.dtype.element_ty)
-                    wvT = wvT.to(tl.float32 if PV_F32 else tl.bfloat16)
-                else:
-                    wk = wk.to(tl.float32)
-                    wvT = wvT.to(tl.float32)
-                kc = tl.where(win[:, None], wk, kc)
-                vcT = tl.where(win[None, :], wvT, vcT)
-                ks = tl.where(win, 1.0, ks)
-                vs = tl.where(win, 1.0, vs)
             qkT = tl.dot(kc, qT)  # [N, H]
             if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
                 if HAS_REP:
                     uk = tl.where(rep[:, None], 0.0, uk)
-                if HAS_WIN:
-                    uk = tl.where(win[:, None], 0.0, uk)
                 if LOWP:
                     uk_hi = uk.to(Q.dtype.element_ty)
                     uk_lo = (uk - uk_hi.to(tl.float32)).to(Q.dtype.element_ty)
@@ -401,8 +403,6 @@ def _decode_kernel(
                 uvT = dither_from_hash(token_hash(seed, layer, kvh, tok, 1)[None, :], d[:, None])  # [D, N]
                 if HAS_REP:
                     uvT = tl.where(rep[None, :], 0.0, uvT)
-                if HAS_WIN:
-                    uvT = tl.where(win[None, :], 0.0, uvT)
                 if LOWP and not PV_F32:
                     uv_hiT = uvT.to(tl.bfloat16)
                     uv_loT = (uvT - uv_hiT.to(tl.float32)).to(tl.bfloat16)
@@ -414,8 +414,6 @@ def _decode_kernel(
         ks_lvl = ks
         if HAS_REP:
             ks_lvl = tl.where(rep, 0.0, ks_lvl)
-        if HAS_WIN:
-            ks_lvl = tl.where(win, 0.0, ks_lvl)
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
@@ -430,27 +428,60 @@ def _decode_kernel(
                     CPB: tl.constexpr = 8 // SKB
                     DB: tl.constexpr = D // CPB
                     skoff = blk * s_skb + kvh * s_skh + off * s_skt
-                    skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
-                            >> (SKB * (d // DB))[None, :]) & (LV - 1)).to(tl.float32)
-                    lev = sketch_value(skc, LV)  # [N, D] odd integers
+                    dbi = tl.arange(0, DB)
+                    # the packed bytes once [N, D/c]; chunk k (bits k·b…) holds channels k·D/c … (contract.sketch)
+                    byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None], other=0).to(tl.int32)
                     if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
-                        # β = s/2 per token: the odd levels dotted exactly against q, then scaled
-                        if LOWP:
-                            dT = tl.dot(lev.to(Q.dtype.element_ty), qT)
+                        # β = s/2 per token: the levels dotted against q, then scaled. On the GPU with a bf16 q the codes
+                        # become bf16 16 + c by the magic number (one shift, one mask-or: 16 + c is exact for c < 16) and
+                        # ⟨q, 2c + 1 − L⟩ = 2⟨q, 16 + c⟩ − (31 + L)·Σq (paged.sketch_gamma covers the fp32 error)
+                        hot = tl.max(tl.max(tl.where(valid[:, None], sT - m_new[None, :], float("-inf")), axis=1),
+                                     axis=0) > -SKETCH_COLD
+                        if hot:
+                            dT = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
+                            for kq in tl.static_range(CPB):
+                                if kq == 0:
+                                    qk = qk0
+                                elif kq == 1:
+                                    qk = qk1
+                                elif kq == 2 and CPB >= 4:
+                                    qk = qk2
+                                elif kq == 3 and CPB >= 4:
+                                    qk = qk3
+                                else:  # (one-bit sketch: chunks 4…7 reloaded per tile)
+                                    qk = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + (kq * DB + dbi)[:, None],
+                                                 mask=(hcol < GQ)[None, :], other=0.0)  # [D/c, H]
+                                code = (byt >> (SKB * kq)) & (LV - 1)
+                                if MAGIC_BF16:
+                                    mg = ((code << 3) | 0x4180).to(tl.int16).to(tl.bfloat16, bitcast=True)
+                                    dT += tl.dot(mg, qk)
+                                else:
+                                    dT += tl.dot(sketch_value(code.to(tl.float32), LV), qk.to(tl.float32))
+                            if MAGIC_BF16:
+                                dT = 2.0 * dT - ((31.0 + LV) * q_sum)[None, :]
+                            dT = dT * (ks * (0.5 / LV))[:, None]
+                            dT = tl.abs(dT) * tl.abs(sm_scale)
+                            ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
+                                             tl.where(dT > 0, float("inf"), 0.0))
+                            u_tok = tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
                         else:
-                            dT = tl.dot(lev, q32T)
-                        dT = dT * (ks * (0.5 / LV))[:, None]
+                            u_tok = ks * ((0.5 * (LV - 1) / LV) * inv_a_norm)
                     else:
+                        shift = (SKB * (d // DB))[None, :]
+                        skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+                                >> shift) & (LV - 1)).to(tl.float32)
+                        lev = sketch_value(skc, LV)  # [N, D] odd integers
                         if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
                             beta = sketch_beta(kh, kh, ksc, SCHEME)
                         else:  # fp8: half a spacing of x̂ = s·code (the write path's β, bit for bit)
                             xh8 = ks[:, None] * kcode8.to(tl.float32)
                             beta = sketch_beta(xh8, ks[:, None], xh8, SCHEME)
                         dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
-                    dT = tl.abs(dT) * tl.abs(sm_scale)
-                    ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
-                                     tl.where(dT > 0, float("inf"), 0.0))
-                    wn = wn + tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
+                        dT = tl.abs(dT) * tl.abs(sm_scale)
+                        ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
+                                         tl.where(dT > 0, float("inf"), 0.0))
+                        u_tok = tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
+                    wn = wn + u_tok
                 wn = tl.where(valid, wn * INFL, 0.0)
             elif G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
                 wn = tl.where(valid, tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32) * INFL, 0.0)
@@ -479,11 +510,6 @@ def _decode_kernel(
                 phi = tl.where(rep, 0.0, phi)
                 nu = tl.where(rep, tl.load(RVN + rnbase, mask=rep, other=0.0).to(tl.float32), nu)
                 kap = tl.where(rep, tl.load(RKN + rnbase, mask=rep, other=0.0).to(tl.float32), kap)
-            if HAS_WIN:  # a window token is exact: radius 0, φ = 0, ν / κ ≥ its exact norms (rounded up)
-                wn = tl.where(win, 0.0, wn)
-                phi = tl.where(win, 0.0, phi)
-                nu = tl.where(win, tl.load(WVN + wnoff, mask=win, other=0.0), nu)
-                kap = tl.where(win, tl.load(WKN + wnoff, mask=win, other=0.0), kap)
             # non-finite radii / witnesses; a NaN logit makes l non-finite, flagged after the merge
             nf = (wn != wn) | (wn == float("inf")) | (phi != phi) | (phi == float("inf")) | (nu != nu) | (nu == float("inf")) \
                 | (kap != kap) | (kap == float("inf"))
@@ -539,6 +565,47 @@ def _decode_kernel(
             numax = tl.maximum(numax, nu)
             kapmax = tl.maximum(kapmax, kap)
         m = m_new
+
+    if HAS_WIN:
+        # the exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the loop
+        # above, served from the ring by split 0: exact K / V (scale 1, no dither), radius 0 (bin 0), φ = 0,
+        # ν / κ from the ring's norms
+        if sp == 0:
+            for w0 in range(0, sink + recent, BLOCK_N):
+                wi = w0 + n_idx
+                wtok = tl.where(wi < sink, wi, seq_len - recent + (wi - sink))
+                wok = (wi < sink + recent) & (wtok >= 0) & (wtok < seq_len) & ((wi < sink) | (wtok >= sink))
+                if HAS_MASK:
+                    wok = wok & (tl.load(TM + b * s_tmb + wtok, mask=wok, other=0) != 0)
+                wno = b * s_wnb + kvh * s_wnh + tl.where(wtok < sink, wtok, sink + wtok % tl.maximum(recent, 1))
+                wk = tl.load(WK + wno[:, None] * D + d[None, :], mask=wok[:, None], other=0.0)  # [N, D]
+                wvT = tl.load(WV + wno[None, :] * D + d[:, None], mask=wok[None, :], other=0.0)  # [D, N]
+                if LOWP:
+                    sT = tl.dot(wk.to(Q.dtype.element_ty), qT) * sm_scale
+                else:
+                    sT = tl.dot(wk.to(tl.float32), q32T) * sm_scale
+                sT = tl.where(wok[:, None], sT, float("-inf"))
+                m_new, alpha, pT, l = _softmax_step(m, l, sT)
+                if LOWP and not PV_F32:
+                    accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
+                else:
+                    accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.float32), pT, input_precision=PREC32)
+                if METER:
+                    psum = tl.sum(pT, axis=0)  # [H]: every window token is at level 0 (radius 0)
+                    if PACK_HIST:  # the lo columns repeat the heads: the sum goes to the hi ones
+                        psum = tl.where(heads_i < HALF, psum, 0.0)
+                    row0 = col == 0
+                    if TIER_B:
+                        row0 = row0 | (col == KA)
+                    histT = histT * alpha[None, :] + tl.where(row0[:, None], psum[None, :], 0.0)
+                    if ABLATE // 8 % 2 == 1:
+                        pphiT = pphiT * alpha[None, :]
+                    nu = tl.load(WVN + wno, mask=wok, other=0.0)
+                    kap = tl.load(WKN + wno, mask=wok, other=0.0)
+                    bad += (wok & ((nu != nu) | (nu == float("inf")) | (kap != kap) | (kap == float("inf")))).to(tl.float32)
+                    numax = tl.maximum(numax, tl.where(wok, nu, 0.0))
+                    kapmax = tl.maximum(kapmax, tl.where(wok, kap, 0.0))
+                m = m_new
 
     o_idx = (b * Hq + heads) * num_splits + sp
     tl.store(M_OUT + o_idx, m, mask=hmask)
@@ -1030,7 +1097,7 @@ def decode(
             raise ValueError(f"window: the GPU dots run in q's dtype {q.dtype}; the ring is {window.k.dtype}")
     has_win = window is not None and window.columns > 0
     skb = cache.sketch_bits if (meter and cache.scheme != "none") else 0
-    weighted = bool(meter and cache.weighted)
+    weighted = bool(meter and cache.has_weights)
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
     pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep or has_win)
@@ -1071,7 +1138,7 @@ def decode(
             q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
             cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
             *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
-            cache.k_sketch if skb else sl, cache.weights,
+            cache.k_sketch if skb else sl, cache.weights if weighted else sl,
             *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, m_out, m_out)),
             m_out, l_out, acc_out, hist, stat,
             cache.seed, cache.layer, sm, S, window.sink if has_win else 0, window.recent if has_win else 0,
@@ -1093,6 +1160,7 @@ def decode(
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
             PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, SKB=skb, WEIGHTED=weighted, HAS_WIN=has_win,
+            MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and skb > 0,
             num_warps=num_warps, **extra,
         )
 
@@ -1103,7 +1171,7 @@ def decode(
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
                num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32,
-               pf_ahead, skb, weighted, has_win)
+               pf_ahead, skb, weighted, has_win, q.dtype)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
@@ -1123,7 +1191,8 @@ def decode(
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
         eta=mass_eta_terms(pages_per_tile * T, hist_split, packed=pack and hist_split == "bf16x2"),
         out_rel0=2.0**-8 if lowp else 0.0,
-        weights=cache.weights if (skb or weighted) else None, gq=GQ,
+        weights=cache.weights if weighted else None, gq=GQ,
+        ring_tiles=-(-window.columns // (pages_per_tile * T)) if has_win else 0,
     )
     if dev.type != "cuda" and MERGE_OFF_GPU == "torch":
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the

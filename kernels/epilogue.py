@@ -395,7 +395,7 @@ def _merge_meter_kernel(
     GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
-    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr,
+    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -451,7 +451,7 @@ def _merge_meter_kernel(
                 qn_a = qn
             eps_max = qn_a * wmx.to(tl.float64)
             n_pages = (n + T - 1) // T
-            tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES
+            tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
             eta = ETA0 + ETA1 * tiles.to(tl.float64)
             # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
             xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
@@ -648,6 +648,8 @@ class MergeConstants:
     #: |σ|·‖a⊙q_h‖ (kv head h // gq); None: |σ|·‖q_h‖
     weights: torch.Tensor | None = None
     gq: int = 1
+    #: tiles of the exact window's ring pass (split 0): counted into every split's mass error η
+    ring_tiles: int = 0
 
 
 _EDGES: dict = {}
@@ -730,6 +732,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
         HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b, WEIGHTED=c.weights is not None, GQ=c.gq,
+        RING_TILES=c.ring_tiles,
         num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev)),
     )
     record = None
@@ -785,7 +788,7 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     lv_a = qn_a[..., None] * edges
     eps_max = qn_a * mx[..., 0].double()
     n_pages = (sl.double() + c.T - 1).div(c.T).floor()
-    tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None]
+    tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None] + c.ring_tiles
     xi = qnorm * mx[..., 5].double() * c.gamma + KERNEL_EXP_REL + c.dither_u * qd.abs().sum(-1) * mx[..., 1].double()
     eta = c.eta[0] + tiles * c.eta[1]
     xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)

@@ -83,13 +83,22 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     return (head_dim + 32) * KERNEL_UNIT
 
 
-def sketch_gamma(scheme: str, head_dim: int) -> float:
-    """Relative rounding γ of the decode's key-sketch dot ⟨q, r̃⟩ (``contract.sketch``): |fl − exact| ≤
-    γ Σ|q_i||r̃_i|. The 8-bit schemes dot the odd-integer levels exactly against q on tensor cores
-    (fp32 sums) and scale by the token's β after: ``dot_gamma(D)``; the others take β·level in fp32
-    operands (tf32x3): ``dot_gamma(D, split3=True)``. The write path adds γ‖r̃/a‖ to the witness."""
+def sketch_gamma(scheme: str, head_dim: int, bits: int) -> float:
+    """γ with |fl(⟨q, r̃⟩) − ⟨q, r̃⟩| ≤ γ Σ|q_i||r̃_i| for the decode's key-sketch dot (``contract.sketch``);
+    the write path adds γ‖r̃/a‖ to the witness (Σ|q_i||r̃_i| ≤ ‖a⊙q‖‖r̃/a‖).
+
+    * β per token (int8, int8_dither): the decode dots the codes against q and scales by β after. On the GPU
+      with a bf16 q the codes enter as bf16 16 + c (the magic-number conversion) and ⟨q, 2c + 1 − L⟩ =
+      2·fl⟨q, 16 + c⟩ − (31 + L)·fl(Σq): the two fp32 dots err by ≤ γ_D Σ|q_i|(15 + L) and γ_D Σ|q_i|, the
+      three combining roundings by ≤ 2^-23 (2(15 + L) + 2(31 + L)) Σ|q_i| (relative, fp32, magnitudes ≤
+      (2(15 + L) + (31 + L)) Σ|q|): in all ≤ (61 + 3L)(γ_D + 2^-22) Σ|q_i|, and Σ|q_i| β/L ≤ Σ|q_i||r̃_i|
+      (every level is an odd multiple of β/L). The interpreter's fp32 dot of the levels errs by less.
+    * β per channel (fp8, int4_group, kivi2): β·level in fp32 operands (tf32x3): ``dot_gamma(D, split3=True)``."""
     per_token_beta = SCHEMES[scheme].residual_range == "half-scale" and SCHEMES[scheme].key_scales == "token"
-    return dot_gamma(head_dim, split3=not per_token_beta)
+    if per_token_beta:
+        L = 1 << bits
+        return (61 + 3 * L) * (dot_gamma(head_dim) + 2.0**-22)
+    return dot_gamma(head_dim, split3=True)
 
 
 def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:
@@ -189,11 +198,13 @@ class PagedKV:
     sketch_bits: int = 0
     k_sketch: torch.Tensor | None = None
     weights: torch.Tensor | None = None
+    #: whether ``weights`` has a channel weight other than 1 (decided once, at allocation: no device sync later)
+    has_weights: bool = False
 
     @property
     def weighted(self) -> bool:
         """Whether the key radius is the sketch radius (a sketch, or channel weights other than 1)."""
-        return self.sketch_bits > 0 or (self.weights is not None and bool((self.weights != 1).any()))
+        return self.sketch_bits > 0 or self.has_weights
 
     @property
     def num_kv_heads(self) -> int:
@@ -262,7 +273,8 @@ class PagedKV:
         mant, _ = torch.frexp(weights)
         if not bool(torch.all(mant == 0.5)):
             raise ValueError("weights: every channel weight must be a power of two (exact products and quotients)")
-        if (sketch_bits or bool((weights != 1).any())) and (num_groups != 1 or not per_token_witness):
+        has_weights = bool((weights != 1).any())
+        if (sketch_bits or has_weights) and (num_groups != 1 or not per_token_witness):
             raise ValueError("sketch_bits / weights: the sketch radius takes one per-token witness (num_groups=1, "
                              "per_token_witness=True)")
         if sketch_bits and scheme == "none":
@@ -293,6 +305,7 @@ class PagedKV:
             sketch_bits=sketch_bits,
             k_sketch=ksk,
             weights=weights,
+            has_weights=has_weights,
         )
 
     #: tensors with one row per physical block (placeholders of shape (1,) are left alone)

@@ -443,7 +443,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
     skb = cache.sketch_bits if cache.scheme != "none" else 0
-    weighted = cache.weighted
+    weighted = cache.has_weights
     ksk = cache.k_sketch if skb else kw
     BLOCK_T = 16 if INTERPRET else 4
     per_page = page_scaled_keys(cache.scheme)
@@ -454,7 +454,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
         cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero, kw, cache.v_wit,
-        cache.v_norm, cache.k_norm, cache.exact_k, cache.exact_v, pk, pv, ksk, cache.weights,
+        cache.v_norm, cache.k_norm, cache.exact_k, cache.exact_v, pk, pv, ksk, cache.weights if weighted else kw,
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
@@ -468,7 +468,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
-        SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D) if skb else 0.0,
+        SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D, skb) if skb else 0.0,
     )
 
 
