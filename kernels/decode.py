@@ -74,9 +74,40 @@ from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, ExactWindow, PagedKV, RepairOv
 from .write import INTERPRET, dither_from_hash, sketch_beta, sketch_value, token_hash
 
 
-#: a tile whose every logit is this far below the running maximum (p̂ ≤ e^-20 of the largest) skips the key
-#: sketch's dot: its tokens take the sketch radius's upper bound u_j ≤ ‖r̃_j/a‖ instead (sound; int8 family)
-SKETCH_COLD = tl.constexpr(20.0)
+#: a tile carrying at most this share of its split's p̂ mass so far, for every head, skips the key sketch's dot: its
+#: tokens take the sketch radius's bound u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead (sound: any u_j ≥ the
+#: shared ratio is; int8 family). Skipped tiles hold at most tiles·2^-17 of a split's mass (0.8 % at 1024 tiles),
+#: so the looser radius costs little tightness; on attention that spreads over the whole context no tile is cold
+SKETCH_COLD_MASS = tl.constexpr(2.0**-17)
+
+
+@triton.jit
+def _sketch_bf16(x, SH: tl.constexpr, SKB: tl.constexpr):
+    """bf16 16 + code of a sketch chunk (GPU only, inline PTX), two tokens' 16-bit lanes per instruction pair:
+    ``x`` holds a packed byte per int16 lane; the code of chunk k is (byte >> SKB·k) & (L − 1) and its bf16
+    16 + code has the code in mantissa bits 3…6 (exact for L ≤ 16), i.e. ((byte shifted by SH) & ((L − 1) << 3))
+    | bf16(16) per lane (SH = 3 − SKB·k: left for SH > 0, right for SH < 0). The shift of the packed pair
+    crosses lanes only into bits the mask clears."""
+    if SKB == 2:
+        if SH == 3:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 3; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        elif SH == 1:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 1; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        elif SH == -1:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 1; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 3; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:  # four bits: chunks 0 (SH 3) and 1 (SH −1)
+        if SH == 3:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 3; and.b32 t, t, 0x00780078; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 1; and.b32 t, t, 0x00780078; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -170,9 +201,21 @@ def _decode_kernel(
         BT += b * s_btb
         seq_len = tl.load(SL + b)
     n_pages = tl.cdiv(seq_len, T)
-    per_split = tl.cdiv(n_pages, num_splits)
-    p_start = sp * per_split
-    p_end = tl.minimum(p_start + per_split, n_pages)
+    if HAS_WIN:
+        # the exact window's ring pass counts as RP virtual pages after the sequence's last, so the splits share it
+        # out like any pages (the split owning virtual page n_pages runs it); the paged loop skips the pages that lie
+        # wholly inside the window (the sinks' full pages, the recent window's)
+        RP = tl.cdiv(sink + recent, PAGES * T) * PAGES
+        per_split = tl.cdiv(n_pages + RP, num_splits)
+        p_start = sp * per_split
+        p_virt = p_start + per_split
+        ring_here = (p_start <= n_pages) & (n_pages < p_virt)
+        p_end = tl.minimum(p_virt, tl.cdiv(tl.maximum(seq_len - recent, 0), T))
+        p_start = tl.maximum(p_start, sink // T)
+    else:
+        per_split = tl.cdiv(n_pages, num_splits)
+        p_start = sp * per_split
+        p_end = tl.minimum(p_start + per_split, n_pages)
 
     # every tile is transposed ("swap AB"): tokens are the MMA's M dimension and the GQ query
     # heads its N, so the large operands (the converted K̂ / V̂ᵀ tiles, the one-hot) are A operands,
@@ -211,6 +254,9 @@ def _decode_kernel(
         qsc = qa / tl.where(qam > 0, qam, 1.0)[None, :]
         c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
         q_sum = tl.sum(q32T, axis=0)  # Σ_i q_hi (the magic-number sketch dot's offset)
+        # 1 / c_h for the ratio |d_hj| / c_h: 0 on padding columns; +inf where c_h underflowed to 0 (a nonzero d then
+        # gives an infinite radius: saturated, flagged; d = 0 there gives NaN, also flagged)
+        inv_c = tl.where(hmask & (c_h > 0), 1.0 / c_h, tl.where(hmask & (qam > 0), float("inf"), 0.0))
         if SKB > 0 and (SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID):
             # the sketch's chunks of q (chunk k: channels k·D/c …, contract.sketch), loaded once: two-bit codes
             CPB0: tl.constexpr = 8 // SKB
@@ -222,9 +268,8 @@ def _decode_kernel(
             if CPB0 >= 4:
                 qk2 = tl.load(qrow + 2 * DB0, mask=qmask, other=0.0)
                 qk3 = tl.load(qrow + 3 * DB0, mask=qmask, other=0.0)
-            # a cold tile's tokens (every logit ≥ SKETCH_COLD below the running maximum: p̂ ≤ e^-20 of the largest)
-            # take u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead of the sketch dot (sound; tightness costs ≤ e^-20
-            # per token): the per-head constant ‖1/a‖
+            # a cold tile's tokens (SKETCH_COLD_MASS) take u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead of the
+            # sketch dot: the per-kv-head constant ‖1/a‖
             if WEIGHTED:
                 ainv = 1.0 / tl.load(WGT + kvh * D + d)
                 inv_a_norm = tl.sqrt(tl.sum(ainv * ainv, axis=0))
@@ -430,14 +475,16 @@ def _decode_kernel(
                     skoff = blk * s_skb + kvh * s_skh + off * s_skt
                     dbi = tl.arange(0, DB)
                     # the packed bytes once [N, D/c]; chunk k (bits k·b…) holds channels k·D/c … (contract.sketch)
-                    byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None], other=0).to(tl.int32)
+                    byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None], other=0)
                     if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
                         # β = s/2 per token: the levels dotted against q, then scaled. On the GPU with a bf16 q the codes
                         # become bf16 16 + c by the magic number (one shift, one mask-or: 16 + c is exact for c < 16) and
                         # ⟨q, 2c + 1 − L⟩ = 2⟨q, 16 + c⟩ − (31 + L)·Σq (paged.sketch_gamma covers the fp32 error)
-                        hot = tl.max(tl.max(tl.where(valid[:, None], sT - m_new[None, :], float("-inf")), axis=1),
-                                     axis=0) > -SKETCH_COLD
+                        # a cold tile (every head's mass in it ≤ SKETCH_COLD_MASS of the split's so far) skips the dot
+                        hot = tl.max(tl.where(hmask, tl.sum(pT, axis=0) - SKETCH_COLD_MASS * l, float("-inf")), axis=0) > 0
                         if hot:
+                            if MAGIC_BF16:
+                                byt16 = byt.to(tl.int16)
                             dT = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
                             for kq in tl.static_range(CPB):
                                 if kq == 0:
@@ -451,19 +498,17 @@ def _decode_kernel(
                                 else:  # (one-bit sketch: chunks 4…7 reloaded per tile)
                                     qk = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + (kq * DB + dbi)[:, None],
                                                  mask=(hcol < GQ)[None, :], other=0.0)  # [D/c, H]
-                                code = (byt >> (SKB * kq)) & (LV - 1)
                                 if MAGIC_BF16:
-                                    mg = ((code << 3) | 0x4180).to(tl.int16).to(tl.bfloat16, bitcast=True)
-                                    dT += tl.dot(mg, qk)
+                                    dT += tl.dot(_sketch_bf16(byt16, 3 - SKB * kq, SKB), qk)
                                 else:
+                                    code = (byt.to(tl.int32) >> (SKB * kq)) & (LV - 1)
                                     dT += tl.dot(sketch_value(code.to(tl.float32), LV), qk.to(tl.float32))
                             if MAGIC_BF16:
                                 dT = 2.0 * dT - ((31.0 + LV) * q_sum)[None, :]
                             dT = dT * (ks * (0.5 / LV))[:, None]
                             dT = tl.abs(dT) * tl.abs(sm_scale)
-                            ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
-                                             tl.where(dT > 0, float("inf"), 0.0))
-                            u_tok = tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
+                            ratio = dT * inv_c[None, :]  # (INFL covers the reciprocal's rounding)
+                            u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)  # 0·inf: saturate
                         else:
                             u_tok = ks * ((0.5 * (LV - 1) / LV) * inv_a_norm)
                     else:
@@ -478,9 +523,8 @@ def _decode_kernel(
                             beta = sketch_beta(xh8, ks[:, None], xh8, SCHEME)
                         dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
                         dT = tl.abs(dT) * tl.abs(sm_scale)
-                        ratio = tl.where(c_h[None, :] > 0, dT / tl.where(c_h > 0, c_h, 1.0)[None, :],
-                                         tl.where(dT > 0, float("inf"), 0.0))
-                        u_tok = tl.max(tl.where(hmask[None, :], ratio, 0.0), axis=1)
+                        ratio = dT * inv_c[None, :]
+                        u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)
                     wn = wn + u_tok
                 wn = tl.where(valid, wn * INFL, 0.0)
             elif G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
@@ -568,9 +612,9 @@ def _decode_kernel(
 
     if HAS_WIN:
         # the exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the loop
-        # above, served from the ring by split 0: exact K / V (scale 1, no dither), radius 0 (bin 0), φ = 0,
-        # ν / κ from the ring's norms
-        if sp == 0:
+        # above, served from the ring by the split that owns its virtual pages: exact K / V (scale 1, no dither),
+        # radius 0 (bin 0), φ = 0, ν / κ from the ring's norms
+        if ring_here:
             for w0 in range(0, sink + recent, BLOCK_N):
                 wi = w0 + n_idx
                 wtok = tl.where(wi < sink, wi, seq_len - recent + (wi - sink))

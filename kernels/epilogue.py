@@ -8,11 +8,12 @@ exactly as to per-token radii rounded up onto levels:
 
 * tanh: ``tanh(ε_max / 2)`` (ε_max = σ‖q‖·max_j ‖W_j‖, not rounded onto a level);
 * e-form: ``½ (A² − 1)``, ``A = Σ_k w_k e^{L_k}``;
-* dual-grid tilt: ``max_i t_{i+1} − D(t_i, λ_i)`` on a uniform grid of ``COARSE`` intervals,
-  then the ``REFINE_TOP`` intervals with the largest upper value are split into ``REFINE``
-  sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
-  refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ is the tight
-  knapsack multiplier, and the float error of each D is bounded and subtracted.
+* dual-grid tilt: ``max_i min_λ max(g_λ(t_i), g_λ(t_{i+1}))``, g_λ(t) = t − D(t, λ) (convex in t:
+  its maximum on an interval is at an end; Lean ``tilt_tv_le_dual_grid_endpoints``), on a uniform grid
+  of ``COARSE`` intervals, then the ``REFINE_TOP`` intervals with the largest upper value are split into
+  ``REFINE`` sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
+  refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ ranges over the knapsack's
+  breakpoints at the interval's left end, and the float error of each D is bounded and subtracted.
 
 Floating point of the decode pass (SPEC §7; ``kernels.decode``): the histogram is of the
 distribution p̃ the kernel computed, whose log-ratio to the exact served p̂ is at most Ξ per row
@@ -119,8 +120,35 @@ def _dual_lower(ts: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Ten
     return D - err, D
 
 
+def _interval_upper(t0: torch.Tensor, h: float, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor):
+    """The torch form of the kernel's ``_dense_u`` (the same candidates, the same error bound): for intervals
+    [t0, t0 + h] (t0 [R, T]), min over λ ∈ {1/β_c(t0) : w_c > 0} of max(g(t0), g(t0 + h)), g(t) = t − D(t, λ) +
+    its rounding bound (Lean ``tilt_tv_le_dual_grid_endpoints``), capped at t0 + h."""
+    t1 = t0 + h
+    beta0 = (1.0 - t0)[..., None] * a[:, None, :] + t0[..., None] * b[:, None, :]  # [R, T, K]
+    beta1 = (1.0 - t1)[..., None] * a[:, None, :] + t1[..., None] * b[:, None, :]
+    live = (w > 0)[:, None, :]
+    lam = torch.where(live, 1.0 / beta0, torch.zeros_like(beta0))  # [R, T, K] candidates
+    Kn = w.shape[-1]
+    eps = (4.0 * Kn + 16.0) * _EPS
+
+    def g(t, beta):
+        x = lam[..., :, None] * beta[..., None, :]  # [R, T, K cand, K bins]
+        act = torch.clamp(x - 1.0, min=0.0)
+        wb = w[:, None, None, :]
+        d = (wb * act).sum(-1)
+        mag = (torch.where(act > 0, wb * (x + 1.0), torch.zeros_like(x))).sum(-1)
+        tm = (t * m[:, None])[..., None]
+        return t[..., None] - (lam * tm - d) + eps * (lam * tm + mag + 1.0)
+
+    u = torch.where(live, torch.maximum(g(t0, beta0), g(t1, beta1)), torch.full_like(beta0, float("inf"))).amin(-1)
+    return torch.minimum(u, t1)
+
+
 def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
-    """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid."""
+    """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid. The kernel's
+    grid and choices: COARSE intervals with endpoint upper values (``_interval_upper``), the REFINE_TOP largest
+    split into REFINE."""
     R = w.shape[0]
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     w = torch.where(w > 0, w, torch.zeros_like(w))
@@ -128,16 +156,13 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     a, b = torch.exp(lvm), torch.exp(-lvm)
     m = (w * b).sum(-1)
     dev = w.device
-    ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev).expand(R, -1)
-    dl, dv = _dual_lower(ts, w, a, b, m)
-    upper = ts[:, 1:] - dl[:, :-1]  # [R, COARSE]
+    ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev)[:-1].expand(R, -1)
+    upper = _interval_upper(ts, 1.0 / COARSE, w, a, b, m)  # [R, COARSE]
     top = torch.topk(upper, min(REFINE_TOP, COARSE), dim=-1).indices  # intervals to refine
-    lo = torch.gather(ts[:, :-1], 1, top)
-    frac = torch.linspace(0.0, 1.0, REFINE + 1, dtype=torch.float64, device=dev)
-    sub = lo[..., None] + frac * (1.0 / COARSE)  # [R, TOP, REFINE+1]
-    sdl, _ = _dual_lower(sub.reshape(R, -1), w, a, b, m)
-    sdl = sdl.reshape(sub.shape)
-    sub_upper = (sub[..., 1:] - sdl[..., :-1]).amax(dim=(-1, -2))
+    lo = torch.gather(ts, 1, top)
+    frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
+    sub = lo[..., None] + frac  # [R, TOP, REFINE]
+    sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).amax(-1)
     keep = torch.ones_like(upper, dtype=torch.bool)
     keep.scatter_(1, top, False)
     rest = torch.where(keep, upper, torch.full_like(upper, -1.0)).amax(-1)
@@ -226,6 +251,59 @@ def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC:
 
 
 @triton.jit
+def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """For each interval [t, t + h] of ``ts`` [TP]: a sound upper value of the tilt bound on it (SPEC §3(c) with
+    endpoints, Lean ``WitCert.tilt_tv_le_dual_grid_endpoints``): for any λ ≥ 0, D(·, λ) is concave in t (β is
+    affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and its maximum on the interval is at an end:
+    U = min over λ ∈ {1/β_c(t) : w_c > 0} of max(g(t), g(t + h)), each D minus its rounding-error bound, and
+    at most t + h (λ = 0). The width h is not added: the coarse grid's slack is second order (the former form
+    t + h − D(t, λ) carried h itself). ``w, a, b``, SCR, ``nl``, DENSE3D: as ``_dense_d``."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
+    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
+    t1 = ts + h
+    tm0 = (ts * m)[:, None]
+    tm1 = (t1 * m)[:, None]
+    if DENSE3D:
+        beta1 = (1.0 - t1)[:, None] * a[None, :] + t1[:, None] * b[None, :]
+        x0 = lam[:, :, None] * beta[:, None, :]
+        x1 = lam[:, :, None] * beta1[:, None, :]
+        act0 = tl.maximum(x0 - 1.0, 0.0)
+        act1 = tl.maximum(x1 - 1.0, 0.0)
+        d0 = tl.sum(w[None, None, :] * act0, axis=2)
+        d1 = tl.sum(w[None, None, :] * act1, axis=2)
+        m0 = tl.sum(tl.where(act0 > 0, w[None, None, :] * (x0 + 1.0), 0.0), axis=2)
+        m1 = tl.sum(tl.where(act1 > 0, w[None, None, :] * (x1 + 1.0), 0.0), axis=2)
+    else:
+        d0 = tl.zeros_like(beta)
+        d1 = tl.zeros_like(beta)
+        m0 = tl.zeros_like(beta)
+        m1 = tl.zeros_like(beta)
+        w2n = tl.load(SCR)
+        a2n = tl.load(SCR + NBP)
+        b2n = tl.load(SCR + 2 * NBP)
+        for c2 in range(nl):
+            w2 = w2n
+            a2 = a2n
+            b2 = b2n
+            nx = tl.minimum(c2 + 1, NBP - 1)
+            w2n = tl.load(SCR + nx)
+            a2n = tl.load(SCR + NBP + nx)
+            b2n = tl.load(SCR + 2 * NBP + nx)
+            x0 = lam * ((1.0 - ts)[:, None] * a2 + ts[:, None] * b2)
+            x1 = lam * ((1.0 - t1)[:, None] * a2 + t1[:, None] * b2)
+            act0 = tl.maximum(x0 - 1.0, 0.0)
+            act1 = tl.maximum(x1 - 1.0, 0.0)
+            d0 += w2 * act0
+            d1 += w2 * act1
+            m0 += tl.where(act0 > 0, w2 * (x0 + 1.0), 0.0)
+            m1 += tl.where(act1 > 0, w2 * (x1 + 1.0), 0.0)
+    g0 = ts[:, None] - (lam * tm0 - d0) + EPSC * (lam * tm0 + m0 + 1.0)
+    g1 = t1[:, None] - (lam * tm1 - d1) + EPSC * (lam * tm1 + m1 + 1.0)
+    u = tl.min(tl.where(w[None, :] > 0, tl.maximum(g0, g1), float("inf")), axis=1)
+    return tl.minimum(u, t1)
+
+
+@triton.jit
 def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
             NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
             EPSC: tl.constexpr, DENSE3D: tl.constexpr):
@@ -286,13 +364,12 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         tl.debug_barrier()
         i = tl.arange(0, N1)
         if DENSE3D:
-            U = (i + 1).to(tl.float64) * (1.0 / N1) - _dense_d(i.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB,
-                                                                NBP, EPSC, DENSE3D)
+            U = _dense_u(i.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
         else:  # (GPU) TC points at a time, through SCR: [TC, NBP] float64 tiles fit any warp count's registers
             for c0 in range(0, N1, TC):
                 ic = c0 + tl.arange(0, TC)
-                tl.store(SCR + 3 * NBP + ic, (ic + 1).to(tl.float64) * (1.0 / N1) - _dense_d(
-                    ic.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D))
+                tl.store(SCR + 3 * NBP + ic, _dense_u(ic.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl,
+                                                      NB, NBP, EPSC, DENSE3D))
             tl.debug_barrier()
             U = tl.load(SCR + 3 * NBP + i)
         coarse = tl.minimum(tl.maximum(tl.max(U, axis=0), 0.0), 1.0)
@@ -320,7 +397,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                 idxv = tl.where(rr == _r, idx, idxv)
             ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
                             + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
-            up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+            up = _dense_u(ts, 1.0 / (N1 * NR), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
             bm = tl.max(tl.reshape(up, [RT, NR]), axis=1)  # each picked interval's refined maximum
         for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined in that order
             if done == 0:
@@ -335,8 +412,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                     bi = tl.full([], -2.0, tl.float64)
                     for s0 in range(0, NR, TC):
                         sc = s0 + tl.arange(0, TC)
-                        up = t0 + (sc + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
-                            t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+                        up = _dense_u(t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), 1.0 / (N1 * NR), w, a, b, m, SCR, nl,
+                                      NB, NBP, EPSC, DENSE3D)
                         bi = tl.maximum(bi, tl.max(up, axis=0))
                 sel = sel | (i == idx)
                 best = tl.maximum(best, bi)
@@ -451,7 +528,7 @@ def _merge_meter_kernel(
                 qn_a = qn
             eps_max = qn_a * wmx.to(tl.float64)
             n_pages = (n + T - 1) // T
-            tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
+            tiles = ((n_pages + RING_TILES * PAGES + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
             eta = ETA0 + ETA1 * tiles.to(tl.float64)
             # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
             xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
@@ -788,7 +865,7 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     lv_a = qn_a[..., None] * edges
     eps_max = qn_a * mx[..., 0].double()
     n_pages = (sl.double() + c.T - 1).div(c.T).floor()
-    tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None] + c.ring_tiles
+    tiles = torch.ceil(torch.ceil((n_pages + c.ring_tiles * c.PAGES) / S) / c.PAGES)[:, None] + c.ring_tiles
     xi = qnorm * mx[..., 5].double() * c.gamma + KERNEL_EXP_REL + c.dither_u * qd.abs().sum(-1) * mx[..., 1].double()
     eta = c.eta[0] + tiles * c.eta[1]
     xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)

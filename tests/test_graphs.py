@@ -73,7 +73,8 @@ def test_graphed_steps_match_the_kernel_path(scheme, window):
             sink, recent = window
             cols = lb.win.columns_of(torch.arange(44 - recent, 44, device=lb.win.k.device), 44)
             assert torch.equal(lb.win.k[:, :, cols], lb.exact_k.to(lb.win.k.device)[:, :, 44 - recent:])
-            assert torch.equal(la.win.k, lb.win.k) and torch.equal(la.win.k_norm, lb.win.k_norm)
+            assert torch.equal(la.win.k[:, :, :-1], lb.win.k[:, :, :-1])  # (the last column: the scratch writes land in)
+            assert torch.equal(la.win.k_norm[:, :, :-1], lb.win.k_norm[:, :, :-1])
     s = gr.summary()
     assert s["steps"] == 4 and np.all(s["max_tv_a"] > 0)
 

@@ -637,7 +637,31 @@ def _dual_values(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m:
     return D - err, D
 
 
+def _dual_at(ts: np.ndarray, lam: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
+    """A safe lower value of ``D(t, λ)`` for given λ per t (the float value minus its rounding bound)."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]
+    act = np.maximum(lam[:, None] * beta - 1.0, 0.0)
+    target = ts * m
+    D = lam * target - np.sum(w[None, :] * act, axis=1)
+    mag = lam * target + np.sum(w[None, :] * (lam[:, None] * beta + 1.0) * (act > 0), axis=1) + 1.0
+    return D - (4.0 * beta.shape[1] + 16.0) * _EPS64 * mag
+
+
+def _lambda_at(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
+    """The tight λ at each t (``_dual_values``' greedy knapsack)."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]
+    order = np.argsort(-beta, axis=1, kind="stable")
+    bs = np.take_along_axis(beta, order, axis=1)
+    cum = np.cumsum(w[order] * bs, axis=1)
+    k = np.minimum(np.sum(cum < (ts * m)[:, None], axis=1), bs.shape[1] - 1)
+    return 1.0 / bs[np.arange(ts.size), k]
+
+
 def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> float:
+    """The §3(c) bound of one row by branch and bound over intervals [t_i, t_{i+1}], each with the upper value
+    max(t_i − D(t_i, λ_i), t_{i+1} − D(t_{i+1}, λ_i)) (λ_i tight at t_i; t − D(t, λ) is convex in t, so that is its
+    maximum on the interval: Lean ``tilt_tv_le_dual_grid_endpoints``), splitting every interval whose upper value
+    exceeds the best achievable value by more than ``tol``."""
     keep = w > 0
     w, eps = w[keep], eps[keep]
     if w.size <= 1 or float(eps.max()) == 0.0:
@@ -651,8 +675,14 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
     m = float(np.dot(wu, b))
     ts = np.linspace(0.0, 1.0, 33)
     dsafe, dval = _dual_values(ts, wu, a, b, m)
+    lam = _lambda_at(ts, wu, a, b, m)
+
+    def uppers(ts, dsafe, lam):
+        right = ts[1:] - _dual_at(ts[1:], lam[:-1], wu, a, b, m)
+        return np.minimum(np.maximum(ts[:-1] - dsafe[:-1], right), ts[1:])
+
     while True:
-        upper = ts[1:] - dsafe[:-1]
+        upper = uppers(ts, dsafe, lam)
         best = float(np.max(ts - dval))  # achievable (fractional relaxation), up to rounding
         bad = np.nonzero(upper > best + tol)[0]
         if bad.size == 0 or ts.size + bad.size > max_points:
@@ -662,9 +692,10 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
         ts = np.concatenate([ts, mids])
         dsafe = np.concatenate([dsafe, ms])
         dval = np.concatenate([dval, mv])
+        lam = np.concatenate([lam, _lambda_at(mids, wu, a, b, m)])
         o = np.argsort(ts, kind="stable")
-        ts, dsafe, dval = ts[o], dsafe[o], dval[o]
-    return float(min(1.0, max(0.0, float(np.max(ts[1:] - dsafe[:-1]))) + FP64_ABS_SLACK))
+        ts, dsafe, dval, lam = ts[o], dsafe[o], dval[o], lam[o]
+    return float(min(1.0, max(0.0, float(np.max(uppers(ts, dsafe, lam)))) + FP64_ABS_SLACK))
 
 
 def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15, mask=None):
