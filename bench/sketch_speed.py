@@ -45,7 +45,9 @@ def main(argv=None):
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--heads", default="32")
     ap.add_argument("--window", default="4,64")
+    ap.add_argument("--caps", default="", help="also time sketch+win under these register caps (e.g. 200,232)")
     args = ap.parse_args(argv)
+    caps = [int(x) for x in args.caps.split(",") if x]
     dev = "cuda"
     Hkv, D = 8, 128
     sink, recent = (int(x) for x in args.window.split(","))
@@ -74,20 +76,21 @@ def main(argv=None):
                 win.k_norm.fill_(12.0)
                 win.v_norm.fill_(12.0)
                 variants = {
-                    "off": ([(c, bt) for c, bt in base], False, None),
-                    "group": ([(c, bt) for c, bt in base], True, None),
-                    "sketch": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, None),
-                    "sketch+win": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win),
-                    "win": ([(c, bt) for c, bt in base], True, win),
-                    "sketch4+win": ([(sketched(c, 4, True, gen), bt) for c, bt in base], True, win),
+                    **{f"s+w cap{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win, c) for c in caps},
+                    "off": ([(c, bt) for c, bt in base], False, None, None),
+                    "group": ([(c, bt) for c, bt in base], True, None, None),
+                    "sketch": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, None, None),
+                    "sketch+win": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
+                    "win": ([(c, bt) for c, bt in base], True, win, None),
+                    "sketch4+win": ([(sketched(c, 4, True, gen), bt) for c, bt in base], True, win, None),
                 }
                 t = {}
                 regs = {}
-                for name, (cs, meter, w) in variants.items():
-                    def one(c, bt, meter=meter, w=w):
-                        return lambda: decode(c, q, bt, sl, meter=meter, validate=False, window=w)
+                for name, (cs, meter, w, cap) in variants.items():
+                    def one(c, bt, meter=meter, w=w, cap=cap):
+                        return lambda: decode(c, q, bt, sl, meter=meter, validate=False, window=w, _maxnreg=cap)
                     try:
-                        k = decode(cs[0][0], q, cs[0][1], sl, meter=meter, validate=False, window=w).compiled
+                        k = decode(cs[0][0], q, cs[0][1], sl, meter=meter, validate=False, window=w, _maxnreg=cap).compiled
                         regs[name] = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
                         t[name] = bench(graphed([one(c, bt) for c, bt in cs]), False)
                     except Exception as exc:  # a variant that fails to build is reported, not fatal
@@ -95,7 +98,8 @@ def main(argv=None):
                         t[name] = float("nan")
                 print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{t[c]:>11.4f}" for c in cols)
                       + f" {t['sketch'] / t['group']:>10.3f} {t['sketch+win'] / t['group']:>10.3f}"
-                      f" {t['sketch4+win'] / t['group']:>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items()),
+                      f" {t['sketch4+win'] / t['group']:>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items())
+                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / t['group']:.3f})" for c in t if c.startswith("s+w cap")),
                       flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
