@@ -8,6 +8,7 @@ import WitCert.Budget
 import WitCert.SplitMerge
 import WitCert.Union
 import WitCert.FloatTV
+import WitCert.Sketch
 
 /-!
 # WitCert: the theorems of SPEC §9
