@@ -1,12 +1,14 @@
 import WitCert.Bands
 import WitCert.Radius
 import WitCert.TiltTV
+import WitCert.TiltEndpoints
 import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget
 import WitCert.SplitMerge
 import WitCert.Union
 import WitCert.FloatTV
+import WitCert.Sketch
 
 /-!
 # WitCert: the theorems of SPEC §9

@@ -293,3 +293,126 @@ LEAN_DEFS.update({
     # p restricted to the kept tokens V and renormalised (SPEC §7)
     "restrictNorm": ("FloatTV", ["q", "V", "j"], q(_j) / Sum(sp.Symbol("V"), sp.Lambda(_i, q(_i)))),
 })
+
+
+# ------------------------------- SPEC §2 (Tier A): the residual-sketch radius (issue 37, (d))
+# lean/WitCert/Sketch.lean. One kv head, token j, query head h, softmax scale σ, weights a > 0
+# (per RoPE band), residual r_j = k̂_j − k_j, stored sketch r̃_j, witness W_j ≥ ‖(r_j − r̃_j)/a‖:
+#   per head   |δ_{h,j}| ≤ |σ| |⟨q_h, r̃_j⟩| + |σ| ‖a ⊙ q_h‖ W_j          (sketch_logit_error_le)
+#   shared     |δ_{h,j}| ≤ c_h (W_j + u_j),  c_h = |σ| ‖a ⊙ q_h‖,
+#              u_j ≥ |σ ⟨q_h', r̃_j⟩| / c_h' for every head h' of the group (sketch_shared_radius_le)
+# TODO(main engineer): `witcert.bounds.sketch_radius` is the numeric counterpart of SKETCH_RADIUS
+# (with SKETCH_SCALE for c_h and SKETCH_U_RATIO for u_j = max_h' of the ratios); once it exists,
+# check it against these constants in `proofs_bridge.check.check_formulas` (random points, never
+# below the formula), as `dither_radius` is checked against DITHER_RADIUS.
+c_h, W_j, u_j, qa_norm, qrt_dot = sp.symbols("c_h W_j u_j qa_norm qrt_dot", real=True)
+#: the kernel's shared level of (head h, token j)
+SKETCH_RADIUS = c_h * (W_j + u_j)
+#: c_h = |σ| ‖a ⊙ q_h‖ (qa_norm = ‖a ⊙ q_h‖)
+SKETCH_SCALE = sp.Abs(sigma) * qa_norm
+#: the per-head form |σ| |⟨q_h, r̃⟩| + |σ| ‖a ⊙ q_h‖ W (qrt_dot = ⟨q_h, r̃⟩)
+SKETCH_PER_HEAD = sp.Abs(sigma) * sp.Abs(qrt_dot) + SKETCH_SCALE * W_j
+#: one head's ratio |σ ⟨q_h, r̃⟩| / c_h; the kernel's u_j is the maximum over the group
+SKETCH_U_RATIO = sp.Abs(sigma * qrt_dot) / c_h
+#: SPEC §8's projected radius |σ| (|q_P · r_P| + ‖q_{¬P}‖ ‖r_{¬P}‖) (the orthogonal split)
+qP_dot, qPc_norm, rPc_norm = sp.symbols("qP_dot qPc_norm rPc_norm", real=True)
+PROJECTED_RADIUS = sp.Abs(sigma) * (sp.Abs(qP_dot) + qPc_norm * rPc_norm)
+#: the exact window: a token served in the model dtype has δ_j = 0, radius 0
+WINDOW_RADIUS = sp.Integer(0)
+#: issue 37 (d): the kernel's key-side level |σ| ‖q‖ ‖(W_g)_g‖₂ (kernels/epilogue.py: `qn · edge`)
+q_norm, W_norm2 = sp.symbols("q_norm W_norm2", real=True)
+KERNEL_KEY_RADIUS = sp.Abs(sigma) * q_norm * W_norm2
+#: the per-head form is the shared radius when u_j is at least the head's own ratio (equality at u_j = ratio)
+assert sp.simplify(SKETCH_PER_HEAD - SKETCH_RADIUS.subs({c_h: SKETCH_SCALE, u_j: sp.Abs(qrt_dot) / qa_norm})) == 0
+
+SKETCH_THEOREMS = [
+    "weighted_inner_le",
+    "sketch_logit_error_le",
+    "sketch_shared_radius_le",
+    "sketch_u_of_ratio_le",
+    "projected_logit_error_le",
+    "window_token_radius_zero",
+    "window_radii_sound",
+    "window_tv_le_eform",
+    "kernel_radius_ge_group_sum",
+    "sketch_radius_ge_per_head",
+    "sketch_radius_ge_group_sum",
+]
+THEOREMS += SKETCH_THEOREMS
+
+_S = sp.Symbol
+wmul, wdiv, qh, rt_, epsw, khat, k_, Wg = (_f(k) for k in ("wmul", "wdiv", "qh", "rt", "epsw", "khat", "k", "Wg"))
+_a, _q, _r, _rt, _x, _W, _u, _c = (_S(k) for k in ("a", "q", "r", "rt", "x", "W", "u", "c"))
+_Pc = _S("Pᶜ")
+
+
+def _dot(f, g, dom=UNIV):
+    return Sum(dom, sp.Lambda(_i, f * g))
+
+
+def _sk(expr, **sub):
+    """A Sketch formula with its plain symbols replaced by the Lean terms ``sub`` names."""
+    names = {"c_h": c_h, "W_j": W_j, "u_j": u_j, "qa_norm": qa_norm, "qrt_dot": qrt_dot, "qP_dot": qP_dot,
+             "qPc_norm": qPc_norm, "rPc_norm": rPc_norm, "q_norm": q_norm, "W_norm2": W_norm2}
+    return expr.xreplace({names[k]: v for k, v in sub.items()})
+
+
+_qa = gnorm(UNIV, wmul(_a, _q))
+_qha = gnorm(UNIV, wmul(_a, qh(_h)))
+_HW = [("≤", gnorm(UNIV, wdiv(_r - _rt, _a)), _W)]
+_GROUP_SUM = lambda w: sp.Abs(sigma) * Sum(G, sp.Lambda(_g, gnorm(grp(_g), _q) * w(_g)))  # noqa: E731
+_W2 = lambda w: sp.sqrt(Sum(G, sp.Lambda(_g, w(_g) ** 2)))  # noqa: E731
+_HWIN = [("∀", ("j", "∈", "Win"), [("=", epsw(_j), WINDOW_RADIUS)])]
+
+LEAN_THEOREMS.update({
+    "weighted_inner_le": ("Sketch", [("≤", sp.Abs(_dot(q(_i), _f("x")(_i))),
+                                      _qa * gnorm(UNIV, wdiv(_x, _a)))], {}),
+    "sketch_logit_error_le": ("Sketch", [("≤", sp.Abs(sigma * _dot(q(_i), r(_i))),
+                                          _sk(SKETCH_PER_HEAD, qrt_dot=_dot(q(_i), rt_(_i)), qa_norm=_qa, W_j=_W))], {
+        "hW": _HW,
+    }),
+    "sketch_shared_radius_le": ("Sketch", [("≤", sp.Abs(sigma * _dot(qh(_h, _i), r(_i))),
+                                            _sk(SKETCH_RADIUS, c_h=c_(_h), W_j=_W, u_j=_u))], {
+        "hW": _HW,
+        "hc": [("∀", ("h",), [("=", c_(_h), _sk(SKETCH_SCALE, qa_norm=_qha))])],
+        "hu": [("∀", ("h",), [("≤", sp.Abs(sigma * _dot(qh(_h, _i), rt_(_i))), c_(_h) * _u)])],
+    }),
+    "sketch_u_of_ratio_le": ("Sketch", [("≤", sp.Abs(sigma * _dot(qh(_h, _i), rt_(_i))), c_(_h) * _u)], {
+        "hratio": [("∀", ("h",), [("≤", _sk(SKETCH_U_RATIO, qrt_dot=_dot(qh(_h, _i), rt_(_i)), c_h=c_(_h)), _u)])],
+    }),
+    "projected_logit_error_le": ("Sketch", [("≤", sp.Abs(sigma * _dot(q(_i), r(_i))), _sk(
+        PROJECTED_RADIUS, qP_dot=_dot(q(_i), r(_i), _S("P")), qPc_norm=gnorm(_Pc, _q), rPc_norm=gnorm(_Pc, _r)))], {}),
+    "window_token_radius_zero": ("Sketch", [("≤", sp.Abs(delta), WINDOW_RADIUS)], {
+        "hdelta": [("=", delta, sigma * _dot(q(_i), khat(_i) - k_(_i)))],
+        "hexact": [("∀", ("i",), [("=", khat(_i), k_(_i))])],
+    }),
+    "window_radii_sound": ("Sketch", [("∀", ("j",), [("≤", sp.Abs(delta_f(_j)), epsw(_j))])], {
+        "hwin": [("∀", ("j", "∈", "Win"), [("=", delta_f(_j), 0)])],
+        "hw0": _HWIN,
+    }),
+    "window_tv_le_eform": ("Sketch", [("≤", tv(_P, _Ph), EFORM_BOUND)], {
+        "hA": [("=", A, Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(epsw(_j)))))],
+        "hw0": _HWIN,
+    }),
+    "kernel_radius_ge_group_sum": ("Sketch", [("≤", _GROUP_SUM(W), _sk(KERNEL_KEY_RADIUS, q_norm=gnorm(UNIV, _q),
+                                                                        W_norm2=_S("Wn")))], {
+        "hWn": [("=", _S("Wn"), _W2(W))],
+    }),
+    "sketch_radius_ge_per_head": ("Sketch", [("≤", _sk(SKETCH_PER_HEAD, qrt_dot=_dot(q(_i), rt_(_i)), qa_norm=_qa, W_j=_W),
+                                              _sk(SKETCH_RADIUS, c_h=_c, W_j=_W, u_j=_u))], {
+        "hc": [("=", _c, _sk(SKETCH_SCALE, qa_norm=_qa))],
+        "hu": [("≤", sp.Abs(sigma * _dot(q(_i), rt_(_i))), _c * _u)],
+    }),
+    "sketch_radius_ge_group_sum": ("Sketch", [("≤", _GROUP_SUM(Wg), _sk(SKETCH_RADIUS, c_h=_c, W_j=_W, u_j=_u))], {
+        "hc": [("=", _c, _sk(SKETCH_SCALE, qa_norm=_qa))],
+        "hWn": [("=", _W, _W2(Wg))],
+        "ha1": [("∀", ("i",), [("=", _f("a")(_i), 1)])],
+    }),
+})
+
+LEAN_DEFS.update({
+    # the Euclidean norm of a group's coordinates (Radius.lean) and the weighted query / residual (Sketch.lean)
+    "gnorm": ("Radius", ["g", "x"], sp.sqrt(Sum(_S("g"), sp.Lambda(_i, _f("x")(_i) ** 2)))),
+    "wmul": ("Sketch", ["a", "q", "i"], _f("a")(_i) * q(_i)),
+    "wdiv": ("Sketch", ["x", "a", "i"], _f("x")(_i) / _f("a")(_i)),
+})

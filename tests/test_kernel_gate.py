@@ -365,7 +365,7 @@ def _guard_store(monkeypatch):
 @pytest.mark.parametrize("scheme,gate", [
     ("int8", dict(policy="risk-ranked", tau=0.0, max_pagein_blocks=1)),
     ("int8_dither", dict(policy="certified", tau=0.002, max_pagein_blocks=2, tier="B")),
-    ("int4_group", dict(policy="certified", tau=0.04, max_pagein_blocks=1)),
+    ("int4_group", dict(policy="certified", tau=0.01, max_pagein_blocks=1)),
 ])
 def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
     from witcert.cache import Gate, WitCertCache

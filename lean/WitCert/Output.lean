@@ -63,8 +63,12 @@ theorem output_error_le (p phat : ι → ℝ) (hp0 : ∀ j, 0 ≤ p j)
       intro j
       have hm : p j - phat j ≤ max (p j - phat j) 0 := le_max_left _ _
       have hm0 : 0 ≤ max (p j - phat j) 0 := le_max_right _ _
-      have h := mul_le_mul hm (hphimax j) (hphi0 j) hm0
-      nlinarith
+      -- `mul_le_mul` (alias of `mul_le_mul_of_nonneg'`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:314, :350)
+      have h : (p j - phat j) * phi j ≤ max (p j - phat j) 0 * phi_max :=
+        mul_le_mul hm (hphimax j) (hphi0 j) hm0
+      have e : p j * phi j = phat j * phi j + (p j - phat j) * phi j := by ring
+      rw [e]
+      linarith
     calc ∑ j, p j * phi j ≤ ∑ j, (phat j * phi j + max (p j - phat j) 0 * phi_max) :=
           Finset.sum_le_sum fun j _ => hj j
       _ = ∑ j, phat j * phi j + (∑ j, max (p j - phat j) 0) * phi_max := by
@@ -73,6 +77,10 @@ theorem output_error_le (p phat : ι → ℝ) (hp0 : ∀ j, 0 ≤ p j)
     mul_le_mul_of_nonneg_right htv (by linarith)
   calc ‖∑ j, (phat j - p j) • vhat j + ∑ j, p j • (vhat j - v j)‖
       ≤ ‖∑ j, (phat j - p j) • vhat j‖ + ‖∑ j, p j • (vhat j - v j)‖ := norm_add_le _ _
-    _ ≤ tv_up * (2 * nu_max + phi_max) + ∑ j, phat j * phi j := by nlinarith
+    _ ≤ tv_up * (2 * nu_max + phi_max) + ∑ j, phat j * phi j := by
+        -- `h1 + h2 + h3 + h4`: linear in the monomials `tv · ν`, `tv · φ_max`, `tv⁺ · ν`, `tv⁺ · φ_max`
+        have e1 : tv p phat * (2 * nu_max) + tv p phat * phi_max
+            = tv p phat * (2 * nu_max + phi_max) := by ring
+        linarith [h1, h2, h3, h4, e1]
 
 end WitCert

@@ -131,7 +131,10 @@ theorem dither_logit_tail {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
   calc μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|}
       ≤ μ.real ({ω | t ≤ ∑ i ∈ (Finset.univ : Finset d), X i ω} ∪
           {ω | t ≤ (-(fun ω => ∑ i ∈ (Finset.univ : Finset d), X i ω)) ω}) :=
-        measureReal_mono hsub_set
+        -- `measureReal_mono` (MeasureTheory/Measure/Real.lean:85): its finiteness side goal is
+        -- given, not left to the `finiteness` auto-param (`measure_ne_top`:
+        -- MeasureTheory/Measure/Typeclasses/Finite.lean:55, the local `IsProbabilityMeasure`)
+        measureReal_mono hsub_set (measure_ne_top μ _)
     _ ≤ μ.real {ω | t ≤ ∑ i ∈ (Finset.univ : Finset d), X i ω} +
           μ.real {ω | t ≤ (-(fun ω => ∑ i ∈ (Finset.univ : Finset d), X i ω)) ω} :=
         measureReal_union_le _ _
@@ -195,11 +198,13 @@ theorem uniform_hasSubgaussianMGF {Ω : Type*} [MeasurableSpace Ω] {μ : Measur
   have hP : IsProbabilityMeasure μ := hu.isProbabilityMeasure hns hnt
   have hmap : μ.map r = ProbabilityTheory.cond (volume : Measure ℝ) (Set.Icc (-(s / 2)) (s / 2)) :=
     hu
-  -- `r ∈ [−s/2, s/2]` almost surely (MeasureTheory/Measure/Map.lean:243)
+  -- `r ∈ [−s/2, s/2]` almost surely (`ae_map_iff`: MeasureTheory/Measure/Map.lean:243).
+  -- `ProbabilityTheory.ae_cond_mem` (Probability/ConditionalProbability.lean:197) is Mathlib's
+  -- own statement of `∀ᵐ x ∂μ[|s], x ∈ s` (its proof is `Measure.ae_smul_measure` of
+  -- `ae_restrict_mem`, MeasureTheory/Measure/MeasureSpace.lean:947); the measure is explicit.
   have hbI : ∀ᵐ x ∂(μ.map r), x ∈ Set.Icc (-(s / 2)) (s / 2) := by
     rw [hmap]
-    unfold ProbabilityTheory.cond
-    exact ae_smul_measure (ae_restrict_mem measurableSet_Icc) _
+    exact ProbabilityTheory.ae_cond_mem (μ := (volume : Measure ℝ)) measurableSet_Icc
   have hmI : MeasurableSet {x : ℝ | x ∈ Set.Icc (-(s / 2)) (s / 2)} := measurableSet_Icc
   have hb : ∀ᵐ ω ∂μ, r ω ∈ Set.Icc (-(s / 2)) (s / 2) :=
     (ae_map_iff hmeas hmI).mp hbI
@@ -281,7 +286,7 @@ theorem dither_logit_tail_bias {Ω : Type*} [MeasurableSpace Ω] {μ : Measure �
     have h := hdiff ω
     linarith
   calc μ.real {ω | t + b ≤ |sigma * ∑ i, q i * e i ω|}
-      ≤ μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|} := measureReal_mono hsub_set
+      ≤ μ.real {ω | t ≤ |sigma * ∑ i, q i * r i ω|} := measureReal_mono hsub_set (measure_ne_top μ _)
     _ ≤ 2 * Real.exp (-t ^ 2 / (2 * V)) := dither_logit_tail r hind c hsub q sigma V t hV ht
 
 /-- SPEC §5: the Tier B radius `t = sqrt(2 V ln(2n/δ))`. -/

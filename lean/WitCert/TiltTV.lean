@@ -119,9 +119,16 @@ lemma exp_neg_eps_le (eps : ι → ℝ) (heps : ∀ j, |delta j| ≤ eps j) (j :
 /-- Quotients with a larger numerator and a smaller complement: `a/(a+b) ≤ A/(A+C)`. -/
 lemma frac_le_frac {a b A C : ℝ} (ha : 0 ≤ a) (hC : 0 ≤ C) (haA : a ≤ A) (hCb : C ≤ b)
     (hab : 0 < a + b) (hAC : 0 < A + C) : a / (a + b) ≤ A / (A + C) := by
+  -- `div_le_div_iff₀`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:1418
   rw [div_le_div_iff₀ hab hAC]
   have hA : 0 ≤ A := ha.trans haA
-  nlinarith [mul_le_mul_of_nonneg_right haA hC, mul_le_mul_of_nonneg_left hCb hA]
+  -- `a C ≤ A C ≤ A b`; the rest is linear in the monomials (no `nlinarith`)
+  have h1 : a * C ≤ A * C := mul_le_mul_of_nonneg_right haA hC
+  have h2 : A * C ≤ A * b := mul_le_mul_of_nonneg_left hCb hA
+  have e1 : a * (A + C) = a * A + a * C := by ring
+  have e2 : A * (a + b) = a * A + A * b := by ring
+  rw [e1, e2]
+  linarith
 
 /-- `p(S) ≤ A_S / (A_S + C_S)` (raise `S`, lower the rest; SPEC §3(c)). -/
 lemma tilt_mass_le (ht : IsTilt phat delta p) (eps : ι → ℝ) (heps : ∀ j, |delta j| ≤ eps j)
@@ -158,7 +165,11 @@ lemma tanh_algebra (w w' x : ℝ) (hw' : 0 < w') (hww : w' ≤ w) (hx0 : 0 ≤ x
     w * w * x / (w * w * x + w' * w' * (1 - x)) - x ≤ (w - w') / (w + w') := by
   have hw2 : w' * w' ≤ w * w := mul_self_le_mul_self hw'.le hww
   have hP : 0 < w * w * x + w' * w' * (1 - x) := by
-    nlinarith [mul_nonneg (sub_nonneg.2 hw2) hx0, mul_pos hw' hw']
+    -- `w'² x ≤ w² x`, so the sum is at least `w'² x + w'² (1 − x) = w'² > 0`
+    have h1 : w' * w' * x ≤ w * w * x := mul_le_mul_of_nonneg_right hw2 hx0
+    have h2 : 0 < w' * w' := mul_pos hw' hw'
+    have e : w' * w' * x + w' * w' * (1 - x) = w' * w' := by ring
+    linarith
   have hP' := ne_of_gt hP
   have hs : 0 < w + w' := by linarith
   have hkey : w * w * x / (w * w * x + w' * w' * (1 - x)) - x
@@ -166,7 +177,13 @@ lemma tanh_algebra (w w' x : ℝ) (hw' : 0 < w') (hww : w' ≤ w) (hx0 : 0 ≤ x
     rw [eq_div_iff hP', sub_mul, div_mul_cancel₀ _ hP']
     ring
   rw [hkey, div_le_div_iff₀ hP hs]
-  nlinarith [mul_nonneg (sub_nonneg.2 hww) (sq_nonneg (w * x - w' * (1 - x)))]
+  -- the difference of the two sides is `(w − w') (w x − w' (1 − x))² ≥ 0` (an identity)
+  have hsq : 0 ≤ (w - w') * (w * x - w' * (1 - x)) ^ 2 :=
+    mul_nonneg (sub_nonneg.2 hww) (sq_nonneg (w * x - w' * (1 - x)))
+  have hid : (w - w') * (w * w * x + w' * w' * (1 - x))
+      - x * (1 - x) * (w * w - w' * w') * (w + w') = (w - w') * (w * x - w' * (1 - x)) ^ 2 := by
+    ring
+  linarith
 
 /-- SPEC §3(a): `TV ≤ tanh(ε_max / 2)` when every `|δ_j| ≤ ε_max`. -/
 theorem tilt_tv_le_tanh (ht : IsTilt phat delta p) (eps_max : ℝ)
@@ -203,15 +220,19 @@ theorem tilt_tv_le_tanh (ht : IsTilt phat delta p) (eps_max : ℝ)
   rw [Real.tanh_eq]
   linarith
 
-/-- `u + y ≥ 2` when `u, y > 0` and `u y ≥ 1` (AM–GM), with a small context for `nlinarith`. -/
+/-- `u + y ≥ 2` when `u, y > 0` and `u y ≥ 1` (AM–GM), by explicit steps. -/
 lemma two_le_add_of_one_le_mul {u y : ℝ} (hu : 0 < u) (hy : 0 < y) (h : 1 ≤ u * y) :
     2 ≤ u + y := by
   by_contra hlt
   push_neg at hlt
-  have e1 : 0 < (2 - (u + y)) * u := mul_pos (by linarith) hu
-  have e2 : 0 < (2 - (u + y)) * y := mul_pos (by linarith) hy
-  -- e1 + e2 + (u − y)² ≥ 0 gives 2(u + y) > 4uy ≥ 4: linear in the monomials
-  nlinarith [sq_nonneg (u - y)]
+  have hs : 0 < u + y := by linarith
+  -- `mul_lt_mul_of_pos_right`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:236
+  have h1 : (u + y) * (u + y) < 2 * (u + y) := mul_lt_mul_of_pos_right hlt hs
+  have h2 : (u + y) * (u + y) = (u - y) * (u - y) + 4 * (u * y) := by ring
+  -- `mul_self_nonneg`: Algebra/Order/Ring/Unbundled/Basic.lean:711
+  have h3 : 0 ≤ (u - y) * (u - y) := mul_self_nonneg (u - y)
+  -- `(u + y)² ≥ 4 u y ≥ 4` against `(u + y)² < 2 (u + y) < 4`: linear in the monomials
+  linarith
 
 /-- The tilt is unchanged when every logit error moves by the same constant `c`. -/
 lemma IsTilt.shift (ht : IsTilt phat delta p) (c : ℝ) : IsTilt phat (fun j => delta j - c) p := by
@@ -395,7 +416,13 @@ lemma dualD_mono (phat eps : ι → ℝ) (hp : ∀ j, 0 ≤ phat j) (he : ∀ j,
     have hexp : Real.exp (-eps j) ≤ Real.exp (eps j) := Real.exp_le_exp.mpr (by linarith [he j])
     have hb : beta t' (eps j) ≤ beta t (eps j) := by
       unfold beta
-      nlinarith [mul_nonneg (sub_nonneg.2 htt) (sub_nonneg.2 hexp)]
+      -- the difference is `(t' − t) (e^{ε} − e^{−ε}) ≥ 0` (an identity)
+      have hprod : 0 ≤ (t' - t) * (Real.exp (eps j) - Real.exp (-eps j)) :=
+        mul_nonneg (sub_nonneg.2 htt) (sub_nonneg.2 hexp)
+      have hid : (1 - t) * Real.exp (eps j) + t * Real.exp (-eps j)
+          - ((1 - t') * Real.exp (eps j) + t' * Real.exp (-eps j))
+          = (t' - t) * (Real.exp (eps j) - Real.exp (-eps j)) := by ring
+      linarith
     have := mul_le_mul_of_nonneg_left hb hlam
     linarith
   linarith

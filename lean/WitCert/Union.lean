@@ -74,7 +74,7 @@ theorem dither_step_union {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
     (by exact_mod_cast hn)))).isProbabilityMeasure
   calc μ.real {ω | ∃ j, tt j ≤ |sigma * ∑ i, q i * e j i ω|}
       ≤ μ.real (⋃ j ∈ (Finset.univ : Finset κ), {ω | tt j ≤ |sigma * ∑ i, q i * e j i ω|}) :=
-        measureReal_mono hsub_set
+        measureReal_mono hsub_set (measure_ne_top μ _)
     _ ≤ delta := union_tail_le _ _ delta hδ.le hj
 
 /-- Sum of a bound over a finite union (a step of the request-level union). -/
