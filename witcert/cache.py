@@ -77,8 +77,9 @@ from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
 from .schemes import QuantContext, get_scheme, quantize
-from .hostpool import HostCost, HostPool, cache_pool, open_stores
-from .store import ExactStore, append_pair
+from .hostcost import HostCost, HostReport
+from .hostpool import HostPool, align, store_bytes
+from .store import ExactStore, append_pair, first_chunk_tokens
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
 #: quantized per full block (``contract.schemes``: granularity "block")
@@ -188,6 +189,21 @@ def _model_dims(config):
     return text, L, Hq, Hkv, D, rot - rot % 2
 
 
+def host_bytes(config, batch: int, tokens: int, dtype=torch.bfloat16) -> int:
+    """Host pool bytes of one request's exact store (every layer's K and V) for a model of ``config``:
+    ``batch`` sequences of ``tokens`` tokens (pass the cache's ``max_tokens``: prompt + new tokens)."""
+    _, L, _, Hkv, D, _ = _model_dims(config)
+    return store_bytes(L, Hkv, D, batch, tokens, dtype)
+
+
+def reserve_host(config, batch: int, tokens: int, dtype=torch.bfloat16, pool: HostPool | None = None) -> int:
+    """Pin, now, what a request of ``batch`` x ``tokens`` tokens' exact store needs (``host_bytes``) in
+    ``pool`` (default: the process-wide ``HostPool``): call it at start-up, off the request path. The bytes
+    added (0 when the pool already had them free, or without a pool: ``WITCERT_HOST_POOL=off``)."""
+    pool = pool if pool is not None else HostPool.default()
+    return 0 if pool is None else pool.reserve(host_bytes(config, batch, tokens, dtype))
+
+
 @dataclasses.dataclass
 class GraphedRecords:
     """The meter of one graphed decode step (``witcert.graphs``), kept on the device until
@@ -238,7 +254,7 @@ class WitCertLayer(CacheLayerMixin):
             self._ek = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
             self._ev = z(Bsz, H, 0, D, dt=self.dtype, dev=self.device)
         else:  # the backing store: host memory (pinned on CUDA: the process's HostPool), async appends
-            self._ek, self._ev = open_stores(o, self, key_states, pin=self.device.type == "cuda")
+            self._ek, self._ev = o._open_stores(key_states, pin=self.device.type == "cuda")
         # what attention reads: float32 holds every bf16 / fp16 / fp32 value exactly; a float64
         # model keeps float64 (an unmetered cast to float32 would be a silent error)
         self.served_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
@@ -1002,7 +1018,7 @@ class WitCertCache(Cache):
             "pagein_bytes": self.pagein_bytes.sum(0),
             "pagein_blocks_per_layer": self.pagein_blocks.copy(),
             "pagein_bytes_per_layer": self.pagein_bytes.copy(),
-            "host": self.host_summary(),
+            "host": self.host_report().as_dict(),
         }
         if recs and recs[0].tv_b is not None:
             out["max_tv_b"] = np.max([r.tv_b.max(-1) for r in recs], axis=0)
@@ -1011,17 +1027,44 @@ class WitCertCache(Cache):
             out["tier_b_caveat"] = TIER_B_CAVEAT
         return out
 
-    def host_summary(self) -> dict:
-        """What the current request cost the host (``HostCost``: pinned bytes held, pool hits / misses, host
-        allocations on the request path, device-to-host copies, host syncs by reason) and the state of the
-        pool its exact stores use (None without one): plain Python values."""
-        out = self.host_cost.as_dict()
+    # -- the exact store's host memory (witcert.hostpool, witcert.hostcost)
+    def _pool(self, pin: bool) -> HostPool | None:
+        """The pool this cache's exact stores lease from (None: per-store memory, plain or pinned)."""
+        if self.host_pool is False:
+            return None
+        if self.host_pool is None:
+            return HostPool.default() if pin else None
+        return self.host_pool
+
+    def _open_stores(self, key_states: torch.Tensor, pin: bool) -> tuple[ExactStore, ExactStore]:
+        """A layer's (K, V) exact stores for a new request. At the request's first store the pool is asked
+        for every layer's K and V of this first forward at once (``HostPool.ensure_free``): a cold pool grows
+        in a few large slabs, and a budget that cannot hold them is refused (``HostPoolExhausted``) before
+        anything is allocated on the device or written."""
+        Bsz, H, m, D = key_states.shape
+        pool = self._pool(pin)
+        expect = self.max_tokens if pool is not None else None
+        if pool is not None and not self.host_cost.admitted:
+            stores = sum(1 for la in self.layers if isinstance(la, WitCertLayer))
+            tokens = first_chunk_tokens(m, expect)
+            need = 2 * stores * align(tokens * Bsz * H * D * key_states.element_size())
+            pool.ensure_free(need, self.host_cost, f"this request's exact store ({stores} layers x K and V x {tokens} "
+                             f"tokens x {Bsz} sequences x {H} kv heads x {D} x {key_states.element_size()} bytes)")
+            self.host_cost.admitted = True
+        kw = dict(pin=pin, pool=pool if pool is not None else False, cost=self.host_cost, expect=expect)
+        return (ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw), ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw))
+
+    def host_report(self) -> HostReport:
+        """What the current request cost the host (``HostCost``: pinned bytes held, pool hits / misses,
+        allocations on the request path, device-to-host copies, host syncs and fallbacks by reason), where
+        its exact store's memory comes from, and the pool's ``PoolStats``."""
         layers = [la for la in self.layers if getattr(la, "is_initialized", False)]
         pin = any(getattr(la, "device", None) is not None and la.device.type == "cuda" for la in layers)
-        pool = cache_pool(self, pin)
-        out["mode"] = "pool" if pool is not None else ("per-store pinned" if pin else "plain")
-        out["pool"] = pool.stats() if pool is not None else None
-        return out
+        pool = self._pool(pin)
+        mode = "pool" if pool is not None else ("per-store pinned" if pin else "plain")
+        return HostReport(cost=dataclasses.replace(self.host_cost, syncs=dict(self.host_cost.syncs),
+                                                   fallbacks=dict(self.host_cost.fallbacks)),
+                          mode=mode, pool=None if pool is None else pool.stats())
 
     @property
     def records(self) -> list[StepRecord]:

@@ -49,6 +49,8 @@ import torch
 
 from contract.schemes import BLOCK_SCHEMES
 
+from .store import append_group
+
 log = logging.getLogger("witcert.graphs")
 
 
@@ -286,7 +288,6 @@ def _after_step(cache, st: StaticStep) -> None:
     """The host side of one graphed step: the exact store's appends from the staging buffer
     (asynchronous), the step counters, and the step's record (a device copy)."""
     from .cache import GraphedRecords
-    from .store import append_group
 
     cache.step += 1
     cache._row_range = (cache.rows_metered, 1)

@@ -45,9 +45,12 @@ until the store is released or cropped. ``pool=False`` is the per-store allocati
 from __future__ import annotations
 
 import bisect
+import time
 import weakref
 
 import torch
+
+from .hostpool import HostPool
 
 #: tokens of the first chunk at least
 INITIAL_CAPACITY = 256
@@ -55,6 +58,27 @@ INITIAL_CAPACITY = 256
 GROWTH = 4
 #: an append of m > 1 tokens reserves m / PREFILL_HEADROOM more (the decode steps after a prefill)
 PREFILL_HEADROOM = 8
+
+
+def target_tokens(need: int, m: int, expect: int | None = None) -> int:
+    """Tokens a store reserves for ``need`` tokens after an append of ``m``: a prefill's eighth more
+    (``PREFILL_HEADROOM``), capped at ``expect`` (the cache's ``max_tokens``) when that covers ``need``. A
+    request's first append reserves at least ``INITIAL_CAPACITY`` (``first_chunk_tokens``)."""
+    t = need + (m // PREFILL_HEADROOM if m > 1 else 0)
+    if expect is not None and expect >= need:
+        t = min(t, expect)
+    return t
+
+
+def first_chunk_tokens(m: int, expect: int | None = None) -> int:
+    """Tokens of a store's first chunk after a first append of ``m`` tokens (what the cache asks the
+    pool for at a request's start)."""
+    return max(target_tokens(m, m, expect), INITIAL_CAPACITY)
+
+
+def _pinned_bytes(t: torch.Tensor) -> int:
+    """What PyTorch's pinned allocator takes for ``t``: its bytes rounded up to a power of two."""
+    return 1 << max(0, t.numel() * t.element_size() - 1).bit_length()
 
 
 class _Held:
@@ -88,8 +112,6 @@ class ExactStore:
         self.device = torch.device(device)
         self.pin = bool(pin) and torch.cuda.is_available()
         if pool is None and self.pin:
-            from .hostpool import HostPool
-
             pool = HostPool.default()
         self._pool = pool if pool is not False and self.device.type == "cpu" else None
         self.cost = cost
@@ -124,12 +146,13 @@ class ExactStore:
         the pool's largest free piece), ``_reserve`` then takes another."""
         B, H, D = self.shape
         if self._pool is None:
+            t0 = time.perf_counter()
             t = torch.empty(tokens, B, H, D, dtype=self.dtype, device=self.device, pin_memory=self.pin)
             if self.pin and self.cost is not None:  # PyTorch's pinned allocator: a power of two (cudaHostAlloc
-                nbytes = 1 << max(0, t.numel() * t.element_size() - 1).bit_length()  # unless it had one cached)
-                self.cost.host_allocs += 1
-                self.cost.host_alloc_bytes += nbytes
+                nbytes = _pinned_bytes(t)  # unless it had one cached)
+                self.cost.allocated(nbytes, time.perf_counter() - t0)
                 self.cost.hold(nbytes)
+                self.cost.fallback("per_store_pinned")
             return t
         row = self._row()
         buf, lease = self._pool.acquire(tokens * row, min_bytes=min(tokens, INITIAL_CAPACITY) * row, cost=self.cost)
@@ -155,12 +178,8 @@ class ExactStore:
         return max(1, (up // 2) // row)
 
     def _target(self, need: int, m: int) -> int:
-        """Capacity to reserve for ``need`` tokens after an append of ``m``: a prefill's eighth more, capped
-        at ``expect`` when that covers ``need``."""
-        t = need + (m // PREFILL_HEADROOM if m > 1 else 0)
-        if self.expect is not None and self.expect >= need:
-            t = min(t, self.expect)
-        return t
+        """Capacity to reserve for ``need`` tokens after an append of ``m`` (``target_tokens``)."""
+        return target_tokens(need, m, self.expect)
 
     def _reserve(self, need: int) -> None:
         while self._cap < need:
@@ -266,7 +285,7 @@ class ExactStore:
             ev = h.event if h.event is not _UNRECORDED else None
             self._pool.release(h.leases, ev, h.device, self.cost)
         elif self.pin and self.cost is not None:
-            self.cost.hold(-sum(1 << max(0, c.numel() * c.element_size() - 1).bit_length() for c in self._chunks))
+            self.cost.hold(-sum(_pinned_bytes(c) for c in self._chunks))
         h.leases = []
         h.event = None
         self._chunks, self._starts, self._cap, self.n = [], [], 0, 0
@@ -355,15 +374,16 @@ def _append_group(items, record: bool) -> None:
                     host.append((dst, src))
                     if st.cost is not None:
                         st.cost.host_copies += 1
+                        if pool.pin:  # a host tensor into pinned pool memory: a synchronous host copy
+                            st.cost.fallback("host_source")
         if host:
             pool.host_write_fence(plan[0][0].cost)
             for dst, src in host:
                 dst.copy_(src)
         events = {dev: eng.issue(cs) for dev, cs in dev_copies.items()}
-        for st, copies in plan:
-            devs = {src.device for _, src in copies if eng.is_async(src)}
-            if devs:
-                dev = devs.pop() if len(devs) == 1 else next(iter(events))
+        for st, copies in plan:  # (a store's source is on one device)
+            dev = next((src.device for _, src in copies if eng.is_async(src)), None)
+            if dev is not None:
                 st._landed, st._held.device = events[dev], dev
 
 
