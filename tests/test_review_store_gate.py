@@ -29,7 +29,7 @@ from _tiny import tiny_model  # noqa: E402
 class HeadMajorStore:
     """The ExactStore of 3dcd894 (buffer [B, H, capacity, D]), the oracle of the token-major one."""
 
-    def __init__(self, batch, heads, head_dim, dtype, device, pin=False):
+    def __init__(self, batch, heads, head_dim, dtype, device, pin=False, **pool_kw):  # (pool, cost, expect: unused)
         self.shape = (int(batch), int(heads), int(head_dim))
         self.dtype, self.device, self.pin, self.n = dtype, torch.device(device), False, 0
         self._buf = torch.empty(batch, heads, 0, head_dim, dtype=dtype, device=self.device)
@@ -58,6 +58,9 @@ class HeadMajorStore:
         if not 0 <= n <= self.n:
             raise ValueError("ExactStore.crop")
         self.n = n
+
+    def release(self):  # (WitCertCache.reset: the memory goes back)
+        self.n, self._buf = 0, self._buf[:, :, :0]
 
     def reorder(self, index):
         new = torch.empty_like(self._buf)

@@ -359,7 +359,7 @@ class HostPool:
         with self._lock:
             self._drain()
             lease = self._take(nbytes, min_bytes, partial=False)
-            if lease is None and self._collect(cost):  # a dropped cache in a reference cycle gives memory back
+            if lease is None and self.in_use and self._collect(cost):  # a dropped cache in a reference cycle gives memory back
                 lease = self._take(nbytes, min_bytes, partial=False)
             if lease is None:
                 self._grow(nbytes, min_bytes, cost)
