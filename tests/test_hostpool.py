@@ -15,7 +15,7 @@ from _tiny import tiny_model
 
 import witcert.hostcost as hc
 from witcert.cache import WitCertCache, host_bytes, reserve_host
-from witcert.hostpool import HostPool, HostPoolExhausted, parse_bytes
+from witcert.hostpool import HostPool, HostPoolExhausted, fmt_bytes, parse_bytes
 from witcert.store import INITIAL_CAPACITY, ExactStore, append_pair
 
 MiB = 1 << 20
@@ -256,6 +256,7 @@ def test_host_cost_counts_by_reason_and_logs_each_reason_once(caplog, monkeypatc
                                     ("0.5T", 1 << 39)])
 def test_parse_bytes(v, want):
     assert parse_bytes(v) == want
+    assert parse_bytes(fmt_bytes(want)) == want  # (two decimals: exact for these)
 
 
 @pytest.mark.parametrize("v", ["-1G", "lots", True, -5])

@@ -100,7 +100,7 @@ def fmt_bytes(n: int | float) -> str:
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
-    return f"{n / 1024:.2f} GiB"
+    return f"{n:.2f} GiB"
 
 
 def available_host_bytes() -> int:
