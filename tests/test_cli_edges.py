@@ -192,3 +192,37 @@ def test_the_cache_refuses_logit_softcapping():
         assert "soft-capping" in str(e)
     else:
         raise AssertionError("WitCertCache accepted a Gemma-2 config")
+
+
+# --------------------------------------------------------------------------- README and repository
+def _python_blocks(section: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [b.split("```", 1)[0] for b in body.split("```python\n")[1:]]
+
+
+def test_readme_metering_snippets_define_every_name():
+    """The "Metering a model" snippets, read in order, use no name they do not define (``ids``
+    and ``mask`` were missing)."""
+    import builtins
+
+    blocks = _python_blocks("Metering a model")
+    assert len(blocks) >= 2
+    defined = set(dir(builtins))
+    for code in blocks:
+        tree = ast.parse(code)
+        for node in ast.walk(tree):  # every binding of the block (the snippets are straight-line code)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert used <= defined, f"undefined in the README snippet: {sorted(used - defined)}"
+
+
+def test_the_demo_output_folder_is_git_ignored():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for p in ("witcert-demo/results.json", "witcert-demo/risk_heatmap.png", "quality.json"):
+        r = subprocess.run(["git", "check-ignore", "-q", p], cwd=ROOT, timeout=30)
+        assert r.returncode == 0, f"{p} is not git-ignored"
