@@ -187,7 +187,8 @@ def build_parser() -> A.OneLineParser:
     d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
     d.add_argument("--tokens", type=A.int_at_least(64), default=2000, help="prompt length (needle in a haystack), >= 64")
     d.add_argument("--new-tokens", type=A.int_at_least(2), default=10,
-                   help="tokens generated, >= 2 (the first comes from the exact prefill)")
+                   help="tokens generated, >= 2 (the first comes from the exact prefill); the needle's answer takes 7 "
+                        "(SmolLM2), with fewer the task is reported n/a")
     d.add_argument("--seed", type=A.int_at_least(0), default=0)
     d.add_argument("--scheme", type=A.scheme_list, default=None,
                    help="KV scheme(s), comma-separated (default: fp8_e4m3,int4_group,kivi2,int8_dither); "
