@@ -47,6 +47,12 @@ def test_plot_with_no_matching_rows_is_one_error_and_writes_nothing(tmp_path, ca
     assert cli.main(["trace", "plot", str(FIXTURE), "--out", str(out), "--where", "layer > 100"]) == 2
     one_error_line(capsys, "no rows")
     assert not out.exists()
+    from witcert.traceplot import plot
+    from witcert.traceviews import ViewError
+
+    with pytest.raises(ViewError, match="field 'scheme' is not numeric"):
+        plot(read_trace(FIXTURE), out, field="scheme")
+    assert not out.exists()
 
 
 def test_a_non_numeric_field_names_the_line(tmp_path, capsys):

@@ -50,8 +50,9 @@ def _integer_x(ax):
 
 def plot(trace: Trace, out_dir, kinds=KINDS, field: str = "tv") -> list[pathlib.Path]:
     """Write the requested plots under ``out_dir`` (created); returns the files written."""
-    from .traceviews import ViewError
+    from .traceviews import ViewError, _check_field
 
+    _check_field(field)  # a numeric schema field (ViewError otherwise)
     if len(trace) == 0:  # a ViewError (a ValueError): the CLI's one error line, nothing created
         raise ViewError("plot: no rows (empty trace, or nothing matches --where)")
     bad = [k for k in kinds if k not in FILES]
