@@ -146,9 +146,6 @@ def test_scheme_aliases_come_from_the_scheme_table():
         resolve_scheme("fp9")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="needs witcert/cache.py to call witcert.schemes.resolve_scheme (issue 34; cache.py is "
-                          "edited on another branch)")
 def test_the_cache_accepts_the_cli_alias_fp8():
     sys.path.insert(0, str(ROOT / "tests"))
     from _tiny import tiny_model
@@ -186,9 +183,6 @@ def test_logit_softcapping_is_refused_by_name(tmp_path, capsys):
     one_error_line(capsys, "soft-capping")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="needs witcert/cache.py to call witcert.model.check_supported_config in WitCertCache() "
-                          "and use_witcert (issue 34; cache.py is edited on another branch)")
 def test_the_cache_refuses_logit_softcapping():
     from witcert.cache import WitCertCache
 
