@@ -839,6 +839,11 @@ MANY_PROGRAMS_PER_SM = 4
 #: both off (``decode(_maxnreg=0)`` for one call)
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
+#: the cap of a capped metered tile that reads the key sketch or the channel weights (its codes, its chunked dot
+#: and the weighted head factor): no spill at 232 (58 B of spill under ``METERED_REGISTER_CAP``), 0.85-1.0x
+#: the 168-register time at every shape of bench/sketch_speed.py (run S2, bench/TIGHTNESS.md), on the grid
+#: ``choose_splits`` sized for the 168-register tile
+SKETCH_REGISTER_CAP = 232
 CAP_REGISTERS = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
@@ -1150,6 +1155,8 @@ def decode(
     pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
     if pf_ahead not in (0, 1):
         raise ValueError(f"_prefetch: expected 0 or 1, got {_prefetch!r}")
+    if (skb or weighted) and maxnreg is not None and _maxnreg is None:
+        maxnreg = max(maxnreg, SKETCH_REGISTER_CAP)
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits

@@ -123,6 +123,7 @@ def check_formulas(seed: int = 0, points: int = 200):
     ok = all(abs(B.step_budget(1e-3, 30, 9, horizon=T) - fb(1e-3, 30, 9, T)) <= 1e-18 for T in (1, 7, 4096))
     ok &= all(abs(B.step_budget(1e-3, 30, 9, step=t) - fa(1e-3, 30, 9, t)) <= 1e-18 for t in (1, 2, 1000))
     out.append(("step_budget = both schedules", ok, ""))
+    out.append(_check_sketch_radius(B, rng, points))
     # kernels: Tier B coefficient c with t_j = c·s_j
     try:
         import torch
@@ -140,6 +141,36 @@ def check_formulas(seed: int = 0, points: int = 200):
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
     return out
+
+
+def _check_sketch_radius(B, rng, points: int):
+    """§2 as amended by issue 33 (lean/WitCert/Sketch.lean): ``witcert.bounds.sketch_radius`` is never
+    below SKETCH_RADIUS = c_h (W_j + u_j) with c_h = SKETCH_SCALE, u_j = max over the group of
+    SKETCH_U_RATIO (``shared=True``), nor below SKETCH_PER_HEAD (``shared=False``), and it is within
+    2⁻³⁰ of them (the fp64 dot's allowance and the rounding up, not a looser radius). The decode kernel's
+    write of W_j and its fp32 dot allowance are checked against the reference by
+    tests/test_sketch_window.py (``test_write_kernel_sketch_codes_and_witness``, the allowance's drop test)."""
+    name = "sketch_radius = c_h (W + max_h |σ⟨q_h, r̃⟩|/c_h), c_h = |σ| ‖a⊙q_h‖ (shared and per head)"
+    cases = max(4, points // 20)
+    gq, d, n, sig = 4, 16, 6, 0.125
+    qs = rng.normal(size=(cases, gq, d))
+    rts = rng.normal(size=(cases, n, d)) * 0.1
+    ws = rng.exponential(0.05, (cases, n))
+    a = 2.0 ** rng.integers(-2, 3, d).astype(np.float64)
+    fc = sp.lambdify((F.sigma, F.qa_norm), F.SKETCH_SCALE, "numpy")
+    fu = sp.lambdify((F.sigma, F.qrt_dot, F.c_h), F.SKETCH_U_RATIO, "numpy")
+    fr = sp.lambdify((F.c_h, F.W_j, F.u_j), F.SKETCH_RADIUS, "numpy")
+    fp = sp.lambdify((F.sigma, F.qrt_dot, F.qa_norm, F.W_j), F.SKETCH_PER_HEAD, "numpy")
+    qa = np.linalg.norm(qs * a, axis=-1)  # [cases, GQ]
+    c = fc(sig, qa)
+    dots = np.einsum("chd,cnd->chn", qs, rts)
+    u = fu(sig, dots, c[..., None]).max(axis=1, keepdims=True)  # [cases, 1, n]
+    want_shared = fr(c[..., None], ws[:, None, :], u)
+    want_head = fp(sig, dots, qa[..., None], ws[:, None, :])
+    got_shared = B.sketch_radius(qs, rts, ws, sig, a, shared=True)
+    got_head = B.sketch_radius(qs, rts, ws, sig, a, shared=False)
+    ok = _close_above(got_shared, want_shared, 2.0**-30) and _close_above(got_head, want_head, 2.0**-30)
+    return (name, ok, "")
 
 
 def _check_kernel_tier_b(q, sig, want):

@@ -321,3 +321,25 @@ def test_drift_in_the_kernel_fp_terms_fails(monkeypatch):
     monkeypatch.setattr(E, "tv_from_hist_torch", no_xi)
     bad = failed(C.check_formulas())
     assert "kernel tanh column = tanh((ε_max+Ξ)/2)" in bad and "kernel ρ = Λ(1 + e^{ε_max+Ξ}/m)" in bad
+
+
+def test_drift_in_the_sketch_radius_fails(monkeypatch):
+    """Issue 33's radius (Sketch.lean): a reference that drops u_j, or takes ‖q‖ for ‖a⊙q‖, fails the bridge
+    (``check_formulas`` runs ``_check_sketch_radius``; called alone here: the full check runs kernels)."""
+    import inspect
+
+    import numpy as np
+
+    from witcert import bounds as B
+
+    assert "_check_sketch_radius(B, rng, points)" in inspect.getsource(C.check_formulas)
+
+    def ok():
+        return C._check_sketch_radius(B, np.random.default_rng(0), 200)[1]
+
+    assert ok()
+    real = B.sketch_radius
+    monkeypatch.setattr(B, "sketch_radius", lambda q, rt, w, s, a=None, shared=True: real(q, None, w, s, a, shared))
+    assert not ok()
+    monkeypatch.setattr(B, "sketch_radius", lambda q, rt, w, s, a=None, shared=True: real(q, rt, w, s, None, shared))
+    assert not ok()

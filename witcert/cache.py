@@ -76,7 +76,8 @@ from . import bounds as B
 from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
-from .schemes import QuantContext, get_scheme, quantize
+from .model import check_supported_config
+from .schemes import QuantContext, get_scheme, quantize, resolve_scheme
 from .hostcost import HostCost, HostReport
 from .hostpool import HostPool, align, store_bytes
 from .store import ExactStore, append_pair, first_chunk_tokens
@@ -704,7 +705,9 @@ class WitCertCache(Cache):
         weights=None,
         host_pool=None,
     ):
+        scheme = resolve_scheme(scheme)  # an alias of the scheme table (fp8, int4, kivi, auto) → its scheme
         get_scheme(scheme)  # ValueError naming the known schemes
+        check_supported_config(config)  # NotImplementedError: attention logit soft-capping (Gemma-2)
         text, L, Hq, Hkv, D, rot = _model_dims(config)
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate: expected a witcert.cache.Gate, got {type(gate).__name__}")
@@ -1649,6 +1652,7 @@ def use_witcert(model, base: str = "sdpa"):
     (``_check_new_request``). Returns the model."""
     if base not in ("sdpa", "eager"):
         raise ValueError(f"base: expected 'sdpa' or 'eager', got {base!r}")
+    check_supported_config(model.config)  # NotImplementedError: attention logit soft-capping (Gemma-2)
     register()
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
     if getattr(model, "_witcert_reuse_hook", None) is None:

@@ -50,7 +50,8 @@ def add_eval_arguments(ap) -> None:
     ap.add_argument("--json", type=A.out_file, default=pathlib.Path("quality.json"),
                     help="per-sample outcomes (written at the end, only when there are outcomes)")
     ap.add_argument("--model", type=A.model_dir, default=None, help="a local Hugging Face model folder (default: embedded SmolLM2)")
-    ap.add_argument("--tau", type=A.float_in(0.0), default=None, help="gate: page in only where TV+ > tau (default: the demo gate's)")
+    ap.add_argument("--tau", type=A.float_in(0.0, 1.0), default=None,
+                    help="gate: page in only where TV+ > tau, in [0, 1] (default: the demo gate's)")
     ap.add_argument("--max-blocks", type=A.int_at_least(0), default=None, help="gate: blocks per (step, layer, kv head)")
     ap.add_argument("--min-share", type=A.float_in(0.0, 1.0), default=None, help="gate: smallest share of a kv head's risk paged in")
     ap.add_argument("--sweep-layers", action="store_true",

@@ -59,6 +59,11 @@ class TraceError(ValueError):
     """A file that is not a readable witcert trace (the message names the file and line)."""
 
 
+class TraceWarning(UserWarning):
+    """A trace was read or appended to after a repair (a torn last line skipped or truncated);
+    the command line prints it as one ``warning:`` line."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     name: str
@@ -304,7 +309,8 @@ class Tracer:
 
     def _open(self):
         """Open for appending at the first write: create the folder, truncate a torn last line,
-        write the header into a new (or empty) file."""
+        write the header into a new (or empty) file. (The command line's ``--trace`` takes only a
+        file in an existing folder: ``witcert.argtypes.out_file``.)"""
         p = self.path
         p.parent.mkdir(parents=True, exist_ok=True)
         keep = _repair_torn_tail(p) if p.exists() and p.stat().st_size else 0
@@ -426,7 +432,8 @@ def _repair_torn_tail(p: pathlib.Path) -> int:
                 break
             pos = start
         f.truncate(keep)
-    warnings.warn(f"trace {p}: dropped a torn last line ({size - keep} bytes) before appending", stacklevel=3)
+    warnings.warn(f"trace {p}: dropped a torn last line ({size - keep} bytes) before appending", TraceWarning,
+                  stacklevel=3)
     return keep
 
 
@@ -506,6 +513,8 @@ def read_trace(path) -> Trace:
     """Read a JSON Lines trace. A torn last line is skipped with a warning; any other
     unreadable line raises ``TraceError`` (``path:line: why``)."""
     p = pathlib.Path(path)
+    if p.is_dir():
+        raise TraceError(f"{p}: is a folder, expected a trace file")
     if not p.is_file():
         raise TraceError(f"{p}: no such trace file")
     data = p.read_bytes()
@@ -516,7 +525,8 @@ def read_trace(path) -> Trace:
     elif lines:
         # the file does not end with a newline: its last line was torn by a crash mid-write
         torn = 1
-        warnings.warn(f"trace {p}: skipped a torn last line ({len(lines[-1])} bytes, no newline)", stacklevel=2)
+        warnings.warn(f"trace {p}: skipped a torn last line ({len(lines[-1])} bytes, no newline)", TraceWarning,
+                      stacklevel=2)
         lines.pop()
     if not lines:
         raise TraceError(f"{p}: empty trace (no header)")
@@ -541,5 +551,16 @@ def read_trace(path) -> Trace:
         if missing:
             raise TraceError(f"{p}:{i}: row lacks required field(s) {', '.join(missing)}")
         for f in FIELDS:
-            raw[f.name].append(obj.get(f.name))
+            v = obj.get(f.name)
+            if v is not None and not _VALID[f.kind](v):
+                raise TraceError(f"{p}:{i}: field {f.name!r}: expected {_EXPECTED[f.kind]} or null, got {v!r:.40}")
+            raw[f.name].append(v)
     return Trace(header, _typed(raw), torn)
+
+
+#: the JSON value types a row field of each kind accepts (null aside); bools are not numbers here
+_VALID = {"float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "bool": lambda v: isinstance(v, bool),
+          "str": lambda v: isinstance(v, str)}
+_EXPECTED = {"float": "a number", "int": "an integer", "bool": "true / false", "str": "a string"}
