@@ -49,12 +49,13 @@ class Deferred:
     ``flush``: the stream eventually runs everything), in issue order; ``defer=False``: host copies."""
 
     def __init__(self):
-        self.queue, self.done, self.defer = [], 0, True
+        self.queue, self.after, self.done, self.defer = [], [], 0, True
 
     def is_async(self, src):
         return self.defer
 
-    def issue(self, copies):
+    def issue(self, copies, after=()):
+        self.after.append(list(after))
         self.queue.append([(dst, src.clone()) for dst, src in copies])
         return _Event(self, len(self.queue))
 
@@ -189,6 +190,20 @@ def test_memory_given_back_with_copies_in_flight_is_fenced_before_a_host_write()
     eng.flush()  # whatever the side stream still had queued lands now
     assert torch.equal(b.read(0, 100), x), "a's late copy overwrote b's bytes"
     assert cost.syncs == {"host_write_fence": 1}
+
+
+def test_copies_follow_memory_another_device_gave_back_with_copies_in_flight():
+    """A process serving from two GPUs: a lease given back by a store whose copies ran on another
+    device's side stream; the next copies into pool memory wait for them (on the device)."""
+    eng = Deferred()
+    pool, _ = _pool(engine=eng)
+    a = ExactStore(1, 2, 8, torch.float32, "cpu", pool=pool)
+    a.append(torch.ones(1, 2, 10, 8))
+    pool.release(a._held.leases, a._landed, torch.device("meta"))  # as if a's copies ran on another device
+    a._held.leases = []
+    b = ExactStore(1, 2, 8, torch.float32, "cpu", pool=pool)
+    b.append(torch.zeros(1, 2, 10, 8))
+    assert eng.after[0] == [] and eng.after[1] == [a._landed]
 
 
 def test_growth_past_the_budget_mid_request_is_an_error_and_the_store_is_unchanged():

@@ -149,7 +149,8 @@ def store_bytes(layers: int, kv_heads: int, head_dim: int, batch: int, tokens: i
 
 # --------------------------------------------------------------------------- copy engines
 # An engine: ``is_async(src)`` (whether a copy from ``src`` is queued rather than done now) and
-# ``issue([(dst, src), ...])`` → the group's completion event (``.query()``, ``.synchronize()``) or None.
+# ``issue([(dst, src), ...], after)`` → the group's completion event (``.query()``, ``.synchronize()``) or
+# None; ``after``: events the copies must follow (another device's copies into memory given back).
 
 
 class SyncEngine:
@@ -158,7 +159,7 @@ class SyncEngine:
     def is_async(self, src: torch.Tensor) -> bool:
         return False
 
-    def issue(self, copies):
+    def issue(self, copies, after=()):
         for dst, src in copies:
             dst.copy_(src)
         return None
@@ -182,10 +183,12 @@ class SideStreamEngine:
             s = self._streams[idx] = torch.cuda.Stream(device=idx)
         return s
 
-    def issue(self, copies):
+    def issue(self, copies, after=()):
         dev = copies[0][1].device
         side = self.stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
+        for ev in after:  # (on the device: no host sync)
+            side.wait_event(ev)
         with torch.cuda.stream(side):
             for dst, src in copies:
                 dst.copy_(src, non_blocking=True)
@@ -279,6 +282,7 @@ class HostPool:
         self._next_id = 0
         self._later = collections.deque()  # releases from finalizers (any time: applied under the lock)
         self._fences: dict = {}  # device → the newest completion event a store gave memory back with
+        self._released: dict = {}  # the same, kept: another device's copies wait for it (foreign_fences)
         self.held = self.in_use = self.peak_in_use = 0
         self.slab_allocs = self.slab_frees = self.hits = self.misses = self.refusals = self.gc_runs = 0
         self.slab_alloc_seconds = 0.0
@@ -405,8 +409,8 @@ class HostPool:
             self.in_use -= lease.nbytes
             if cost is not None:
                 cost.hold(-lease.nbytes)
-        if fence is not None:
-            self._fences[device] = fence  # the newest: the side stream runs in order, it covers the older ones
+        if fence is not None:  # the newest: the side stream runs in order, it covers the older ones
+            self._fences[device] = self._released[device] = fence
 
     @staticmethod
     def _insert(slab: _Slab, off: int, size: int) -> None:
@@ -419,6 +423,13 @@ class HostPool:
             free[i][1] += free.pop(i + 1)[1]
         if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:  # and the previous
             free[i - 1][1] += free.pop(i)[1]
+
+    def foreign_fences(self, device) -> list:
+        """The newest release events of other devices' side streams: copies on ``device`` into pool memory
+        wait for them on the device (one process serving from several GPUs; none with one device)."""
+        with self._lock:
+            self._drain()
+            return [ev for d, ev in self._released.items() if d != device]
 
     def host_write_fence(self, cost: HostCost | None = None) -> None:
         """Before a host-side write into pool memory: wait for copies still in flight into memory given back."""

@@ -380,7 +380,7 @@ def _append_group(items, record: bool) -> None:
             pool.host_write_fence(plan[0][0].cost)
             for dst, src in host:
                 dst.copy_(src)
-        events = {dev: eng.issue(cs) for dev, cs in dev_copies.items()}
+        events = {dev: eng.issue(cs, pool.foreign_fences(dev)) for dev, cs in dev_copies.items()}
         for st, copies in plan:  # (a store's source is on one device)
             dev = next((src.device for _, src in copies if eng.is_async(src)), None)
             if dev is not None:
