@@ -53,6 +53,7 @@ there, on the device), not in ``k_hat`` / ``repaired``, which that path does not
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -1571,6 +1572,36 @@ def _check_new_request(module, args, kwargs):
     return None
 
 
+#: ``model.generate(..., cache_implementation=CACHE_IMPLEMENTATION, cache_config={...})`` after ``use_witcert``
+#: builds ``WitCertCache(model.config, **cache_config)`` for the call (transformers validates its own names
+#: against a fixed tuple, so the name is taken before ``generate`` sees it)
+CACHE_IMPLEMENTATION = "witcert"
+
+
+def _accept_cache_implementation(model) -> None:
+    """Wrap ``model.generate`` (an instance attribute, once) so that ``cache_implementation="witcert"``
+    builds a fresh ``WitCertCache`` per call from ``cache_config`` (the cache's keyword arguments)."""
+    if getattr(model.generate, "_witcert_cache_impl", False):
+        return
+    orig = model.generate
+
+    @functools.wraps(orig)
+    def generate(*args, **kwargs):
+        if kwargs.get("cache_implementation") == CACHE_IMPLEMENTATION:
+            kwargs.pop("cache_implementation")
+            opts = kwargs.pop("cache_config", None) or {}
+            if not isinstance(opts, dict):
+                raise ValueError(f"cache_config: expected a dict of WitCertCache arguments, got {type(opts).__name__}")
+            if kwargs.get("past_key_values") is not None:
+                raise ValueError("generate: pass cache_implementation='witcert' or past_key_values, not both")
+            kwargs["past_key_values"] = WitCertCache(model.config, **opts)
+            log.info("generate: cache_implementation='witcert' → WitCertCache(%s)", opts)
+        return orig(*args, **kwargs)
+
+    generate._witcert_cache_impl = True
+    model.generate = generate
+
+
 def use_witcert(model, base: str = "sdpa"):
     """Switch ``model`` to the witcert attention (``base``: the attention used for prefill and
     when the cache is off: "sdpa" or "eager"), and refuse a new prompt on a used cache
@@ -1582,6 +1613,7 @@ def use_witcert(model, base: str = "sdpa"):
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
     if getattr(model, "_witcert_reuse_hook", None) is None:
         model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
+    _accept_cache_implementation(model)
     from .graphs import install
 
     return install(model)  # WitCertCache(cuda_graph=True): decode steps captured and replayed
