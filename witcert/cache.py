@@ -17,7 +17,7 @@ Serving semantics (what a paged server does):
   (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``
   (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an unaudited
   cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per layer on a
-  paged copy written by ``kernels.write.write_kv`` (README, "Metering a model"). Gated, the
+  paged copy written by ``kernels.write.write_kv`` (docs/cache.md). Gated, the
   kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
   over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
   (``WitCertCache._kernel_attention``). With ``cuda_graph=True`` (ungated, per-token kernel
@@ -783,7 +783,7 @@ class WitCertCache(Cache):
             if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < L for i in compress_layers):
                 raise ValueError(f"compress_layers: expected layer indices in [0, {L}), got {sorted(compress_layers)!r}")
         self.compress_layers = compress_layers
-        # cuda_graph: decode steps captured once and replayed (witcert.graphs, README "CUDA graphs")
+        # cuda_graph: decode steps captured once and replayed (witcert.graphs, docs/cache.md "CUDA graphs")
         if not isinstance(cuda_graph, bool):
             raise ValueError(f"cuda_graph: expected True or False, got {cuda_graph!r}")
         if cuda_graph:

@@ -108,7 +108,7 @@ NUMERIC_KINDS = ("int", "float", "bool")
 
 
 def schema_markdown() -> str:
-    """The schema as a Markdown table (README, ``witcert trace schema``)."""
+    """The schema as a Markdown table (docs/trace.md, ``witcert trace schema``)."""
     lines = [f"Schema `{SCHEMA}` version {VERSION}", "", "| field | type | required | meaning |", "| --- | --- | --- | --- |"]
     lines += [f"| `{f.name}` | {f.kind} | {'yes' if f.required else 'no'} | {f.doc} |" for f in FIELDS]
     return "\n".join(lines)
