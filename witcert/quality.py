@@ -15,23 +15,13 @@ Writes every sample's outcome to ``--json`` at the end (atomically; nothing on a
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import time
 
 import numpy as np
 
-
-def paired_ci(a, b, draws: int = 10000, seed: int = 0):
-    """Mean of a − b and its 95 % paired bootstrap interval."""
-    d = np.asarray(a, float) - np.asarray(b, float)
-    if d.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, d.size, size=(draws, d.size))
-    means = d[idx].mean(1)
-    return float(d.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
+from .evalstats import paired_ci, write_json_atomic  # noqa: F401 (re-exported)
+from .sweep import run_sweep
 
 #: layers of the embedded SmolLM2-135M (witcert.model), to check --layers before loading it
 EMBEDDED_LAYERS = 30
@@ -62,15 +52,6 @@ def add_eval_arguments(ap) -> None:
                     help="--sweep-layers: folder for sweep.json and sweep.png (default: the --json file's folder)")
 
 
-def write_json_atomic(path, obj) -> None:
-    """Write ``obj`` to ``path`` through a temporary file and a rename (never half a file)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     from .argtypes import OneLineParser
 
@@ -97,8 +78,6 @@ def check_eval_args(ap, args) -> None:
 
 def run(args) -> int:
     if args.sweep_layers:
-        from .sweep import run_sweep
-
         return run_sweep(args)
     import torch
     from tqdm import tqdm
@@ -144,8 +123,8 @@ def run(args) -> int:
 
 
 def eval_gate(args):
-    from .gate import Gate
     from .demo import demo_gate
+    from .gate import Gate
 
     g = demo_gate()
     return Gate("risk-ranked", tau=g.tau if args.tau is None else args.tau,

@@ -48,11 +48,11 @@ import weakref
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from . import __version__, predicate
+from .predicate import compile_predicate
+from .trace_schema import FIELD_BY_NAME, FIELDS, NUMERIC_KINDS, SATURATED, SCHEMA, VERSION, Field  # noqa: F401 (re-exported)
 
-SCHEMA = "witcert.trace"
-VERSION = 1
-SATURATED = 1.0 - 1e-9  # tv at or above this is reported as saturated
+log = logging.getLogger(__name__)
 
 
 class TraceError(ValueError):
@@ -64,51 +64,10 @@ class TraceWarning(UserWarning):
     the command line prints it as one ``warning:`` line."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-    name: str
-    kind: str  # "int" | "float" | "bool" | "str"
-    required: bool
-    doc: str
-
-
-FIELDS: tuple[Field, ...] = (
-    Field("req", "str", True, "request label (Tracer.new_request, else '<session>.<k>')"),
-    Field("seq", "int", True, "sequence index within the batch"),
-    Field("step", "int", True, "forward step of the request (0 = prefill, exact and not metered; 1 = first decode step)"),
-    Field("layer", "int", True, "decoder layer"),
-    Field("head", "int", True, "query head"),
-    Field("kv_head", "int", True, "kv head the query head reads (GQA)"),
-    Field("scheme", "str", True, "KV compression scheme (witcert.schemes)"),
-    Field("gate", "str", False, "gate as '<policy>@<tau>' ('risk-ranked@0.9'); null: ungated"),
-    Field("tier", "str", True, "'A': Tier A metered; 'AB': Tier B (int8_dither with delta_req) metered too"),
-    Field("tv", "float", True, "Tier A TV+ after repair (max over the step's query rows)"),
-    Field("tv_pre", "float", True, "Tier A TV+ before repair"),
-    Field("tv_b", "float", False, "Tier B TV+ after repair; null without Tier B"),
-    Field("tv_b_pre", "float", False, "Tier B TV+ before repair"),
-    Field("delta_b", "float", False, "failure probability delta spent by Tier B on this (step, layer, head)"),
-    Field("err", "float", False, "E+_V, Tier A output-error bound after repair; null when infinite (nan flag)"),
-    Field("eps_max", "float", False, "largest Tier A logit radius before repair (StepRecord.eps_max, else "
-                                     "2 atanh of the tanh bound); null when saturated"),
-    Field("tv_tanh", "float", False, "SPEC 3(a) tanh bound before repair"),
-    Field("tv_eform", "float", False, "SPEC 3(b) e-form bound before repair"),
-    Field("tv_tilt", "float", False, "SPEC 3(c) dual-grid tilt bound before repair"),
-    Field("tv_real", "float", False, "audit=True: realised TV against exact attention"),
-    Field("err_real", "float", False, "audit=True: realised output error"),
-    Field("blocks", "int", True, "blocks paged in at this step for (seq, layer, kv_head); shared by its query heads"),
-    Field("bytes", "int", True, "bytes paged in (K + V) at this step for (seq, layer, kv_head); same scope"),
-    Field("saturated", "bool", True, f"tv >= {SATURATED} (the bound says nothing)"),
-    Field("nan", "bool", True, "NaN/Inf in the inputs (bound saturated on purpose)"),
-    Field("budget_spent", "bool", True, "flagged: not certified when the gate's page-in budget ran out"),
-    Field("unmetered", "bool", True, "the cache marked the row unmetered (StepRecord.unmetered)"),
-    Field("time", "float", True, "unix time of the record"),
-)
-FIELD_BY_NAME = {f.name: f for f in FIELDS}
-NUMERIC_KINDS = ("int", "float", "bool")
 
 
 def schema_markdown() -> str:
-    """The schema as a Markdown table (README, ``witcert trace schema``)."""
+    """The schema as a Markdown table (docs/trace.md, ``witcert trace schema``)."""
     lines = [f"Schema `{SCHEMA}` version {VERSION}", "", "| field | type | required | meaning |", "| --- | --- | --- | --- |"]
     lines += [f"| `{f.name}` | {f.kind} | {'yes' if f.required else 'no'} | {f.doc} |" for f in FIELDS]
     return "\n".join(lines)
@@ -266,9 +225,6 @@ class Tracer:
 
     def __init__(self, path=None, *, sample_every: int = 1, min_tv: float | None = None, where: str | None = None,
                  meta: dict | None = None, fsync: bool = False):
-        from . import predicate
-        from . import __version__
-
         if not isinstance(sample_every, int) or isinstance(sample_every, bool) or sample_every < 1:
             raise ValueError(f"sample_every: expected an int >= 1, got {sample_every!r}")
         if min_tv is not None and not (isinstance(min_tv, (int, float)) and 0 <= min_tv <= 1):
@@ -480,8 +436,6 @@ class Trace:
         """Rows matching a ``witcert.predicate`` expression (all rows for None / empty)."""
         if not expr:
             return self
-        from .predicate import compile_predicate
-
         return self.select(compile_predicate(expr).evaluate(self.columns))
 
     def configs(self) -> list[str]:
