@@ -239,15 +239,21 @@ def main(argv=None) -> int:
     for B in sorted({B for B, _ in cells}):  # warm-up: compiles and workspaces, per column and batch
         for col, (attn, make, sg) in columns.items():
             run(col, B, warm_n, attn, make, sg)
+    off = "WitCert graphed metered, pool off"
+
+    def report(final: bool) -> None:  # after every cell: a run killed by a timeout still leaves its table
+        write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve_s, pool,
+              time.perf_counter() - t_start, final)
+
     for B, n in cells:
         for col, (attn, make, sg) in columns.items():
             results[(B, n, col)] = run(col, B, n, attn, make, sg)
-    off = "WitCert graphed metered, pool off"
+        report(False)
     if ab:
         pool.trim()  # the pool's slabs back to the host before the per-store path pins its own
         for B, n in sorted(ab):
             results[(B, n, off)] = run(off, B, n, "witcert", witcert(False), False)
-    write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve_s, pool, time.perf_counter() - t_start)
+    report(True)
     return 0
 
 
@@ -259,7 +265,7 @@ def _cell(r: Run | None, key: str) -> str:
     return f"{getattr(r, key):.1f}" if key == "ttft_ms" else f"{getattr(r, key):.2f}"
 
 
-def write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve_s, pool, wall) -> None:
+def write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve_s, pool, wall, final) -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter, --smoke)"
     cols = list(columns) + ([off] if ab else [])
     lines = [f"# bench/serving_host.py — {name}, torch {torch.__version__}, {cfg.num_hidden_layers} layers "
@@ -267,7 +273,7 @@ def write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve
              "", f"Time to first token (prefill + argmax) and median decode step of {args.steps} (after {args.warm} "
              f"untimed), CUDA events, ms. Host pool: budget {fmt_bytes(pool.budget)}, reserved "
              f"{fmt_bytes(reserved)} before the first cell in {reserve_s:.2f} s (off the request path). "
-             f"Whole run: {wall:.0f} s.", "",
+             f"{'Whole run' if final else 'Partial: so far'}: {wall:.0f} s.", "",
              "| B | prompt | " + " | ".join(f"{c} TTFT | {c} ms/step" for c in cols) + " | WitCert / stock graphed step |",
              "|---" * (2 + 2 * len(cols) + 1) + "|"]
     for B, n in cells:
@@ -292,7 +298,8 @@ def write(args, cfg, device, cells, ab, columns, off, results, reserved, reserve
                      f"{json.dumps(h['syncs'], sort_keys=True)} | {json.dumps(h['fallbacks'], sort_keys=True)} | "
                      f"{h['d2h_copies']} | {h['d2h_bytes'] / GiB:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
+    if final:
+        print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serving_host.md").write_text(text)
