@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from _tiny import tiny_model
+from test_kernel_gate import tiny_llama
 
 import witcert.hostcost as hc
 from witcert.cache import WitCertCache, host_bytes, reserve_host
@@ -220,9 +221,7 @@ def test_growth_past_the_budget_mid_request_is_an_error_and_the_store_is_unchang
     assert torch.equal(st.data, x[..., :10, :]) and alloc.calls == 1
 
 
-def test_graphed_decode_appends_from_the_stage_without_waiting(monkeypatch):
-    from test_kernel_gate import tiny_llama
-
+def test_graphed_decode_appends_from_the_stage_without_waiting():
     model = tiny_llama()
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(2))
 
