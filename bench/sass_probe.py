@@ -34,11 +34,13 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 PTRS = {"Q": "*bf16", "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "KZ": "*fp16", "VZ": "*fp16",
         "KW": "*fp16", "VW": "*fp16", "VN": "*fp16", "KN": "*fp16", "BT": "*i32", "SL": "*i32", "TM": "*i32",
         "RS": "*i32", "RK": "*bf16", "RV": "*bf16", "RKN": "*fp32", "RVN": "*fp32",
-        "M_OUT": "*fp32", "L_OUT": "*fp32", "ACC_OUT": "*fp32", "HIST_OUT": "*fp32", "STAT_OUT": "*fp32"}
+        "M_OUT": "*fp32", "L_OUT": "*fp32", "ACC_OUT": "*fp32", "HIST_OUT": "*fp32", "STAT_OUT": "*fp32",
+        "SK": "*u8", "WGT": "*fp32", "WK": "*bf16", "WV": "*bf16", "WKN": "*fp32", "WVN": "*fp32"}
 # the benchmark's B 8 / n 32K int8 cache: strides and sizes as the JIT sees them
 INTS = dict(seed=12345, layer=0, num_splits=16, s_qb=4096, s_qh=128, s_cb=16384, s_ch=2048, s_ct=128,
             s_sb=128, s_sh=16, s_st=1, s_vsb=128, s_vsh=16, s_vst=1, s_wb=128, s_wh=16, s_wt=1, s_vwb=128, s_vwh=16,
-            s_btb=2048, s_tmb=1, s_rsb=0, Hq=32)
+            s_btb=2048, s_tmb=1, s_rsb=0, Hq=32, sink=4, recent=64, s_skb=1024, s_skh=512, s_skt=32, s_wnb=552,
+            s_wnh=69)
 
 
 def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme: str = "int8",
@@ -50,7 +52,8 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
     const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
-                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch)
+                 PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
+                 HAS_WIN=False, MAGIC_BF16=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kd.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
@@ -118,7 +121,12 @@ def main(argv=None):
     ap.add_argument("--maxnreg", type=int)
     ap.add_argument("--head-columns", type=int, default=8)
     ap.add_argument("--prefetch", type=int, choices=(0, 1), default=0, help="with --meter: Tile.prefetch (L2)")
+    ap.add_argument("--sketch-bits", type=int, choices=(0, 1, 2, 4), default=0, help="the key residual sketch (SKB)")
+    ap.add_argument("--weighted", type=int, choices=(0, 1), default=0, help="channel weights (WEIGHTED)")
+    ap.add_argument("--window", type=int, choices=(0, 1), default=0, help="the exact window's rings (HAS_WIN)")
     args = ap.parse_args(argv)
+    extra = dict(SKB=args.sketch_bits, WEIGHTED=bool(args.weighted), HAS_WIN=bool(args.window),
+                 MAGIC_BF16=args.sketch_bits > 0)
     print(f"# triton {triton.__version__}, sm_90a, scheme {args.scheme}")
     if args.meter is None:
         configs = []
@@ -130,12 +138,14 @@ def main(argv=None):
     else:
         configs = [(bool(args.meter), args.tokens, args.stages, args.warps, args.maxnreg, args.head_columns, args.prefetch)]
     for meter, tokens, stages, warps, cap, hc, pf in configs:
-        k = compile_decode(meter, tokens, stages, warps, args.scheme, cap, hc, pf)
+        k = compile_decode(meter, tokens, stages, warps, args.scheme, cap, hc, pf, **extra)
         regs, spill, n, ops = analyze(k.asm["ptx"])
         shared = sum(v for o, v in ops.items() if o.startswith(("LDS", "LDSM")))
         byte_lds = sum(v for o, v in ops.items() if o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16"))
         print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps, {hc} head columns"
-              f"{f', cap {cap}' if cap else ''}{', L2 prefetch' if pf else ''}: {regs} registers, "
+              f"{f', cap {cap}' if cap else ''}{', L2 prefetch' if pf else ''}"
+              f"{f', sketch {args.sketch_bits} bits' if args.sketch_bits else ''}{', weighted' if args.weighted else ''}"
+              f"{', window' if args.window else ''}: {regs} registers, "
               f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
               + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
 

@@ -54,6 +54,16 @@ class Scheme:
     position_keyed: bool = False
     #: codes the kernels store per byte (int4_group: 2, kivi2: 4); what ``bytes_per_token`` counts
     codes_per_byte: int = 1
+    #: the a-priori bound β_i ≥ |x̂_i − x_i| the key residual sketch takes as its range (``contract.sketch``):
+    #: "half-scale" (half the scale step that applies to channel i: per token, per group or per channel of a
+    #: block), "fp8" (max(|x̂_i|·``residual_rel``, s·``residual_floor``): half an fp8 spacing, s the scale or 1),
+    #: "none" (no residual: the model's values)
+    residual_range: str = "half-scale"
+    residual_rel: float = 0.0
+    residual_floor: float = 0.0
+    #: the residual sketch's default width for this scheme (``contract.sketch``: 2 bits on the 8-bit
+    #: schemes, 4 on the 4- and 2-bit ones, whose own codes carry fewer bits; bench/TIGHTNESS.md)
+    default_sketch_bits: int = 2
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -61,6 +71,8 @@ class Scheme:
         for role in (self.key_scales, self.value_scales):
             if role not in SCALE_KINDS:
                 raise ValueError(f"Scheme {self.name}: scale kind {role!r} not in {SCALE_KINDS}")
+        if self.residual_range not in ("half-scale", "fp8", "none"):
+            raise ValueError(f"Scheme {self.name}: residual_range {self.residual_range!r}")
         if self.codes_per_byte < 1 or (self.code_bits or 8) * self.codes_per_byte > 8:
             raise ValueError(f"Scheme {self.name}: {self.codes_per_byte} codes of {self.code_bits} bits do not fit a byte")
 
@@ -81,22 +93,27 @@ class Scheme:
 
 
 _ROWS = (
-    Scheme("none", 0, None, None, "none (the model's values)", "token", "none", "none"),
+    Scheme("none", 0, None, None, "none (the model's values)", "token", "none", "none", residual_range="none",
+           default_sketch_bits=0),
     Scheme("int8", 1, "int8", 8, "per-token fp16 rounded up (amax/127), round half up", "token", "token", "token",
            127.0),
     Scheme("int8_dither", 2, "int8", 8, "per-token fp16 rounded up (amax/126.5), subtractive dither (SPEC §5)",
            "token", "token", "token", 126.5, position_keyed=True),
-    Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast)", "token", "none", "none"),
-    Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast)", "token", "none", "none"),
+    # fp8 residual ranges: e4m3 has 3 mantissa bits (half a spacing ≤ |x̂|·2^-4, smallest subnormal step 2^-9),
+    # e5m2 2 bits (≤ |x̂|·2^-3, step 2^-16)
+    Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast)", "token", "none", "none",
+           residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10),
+    Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast)", "token", "none", "none",
+           residual_range="fp8", residual_rel=2.0**-3, residual_floor=2.0**-17),
     Scheme("fp8_e4m3_scaled", 5, "float8_e4m3fn", 8, "per-token fp16 rounded up (amax/448)", "token", "token",
-           "token", 448.0),
+           "token", 448.0, residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10),
     Scheme("int4_group", 6, "uint8", 4,
            "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
-           "channel-group", "group", "group", 15.0, codes_per_byte=2),
+           "channel-group", "group", "group", 15.0, codes_per_byte=2, default_sketch_bits=4),
     Scheme("kivi2", 7, "uint8", 2,
            "keys: per channel over a block of T tokens, values: per 32 channels of a token; fp16 scale (rounded up, "
            "range/3) + zero (rounded down), codes 0..3, four per byte",
-           "block", "channel-block", "group", 3.0, codes_per_byte=4),
+           "block", "channel-block", "group", 3.0, codes_per_byte=4, default_sketch_bits=4),
 )
 
 #: the table, by name (insertion order = kernel id order, then the reference-only schemes)

@@ -68,9 +68,46 @@ from triton.runtime.errors import OutOfResources
 from contract.schemes import SCHEMES
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID, NONE_ID
-from .paged import KERNEL_REL_SLACK, SCHEME_IDS, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma, page_scaled_keys, mass_eta_terms
-from .write import INTERPRET, dither_from_hash, token_hash
+from .ids import FP8_E4M3_SCALED_ID, INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID, NONE_ID
+from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, ExactWindow, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma,
+                    mass_eta_terms, page_scaled_keys)
+from .write import INTERPRET, dither_from_hash, sketch_beta, sketch_value, token_hash
+
+
+#: a tile carrying at most this share of its split's p̂ mass so far, for every head, skips the key sketch's dot: its
+#: tokens take the sketch radius's bound u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead (sound: any u_j ≥ the
+#: shared ratio is; int8 family). Skipped tiles hold at most tiles·2^-17 of a split's mass (0.8 % at 1024 tiles),
+#: so the looser radius costs little tightness; on attention that spreads over the whole context no tile is cold
+SKETCH_COLD_MASS = tl.constexpr(2.0**-17)
+
+
+@triton.jit
+def _sketch_bf16(x, SH: tl.constexpr, SKB: tl.constexpr):
+    """bf16 16 + code of a sketch chunk (GPU only, inline PTX), two tokens' 16-bit lanes per instruction pair:
+    ``x`` holds a packed byte per int16 lane; the code of chunk k is (byte >> SKB·k) & (L − 1) and its bf16
+    16 + code has the code in mantissa bits 3…6 (exact for L ≤ 16), i.e. ((byte shifted by SH) & ((L − 1) << 3))
+    | bf16(16) per lane (SH = 3 − SKB·k: left for SH > 0, right for SH < 0). The shift of the packed pair
+    crosses lanes only into bits the mask clears."""
+    if SKB == 2:
+        if SH == 3:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 3; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        elif SH == 1:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 1; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        elif SH == -1:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 1; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 3; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:  # four bits: chunks 0 (SH 3) and 1 (SH −1)
+        if SH == 3:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 3; and.b32 t, t, 0x00780078; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 1; and.b32 t, t, 0x00780078; or.b32 $0, t, 0x41804180;}",
+                                             "=r,r", [x], dtype=tl.bfloat16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -132,8 +169,9 @@ def _softmax_step(m, l, sT):
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
+    SK, WGT, WK, WV, WKN, WVN,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
-    seed, layer, sm_scale, num_splits,
+    seed, layer, sm_scale, num_splits, sink, recent,
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
     s_sb, s_sh, s_st,
@@ -141,6 +179,7 @@ def _decode_kernel(
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
     s_btb, s_tmb, s_rsb,
+    s_skb, s_skh, s_skt, s_wnb, s_wnh,
     Hq,
     INFL: tl.constexpr, X0: tl.constexpr,
     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, T: tl.constexpr, G: tl.constexpr,
@@ -149,6 +188,7 @@ def _decode_kernel(
     PREC32: tl.constexpr, PREC_HIST: tl.constexpr, HIST_BF16: tl.constexpr, ABLATE: tl.constexpr, PAGE_LEVELS: tl.constexpr,
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
+    SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -161,9 +201,21 @@ def _decode_kernel(
         BT += b * s_btb
         seq_len = tl.load(SL + b)
     n_pages = tl.cdiv(seq_len, T)
-    per_split = tl.cdiv(n_pages, num_splits)
-    p_start = sp * per_split
-    p_end = tl.minimum(p_start + per_split, n_pages)
+    if HAS_WIN:
+        # the exact window's ring pass counts as RP virtual pages after the sequence's last, so the splits share it
+        # out like any pages (the split owning virtual page n_pages runs it); the paged loop skips the pages that lie
+        # wholly inside the window (the sinks' full pages, the recent window's)
+        RP = tl.cdiv(sink + recent, PAGES * T) * PAGES
+        per_split = tl.cdiv(n_pages + RP, num_splits)
+        p_start = sp * per_split
+        p_virt = p_start + per_split
+        ring_here = (p_start <= n_pages) & (n_pages < p_virt)
+        p_end = tl.minimum(p_virt, tl.cdiv(tl.maximum(seq_len - recent, 0), T))
+        p_start = tl.maximum(p_start, sink // T)
+    else:
+        per_split = tl.cdiv(n_pages, num_splits)
+        p_start = sp * per_split
+        p_end = tl.minimum(p_start + per_split, n_pages)
 
     # every tile is transposed ("swap AB"): tokens are the MMA's M dimension and the GQ query
     # heads its N, so the large operands (the converted K̂ / V̂ᵀ tiles, the one-hot) are A operands,
@@ -190,6 +242,39 @@ def _decode_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
     accT = tl.zeros([D, BLOCK_H], tl.float32)
+    SKETCH: tl.constexpr = METER and (SKB > 0 or WEIGHTED)
+    if SKETCH:
+        # the sketch radius's head factor c_h = |σ|·‖a⊙q_h‖ (contract.sketch), scaled by its largest entry
+        # (no square underflows); the epilogue's factor, in fp64 and rounded up, is at least this one
+        if WEIGHTED:
+            qa = q32T * tl.load(WGT + kvh * D + d)[:, None]
+        else:
+            qa = q32T
+        qam = tl.max(tl.abs(qa), axis=0)
+        qsc = qa / tl.where(qam > 0, qam, 1.0)[None, :]
+        c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
+        q_sum = tl.sum(q32T, axis=0)  # Σ_i q_hi (the magic-number sketch dot's offset)
+        # 1 / c_h for the ratio |d_hj| / c_h: 0 on padding columns; +inf where c_h underflowed to 0 (a nonzero d then
+        # gives an infinite radius: saturated, flagged; d = 0 there gives NaN, also flagged)
+        inv_c = tl.where(hmask & (c_h > 0), 1.0 / c_h, tl.where(hmask & (qam > 0), float("inf"), 0.0))
+        if SKB > 0 and (SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID):
+            # the sketch's chunks of q (chunk k: channels k·D/c …, contract.sketch), loaded once: two-bit codes
+            CPB0: tl.constexpr = 8 // SKB
+            DB0: tl.constexpr = D // CPB0
+            qrow = Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + tl.arange(0, DB0)[:, None]
+            qmask = (hcol < GQ)[None, :]
+            qk0 = tl.load(qrow, mask=qmask, other=0.0)
+            qk1 = tl.load(qrow + DB0, mask=qmask, other=0.0)
+            if CPB0 >= 4:
+                qk2 = tl.load(qrow + 2 * DB0, mask=qmask, other=0.0)
+                qk3 = tl.load(qrow + 3 * DB0, mask=qmask, other=0.0)
+            # a cold tile's tokens (SKETCH_COLD_MASS) take u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead of the
+            # sketch dot: the per-kv-head constant ‖1/a‖
+            if WEIGHTED:
+                ainv = 1.0 / tl.load(WGT + kvh * D + d)
+                inv_a_norm = tl.sqrt(tl.sum(ainv * ainv, axis=0))
+            else:
+                inv_a_norm = tl.sqrt(D * 1.0)
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     col = tl.arange(0, NB)
     histT = tl.zeros([NB, BLOCK_H], tl.float32)
@@ -257,6 +342,8 @@ def _decode_kernel(
             rep = valid & (rslot >= 0)
             rbase = tl.where(rep, rslot, 0).to(tl.int64) * (T * D) + off * D  # pool [R, T, D]
             rnbase = tl.where(rep, rslot, 0).to(tl.int64) * T + off  # norms [R, T]
+        if HAS_WIN:  # the exact window's tokens (the first `sink`, the last `recent`) are served by the ring pass below
+            valid = valid & ~((tok < sink) | (tok >= seq_len - recent))
         if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:  # z + s·c in fp32
             vgidx = vsbase[:, None] + (d // 32)[None, :]  # the value scale / zero of a 32-channel group
             if SCHEME == INT4_GROUP_ID:  # unpack nibbles (channel i low, i + D/2 high)
@@ -280,8 +367,8 @@ def _decode_kernel(
                 vcode = ((tl.load(VC + cbase[:, None] + byte, mask=valid[:, None], other=0).to(tl.int32) >> shift) & 3
                          ).to(tl.float32)
                 kgidx = sbase[:, None] + d[None, :]
-            kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
-                tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) * kcode
+            ksc = tl.load(KS + kgidx, mask=valid[:, None], other=0.0).to(tl.float32)  # (the sketch's β = ksc / 2)
+            kh = tl.load(KZ + kgidx, mask=valid[:, None], other=0.0).to(tl.float32) + ksc * kcode
             vh = tl.load(VZ + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
                 tl.load(VS + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
             if HAS_REP:  # a repaired token: its exact K/V (model dtype, exact in fp32) instead of z + s·c
@@ -331,6 +418,8 @@ def _decode_kernel(
                 vcT = tl.where(rep[None, :], rvT, vcT)
                 ks = tl.where(rep, 1.0, ks)
                 vs = tl.where(rep, 1.0, vs)
+            if SKETCH and SCHEME != NONE_ID:
+                kcode8 = kc  # the codes (in q's dtype on the GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β
             qkT = tl.dot(kc, qT)  # [N, H]
             if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
                 uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
@@ -369,13 +458,76 @@ def _decode_kernel(
         # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
         ks_lvl = ks
         if HAS_REP:
-            ks_lvl = tl.where(rep, 0.0, ks)
+            ks_lvl = tl.where(rep, 0.0, ks_lvl)
         if METER:
             # key side: ‖W_j‖₂ over the groups, shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             # ‖W_j‖₂ scaled by the largest group witness: squares of tiny fp32 (per-block)
             # witnesses would underflow to a zero radius; ≥ that largest witness, never 0
-            if G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
+            if SKETCH:
+                # the sketch radius (contract.sketch): U_j = W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h, the token part of
+                # ε_hj = c_h·U_j; r̃_j = β·(2·code + 1 − L)/L from the packed codes and the scheme's β
+                wn = tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32)
+                if SKB > 0:
+                    LV: tl.constexpr = 1 << SKB
+                    CPB: tl.constexpr = 8 // SKB
+                    DB: tl.constexpr = D // CPB
+                    skoff = blk * s_skb + kvh * s_skh + off * s_skt
+                    dbi = tl.arange(0, DB)
+                    # the packed bytes once [N, D/c]; chunk k (bits k·b…) holds channels k·D/c … (contract.sketch)
+                    byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None], other=0)
+                    if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
+                        # β = s/2 per token: the levels dotted against q, then scaled. On the GPU with a bf16 q the codes
+                        # become bf16 16 + c by the magic number (one shift, one mask-or: 16 + c is exact for c < 16) and
+                        # ⟨q, 2c + 1 − L⟩ = 2⟨q, 16 + c⟩ − (31 + L)·Σq (paged.sketch_gamma covers the fp32 error)
+                        # a cold tile (every head's mass in it ≤ SKETCH_COLD_MASS of the split's so far) skips the dot
+                        hot = tl.max(tl.where(hmask, tl.sum(pT, axis=0) - SKETCH_COLD_MASS * l, float("-inf")), axis=0) > 0
+                        if hot:
+                            if MAGIC_BF16:
+                                byt16 = byt.to(tl.int16)
+                            dT = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
+                            for kq in tl.static_range(CPB):
+                                if kq == 0:
+                                    qk = qk0
+                                elif kq == 1:
+                                    qk = qk1
+                                elif kq == 2 and CPB >= 4:
+                                    qk = qk2
+                                elif kq == 3 and CPB >= 4:
+                                    qk = qk3
+                                else:  # (one-bit sketch: chunks 4…7 reloaded per tile)
+                                    qk = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + (kq * DB + dbi)[:, None],
+                                                 mask=(hcol < GQ)[None, :], other=0.0)  # [D/c, H]
+                                if MAGIC_BF16:
+                                    dT += tl.dot(_sketch_bf16(byt16, 3 - SKB * kq, SKB), qk)
+                                else:
+                                    code = (byt.to(tl.int32) >> (SKB * kq)) & (LV - 1)
+                                    dT += tl.dot(sketch_value(code.to(tl.float32), LV), qk.to(tl.float32))
+                            if MAGIC_BF16:
+                                dT = 2.0 * dT - ((31.0 + LV) * q_sum)[None, :]
+                            dT = dT * (ks * (0.5 / LV))[:, None]
+                            dT = tl.abs(dT) * tl.abs(sm_scale)
+                            ratio = dT * inv_c[None, :]  # (INFL covers the reciprocal's rounding)
+                            u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)  # 0·inf: saturate
+                        else:
+                            u_tok = ks * ((0.5 * (LV - 1) / LV) * inv_a_norm)
+                    else:
+                        shift = (SKB * (d // DB))[None, :]
+                        skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+                                >> shift) & (LV - 1)).to(tl.float32)
+                        lev = sketch_value(skc, LV)  # [N, D] odd integers
+                        if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
+                            beta = sketch_beta(kh, kh, ksc, SCHEME)
+                        else:  # fp8: half a spacing of x̂ = s·code (the write path's β, bit for bit)
+                            xh8 = ks[:, None] * kcode8.to(tl.float32)
+                            beta = sketch_beta(xh8, ks[:, None], xh8, SCHEME)
+                        dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
+                        dT = tl.abs(dT) * tl.abs(sm_scale)
+                        ratio = dT * inv_c[None, :]
+                        u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)
+                    wn = wn + u_tok
+                wn = tl.where(valid, wn * INFL, 0.0)
+            elif G == 1:  # ‖W_j‖₂ is the witness itself: no square, no second load
                 wn = tl.where(valid, tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32) * INFL, 0.0)
             else:
                 wmx = tl.zeros([BLOCK_N], tl.float32)
@@ -457,6 +609,47 @@ def _decode_kernel(
             numax = tl.maximum(numax, nu)
             kapmax = tl.maximum(kapmax, kap)
         m = m_new
+
+    if HAS_WIN:
+        # the exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the loop
+        # above, served from the ring by the split that owns its virtual pages: exact K / V (scale 1, no dither),
+        # radius 0 (bin 0), φ = 0, ν / κ from the ring's norms
+        if ring_here:
+            for w0 in range(0, sink + recent, BLOCK_N):
+                wi = w0 + n_idx
+                wtok = tl.where(wi < sink, wi, seq_len - recent + (wi - sink))
+                wok = (wi < sink + recent) & (wtok >= 0) & (wtok < seq_len) & ((wi < sink) | (wtok >= sink))
+                if HAS_MASK:
+                    wok = wok & (tl.load(TM + b * s_tmb + wtok, mask=wok, other=0) != 0)
+                wno = b * s_wnb + kvh * s_wnh + tl.where(wtok < sink, wtok, sink + wtok % tl.maximum(recent, 1))
+                wk = tl.load(WK + wno[:, None] * D + d[None, :], mask=wok[:, None], other=0.0)  # [N, D]
+                wvT = tl.load(WV + wno[None, :] * D + d[:, None], mask=wok[None, :], other=0.0)  # [D, N]
+                if LOWP:
+                    sT = tl.dot(wk.to(Q.dtype.element_ty), qT) * sm_scale
+                else:
+                    sT = tl.dot(wk.to(tl.float32), q32T) * sm_scale
+                sT = tl.where(wok[:, None], sT, float("-inf"))
+                m_new, alpha, pT, l = _softmax_step(m, l, sT)
+                if LOWP and not PV_F32:
+                    accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
+                else:
+                    accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.float32), pT, input_precision=PREC32)
+                if METER:
+                    psum = tl.sum(pT, axis=0)  # [H]: every window token is at level 0 (radius 0)
+                    if PACK_HIST:  # the lo columns repeat the heads: the sum goes to the hi ones
+                        psum = tl.where(heads_i < HALF, psum, 0.0)
+                    row0 = col == 0
+                    if TIER_B:
+                        row0 = row0 | (col == KA)
+                    histT = histT * alpha[None, :] + tl.where(row0[:, None], psum[None, :], 0.0)
+                    if ABLATE // 8 % 2 == 1:
+                        pphiT = pphiT * alpha[None, :]
+                    nu = tl.load(WVN + wno, mask=wok, other=0.0)
+                    kap = tl.load(WKN + wno, mask=wok, other=0.0)
+                    bad += (wok & ((nu != nu) | (nu == float("inf")) | (kap != kap) | (kap == float("inf")))).to(tl.float32)
+                    numax = tl.maximum(numax, tl.where(wok, nu, 0.0))
+                    kapmax = tl.maximum(kapmax, tl.where(wok, kap, 0.0))
+                m = m_new
 
     o_idx = (b * Hq + heads) * num_splits + sp
     tl.store(M_OUT + o_idx, m, mask=hmask)
@@ -796,6 +989,7 @@ def decode(
     kv_indptr: torch.Tensor | None = None,
     repair: RepairOverlay | None = None,
     tile: Tile | None = None,
+    window: ExactWindow | None = None,
     _ablate: int = 0,
     _maxnreg: int | None = None,
     _head_columns: int | None = None,
@@ -830,7 +1024,11 @@ def decode(
     overlay with no slot in use, launches the kernel without the overlay (HAS_REP off: the same
     code as before). On the GPU the pool's dtype must be q's (bf16 / fp16): the dots run in it.
     Off the GPU the merge / epilogue runs as ``epilogue.merge_torch`` (``MERGE_OFF_GPU``), which
-    computes the tilt on every row whatever ``tilt_above`` is."""
+    computes the tilt on every row whatever ``tilt_above`` is. ``window`` (``paged.ExactWindow``, one ring
+    per sequence of this batch): each sequence's first ``sink`` and last ``recent`` tokens are served from
+    it (model dtype, radius 0, φ = 0, ν / κ from its norms); not with ``kv_indptr``. A cache with a key
+    sketch or channel weights (``PagedKV.sketch_bits`` / ``weights``) is metered with the sketch radius
+    ε_hj = c_h (W_j + u_j) (``contract.sketch``)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected [B, Hq, D], got {tuple(q.shape)}")
     Bsz, Hq, D = q.shape
@@ -933,9 +1131,20 @@ def decode(
             raise ValueError(f"repair: the GPU dots run in q's dtype {q.dtype}; the exact pool is {repair.k.dtype} "
                              "(it would be rounded without being metered)")
     has_rep = repair is not None and repair.count > 0
+    if window is not None:
+        if not isinstance(window, ExactWindow):
+            raise ValueError(f"window: expected a kernels.paged.ExactWindow, got {type(window).__name__}")
+        if csr:
+            raise ValueError("window: the exact window needs per-sequence rings; not with kv_indptr (SGLang's layout)")
+        window.validate(cache, Bsz)
+        if lowp and window.k.dtype != q.dtype:
+            raise ValueError(f"window: the GPU dots run in q's dtype {q.dtype}; the ring is {window.k.dtype}")
+    has_win = window is not None and window.columns > 0
+    skb = cache.sketch_bits if (meter and cache.scheme != "none") else 0
+    weighted = bool(meter and cache.has_weights)
     # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
     # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
-    pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep)
+    pv_f32 = lowp and q.dtype == torch.float16 and (cache.scheme == "none" or has_rep or has_win)
     # the next tile's codes, scales and witnesses prefetched into the L2 while a tile computes (``Tile.prefetch``;
     # GPU only: inline PTX; ``_prefetch`` for an A/B: 0 none, 1 into the L2. Run Q also timed the L1: no better)
     pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
@@ -973,8 +1182,10 @@ def decode(
             q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
             cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, bt, sl_or_indptr, tm,
             *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, m_out, m_out)),
+            cache.k_sketch if skb else sl, cache.weights if weighted else sl,
+            *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, m_out, m_out)),
             m_out, l_out, acc_out, hist, stat,
-            cache.seed, cache.layer, sm, S,
+            cache.seed, cache.layer, sm, S, window.sink if has_win else 0, window.recent if has_win else 0,
             q.stride(0), q.stride(1),
             cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
             cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if page_scaled_keys(cache.scheme) else cache.k_scale.stride(2),
@@ -982,6 +1193,8 @@ def decode(
             cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
             cache.v_wit.stride(0), cache.v_wit.stride(1),
             0 if csr else bt.stride(0), tm.stride(0), repair.slot.stride(0) if has_rep else 0,
+            *(cache.k_sketch.stride()[:3] if skb else (0, 0, 0)),
+            *(window.k_norm.stride()[:2] if has_win else (0, 0)),
             Hq,
             INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
             GQ=GQ, BLOCK_H=BLOCK_H, D=D, T=T, G=cache.num_groups,
@@ -990,7 +1203,9 @@ def decode(
             PREC32="tf32x3" if lowp else "ieee", PREC_HIST="tf32x3" if lowp else "ieee", HIST_BF16=hist_split == "bf16x2",
             ABLATE=_ablate, PAGE_LEVELS=levels == "page", HAS_MASK=token_mask is not None,
             PREFETCH_BT=meter if prefetch_bt is None else bool(prefetch_bt), CSR=csr, HAS_REP=has_rep,
-            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, num_warps=num_warps, **extra,
+            PACK_HIST=pack, PV_F32=pv_f32, PF_AHEAD=pf_ahead, SKB=skb, WEIGHTED=weighted, HAS_WIN=has_win,
+            MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and skb > 0,
+            num_warps=num_warps, **extra,
         )
 
     # a tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
@@ -999,7 +1214,8 @@ def decode(
     # A tile the caller chose is not changed.
     auto_tile = pages_arg is None
     fit_key = (str(dev), cache.scheme, meter, tier_b, cache.num_groups, cache.per_token_witness, D, T, BLOCK_H, NB,
-               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32, pf_ahead)
+               num_stages, num_warps, levels, hist_split, has_rep, token_mask is not None, csr, _ablate, maxnreg, pack, pv_f32,
+               pf_ahead, skb, weighted, has_win, q.dtype)
     if auto_tile:
         pages_per_tile = min(pages_per_tile, _TILE_FIT.get(fit_key, pages_per_tile))
     while True:
@@ -1019,6 +1235,8 @@ def decode(
         dither_u=abs(sm) * 2.0**-19 if cache.scheme == "int8_dither" and lowp else 0.0,
         eta=mass_eta_terms(pages_per_tile * T, hist_split, packed=pack and hist_split == "bf16x2"),
         out_rel0=2.0**-8 if lowp else 0.0,
+        weights=cache.weights if weighted else None, gq=GQ,
+        ring_tiles=-(-window.columns // (pages_per_tile * T)) if has_win else 0,
     )
     if dev.type != "cuda" and MERGE_OFF_GPU == "torch":
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the

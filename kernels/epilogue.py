@@ -8,11 +8,12 @@ exactly as to per-token radii rounded up onto levels:
 
 * tanh: ``tanh(ε_max / 2)`` (ε_max = σ‖q‖·max_j ‖W_j‖, not rounded onto a level);
 * e-form: ``½ (A² − 1)``, ``A = Σ_k w_k e^{L_k}``;
-* dual-grid tilt: ``max_i t_{i+1} − D(t_i, λ_i)`` on a uniform grid of ``COARSE`` intervals,
-  then the ``REFINE_TOP`` intervals with the largest upper value are split into ``REFINE``
-  sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
-  refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ is the tight
-  knapsack multiplier, and the float error of each D is bounded and subtracted.
+* dual-grid tilt: ``max_i min_λ max(g_λ(t_i), g_λ(t_{i+1}))``, g_λ(t) = t − D(t, λ) (convex in t:
+  its maximum on an interval is at an end; Lean ``tilt_tv_le_dual_grid_endpoints``), on a uniform grid
+  of ``COARSE`` intervals, then the ``REFINE_TOP`` intervals with the largest upper value are split into
+  ``REFINE`` sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
+  refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ ranges over the knapsack's
+  breakpoints at the interval's left end, and the float error of each D is bounded and subtracted.
 
 Floating point of the decode pass (SPEC §7; ``kernels.decode``): the histogram is of the
 distribution p̃ the kernel computed, whose log-ratio to the exact served p̂ is at most Ξ per row
@@ -119,8 +120,35 @@ def _dual_lower(ts: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Ten
     return D - err, D
 
 
+def _interval_upper(t0: torch.Tensor, h: float, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor):
+    """The torch form of the kernel's ``_dense_u`` (the same candidates, the same error bound): for intervals
+    [t0, t0 + h] (t0 [R, T]), min over λ ∈ {1/β_c(t0) : w_c > 0} of max(g(t0), g(t0 + h)), g(t) = t − D(t, λ) +
+    its rounding bound (Lean ``tilt_tv_le_dual_grid_endpoints``), capped at t0 + h."""
+    t1 = t0 + h
+    beta0 = (1.0 - t0)[..., None] * a[:, None, :] + t0[..., None] * b[:, None, :]  # [R, T, K]
+    beta1 = (1.0 - t1)[..., None] * a[:, None, :] + t1[..., None] * b[:, None, :]
+    live = (w > 0)[:, None, :]
+    lam = torch.where(live, 1.0 / beta0, torch.zeros_like(beta0))  # [R, T, K] candidates
+    Kn = w.shape[-1]
+    eps = (4.0 * Kn + 16.0) * _EPS
+
+    def g(t, beta):
+        x = lam[..., :, None] * beta[..., None, :]  # [R, T, K cand, K bins]
+        act = torch.clamp(x - 1.0, min=0.0)
+        wb = w[:, None, None, :]
+        d = (wb * act).sum(-1)
+        mag = (torch.where(act > 0, wb * (x + 1.0), torch.zeros_like(x))).sum(-1)
+        tm = (t * m[:, None])[..., None]
+        return t[..., None] - (lam * tm - d) + eps * (lam * tm + mag + 1.0)
+
+    u = torch.where(live, torch.maximum(g(t0, beta0), g(t1, beta1)), torch.full_like(beta0, float("inf"))).amin(-1)
+    return torch.minimum(u, t1)
+
+
 def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
-    """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid."""
+    """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid. The kernel's
+    grid and choices: COARSE intervals with endpoint upper values (``_interval_upper``), the REFINE_TOP largest
+    split into REFINE."""
     R = w.shape[0]
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     w = torch.where(w > 0, w, torch.zeros_like(w))
@@ -128,16 +156,13 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     a, b = torch.exp(lvm), torch.exp(-lvm)
     m = (w * b).sum(-1)
     dev = w.device
-    ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev).expand(R, -1)
-    dl, dv = _dual_lower(ts, w, a, b, m)
-    upper = ts[:, 1:] - dl[:, :-1]  # [R, COARSE]
+    ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev)[:-1].expand(R, -1)
+    upper = _interval_upper(ts, 1.0 / COARSE, w, a, b, m)  # [R, COARSE]
     top = torch.topk(upper, min(REFINE_TOP, COARSE), dim=-1).indices  # intervals to refine
-    lo = torch.gather(ts[:, :-1], 1, top)
-    frac = torch.linspace(0.0, 1.0, REFINE + 1, dtype=torch.float64, device=dev)
-    sub = lo[..., None] + frac * (1.0 / COARSE)  # [R, TOP, REFINE+1]
-    sdl, _ = _dual_lower(sub.reshape(R, -1), w, a, b, m)
-    sdl = sdl.reshape(sub.shape)
-    sub_upper = (sub[..., 1:] - sdl[..., :-1]).amax(dim=(-1, -2))
+    lo = torch.gather(ts, 1, top)
+    frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
+    sub = lo[..., None] + frac  # [R, TOP, REFINE]
+    sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).amax(-1)
     keep = torch.ones_like(upper, dtype=torch.bool)
     keep.scatter_(1, top, False)
     rest = torch.where(keep, upper, torch.full_like(upper, -1.0)).amax(-1)
@@ -226,6 +251,59 @@ def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC:
 
 
 @triton.jit
+def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """For each interval [t, t + h] of ``ts`` [TP]: a sound upper value of the tilt bound on it (SPEC §3(c) with
+    endpoints, Lean ``WitCert.tilt_tv_le_dual_grid_endpoints``): for any λ ≥ 0, D(·, λ) is concave in t (β is
+    affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and its maximum on the interval is at an end:
+    U = min over λ ∈ {1/β_c(t) : w_c > 0} of max(g(t), g(t + h)), each D minus its rounding-error bound, and
+    at most t + h (λ = 0). The width h is not added: the coarse grid's slack is second order (the former form
+    t + h − D(t, λ) carried h itself). ``w, a, b``, SCR, ``nl``, DENSE3D: as ``_dense_d``."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
+    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
+    t1 = ts + h
+    tm0 = (ts * m)[:, None]
+    tm1 = (t1 * m)[:, None]
+    if DENSE3D:
+        beta1 = (1.0 - t1)[:, None] * a[None, :] + t1[:, None] * b[None, :]
+        x0 = lam[:, :, None] * beta[:, None, :]
+        x1 = lam[:, :, None] * beta1[:, None, :]
+        act0 = tl.maximum(x0 - 1.0, 0.0)
+        act1 = tl.maximum(x1 - 1.0, 0.0)
+        d0 = tl.sum(w[None, None, :] * act0, axis=2)
+        d1 = tl.sum(w[None, None, :] * act1, axis=2)
+        m0 = tl.sum(tl.where(act0 > 0, w[None, None, :] * (x0 + 1.0), 0.0), axis=2)
+        m1 = tl.sum(tl.where(act1 > 0, w[None, None, :] * (x1 + 1.0), 0.0), axis=2)
+    else:
+        d0 = tl.zeros_like(beta)
+        d1 = tl.zeros_like(beta)
+        m0 = tl.zeros_like(beta)
+        m1 = tl.zeros_like(beta)
+        w2n = tl.load(SCR)
+        a2n = tl.load(SCR + NBP)
+        b2n = tl.load(SCR + 2 * NBP)
+        for c2 in range(nl):
+            w2 = w2n
+            a2 = a2n
+            b2 = b2n
+            nx = tl.minimum(c2 + 1, NBP - 1)
+            w2n = tl.load(SCR + nx)
+            a2n = tl.load(SCR + NBP + nx)
+            b2n = tl.load(SCR + 2 * NBP + nx)
+            x0 = lam * ((1.0 - ts)[:, None] * a2 + ts[:, None] * b2)
+            x1 = lam * ((1.0 - t1)[:, None] * a2 + t1[:, None] * b2)
+            act0 = tl.maximum(x0 - 1.0, 0.0)
+            act1 = tl.maximum(x1 - 1.0, 0.0)
+            d0 += w2 * act0
+            d1 += w2 * act1
+            m0 += tl.where(act0 > 0, w2 * (x0 + 1.0), 0.0)
+            m1 += tl.where(act1 > 0, w2 * (x1 + 1.0), 0.0)
+    g0 = ts[:, None] - (lam * tm0 - d0) + EPSC * (lam * tm0 + m0 + 1.0)
+    g1 = t1[:, None] - (lam * tm1 - d1) + EPSC * (lam * tm1 + m1 + 1.0)
+    u = tl.min(tl.where(w[None, :] > 0, tl.maximum(g0, g1), float("inf")), axis=1)
+    return tl.minimum(u, t1)
+
+
+@triton.jit
 def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
             NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
             EPSC: tl.constexpr, DENSE3D: tl.constexpr):
@@ -286,13 +364,12 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         tl.debug_barrier()
         i = tl.arange(0, N1)
         if DENSE3D:
-            U = (i + 1).to(tl.float64) * (1.0 / N1) - _dense_d(i.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB,
-                                                                NBP, EPSC, DENSE3D)
+            U = _dense_u(i.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
         else:  # (GPU) TC points at a time, through SCR: [TC, NBP] float64 tiles fit any warp count's registers
             for c0 in range(0, N1, TC):
                 ic = c0 + tl.arange(0, TC)
-                tl.store(SCR + 3 * NBP + ic, (ic + 1).to(tl.float64) * (1.0 / N1) - _dense_d(
-                    ic.to(tl.float64) * (1.0 / N1), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D))
+                tl.store(SCR + 3 * NBP + ic, _dense_u(ic.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl,
+                                                      NB, NBP, EPSC, DENSE3D))
             tl.debug_barrier()
             U = tl.load(SCR + 3 * NBP + i)
         coarse = tl.minimum(tl.maximum(tl.max(U, axis=0), 0.0), 1.0)
@@ -320,7 +397,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                 idxv = tl.where(rr == _r, idx, idxv)
             ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
                             + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
-            up = ts + 1.0 / (N1 * NR) - _dense_d(ts, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+            up = _dense_u(ts, 1.0 / (N1 * NR), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
             bm = tl.max(tl.reshape(up, [RT, NR]), axis=1)  # each picked interval's refined maximum
         for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined in that order
             if done == 0:
@@ -335,8 +412,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                     bi = tl.full([], -2.0, tl.float64)
                     for s0 in range(0, NR, TC):
                         sc = s0 + tl.arange(0, TC)
-                        up = t0 + (sc + 1).to(tl.float64) * (1.0 / (N1 * NR)) - _dense_d(
-                            t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+                        up = _dense_u(t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), 1.0 / (N1 * NR), w, a, b, m, SCR, nl,
+                                      NB, NBP, EPSC, DENSE3D)
                         bi = tl.maximum(bi, tl.max(up, axis=0))
                 sel = sel | (i == idx)
                 best = tl.maximum(best, bi)
@@ -387,7 +464,7 @@ def _expm1_up(y):
 
 @triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -395,7 +472,7 @@ def _merge_meter_kernel(
     GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
-    HA_HM: tl.constexpr,
+    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -444,9 +521,14 @@ def _merge_meter_kernel(
             qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
             qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
             q1 = tl.sum(tl.abs(qv), axis=0)
-            eps_max = qn * wmx.to(tl.float64)
+            if WEIGHTED:  # the sketch radius's head factor c_h = |σ| ‖a⊙q_h‖ (contract.sketch), rounded up
+                qa = qv * tl.load(WGT + (h // GQ) * D + d).to(tl.float64)
+                qn_a = tl.sqrt(tl.sum(qa * qa, axis=0)) * qn_infl
+            else:
+                qn_a = qn
+            eps_max = qn_a * wmx.to(tl.float64)
             n_pages = (n + T - 1) // T
-            tiles = ((n_pages + S - 1) // S + PAGES - 1) // PAGES
+            tiles = ((n_pages + RING_TILES * PAGES + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
             eta = ETA0 + ETA1 * tiles.to(tl.float64)
             # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
             xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
@@ -475,7 +557,7 @@ def _merge_meter_kernel(
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
             if bad == 0:
-                tva, tanh, eform, tilt, rho = _tv_row(ha, qn * edge, eps_max, xi, lam, tilt_above, tilt_hi,
+                tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
                                                       SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
@@ -639,6 +721,12 @@ class MergeConstants:
     dither_u: float  # |σ| 2^-19 for the bf16 hi + lo dither split, else 0
     eta: tuple  # ``paged.mass_eta_terms``
     out_rel0: float  # 2^-8 on the GPU (bf16 p̂·s_v), 0 in the interpreter
+    #: the sketch radius's channel weights [Hkv, D] (``contract.sketch``): the Tier A head factor is then
+    #: |σ|·‖a⊙q_h‖ (kv head h // gq); None: |σ|·‖q_h‖
+    weights: torch.Tensor | None = None
+    gq: int = 1
+    #: tiles of the exact window's ring pass (split 0): counted into every split's mass error η
+    ring_tiles: int = 0
 
 
 _EDGES: dict = {}
@@ -713,14 +801,15 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        flag, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
+        flag, c.weights if c.weights is not None else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
-        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
+        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b, WEIGHTED=c.weights is not None, GQ=c.gq,
+        RING_TILES=c.ring_tiles,
         num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev)),
     )
     record = None
@@ -768,11 +857,15 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
     qd = q.double()
     qnorm = qd.norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
+    qn_a = qnorm
+    if c.weights is not None:  # the sketch radius's head factor |σ| ‖a⊙q_h‖ (contract.sketch)
+        a = c.weights.double().to(dev).repeat_interleave(c.gq, dim=0)  # [Hq, D]
+        qn_a = (qd * a).norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
     edges = _edges(dev, c.KA)
-    lv_a = qnorm[..., None] * edges
-    eps_max = qnorm * mx[..., 0].double()
+    lv_a = qn_a[..., None] * edges
+    eps_max = qn_a * mx[..., 0].double()
     n_pages = (sl.double() + c.T - 1).div(c.T).floor()
-    tiles = torch.ceil(torch.ceil(n_pages / S) / c.PAGES)[:, None]
+    tiles = torch.ceil(torch.ceil((n_pages + c.ring_tiles * c.PAGES) / S) / c.PAGES)[:, None] + c.ring_tiles
     xi = qnorm * mx[..., 5].double() * c.gamma + KERNEL_EXP_REL + c.dither_u * qd.abs().sum(-1) * mx[..., 1].double()
     eta = c.eta[0] + tiles * c.eta[1]
     xi = (xi + 2.1 * eta) * (1.0 + 2.0**-20)

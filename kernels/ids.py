@@ -30,3 +30,9 @@ INT4_DIVISOR = tl.constexpr(float(SCHEMES["int4_group"].divisor))
 KIVI2_DIVISOR = tl.constexpr(float(SCHEMES["kivi2"].divisor))
 #: channels per int4_group scale / zero
 GROUP = tl.constexpr(INT4_GROUP)
+
+#: the fp8 residual ranges of the key sketch (``contract.schemes``: β = max(|x̂|·REL, s·FLOOR))
+FP8_E4M3_RES_REL = tl.constexpr(SCHEMES["fp8_e4m3"].residual_rel)
+FP8_E4M3_RES_FLOOR = tl.constexpr(SCHEMES["fp8_e4m3"].residual_floor)
+FP8_E5M2_RES_REL = tl.constexpr(SCHEMES["fp8_e5m2"].residual_rel)
+FP8_E5M2_RES_FLOOR = tl.constexpr(SCHEMES["fp8_e5m2"].residual_floor)

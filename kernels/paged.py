@@ -83,6 +83,24 @@ def dot_gamma(head_dim: int, split3: bool = False) -> float:
     return (head_dim + 32) * KERNEL_UNIT
 
 
+def sketch_gamma(scheme: str, head_dim: int, bits: int) -> float:
+    """γ with |fl(⟨q, r̃⟩) − ⟨q, r̃⟩| ≤ γ Σ|q_i||r̃_i| for the decode's key-sketch dot (``contract.sketch``);
+    the write path adds γ‖r̃/a‖ to the witness (Σ|q_i||r̃_i| ≤ ‖a⊙q‖‖r̃/a‖).
+
+    * β per token (int8, int8_dither): the decode dots the codes against q and scales by β after. On the GPU
+      with a bf16 q the codes enter as bf16 16 + c (the magic-number conversion) and ⟨q, 2c + 1 − L⟩ =
+      2·fl⟨q, 16 + c⟩ − (31 + L)·fl(Σq): the two fp32 dots err by ≤ γ_D Σ|q_i|(15 + L) and γ_D Σ|q_i|, the
+      three combining roundings by ≤ 2^-23 (2(15 + L) + 2(31 + L)) Σ|q_i| (relative, fp32, magnitudes ≤
+      (2(15 + L) + (31 + L)) Σ|q|): in all ≤ (61 + 3L)(γ_D + 2^-22) Σ|q_i|, and Σ|q_i| β/L ≤ Σ|q_i||r̃_i|
+      (every level is an odd multiple of β/L). The interpreter's fp32 dot of the levels errs by less.
+    * β per channel (fp8, int4_group, kivi2): β·level in fp32 operands (tf32x3): ``dot_gamma(D, split3=True)``."""
+    per_token_beta = SCHEMES[scheme].residual_range == "half-scale" and SCHEMES[scheme].key_scales == "token"
+    if per_token_beta:
+        L = 1 << bits
+        return (61 + 3 * L) * (dot_gamma(head_dim) + 2.0**-22)
+    return dot_gamma(head_dim, split3=True)
+
+
 def unpack_codes(codes: torch.Tensor, scheme: str) -> torch.Tensor:
     """The codes [..., D] (int64) of packed bytes [..., D / codes_per_byte] (torch; the kernels unpack
     in-kernel): byte i holds channel i + k·D/c in bits k·b … k·b + b − 1 (c codes of b bits per
@@ -173,6 +191,20 @@ class PagedKV:
     exact_v: torch.Tensor
     seed: int = 0
     layer: int = 0
+    #: the key residual sketch (``contract.sketch``): bits per channel (0: none), the packed codes
+    #: [NB, Hkv, T, D·bits/8] uint8 (a (1,) placeholder without), and the channel weights [Hkv, D]
+    #: float32 (powers of two; all 1: plain Cauchy–Schwarz). With either, ``k_wit`` holds the sketch
+    #: witness W_j ≥ ‖(r_j − r̃_j)/a‖ + γ‖r̃_j/a‖ (G = 1)
+    sketch_bits: int = 0
+    k_sketch: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    #: whether ``weights`` has a channel weight other than 1 (decided once, at allocation: no device sync later)
+    has_weights: bool = False
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the key radius is the sketch radius (a sketch, or channel weights other than 1)."""
+        return self.sketch_bits > 0 or self.has_weights
 
     @property
     def num_kv_heads(self) -> int:
@@ -198,7 +230,12 @@ class PagedKV:
         seed: int = 0,
         layer: int = 0,
         with_exact: bool = True,
+        sketch_bits: int = 0,
+        weights: torch.Tensor | None = None,
     ) -> "PagedKV":
+        from contract.sketch import check_bits
+
+        sketch_bits = check_bits(sketch_bits)
         if scheme not in SCHEME_IDS:
             raise ValueError(f"scheme: the kernels support {sorted(SCHEME_IDS)}, got {scheme!r}")
         if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -226,6 +263,24 @@ class PagedKV:
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
         kw = dict(device=device)
+        if weights is None:
+            weights = torch.ones(num_kv_heads, head_dim)
+        weights = torch.as_tensor(weights, dtype=torch.float32).to(device).contiguous()
+        if tuple(weights.shape) != (num_kv_heads, head_dim):
+            raise ValueError(f"weights: expected [{num_kv_heads}, {head_dim}] channel weights, got {tuple(weights.shape)}")
+        if not bool(torch.all(torch.isfinite(weights) & (weights > 0))):
+            raise ValueError("weights: every channel weight must be positive and finite")
+        mant, _ = torch.frexp(weights)
+        if not bool(torch.all(mant == 0.5)):
+            raise ValueError("weights: every channel weight must be a power of two (exact products and quotients)")
+        has_weights = bool((weights != 1).any())
+        if (sketch_bits or has_weights) and (num_groups != 1 or not per_token_witness):
+            raise ValueError("sketch_bits / weights: the sketch radius takes one per-token witness (num_groups=1, "
+                             "per_token_witness=True)")
+        if sketch_bits and scheme == "none":
+            sketch_bits = 0  # an exact cache has no residual to sketch
+        ksk = (torch.zeros(num_blocks, num_kv_heads, block_size, head_dim * sketch_bits // 8, dtype=torch.uint8, **kw)
+               if sketch_bits else torch.zeros(1, dtype=torch.uint8, **kw))
         return PagedKV(
             scheme=scheme,
             block_size=block_size,
@@ -247,11 +302,15 @@ class PagedKV:
             exact_v=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
             seed=seed,
             layer=layer,
+            sketch_bits=sketch_bits,
+            k_sketch=ksk,
+            weights=weights,
+            has_weights=has_weights,
         )
 
     #: tensors with one row per physical block (placeholders of shape (1,) are left alone)
     BLOCK_FIELDS = ("k_codes", "v_codes", "k_scale", "v_scale", "k_zero", "v_zero", "k_wit", "v_wit", "v_norm",
-                    "k_norm", "exact_k", "exact_v")
+                    "k_norm", "exact_k", "exact_v", "k_sketch")
 
     def _per_sequence(self, batch: int, pages: int, fn, what: str) -> "PagedKV":
         """Apply ``fn(name, t [batch, pages, ...]) -> [batch', pages', ...]`` to every per-block
@@ -575,6 +634,122 @@ class RepairOverlay:
         return out
 
 
+@dataclasses.dataclass
+class ExactWindow:
+    """The exact window of a batch (``contract.sketch``): each sequence's first ``sink`` and last
+    ``recent`` tokens, kept in the model's dtype on the device and served by the decode with radius 0,
+    φ = 0 (SPEC §2 as amended by issue 33). A ring per (sequence, kv head):
+
+        k, v            [B, Hkv, sink + recent + 1, D]  model dtype: column j < sink holds token j,
+                                                        column sink + (j mod recent) token j of the recent
+                                                        window; the last column is a scratch row that
+                                                        other tokens' writes land in (never read)
+        k_norm, v_norm  [B, Hkv, sink + recent + 1]     float32 ≥ ‖k_j‖ / ‖v_j‖ (κ, ν of the served tokens),
+                                                        rounded up; NaN until written
+
+    The decode serves token j of a sequence of length n from the ring when j < sink or j ≥ n − recent
+    (one predicate per token lane, no host work); ``write`` puts new tokens there (device index ops: a
+    CUDA graph can capture it). A token written while it is in the recent window stays in its column
+    until the token ``recent`` positions later overwrites it, by which time it has left the window."""
+
+    sink: int
+    recent: int
+    k: torch.Tensor
+    v: torch.Tensor
+    k_norm: torch.Tensor
+    v_norm: torch.Tensor
+
+    @property
+    def columns(self) -> int:
+        return self.sink + self.recent
+
+    @staticmethod
+    def allocate(batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, sink: int, recent: int,
+                 device="cpu") -> "ExactWindow":
+        from contract.sketch import check_window
+
+        sink, recent = check_window((sink, recent))
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"ExactWindow: the exact values are bf16 / fp16 / fp32, got {dtype}")
+        c = sink + recent + 1
+        kw = dict(device=device)
+        return ExactWindow(sink, recent,
+                           k=torch.zeros(batch, num_kv_heads, c, head_dim, dtype=dtype, **kw),
+                           v=torch.zeros(batch, num_kv_heads, c, head_dim, dtype=dtype, **kw),
+                           k_norm=torch.full((batch, num_kv_heads, c), float("nan"), dtype=torch.float32, **kw),
+                           v_norm=torch.full((batch, num_kv_heads, c), float("nan"), dtype=torch.float32, **kw))
+
+    def columns_of(self, positions: torch.Tensor, n_end) -> torch.Tensor:
+        """The ring column [N] int64 of tokens at ``positions`` [N] of sequences whose length after this
+        write is ``n_end`` (an int or [N]); the scratch column for a token in neither part."""
+        pos = positions.to(torch.int64)
+        scratch = torch.full_like(pos, self.columns)
+        col = scratch
+        if self.recent:
+            col = torch.where(pos >= torch.as_tensor(n_end, device=pos.device) - self.recent,
+                              self.sink + pos % self.recent, scratch)
+        return torch.where(pos < self.sink, pos, col)
+
+    def write(self, seq: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_end) -> None:
+        """Tokens (``seq`` [N], ``positions`` [N]) with exact ``k``, ``v`` [N, Hkv, D] (the ring's dtype)
+        into their ring columns (device gathers and scatters, no host sync)."""
+        if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+            raise ValueError(f"ExactWindow.write: exact values of the ring's dtype {self.k.dtype} only, got {k.dtype}")
+        if k.shape[0] == 0 or self.columns == 0:
+            return
+        dev = self.k.device
+        col = self.columns_of(positions.to(dev), n_end if isinstance(n_end, int) else n_end.to(dev))
+        b = seq.to(dev, torch.int64)
+        H = self.k.shape[1]
+        bb = b[:, None].expand(-1, H)
+        hh = torch.arange(H, device=dev)[None, :].expand_as(bb)
+        cc = col[:, None].expand_as(bb)
+        kd, vd = k.to(dev), v.to(dev)
+        self.k[bb, hh, cc] = kd
+        self.v[bb, hh, cc] = vd
+        self.k_norm[bb, hh, cc] = RepairOverlay.norms_up(kd)
+        self.v_norm[bb, hh, cc] = RepairOverlay.norms_up(vd)
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor, n: int) -> None:
+        """Refill every sequence's window from its exact tokens ``k``, ``v`` [B, Hkv, n, D] (a crop: the
+        recent window moved back to tokens the ring no longer holds)."""
+        B = k.shape[0]
+        pos = torch.arange(n, device=self.k.device)
+        keep = (pos < self.sink) | (pos >= n - self.recent)
+        idx = pos[keep]
+        if idx.numel() == 0:
+            return
+        seq = torch.arange(B, device=self.k.device).repeat_interleave(idx.numel())
+        p = idx.repeat(B)
+        kk = k.to(self.k.device)[:, :, idx].permute(0, 2, 1, 3).reshape(B * idx.numel(), k.shape[1], k.shape[3])
+        vv = v.to(self.k.device)[:, :, idx].permute(0, 2, 1, 3).reshape(B * idx.numel(), v.shape[1], v.shape[3])
+        self.write(seq, p, kk.to(self.k.dtype), vv.to(self.v.dtype), n)
+
+    def select(self, index: torch.Tensor) -> "ExactWindow":
+        """The rings of sequences ``index`` (copies: beam search reorders, a gate re-decodes some rows)."""
+        index = index.to(self.k.device)
+        return dataclasses.replace(self, k=self.k.index_select(0, index), v=self.v.index_select(0, index),
+                                   k_norm=self.k_norm.index_select(0, index), v_norm=self.v_norm.index_select(0, index))
+
+    def validate(self, cache: "PagedKV", batch: int) -> None:
+        """ValueError unless the rings fit ``cache`` and a batch of ``batch`` sequences."""
+        H, D = cache.num_kv_heads, cache.head_dim
+        c = self.columns + 1
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            if t.shape != (batch, H, c, D) or not t.is_contiguous():
+                raise ValueError(f"window.{name}: expected a contiguous [{batch}, {H}, {c}, {D}] tensor, got "
+                                 f"{tuple(t.shape)}")
+            if t.device != cache.k_codes.device:
+                raise ValueError(f"window.{name}: on {t.device}, the cache is on {cache.k_codes.device}")
+        for name in ("k_norm", "v_norm"):
+            t = getattr(self, name)
+            if t.shape != (batch, H, c) or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"window.{name}: expected a contiguous float32 [{batch}, {H}, {c}] tensor")
+        if cache.scheme != "none" and self.k.dtype != cache.exact_k.dtype and cache.exact_k.numel() > 1:
+            raise ValueError(f"window.k: the ring must hold the cache's model dtype {cache.exact_k.dtype}, got {self.k.dtype}")
+
+
 def bytes_per_token(
     scheme: str,
     head_dim: int = 128,
@@ -584,17 +759,29 @@ def bytes_per_token(
     witness_bytes: int = 2,
     scale_bytes: int = 2,
     model_bytes: int = 2,
+    sketch_bits: int = 0,
+    window=None,
+    context: int = 4096,
 ) -> dict:
     """Bytes per token and kv head of the served cache (K + V), including scales and witnesses.
 
     ``witness_bytes``: 2 (float16, the kernels' per-token layout) or 1 (fp8 e4m3 rounded up);
-    per-block witnesses are counted as float32 shared by ``block_size`` tokens. The exact
-    backing store lives in host memory and is not counted. Returns the breakdown and the ratio
-    of tokens that fit at equal memory versus an unquantized ``model_bytes`` cache.
+    per-block witnesses are counted as float32 shared by ``block_size`` tokens. ``sketch_bits``: the
+    key residual sketch (``contract.sketch``: D·b/8 bytes + a float16 range per token). ``window``
+    (sink, recent): the exact window's model-dtype K / V (+ two float32 norms) per sequence, amortised
+    over ``context`` tokens. The exact backing store lives in host memory and is not counted. Returns
+    the breakdown and the ratio of tokens that fit at equal memory versus an unquantized
+    ``model_bytes`` cache.
     """
+    from contract.sketch import check_bits, check_window, sketch_bytes_per_token
+
     row = SCHEMES.get(scheme)
     if row is None:
         raise ValueError(f"scheme: unknown {scheme!r}")
+    sketch_bits = check_bits(sketch_bits)
+    sink, recent = check_window(window)
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"context: expected a positive int, got {context!r}")
     if row.code_bits is None:  # "none": the model's dtype
         code_bytes = model_bytes
     else:  # what the kernels store: codes_per_byte codes in a byte (int4_group 2, kivi2 1)
@@ -608,8 +795,11 @@ def bytes_per_token(
         wit = (num_groups + 3) * witness_bytes  # G key witnesses + φ + ν + κ
     else:
         wit = (num_groups + 3) * 4 / block_size
+    sketch = sketch_bytes_per_token(sketch_bits, head_dim) if row.lossy else 0.0
     if not row.lossy:
         wit = 0
-    total = codes + scales + wit
+    win = (sink + recent) * (2 * head_dim * model_bytes + 8) / context if row.lossy else 0.0
+    total = codes + scales + wit + sketch + win
     base = 2 * head_dim * model_bytes
-    return {"codes": codes, "scales": scales, "witnesses": wit, "total": total, "ratio_vs_model_dtype": base / total}
+    return {"codes": codes, "scales": scales, "witnesses": wit, "sketch": sketch, "window": win, "total": total,
+            "ratio_vs_model_dtype": base / total}

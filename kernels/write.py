@@ -32,9 +32,10 @@ import triton.language as tl
 from contract.rounding import round_up_to_dtype
 from contract.schemes import SCHEMES
 
-from .ids import (FP8_E4M3_SCALED_ID, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID,
-                  INT8_ID, KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
-from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys
+from .ids import (FP8_E4M3_ID, FP8_E4M3_RES_FLOOR, FP8_E4M3_RES_REL, FP8_E4M3_SCALED_ID, FP8_E5M2_ID, FP8_E5M2_RES_FLOOR,
+                  FP8_E5M2_RES_REL, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID,
+                  KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
+from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys, sketch_gamma
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -115,6 +116,29 @@ def scaled_norm(x, sel):
 
 
 @triton.jit
+def sketch_beta(xh, sf, sb, SCHEME: tl.constexpr):
+    """β_i ≥ |x̂_i − x_i| by the scheme's construction (``witcert.schemes.residual_range``; the key sketch's
+    range, ``contract.sketch``), [rows, D] fp32: half the scale step (``sf`` [rows, 1] per token, ``sb``
+    [rows, D] per group / channel), or half an fp8 spacing, max(|x̂|·REL, s·FLOOR). Every product is exact
+    (powers of two times stored values), so the write and the decode compute the same β bit for bit."""
+    if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
+        beta = sb * 0.5
+    elif SCHEME == FP8_E4M3_ID or SCHEME == FP8_E4M3_SCALED_ID:
+        beta = tl.maximum(tl.abs(xh) * FP8_E4M3_RES_REL, sf * FP8_E4M3_RES_FLOOR)
+    elif SCHEME == FP8_E5M2_ID:
+        beta = tl.maximum(tl.abs(xh) * FP8_E5M2_RES_REL, sf * FP8_E5M2_RES_FLOOR)
+    else:  # int8, int8_dither: half the token's scale
+        beta = tl.broadcast_to(sf * 0.5, xh.shape)
+    return beta
+
+
+@triton.jit
+def sketch_value(code, LEVELS: tl.constexpr):
+    """The sketch level of a code in units of β/L: 2·code + 1 − L (an odd integer, exact in bf16 / fp16)."""
+    return 2.0 * code + (1.0 - LEVELS)
+
+
+@triton.jit
 def _store_codes(C, S, Z, E, caddr, saddr, smask, eaddr, code, s, zg, x, m2,
                  ASYM: tl.constexpr, STORE_EXACT: tl.constexpr):
     """Store one role's codes, scale(s) (and the zeros of the asymmetric schemes) and the exact copy."""
@@ -140,7 +164,7 @@ def _asym_codes(x, zb, sb, TOP: tl.constexpr):
 @triton.jit
 def _write_kernel(
     K, V, SLOT, POS, GID,
-    KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, EK, EV, PK, PV,
+    KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, EK, EV, PK, PV, SK, WGT,
     seed, layer, N,
     s_kn, s_kh, s_vn, s_vh,
     s_cb, s_ch, s_ct,
@@ -149,13 +173,17 @@ def _write_kernel(
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
+    s_skb, s_skh, s_skt,
     INFL: tl.constexpr, FLOOR: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
     SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
+    SKB: tl.constexpr, WEIGHTED: tl.constexpr, SK_GAMMA: tl.constexpr,
 ):
     """One program per (tile of BLOCK_T new tokens, kv head): rows are tokens, columns channels.
     kivi2: BLOCK_T = T and a tile is one page from its offset 0 (the wrapper's contract), so a
-    program sees every token of its key block."""
+    program sees every token of its key block. SKB / WEIGHTED: the key side writes the sketch radius's
+    witness (``contract.sketch``) instead of the group witnesses: the b-bit codes of r / β (packed),
+    and W ≥ ‖(r − r̃)/a‖ + SK_GAMMA·‖r̃/a‖ (the decode's sketch dot) + the asymmetric schemes' 1-ulp term."""
     i = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     rmask = i < N
@@ -294,14 +322,48 @@ def _write_kernel(
         if which == 0:
             _store_codes(KC, KS, KZ, EK, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
-            for g in tl.static_range(G):
-                ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
-                if ASYM:
-                    ng += ABS * scaled_norm(xh, gid[None, :] == g)
-                if PER_TOKEN:
-                    tl.store(waddr + g, f16_round_up(ng), mask=rmask)
+            if SKB > 0 or WEIGHTED:  # the sketch radius's witness (G = 1, per token: the wrapper's contract)
+                allc = d_idx[None, :] >= 0
+                if WEIGHTED:
+                    ainv = 1.0 / tl.load(WGT + h * D + d_idx)[None, :]  # powers of two: exact
                 else:
-                    tl.atomic_max(waddr + g, ng, mask=rmask)
+                    ainv = tl.full([1, D], 1.0, tl.float32)
+                if SKB > 0:
+                    LV: tl.constexpr = 1 << SKB
+                    if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
+                        beta = sketch_beta(xh, xh, sb, SCHEME)
+                    elif SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID or SCHEME == FP8_E4M3_SCALED_ID:
+                        beta = sketch_beta(xh, s.to(tl.float32)[:, None], xh, SCHEME)
+                    else:
+                        beta = sketch_beta(xh, tl.full([BLOCK_T, 1], 1.0, tl.float32), xh, SCHEME)
+                    ok = beta > 0
+                    yq = tl.floor((tl.math.div_rn(r, tl.where(ok, beta, 1.0)) + 1.0) * (LV / 2))
+                    skc = tl.where(ok & (yq == yq), tl.clamp(yq, 0.0, LV - 1.0), 0.0)
+                    rt = beta * sketch_value(skc, LV) * (1.0 / LV)
+                    e = r - rt
+                    CPB: tl.constexpr = 8 // SKB
+                    DB: tl.constexpr = D // CPB
+                    # byte i holds channels i + k·D/CPB in bits k·SKB … (contract.sketch)
+                    c3 = tl.permute(tl.reshape(skc, [BLOCK_T, CPB, DB]), (0, 2, 1))  # [BLOCK_T, DB, CPB]
+                    shift = tl.exp2((tl.arange(0, CPB) * SKB).to(tl.float32))
+                    packed = tl.sum(c3 * shift[None, None, :], axis=2).to(tl.uint8)
+                    skaddr = blk * s_skb + h * s_skh + off * s_skt
+                    tl.store(SK + skaddr[:, None] + tl.arange(0, DB)[None, :], packed, mask=m2)
+                    ng = scaled_norm(e * ainv, allc) * INFL + SK_GAMMA * scaled_norm(rt * ainv, allc) + FLOOR
+                else:
+                    ng = scaled_norm(r * ainv, allc) * INFL + FLOOR
+                if ASYM:
+                    ng += ABS * scaled_norm(xh * ainv, allc)
+                tl.store(waddr, f16_round_up(ng), mask=rmask)
+            else:
+                for g in tl.static_range(G):
+                    ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
+                    if ASYM:
+                        ng += ABS * scaled_norm(xh, gid[None, :] == g)
+                    if PER_TOKEN:
+                        tl.store(waddr + g, f16_round_up(ng), mask=rmask)
+                    else:
+                        tl.atomic_max(waddr + g, ng, mask=rmask)
             kap = mag * INFL
             kaddr = blk * s_vwb + h * s_vwh + woff
             if PER_TOKEN:
@@ -380,6 +442,9 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         pv = _torch_fp8_codes(cache.scheme, v)
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
+    skb = cache.sketch_bits if cache.scheme != "none" else 0
+    weighted = cache.has_weights
+    ksk = cache.k_sketch if skb else kw
     BLOCK_T = 16 if INTERPRET else 4
     per_page = page_scaled_keys(cache.scheme)
     if per_page:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
@@ -389,7 +454,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     _write_kernel[(triton.cdiv(N, BLOCK_T), H)](
         k, v, slots, positions, cache.group_id,
         cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero, kw, cache.v_wit,
-        cache.v_norm, cache.k_norm, cache.exact_k, cache.exact_v, pk, pv,
+        cache.v_norm, cache.k_norm, cache.exact_k, cache.exact_v, pk, pv, ksk, cache.weights if weighted else kw,
         cache.seed, cache.layer, N,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
@@ -398,10 +463,12 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
+        *(ksk.stride()[:3] if skb else (0, 0, 0)),
         INFL=1.0 + KERNEL_REL_SLACK, FLOOR=KERNEL_WITNESS_FLOOR if lossy else 0.0,
         DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
+        SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D, skb) if skb else 0.0,
     )
 
 

@@ -1,6 +1,7 @@
 import WitCert.Bands
 import WitCert.Radius
 import WitCert.TiltTV
+import WitCert.TiltEndpoints
 import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget

@@ -51,7 +51,7 @@ def record_fixture(path, tracer_kwargs=None):
                                    ("kivi2 +gate", "kivi2", Gate("risk-ranked", tau=0.0, max_pagein_blocks=1)),
                                    ("int8_dither", "int8_dither", None)):
             tr.new_request(name)
-            c = WitCertCache(m.config, scheme=scheme, gate=gate, audit=True, trace=tr,
+            c = WitCertCache(m.config, scheme=scheme, gate=gate, audit=True, trace=tr, window=None,
                              delta_req=1e-3 if scheme == "int8_dither" else None)
             generate(m, c, n=40, new=4)
             caches[name] = c

@@ -23,6 +23,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long soak test, run only with --soak")
+    config.addinivalue_line("markers", "default_window: the cache's library default exact window (4, 64) stays on")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,3 +43,26 @@ def smollm2():
     from witcert.model import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_default_window():
+    """The suite's caches default to **no** exact window: its tiny models and prompts (tens of tokens)
+    would otherwise be served exact end to end (the library default keeps the first 4 and last 64 tokens
+    exact), and every test of the compressed path would pass vacuously. Session-wide, so module- and
+    session-scoped fixtures get it too. Tests of the window pass ``window=`` explicitly or carry
+    ``@pytest.mark.default_window`` (``_library_default_window``)."""
+    import witcert.cache
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(witcert.cache, "CACHE_DEFAULT_WINDOW", None)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _library_default_window(request, monkeypatch):
+    if "default_window" in request.keywords:
+        import witcert.cache
+        from contract.sketch import DEFAULT_WINDOW
+
+        monkeypatch.setattr(witcert.cache, "CACHE_DEFAULT_WINDOW", DEFAULT_WINDOW)

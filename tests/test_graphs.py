@@ -46,14 +46,17 @@ def _same_records(a, b, exact):
         assert np.all((x.tv_a >= 0) & (x.tv_a <= 1)) and not x.flag.any()
 
 
-@pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "int4_group"])
-def test_graphed_steps_match_the_kernel_path(scheme):
+@pytest.mark.parametrize("scheme,window", [("int8", None), ("int8", (2, 5)), ("fp8_e4m3_scaled", None),
+                                           ("int4_group", (1, 4))])
+def test_graphed_steps_match_the_kernel_path(scheme, window):
     """Same model, scheme, seed: the graphed cache generates the same tokens, records and exact
-    store as the ungraphed kernel path (one split each: capacity 64 tokens)."""
+    store as the ungraphed kernel path (one split each: capacity 64 tokens); with an exact window the
+    captured step writes its rings (device index ops) as the eager step does."""
     model = tiny_llama()
     ids = _ids(2, 40)
-    ref = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64)
-    gr = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, cuda_graph=True)
+    ref = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, window=window)
+    gr = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, cuda_graph=True,
+                      window=window)
     t_ref, s_ref = _gen(model, ref, ids, scores=True)
     t_gr, s_gr = _gen(model, gr, ids, scores=True)
     assert gr._graph is not None and gr._graph.st.n0 == 44  # the static step served the decode steps
@@ -66,6 +69,12 @@ def test_graphed_steps_match_the_kernel_path(scheme):
     for la, lb in zip(ref.layers, gr.layers):
         assert torch.equal(la.exact_k, lb.exact_k) and torch.equal(la.exact_v, lb.exact_v)
         assert la.get_seq_length() == lb.get_seq_length() == 44
+        if window is not None:  # the rings hold the sinks and the last `recent` tokens, as the eager step wrote them
+            sink, recent = window
+            cols = lb.win.columns_of(torch.arange(44 - recent, 44, device=lb.win.k.device), 44)
+            assert torch.equal(lb.win.k[:, :, cols], lb.exact_k.to(lb.win.k.device)[:, :, 44 - recent:])
+            assert torch.equal(la.win.k[:, :, :-1], lb.win.k[:, :, :-1])  # (the last column: the scratch writes land in)
+            assert torch.equal(la.win.k_norm[:, :, :-1], lb.win.k_norm[:, :, :-1])
     s = gr.summary()
     assert s["steps"] == 4 and np.all(s["max_tv_a"] > 0)
 

@@ -115,6 +115,26 @@ def scheme_list(s: str) -> list[str]:
     return choice_list(available_schemes(), "scheme", SCHEME_ALIASES)(s)
 
 
+def one_scheme(s: str) -> str:
+    """One scheme name (or a --kv-cache-dtype alias), not a list."""
+    names = scheme_list(s)
+    if len(names) != 1:
+        raise argparse.ArgumentTypeError(f"expected one scheme, got {s!r}")
+    return names[0]
+
+
+def sketch_bits(s: str) -> int:
+    from contract.sketch import SKETCH_BITS
+
+    try:
+        b = int(s)
+    except ValueError:
+        b = None
+    if b not in SKETCH_BITS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(map(str, SKETCH_BITS))}, got {s!r}")
+    return b
+
+
 def _can_create_in(folder: pathlib.Path) -> bool:
     """Whether a file can be created in ``folder`` (probed with a temporary file that is removed
     at once: permission bits do not tell for root, /proc or a read-only mount)."""

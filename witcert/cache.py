@@ -70,6 +70,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
+from contract.sketch import DEFAULT_SKETCH_BITS, DEFAULT_WINDOW, check_bits, check_window
 
 from . import bounds as B
 from . import meter as M
@@ -82,11 +83,33 @@ from .store import ExactStore, append_pair
 #: quantized per full block (``contract.schemes``: granularity "block")
 
 
+def _check_cache_weights(weights, L: int, Hkv: int, D: int, scheme: str):
+    """The sketch radius's channel weights as a float64 [L, Hkv, D] array of powers of two, or None
+    (all 1): from a ``witcert.calibrate.Calibration`` or an array of that shape."""
+    if weights is None:
+        return None
+    from .calibrate import Calibration, check_weights
+
+    if isinstance(weights, Calibration):
+        if weights.scheme != scheme:
+            log.warning("weights: calibrated for scheme %s, used with %s (sound with any weights; maybe looser)",
+                        weights.scheme, scheme)
+        weights = weights.weights
+    w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
+    if w.shape != (L, Hkv, D):
+        raise ValueError(f"weights: expected [{L} layers, {Hkv} kv heads, {D}] for this model, got shape {w.shape}")
+    check_weights(w)
+    return w
+
+
 def _kernel_scheme(scheme: str) -> bool:
     """A scheme the kernel path serves: implemented by the kernels and lossy (``none`` with the
     meter on is served by the reference path)."""
     row = SCHEMES.get(scheme)
     return row is not None and row.kernel_supported and row.lossy
+#: the exact window of a cache built with ``window="default"`` (``contract.sketch.DEFAULT_WINDOW``: the first 4
+#: and the last 64 tokens served exact)
+CACHE_DEFAULT_WINDOW = DEFAULT_WINDOW
 #: levels the tilt bound rounds radii up onto: 0 and 2^-14 … 16 with ratio 2^(1/4) (any set of
 #: levels is sound, SPEC §3(c); radii above 16 use the row maximum, where every bound is ≈ 1)
 METER_LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])
@@ -225,22 +248,30 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit = z(Bsz, H, 0, o.num_groups, dt=torch.float64, dev=self.device)
         self.v_wit = z(Bsz, H, 0, dt=torch.float64, dev=self.device)
         self.k_scale = z(Bsz, H, 0, dt=torch.float32, dev=self.device)
+        # the residual sketch r̃ of each served token (0 where served exact), reference path only
+        self.k_sk = z(Bsz, H, 0, D, dt=torch.float64, dev=self.device) if o.sketch_bits else None
         self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
         self.n_quantized = 0
         self.paged = None
         self.rep = None  # kernel path, gated: the repaired pages (kernels.paged.RepairOverlay)
+        self.win = None  # kernel path: the exact window's rings (kernels.paged.ExactWindow)
         if o.use_kernel(self.device, Bsz, self.dtype):
             from kernels.paged import PagedKV, RepairOverlay
 
             per_seq = -(-o.max_tokens // o.block_size)
             self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
                                           per_token_witness=True, model_dtype=self.dtype, device=self.device,
-                                          seed=o.seed, layer=self.layer_idx, with_exact=False)
+                                          seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
+                                          weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]))
             self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
             # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
             if o.gate is not None or o.scheme in BLOCK_SCHEMES:
                 self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
                                                   device=self.device).bind(self.paged)
+            if sum(o.window):  # the exact window's rings (kernels.paged.ExactWindow)
+                from kernels.paged import ExactWindow
+
+                self.win = ExactWindow.allocate(Bsz, H, D, self.dtype, *o.window, device=self.device)
         self.is_initialized = True
 
     @property
@@ -312,11 +343,15 @@ class WitCertLayer(CacheLayerMixin):
             self._ek, self._ev = self._ek.index_select(0, idx), self._ev.index_select(0, idx)
         for name in ("k_hat", "v_hat", "k_wit", "v_wit", "k_scale", "repaired"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.k_sk is not None:
+            self.k_sk = self.k_sk.index_select(0, idx)
         if self.paged is not None:
             Bsz, per_seq = self.block_table.shape
             self.paged = self.paged.reordered(Bsz, per_seq, idx)
             if self.rep is not None:
                 self.rep = self.rep.reordered(Bsz, per_seq, idx).bind(self.paged)
+            if self.win is not None:
+                self.win = self.win.select(idx)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last ``-tokens_to_remove`` tokens (transformers' convention: a negative
@@ -347,20 +382,35 @@ class WitCertLayer(CacheLayerMixin):
             lo = p * T
             ek, ev = self._exact(lo, n1)
             self.rep.hold(self._page_blocks(p), ek.to(self.device), ev.to(self.device))
+        if self.win is not None and n1 > 0:  # the recent window moved back onto tokens the ring no longer holds
+            lo = max(0, n1 - self.win.recent)
+            ek, ev = self._exact(lo, n1)
+            Bsz, H = ek.shape[:2]
+            m = n1 - lo
+            self.win.write(torch.arange(Bsz, device=self.device).repeat_interleave(m),
+                           torch.arange(lo, n1, device=self.device).repeat(Bsz),
+                           ek.to(self.device).transpose(1, 2).reshape(Bsz * m, H, -1),
+                           ev.to(self.device).transpose(1, 2).reshape(Bsz * m, H, -1), n1)
         if self.k_hat.shape[-2] > n1:
             self.k_hat, self.v_hat = self.k_hat[..., :n1, :], self.v_hat[..., :n1, :]
             self.k_wit, self.v_wit, self.k_scale = self.k_wit[..., :n1, :], self.v_wit[..., :n1], self.k_scale[..., :n1]
-            T = o.block_size
+            if self.k_sk is not None:
+                self.k_sk = self.k_sk[..., :n1, :]
             self.repaired = self.repaired[..., : -(-n1 // T)]
-            keep = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
-            if keep < min(self.n_quantized, n1):  # a partial quantized block goes back to exact
-                ek, ev = self._exact(keep, n1)
-                self.k_hat[..., keep:n1, :] = ek.to(self.device, self.served_dtype)
-                self.v_hat[..., keep:n1, :] = ev.to(self.device, self.served_dtype)
-                self.k_wit[..., keep:n1, :] = 0
-                self.v_wit[..., keep:n1] = 0
-                self.k_scale[..., keep:n1] = 0
-            self.n_quantized = min(self.n_quantized, keep)
+            # tokens back inside the window (or a partial block) are served exact again
+            lo, end = o.quantized_range(n1)
+            keep = min(max(end, 0), self.n_quantized)
+            a, b = max(keep, lo), min(self.n_quantized, n1)
+            if a < b:
+                ek, ev = self._exact(a, b)
+                self.k_hat[..., a:b, :] = ek.to(self.device, self.served_dtype)
+                self.v_hat[..., a:b, :] = ev.to(self.device, self.served_dtype)
+                self.k_wit[..., a:b, :] = 0
+                self.v_wit[..., a:b] = 0
+                self.k_scale[..., a:b] = 0
+                if self.k_sk is not None:
+                    self.k_sk[..., a:b, :] = 0
+            self.n_quantized = keep
 
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):
@@ -402,6 +452,8 @@ class WitCertLayer(CacheLayerMixin):
 
         write_kv(self.paged, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(), self.block_table, st.seq, st.pos,
                  store_exact=False, validate=False, slots=st.slots)
+        if self.win is not None:  # device index ops: captured with the step
+            self.win.write(st.seq, st.pos, k[:, :, 0], v[:, :, 0], st.pos + 1)
         self._pending = "served"
         _ACTIVE.cache = self.owner._weak
         return key_states, value_states
@@ -436,6 +488,8 @@ class WitCertLayer(CacheLayerMixin):
         self.ensure_capacity(n1)
         seq, p, slots = self._step_slots(Bsz, m, n0, n1)
         kf, vf = k.transpose(1, 2).reshape(Bsz * m, H, D), v.transpose(1, 2).reshape(Bsz * m, H, D)
+        if self.win is not None:  # the exact window's rings: the sinks and the last `recent` tokens
+            self.win.write(seq, p, kf, vf, n1)
         if o.scheme in BLOCK_SCHEMES:
             self._write_blocks(k, v, n0, n1, kf, vf, slots)
             return
@@ -516,11 +570,14 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit = torch.cat([self.k_wit, torch.zeros(Bsz, H, m, o.num_groups, **f64)], dim=-2)
         self.v_wit = torch.cat([self.v_wit, torch.zeros(Bsz, H, m, **f64)], dim=-1)
         self.k_scale = torch.cat([self.k_scale, torch.zeros(Bsz, H, m, dtype=torch.float32, device=self.device)], dim=-1)
+        if self.k_sk is not None:
+            self.k_sk = torch.cat([self.k_sk, torch.zeros(Bsz, H, m, D, **f64)], dim=-2)
         if o.scheme == "none":
             self.n_quantized = n1
             return
-        a = self.n_quantized
-        b = (n1 // T) * T if o.scheme in BLOCK_SCHEMES else n1
+        # tokens enter exact (the window, KIVI's partial block) and are quantized once they leave it
+        lo, b = o.quantized_range(n1)
+        a = max(self.n_quantized, lo)
         if b <= a:
             return
         x_k, x_v = self._exact(a, b)
@@ -529,7 +586,17 @@ class WitCertLayer(CacheLayerMixin):
         kh, kmeta = quantize(o.scheme, x_k.float().cpu(), QuantContext(role="key", **common))
         vh, _ = quantize(o.scheme, x_v.float().cpu(), QuantContext(role="value", **common))
         kh, vh = kh.to(self.device, self.served_dtype), vh.to(self.device, self.served_dtype)
-        kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
+        if o.sketch:  # the sketch radius's witness (and sketch): contract.sketch
+            r = kh.double() - x_k.double()
+            rt = torch.zeros_like(r)
+            if o.sketch_bits:
+                beta = S.residual_range(o.scheme, kh.double().cpu(), kmeta)
+                codes, beta = B.sketch_encode(r.cpu(), o.sketch_bits, beta)
+                rt = B.sketch_decode(codes, beta, o.sketch_bits).to(self.device)
+            wl = None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx][None]).to(self.device)
+            kw = B.sketch_witness(r, rt, wl)[..., None]
+        else:
+            kw = B.key_witness(x_k.double(), kh.double(), o.groups, block_size=1)
         vw = B.value_witness(x_v.double(), vh.double(), block_size=1)
         # tokens of repaired blocks stay exact (repair is persistent)
         rep = self.repaired.repeat_interleave(T, dim=-1)[..., a:b]
@@ -537,6 +604,8 @@ class WitCertLayer(CacheLayerMixin):
         self.v_hat[..., a:b, :] = torch.where(rep[..., None], x_v.to(self.served_dtype), vh)
         self.k_wit[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(kw), kw)
         self.v_wit[..., a:b] = torch.where(rep, torch.zeros_like(vw), vw)
+        if self.k_sk is not None:
+            self.k_sk[..., a:b, :] = torch.where(rep[..., None], torch.zeros_like(rt), rt)
         if "scale" in kmeta and o.scheme == "int8_dither":
             self.k_scale[..., a:b] = torch.where(rep, 0.0, kmeta["scale"].to(self.device))
         self.n_quantized = b
@@ -563,6 +632,8 @@ class WitCertLayer(CacheLayerMixin):
         self.k_wit[b, h, lo:hi] = 0
         self.v_wit[b, h, lo:hi] = 0
         self.k_scale[b, h, lo:hi] = 0
+        if self.k_sk is not None:
+            self.k_sk[b, h, lo:hi] = 0
         self.repaired[b, h, blk] = True
         return 2 * (hi - lo) * ek.shape[-1] * ek.element_size()
 
@@ -609,6 +680,9 @@ class WitCertCache(Cache):
         trace=None,
         compress_layers=None,
         cuda_graph: bool = False,
+        sketch_bits: int | None = None,
+        window="default",
+        weights=None,
     ):
         get_scheme(scheme)  # ValueError naming the known schemes
         text, L, Hq, Hkv, D, rot = _model_dims(config)
@@ -642,6 +716,20 @@ class WitCertCache(Cache):
         self.seed = self._draw_seed()
         self.num_groups = num_groups
         self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
+        # the key radius (SPEC §2 as amended by issue 33, contract.sketch): a sketch_bits residual sketch
+        # and channel weights (the sketch radius ε_hj = c_h (W_j + u_j)); with neither, the group
+        # Cauchy–Schwarz radius of the G witnesses. The exact window: the first / last tokens served exact
+        if sketch_bits is None:  # the scheme table's default (user schemes: the library's); none with G > 1 / blocks
+            grouped = num_groups != 1 or witness != "token"
+            sketch_bits = 0 if grouped else (SCHEMES[scheme].default_sketch_bits if scheme in SCHEMES
+                                             else DEFAULT_SKETCH_BITS)
+        self.sketch_bits = check_bits(sketch_bits)
+        self.window = check_window(CACHE_DEFAULT_WINDOW if isinstance(window, str) and window == "default" else window)
+        self.weights = _check_cache_weights(weights, L, Hkv, D, scheme)
+        self.sketch = self.sketch_bits > 0 or self.weights is not None
+        if self.sketch and (num_groups != 1 or witness != "token"):
+            raise ValueError("sketch_bits / weights: the sketch radius takes one per-token witness (num_groups=1, "
+                             "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
         if backend not in ("auto", "reference", "kernel"):
             raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
@@ -718,6 +806,46 @@ class WitCertCache(Cache):
                                  else _ExactLayer() for i in range(L)])
 
     # -- bookkeeping
+    def quantized_range(self, n: int) -> tuple[int, int]:
+        """Tokens [lo, hi) of a sequence of length ``n`` stored compressed on the reference path: all of
+        them, but a block scheme's partial last block (KIVI's residual, exact until the block is full). The
+        exact window is applied when the cache is read (``_view``), as the kernel path serves it."""
+        if self.scheme in BLOCK_SCHEMES:
+            return 0, n // self.block_size * self.block_size
+        return 0, n
+
+    def _view(self, layer) -> SimpleNamespace:
+        """What the reference path serves and meters at this step: k̂, v̂ [B, Hkv, n, D] (float64), the key
+        witnesses W [B, Hkv, n, G], φ [B, Hkv, n], the sketch r̃ (or None) and the Tier B scales, with the
+        exact window's tokens (the first ``sink``, the last ``recent``: ``witcert.bounds.window_mask``)
+        served exact from the backing store, radius 0 and φ = 0, as the kernel path serves them."""
+        v = SimpleNamespace(kh=layer.k_hat.double(), vh=layer.v_hat.double(), W=layer.k_wit, phi=layer.v_wit,
+                            rt=layer.k_sk, ks=layer.k_scale)
+        n = layer.k_hat.shape[-2]
+        if not sum(self.window) or self.scheme == "none" or n == 0:
+            return v
+        wm = torch.as_tensor(B.window_mask(n, self.window), device=layer.device)
+        sink, recent = self.window
+        parts = [(0, min(sink, n))] + ([(max(sink, n - recent), n)] if n - recent < n else [])
+        kh, vh = v.kh.clone(), v.vh.clone()
+        for lo, hi in parts:
+            if lo < hi:
+                ek, ev = self._layer_exact(layer, lo, hi)
+                kh[..., lo:hi, :] = ek.double()
+                vh[..., lo:hi, :] = ev.double()
+        v.kh, v.vh = kh, vh
+        v.W = torch.where(wm[:, None], torch.zeros_like(v.W), v.W)
+        v.phi = torch.where(wm, torch.zeros_like(v.phi), v.phi)
+        v.ks = torch.where(wm, torch.zeros_like(v.ks), v.ks)
+        if v.rt is not None:
+            v.rt = torch.where(wm[:, None], torch.zeros_like(v.rt), v.rt)
+        return v
+
+    @staticmethod
+    def _layer_exact(layer, lo: int, hi: int):
+        ek, ev = layer._exact(lo, hi)
+        return ek.to(layer.device), ev.to(layer.device)
+
     def _draw_seed(self) -> int:
         if self._fixed_seed is not None:
             return int(self._fixed_seed)
@@ -970,14 +1098,16 @@ class WitCertCache(Cache):
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
             # rows: only these sequences, at the whole batch's split count and tile (its smaller grid would
             # pick another tile), so the rows are the whole batch's sums
-            q, bt, lens, tm = q1, layer.block_table, sl, token_mask
+            q, bt, lens, tm, win = q1, layer.block_table, sl, token_mask, layer.win
             tile = None
             if rows is not None:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
                 tm = None if token_mask is None else token_mask[rows]
+                win = None if win is None else win.select(rows)
                 tile = out.tile
             return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=splits,
-                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, tile=tile)
+                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, tile=tile,
+                          window=win)
 
         out = run()
         if not self.meter:
@@ -1037,7 +1167,8 @@ class WitCertCache(Cache):
 
         st = self._static
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
-                     validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above)
+                     validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above,
+                     window=layer.win)
         r = out.meter
         st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
         return out.o[:, None].to(dtype), None
@@ -1050,7 +1181,7 @@ class WitCertCache(Cache):
         Bsz, Hq, D = q1.shape
         Hkv = self.num_kv_heads
         idx = torch.arange(Bsz) if rows is None else rows
-        kh, vh = served_kv(layer.paged, layer.block_table, n, layer.rep, rows=idx)
+        kh, vh = served_kv(layer.paged, layer.block_table, n, layer.rep, rows=idx, window=layer.win)
         dev = kh.device
         q = q1[idx.to(q1.device)].to(dev).double().view(len(idx), Hkv, Hq // Hkv, 1, D)
         if token_mask is None:
@@ -1087,7 +1218,21 @@ class WitCertCache(Cache):
             rep_tok = rep_blocks.repeat_interleave(T, dim=-1)[..., :n]
             W = torch.where(rep_tok, torch.zeros_like(W), W)
             phi = torch.where(rep_tok, torch.zeros_like(phi), phi)
-        eps = abs(sm) * ev["q"].norm(dim=-1)[..., None] * W[:, :, None, None, :]
+        if layer.win is not None:  # window tokens are served exact: radius 0
+            wm = torch.as_tensor(B.window_mask(n, self.window), device=dev)
+            W = torch.where(wm, torch.zeros_like(W), W)
+        if layer.paged.weighted:  # the kernel's sketch radius c_h (W_j + u_j), contract.sketch
+            rt = served_sketch(layer.paged, layer.block_table, n, rows)
+            if rt is not None:
+                zero = rep_tok if layer.rep is not None else torch.zeros_like(W, dtype=torch.bool)
+                if layer.win is not None:
+                    zero = zero | wm
+                rt = torch.where(zero[..., None], torch.zeros_like(rt), rt)
+            a = layer.paged.weights.double().to(dev)[None, :, None, :]
+            eps = B.sketch_radius(ev["q"].transpose(2, 3), None if rt is None else rt[:, :, None], W[:, :, None], sm, a)
+            eps = eps.to(dev).transpose(2, 3)
+        else:
+            eps = abs(sm) * ev["q"].norm(dim=-1)[..., None] * W[:, :, None, None, :]
         eps = torch.where(ev["al"], eps, torch.zeros_like(eps))
         r = block_risk(ev["p"], ev["logits"], ev["al"], ev["live"], eps, block_size=T, num_blocks=nb,
                        repaired=rep_blocks, v_wit=phi, tau_v=self.gate.tau_v)
@@ -1108,18 +1253,21 @@ class WitCertCache(Cache):
         return tv.reshape(Bsz, Hq).cpu().numpy(), err.reshape(Bsz, Hq).cpu().numpy(), int(viol)
 
     def _evaluate(self, layer, q, al, sm):
-        kh = layer.k_hat.double()
-        vh = layer.v_hat.double()
-        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, kh)
+        view = self._view(layer)
+        logits = sm * torch.einsum("bhgld,bhnd->bhgln", q, view.kh)
         p, live_row = _softmax(logits, al)
-        o = torch.einsum("bhgln,bhnd->bhgld", p, vh)
-        return {"p": p, "logits": logits, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al}
+        o = torch.einsum("bhgln,bhnd->bhgld", p, view.vh)
+        return {"p": p, "logits": logits, "o": o, "live": live_row.expand(p.shape[:-1]), "al": al, "view": view}
 
-    def _radii(self, layer, q, al, sm):
-        """ε [B, Hkv, GQ, Lq, n] (Tier A, ``witcert.bounds.logit_radius``) from the stored
-        witnesses (per token, or their maximum over each block of T tokens), plus the float64
-        rounding of the served logits (``witcert.meter.served_radius``); 0 at masked tokens."""
-        W = layer.k_wit  # [B, Hkv, n, G]
+    def _radii(self, view, layer, q, al, sm):
+        """ε [B, Hkv, GQ, Lq, n] (Tier A) from the served view's witnesses: the sketch radius
+        (``_sketch_radii``), or ``witcert.bounds.logit_radius`` of the group witnesses (per token, or their
+        maximum over each block of T tokens); plus the float64 rounding of the served logits
+        (``witcert.meter.served_radius``); 0 at masked tokens."""
+        if self.sketch:
+            return M.served_radius(self._sketch_radii(view, layer, q, sm), q, view.kh[:, :, None, None], sm,
+                                   REFERENCE_UNIT_ROUNDOFF, mask=al)
+        W = view.W  # [B, Hkv, n, G]
         n = W.shape[-2]
         T = self.block_size if self.witness == "block" else 1
         if T > 1:
@@ -1127,19 +1275,29 @@ class WitCertCache(Cache):
             Wp = torch.nn.functional.pad(W, (0, 0, 0, nb * T - n))
             W = Wp.view(*W.shape[:2], nb, T, W.shape[-1]).amax(-2)
         eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
-        return M.served_radius(eps, q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
+        return M.served_radius(eps, q, view.kh[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
 
-    def _tier_b_radii(self, layer, q, al, sm, delta_step):
+    def _sketch_radii(self, view, layer, q, sm):
+        """The sketch radius ε [B, Hkv, GQ, Lq, n] (``witcert.bounds.sketch_radius``, shared over the GQ
+        heads of a query row, as the kernels bin it) from the view's sketches and witnesses; 0 on tokens
+        served exact (the window, repaired blocks: W = 0, r̃ = 0)."""
+        qr = q.transpose(2, 3)  # [B, Hkv, Lq, GQ, D]: the shared maximum is over a row's heads
+        rt = None if view.rt is None else view.rt[:, :, None]
+        wl = None if self.weights is None else torch.from_numpy(self.weights[layer.layer_idx][None, :, None]).to(q.device)
+        eps = B.sketch_radius(qr, rt, view.W[:, :, None, :, 0], sm, wl)  # [B, Hkv, Lq, GQ, n]
+        return eps.to(q.device).transpose(2, 3)
+
+    def _tier_b_radii(self, view, q, al, sm, delta_step):
         """t [B, Hkv, GQ, Lq, n] (Tier B, ``witcert.meter.tier_b_radius``) plus the rounding; 0 at masked tokens."""
-        s = layer.k_scale.double()[:, :, None, None, :]  # [B, Hkv, 1, 1, n]
+        s = view.ks.double()[:, :, None, None, :]  # [B, Hkv, 1, 1, n]
         qq = q.double()
         t = M.tier_b_radius(qq, s.expand(*qq.shape[:-1], s.shape[-1]), sm, int(al.shape[-1]), delta_step)
-        return M.served_radius(t, q, layer.k_hat.double()[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
+        return M.served_radius(t, q, view.kh[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al)
 
     def _block_risk(self, layer, ev, eps, nb):
         """Risk of every block [B, Hkv, nb] (``witcert.gate.block_risk``); 0 for repaired blocks."""
         return block_risk(ev["p"], ev["logits"], ev["al"], ev["live"], eps, block_size=self.block_size,
-                          num_blocks=nb, repaired=layer.repaired, v_wit=layer.v_wit, tau_v=self.gate.tau_v)
+                          num_blocks=nb, repaired=layer.repaired, v_wit=ev["view"].phi, tau_v=self.gate.tau_v)
 
     def _meter_and_gate(self, layer, q, al, sm, ev):
         Bsz, Hkv, GQ, Lq, n = ev["p"].shape
@@ -1149,11 +1307,12 @@ class WitCertCache(Cache):
         def measure():
             """TV⁺ = min(tanh, e-form, tilt) from the served logits (log domain: an underflowed p̂
             never hides a token), E⁺_V, ``bad`` (non-finite: saturated, flagged): ``witcert.meter``."""
-            eps = self._radii(layer, q, al, sm)
-            tb = self._tier_b_radii(layer, q, al, sm, ds) if ds is not None else None
+            view = ev["view"]
+            eps = self._radii(view, layer, q, al, sm)
+            tb = self._tier_b_radii(view, q, al, sm, ds) if ds is not None else None
             # long prefill chunks: the closed forms (sound, looser)
-            r = M.measure(ev["logits"], eps, mask=ev["al"], p_hat=ev["p"], values=layer.v_hat.double()[:, :, None, None],
-                          value_witness=layer.v_wit[:, :, None, None], radius_b=tb, levels=METER_LEVELS,
+            r = M.measure(ev["logits"], eps, mask=ev["al"], p_hat=ev["p"], values=view.vh[:, :, None, None],
+                          value_witness=view.phi[:, :, None, None], radius_b=tb, levels=METER_LEVELS,
                           tilt=Lq <= TILT_MAX_ROWS_PER_HEAD)
             m = {"tv": r.tv, "err": r.err, "bad": r.bad, "parts": r.parts, "eps": eps}
             if ds is not None:
@@ -1210,7 +1369,7 @@ class WitCertCache(Cache):
 
 
 def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
-              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              rows: torch.Tensor | None = None, window=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The values the decode serves, in float64 on the cache's device: (k̂, v̂) [B', Hkv, n, D]
     of the sequences ``rows`` (default all) of ``block_table``, tokens 0..n−1: the codes
     dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
@@ -1260,7 +1419,44 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
         o = off[:, None, :].expand_as(sl)
         kh = torch.where(rep[..., None], repair.k[sl, o].double(), kh)
         vh = torch.where(rep[..., None], repair.v[sl, o].double(), vh)
+    if window is not None and window.columns > 0:  # the exact window (kernels.paged.ExactWindow): from its ring
+        win = torch.as_tensor(B.window_mask(n, (window.sink, window.recent)), device=dev)
+        col = window.columns_of(j, n)
+        rws = torch.arange(window.k.shape[0], device=dev) if rows is None else rows.to(dev).long()
+        kh = torch.where(win[None, None, :, None], window.k[rws][:, :, col].double(), kh)
+        vh = torch.where(win[None, None, :, None], window.v[rws][:, :, col].double(), vh)
     return kh, vh
+
+
+def served_sketch(cache, block_table: torch.Tensor, n: int, rows: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The key residual sketch r̃ [B', Hkv, n, D] (float64) the decode reconstructs from the packed codes
+    and the scheme's β (``contract.sketch``), or None without a sketch: for the gate's block risks."""
+    if not cache.sketch_bits:
+        return None
+    dev = cache.k_codes.device
+    bt = block_table.to(dev).long()
+    if rows is not None:
+        bt = bt[rows.to(dev).long()]
+    T, D, b = cache.block_size, cache.head_dim, cache.sketch_bits
+    j = torch.arange(n, device=dev)
+    blk = bt[:, j // T]
+    off = (j % T)[None, :].expand_as(blk)
+    packed = cache.k_sketch[blk, :, off].movedim(2, 1).long()  # [B', Hkv, n, D·b/8]
+    code = torch.cat([(packed >> (i * b)) & ((1 << b) - 1) for i in range(8 // b)], dim=-1).double()
+    L = 1 << b
+    row = SCHEMES[cache.scheme]
+    gather = lambda t: t[blk, :, off].movedim(2, 1)  # noqa: E731
+    if row.residual_range == "fp8":
+        s = gather(cache.k_scale).double()[..., None] if row.key_scales == "token" else 1.0
+        xh = s * gather(cache.k_codes).double()
+        beta = torch.maximum(xh.abs() * row.residual_rel, row.residual_floor * s * torch.ones_like(xh))
+    elif row.key_scales == "channel-block":  # kivi2: per channel of the page
+        beta = cache.k_scale[blk].movedim(2, 1).double() / 2
+    elif row.key_scales == "group":
+        beta = gather(cache.k_scale)[..., torch.arange(D, device=dev) // 32].double() / 2
+    else:  # per token
+        beta = gather(cache.k_scale).double()[..., None] / 2
+    return beta * (2 * code + 1 - L) / L
 
 
 #: masked softmax of the reference path (float64): ``witcert.meter.softmax``

@@ -91,6 +91,24 @@ def _eval(args) -> int:
     return run(args)
 
 
+def _tightness(args) -> int:
+    from .tightness import main
+
+    return main(args)
+
+
+def _window(s: str):
+    """--window SINK,RECENT (two non-negative ints; 0,0 for none)."""
+    parts = s.split(",")
+    try:
+        vals = tuple(int(p.strip()) for p in parts)
+    except ValueError:
+        vals = ()
+    if len(vals) != 2 or min(vals) < 0:
+        raise argparse.ArgumentTypeError(f"expected SINK,RECENT (two non-negative ints, e.g. 4,64 or 0,0), got {s!r}")
+    return vals
+
+
 # --------------------------------------------------------------------------- trace verbs
 def _trace(args) -> int:
     from .predicate import PredicateError
@@ -159,7 +177,7 @@ def build_parser() -> A.OneLineParser:
     ap = A.OneLineParser(prog="witcert", description="Sound runtime meter for KV-cache quantization")
     ap.add_argument("--version", action="version", version=f"witcert {__version__}")
     ap.add_argument("-v", "--verbose", action="store_true", help="log decisions (INFO)")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,trace}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,tightness,trace}")
 
     d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
     d.add_argument("--tokens", type=A.int_at_least(64), default=2000, help="prompt length (needle in a haystack), >= 64")
@@ -195,6 +213,22 @@ def build_parser() -> A.OneLineParser:
     add_eval_arguments(e)
     e.set_defaults(func=_eval)
 
+    g = sub.add_parser("tightness", help="the meter's bound against the realised TV on the embedded model (rows, "
+                                         "violations, medians, coverage, bytes per token)")
+    g.add_argument("--scheme", type=A.one_scheme, default="int8", help="KV scheme (default int8)")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    g.add_argument("--tokens", type=A.int_at_least(128), default=1024, help="prompt tokens per prompt (>= 128)")
+    g.add_argument("--steps", type=A.int_at_least(1), default=2, help="metered decode steps per prompt (>= 1; 2 prompts "
+                                                                      "x 2 steps x 30 layers x 9 heads = 1080 rows)")
+    g.add_argument("--sketch-bits", type=A.sketch_bits, default=None, help="residual sketch bits: 0, 1, 2 or 4 (default: the scheme's, 2 for the 8-bit schemes, 4 for int4_group and kivi2)")
+    g.add_argument("--window", type=_window, default=None, help="exact window SINK,RECENT (default 4,64; 0,0 none)")
+    g.add_argument("--weights", choices=("calibrated", "none"), default="calibrated",
+                   help="channel weights of the radius: the embedded model's calibration (default) or none (all 1)")
+    g.add_argument("--device", type=A.device, default="cpu", help="cpu, cuda[:N] or auto")
+    g.add_argument("--backend", choices=("auto", "reference", "kernel"), default="auto",
+                   help="the cache's backend (auto: the Triton kernels on CUDA, the float64 reference on the CPU)")
+    g.set_defaults(func=_tightness)
+
     t = sub.add_parser("trace", help="views of a recorded trace: summary, top, compare, plot, schema")
     tv = t.add_subparsers(dest="verb", required=True, metavar="{summary,top,compare,plot,schema}")
     common = A.OneLineParser(add_help=False)
@@ -223,7 +257,7 @@ def build_parser() -> A.OneLineParser:
     s.add_argument("--kind", type=_kinds, default=["all"], help="all, or some of heatmap,steps,coverage,pageins")
     tv.add_parser("schema", help="print the trace schema")
     t.set_defaults(func=_trace)
-    ap.subcommands = {"demo": d, "eval": e, "trace": t}
+    ap.subcommands = {"demo": d, "eval": e, "tightness": g, "trace": t}
     return ap
 
 

@@ -290,6 +290,30 @@ def _kivi2(x, ctx):
     return xh.reshape(x.shape), {"codes": c.reshape(x.shape).to(torch.uint8), "scale": s[..., 0], "zero": z[..., 0], "group": g}
 
 
+def residual_range(scheme: str, x_hat: torch.Tensor, meta: dict):
+    """β ``[..., n, d]`` (float64) with |x̂_i − x_i| ≤ β_i by the scheme's construction, from what the
+    cache stores (scales, codes): the range of the key residual sketch (``witcert.bounds.sketch_encode``;
+    the write kernel computes the same values). The scheme table's ``residual_range``: "half-scale" (half
+    a scale step: int8 per token, int4_group per 32 channels, kivi2 per channel of a block), "fp8" (half
+    an fp8 spacing, ≤ |x̂|·``residual_rel``, at least ``residual_floor`` times the scale); None for scheme
+    ``none`` and user schemes (the sketch then takes each token's own range). Only a tightness choice:
+    the witness is taken from the reconstruction, so a β that is not a bound costs tightness, never
+    soundness."""
+    row = SCHEMES.get(scheme)
+    if row is None or row.residual_range == "none":
+        return None
+    xh = x_hat.to(torch.float64)
+    if row.residual_range == "fp8":
+        s = meta["scale"].to(torch.float64)[..., None] if "scale" in meta else torch.ones_like(xh[..., :1])
+        return torch.maximum(xh.abs() * row.residual_rel, row.residual_floor * s)
+    sc = meta["scale"].to(torch.float64)
+    if row.key_scales == "channel-block" and "block" in meta:  # kivi2 keys: per channel of each block of T tokens
+        return sc.repeat_interleave(meta["block"], dim=-2)[..., : xh.shape[-2], :] / 2
+    if "group" in meta:  # per 32-channel group of a token (int4_group, kivi2 values)
+        return (sc.repeat_interleave(meta["group"], dim=-1) / 2).reshape(xh.shape)
+    return (sc[..., None] / 2).expand_as(xh)  # per token
+
+
 # --------------------------------------------------------------------------- registry
 
 

@@ -1,0 +1,109 @@
+"""Speed of the tightness work (issue 33) side by side in one run: the metered int8 decode call with the
+group radius (as bench/RESULTS.md run R timed it) against the sketch radius (2-bit key sketch, channel
+weights) and the exact window (4 sinks + 64 recent tokens), on bench/decode.py's shapes (Hq 32 / Hkv 8,
+d 128, B ∈ {1, 8, 32}, n ∈ {32K, 128K}, random codes: every tile "hot", the sketch dot never skipped).
+
+Whole call (kernel + fused merge / epilogue, the tilt on every row: the cache's default), CUDA-graph
+replay, median of triton.testing.do_bench, caches rotated past the L2.
+
+    python3 bench/sketch_speed.py [--batches 1,8,32] [--lengths 32768,131072] [--heads 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from decode import bench, fill_cache, graphed  # noqa: E402
+
+from kernels.decode import decode  # noqa: E402
+from kernels.paged import ExactWindow, PagedKV  # noqa: E402
+
+
+def sketched(c: PagedKV, bits: int, weighted: bool, gen) -> PagedKV:
+    """The cache with a random ``bits``-bit key sketch and (``weighted``) random power-of-two weights."""
+    import dataclasses
+
+    H, D = c.num_kv_heads, c.head_dim
+    w = (2.0 ** torch.randint(-2, 3, (H, D), generator=gen)).float().to(c.k_codes.device) if weighted else \
+        torch.ones(H, D, device=c.k_codes.device)
+    ksk = torch.randint(0, 256, c.k_codes.shape[:3] + (D * bits // 8,), dtype=torch.uint8, generator=gen).to(
+        c.k_codes.device) if bits else torch.zeros(1, dtype=torch.uint8, device=c.k_codes.device)
+    return dataclasses.replace(c, sketch_bits=bits, k_sketch=ksk, weights=w, has_weights=weighted)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--lengths", default="32768,131072")
+    ap.add_argument("--heads", default="32")
+    ap.add_argument("--window", default="4,64")
+    ap.add_argument("--caps", default="", help="also time sketch+win under these register caps (e.g. 200,232)")
+    args = ap.parse_args(argv)
+    caps = [int(x) for x in args.caps.split(",") if x]
+    dev = "cuda"
+    Hkv, D = 8, 128
+    sink, recent = (int(x) for x in args.window.split(","))
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    print(f"# {p.name}, torch {torch.__version__}, triton {triton.__version__}; int8, Hkv {Hkv}, d {D}, whole call, "
+          f"graph replay, ms; group: run R's radius; sketch: 2-bit key sketch + weights; win: + exact window "
+          f"({sink}, {recent})")
+    cols = ("off", "group", "sketch", "sketch+win", "win", "sketch4+win")
+    print(f"{'Hq':>3} {'B':>3} {'n':>7} " + " ".join(f"{c:>11}" for c in cols)
+          + f" {'sketch/grp':>10} {'s+win/grp':>10} {'s4+w/grp':>9}")
+    for Hq in (int(x) for x in args.heads.split(",")):
+        for B in (int(x) for x in args.batches.split(",")):
+            for n in (int(x) for x in args.lengths.split(",")):
+                torch.manual_seed(0)
+                gen = torch.Generator().manual_seed(0)
+                kvb = B * n * Hkv * (D * 2 + 4)
+                copies = max(1, math.ceil(4 * 60e6 / kvb))
+                base = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+                q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+                sl = torch.full((B,), n, device=dev, dtype=torch.int32)
+                win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, sink, recent, device=dev)
+                win.k.normal_()
+                win.v.normal_()
+                win.k_norm.fill_(12.0)
+                win.v_norm.fill_(12.0)
+                variants = {
+                    **{f"s+w cap{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win, c) for c in caps},
+                    "off": ([(c, bt) for c, bt in base], False, None, None),
+                    "group": ([(c, bt) for c, bt in base], True, None, None),
+                    "sketch": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, None, None),
+                    "sketch+win": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
+                    "win": ([(c, bt) for c, bt in base], True, win, None),
+                    "sketch4+win": ([(sketched(c, 4, True, gen), bt) for c, bt in base], True, win, None),
+                }
+                t = {}
+                regs = {}
+                for name, (cs, meter, w, cap) in variants.items():
+                    def one(c, bt, meter=meter, w=w, cap=cap):
+                        return lambda: decode(c, q, bt, sl, meter=meter, validate=False, window=w, _maxnreg=cap)
+                    try:
+                        k = decode(cs[0][0], q, cs[0][1], sl, meter=meter, validate=False, window=w, _maxnreg=cap).compiled
+                        regs[name] = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
+                        t[name] = bench(graphed([one(c, bt) for c, bt in cs]), False)
+                    except Exception as exc:  # a variant that fails to build is reported, not fatal
+                        print(f"# {name}: {type(exc).__name__}: {exc}"[:400], flush=True)
+                        t[name] = float("nan")
+                print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{t[c]:>11.4f}" for c in cols)
+                      + f" {t['sketch'] / t['group']:>10.3f} {t['sketch+win'] / t['group']:>10.3f}"
+                      f" {t['sketch4+win'] / t['group']:>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items())
+                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / t['group']:.3f})" for c in t if c.startswith("s+w cap")),
+                      flush=True)
+                del base, variants
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
