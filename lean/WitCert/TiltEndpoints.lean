@@ -23,7 +23,7 @@ open Finset
 
 section Endpoints
 
-variable {ι : Type*} [Fintype ι] {phat delta p : ι → ℝ}
+variable {ι : Type*} [Fintype ι] [DecidableEq ι] {phat delta p : ι → ℝ}
 
 /-- `β_j` is affine in `t`. -/
 lemma beta_affine (t₀ t₁ θ x : ℝ) :
