@@ -67,7 +67,8 @@ theorem step_tv_sound {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
   have hstep : μ.real {ω | ∃ j, tt j ≤ |sigma * ∑ i, q i * e j i ω|} ≤ delta :=
     dither_step_union r e hind c hsub q beta hclose sigma delta V b tt hV hVpos hb htt hδ hδn
   have hn : (0 : ℝ) < Fintype.card κ := by linarith
-  have hn' : 0 < Fintype.card κ := by exact_mod_cast hn
+  -- `Nat.cast_pos`: Data/Nat/Cast/Order/Ring.lean:59
+  have hn' : 0 < Fintype.card κ := Nat.cast_pos.mp hn
   -- `Fintype.card_pos_iff`: Data/Fintype/Card.lean:275
   have hP : IsProbabilityMeasure μ :=
     (hind (Classical.choice (Fintype.card_pos_iff.mp hn'))).isProbabilityMeasure
