@@ -11,6 +11,11 @@ line counting all three, and exits non-zero if any fails. What is checked:
 * formulas: ``witcert.bounds`` and ``kernels.decode.tier_b_coefficients`` evaluated at random
   points equal the sympy declarations of ``proofs_bridge.formulas`` (within the documented
   round-up slack, never below);
+* the §3(c) tilt with endpoint values (``check_tilt_endpoints``, Lean ``tilt_tv_le_dual_grid_endpoints``):
+  the epilogue's torch twin ``_interval_upper`` interval by interval, the kernel's ``_tv_row`` tilt on its
+  grid and the fp64 reference's ``tv_bound_tilt`` on a fixed grid, against t − D(t, λ) at both ends of every
+  interval; the residual-sketch radius (``check_sketch_radius``, Lean ``sketch_shared_radius_le`` /
+  ``sketch_logit_error_le``) against ``formulas.SKETCH_RADIUS`` / ``SKETCH_PER_HEAD``;
 * falsification: every §9 statement on random instances in 50-digit arithmetic (``falsify``);
 * Lean statements: every §9 theorem (and ``tail_at_radius``) is parsed from ``lean/`` by
   ``lean_parse`` and its conclusion and defining hypotheses must equal ``formulas.LEAN_THEOREMS``;
@@ -140,6 +145,39 @@ def check_formulas(seed: int = 0, points: int = 200):
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
     out += check_tilt_endpoints(rng)
+    out += check_sketch_radius(rng, points)
+    return out
+
+
+def check_sketch_radius(rng, points: int = 200):
+    """SPEC §2 (Tier A), lean/WitCert/Sketch.lean: ``witcert.bounds.sketch_radius`` against
+    ``formulas.SKETCH_RADIUS`` with c_h = ``SKETCH_SCALE`` and the kernel's u_j = max_h ``SKETCH_U_RATIO``
+    (``sketch_shared_radius_le``, ``sketch_u_of_ratio_le``), and with ``shared=False`` against
+    ``SKETCH_PER_HEAD`` (``sketch_logit_error_le``): never below, within the reference's round-ups (its
+    W carries γ_{d+2}‖r̃/a‖ for the fp64 dot)."""
+    from witcert import bounds as B
+
+    P, GQ, n, d = points // 10, 4, 5, 8
+    q = rng.normal(size=(P, GQ, d))
+    rt = rng.normal(size=(P, n, d)) * 10.0 ** rng.uniform(-3, 0, (P, n, 1))
+    rt[:, 0] = 0.0  # a token whose sketch is 0 (u = 0)
+    W = rng.uniform(0.0, 1.0, (P, n)) * 10.0 ** rng.uniform(-3, 0, (P, n))
+    a = np.repeat(np.exp(rng.normal(size=d // 2)), 2)  # one weight per band (pair)
+    sig = -0.37
+    qa_norm = np.linalg.norm(q * a, axis=-1)  # [P, GQ]
+    dot = np.einsum("phd,pnd->phn", q, rt)  # [P, GQ, n]
+    fscale = sp.lambdify((F.sigma, F.qa_norm), F.SKETCH_SCALE, "numpy")
+    fratio = sp.lambdify((F.sigma, F.qrt_dot, F.c_h), F.SKETCH_U_RATIO, "numpy")
+    frad = sp.lambdify((F.c_h, F.W_j, F.u_j), F.SKETCH_RADIUS, "numpy")
+    fper = sp.lambdify((F.sigma, F.qrt_dot, F.qa_norm, F.W_j), F.SKETCH_PER_HEAD, "numpy")
+    c = fscale(sig, qa_norm)[..., None]  # [P, GQ, 1]
+    u = fratio(sig, dot, c).max(axis=-2, keepdims=True)  # [P, 1, n]: the kernel's shared u_j
+    want = frad(c, W[:, None, :], u)
+    got = B.sketch_radius(q, rt, W, sig, weights=a)
+    out = [("sketch_radius = c_h (W + max_h |σ⟨q_h, r̃⟩|/c_h), c_h = |σ| ‖a⊙q_h‖", _close_above(got, want, 1e-9), "")]
+    want1 = fper(sig, dot, qa_norm[..., None], W[:, None, :])
+    got1 = B.sketch_radius(q, rt, W, sig, weights=a, shared=False)
+    out.append(("sketch_radius(shared=False) = |σ| |⟨q, r̃⟩| + |σ| ‖a⊙q‖ W", _close_above(got1, want1, 1e-9), ""))
     return out
 
 

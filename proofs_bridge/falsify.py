@@ -469,6 +469,10 @@ def _rope_layouts(rng, trials, layout):
             bad.append(("pairs overlap", layout, h, g))
         if abs(mp.fsum(y[i] ** 2 for i in coords) - mp.fsum(mp.mpf(x[i]) ** 2 for i in coords)) > mp.mpf(10) ** -30:
             bad.append(("norm", layout, h, g))
+        # issue 37 (f): the group together with passthrough coordinates P ⊆ [2h, d)
+        cp = coords + [i for i in range(2 * h, d) if rng.random() < 0.5]
+        if abs(mp.fsum(y[i] ** 2 for i in cp) - mp.fsum(mp.mpf(x[i]) ** 2 for i in cp)) > mp.mpf(10) ** -30:
+            bad.append(("norm with passthrough", layout, h, g))
     return bad
 
 
@@ -789,6 +793,24 @@ def tilt_tv_le_dual_grid_endpoints(rng, trials, ends=None):
     return bad
 
 
+
+def dualD_regroup(rng, trials):
+    """Issue 37 (e): D(t, λ) of the radii rounded up onto levels L(bin j) equals D(t, λ) of the histogram
+    w_k = Σ_{bin j = k} p̂_j over the levels (empty bins included), and so does the e-form's A."""
+    bad = []
+    for _ in range(trials):
+        n, K = rng.randint(1, 8), rng.randint(1, 5)
+        p = _rand_p(rng, n)
+        L = sorted(mp.mpf(rng.random()) * rng.choice([0.05, 0.5, 3.0]) for _ in range(K))
+        bin_ = [rng.randrange(K) for _ in range(n)]
+        w = [mp.fsum(p[j] for j in range(n) if bin_[j] == k) for k in range(K)]
+        t, lam = mp.mpf(rng.random()), mp.mpf(rng.random()) * rng.choice([0.1, 1, 10])
+        eps = [L[b] for b in bin_]
+        A1, A2 = mp.fsum(pj * mp.e ** e for pj, e in zip(p, eps)), mp.fsum(wk * mp.e ** lk for wk, lk in zip(w, L))
+        if abs(dual_D(p, eps, t, lam) - dual_D(w, L, t, lam)) > mp.mpf(10) ** -40 or abs(A1 - A2) > mp.mpf(10) ** -40:
+            bad.append((p, bin_, L))
+    return bad
+
 # ------------------------- issue 37 (b), (c): the composed statements (FloatTV.lean, Request.lean)
 
 def kernel_tv_sound(rng, trials, rho=None):
@@ -935,6 +957,10 @@ STATEMENTS = {
     "sketch_radius_ge_group_sum": sketch_radius_ge_group_sum,
     # SPEC §3(c) with endpoint values (lean/WitCert/TiltEndpoints.lean)
     "tilt_tv_le_dual_grid_endpoints": tilt_tv_le_dual_grid_endpoints,
+    # issue 37 (f): partial rotary (the layout searches add passthrough coordinates to the group)
+    "rope_half_partial_group_norm_invariant": rope_half_group_norm_invariant,
+    "rope_interleaved_partial_group_norm_invariant": rope_interleaved_group_norm_invariant,
+    "dualD_regroup": dualD_regroup,  # issue 37 (e) (not parsed: its statement has `fun` and a filter)
     # issue 37 (b), (c): the composed statements (lean/WitCert/FloatTV.lean, lean/WitCert/Request.lean)
     "kernel_tv_sound": kernel_tv_sound,
     "kernel_tv_sound_tanh": kernel_tv_sound,  # the same search checks F = tanh((ε_max+Ξ)/2)

@@ -301,10 +301,9 @@ LEAN_DEFS.update({
 #   per head   |δ_{h,j}| ≤ |σ| |⟨q_h, r̃_j⟩| + |σ| ‖a ⊙ q_h‖ W_j          (sketch_logit_error_le)
 #   shared     |δ_{h,j}| ≤ c_h (W_j + u_j),  c_h = |σ| ‖a ⊙ q_h‖,
 #              u_j ≥ |σ ⟨q_h', r̃_j⟩| / c_h' for every head h' of the group (sketch_shared_radius_le)
-# TODO(main engineer): `witcert.bounds.sketch_radius` is the numeric counterpart of SKETCH_RADIUS
-# (with SKETCH_SCALE for c_h and SKETCH_U_RATIO for u_j = max_h' of the ratios); once it exists,
-# check it against these constants in `proofs_bridge.check.check_formulas` (random points, never
-# below the formula), as `dither_radius` is checked against DITHER_RADIUS.
+# `witcert.bounds.sketch_radius` is the numeric counterpart of SKETCH_RADIUS (with SKETCH_SCALE for c_h
+# and SKETCH_U_RATIO for u_j = max_h' of the ratios; shared=False: SKETCH_PER_HEAD), checked against
+# these constants by `proofs_bridge.check.check_sketch_radius` (random points, never below the formula).
 c_h, W_j, u_j, qa_norm, qrt_dot = sp.symbols("c_h W_j u_j qa_norm qrt_dot", real=True)
 #: the kernel's shared level of (head h, token j)
 SKETCH_RADIUS = c_h * (W_j + u_j)
@@ -520,4 +519,26 @@ LEAN_THEOREMS.update({
     }),
     "request_tv_sound_fixed": ("Request", _request_union(Tm), _request_hyps(budgetFixed(delta_req, Ls, Hs, Tm))),
     "request_tv_sound_anytime": ("Request", _request_union(T), _request_hyps(budgetAnytime(delta_req, Ls, Hs, t + 1))),
+})
+
+
+# -------------------------- issue 37 (f): partial rotary (lean/WitCert/Bands.lean, passthrough ≥ 2h)
+PARTIAL_ROTARY_THEOREMS = [
+    "rope_half_partial_group_norm_invariant",
+    "rope_interleaved_partial_group_norm_invariant",
+]
+THEOREMS += PARTIAL_ROTARY_THEOREMS
+
+
+def _rope_inv_partial(fst, snd, rope):
+    grp = union(coordsOf(fst, snd, sp.Symbol("g")), sp.Symbol("P"))
+    return [("=", coordNorm(grp, rope), coordNorm(grp, x))]
+
+
+_HPASS = {"hP": [("∀", ("i", "∈", "P"), [("≤", 2 * sp.Symbol("h"), _i)])]}
+LEAN_THEOREMS.update({
+    "rope_half_partial_group_norm_invariant": ("Bands", _rope_inv_partial(
+        sp.Symbol("halfFst"), _f("halfSnd")(sp.Symbol("h")), _f("ropeHalf")(sp.Symbol("h"), sp.Symbol("θ"), x)), _HPASS),
+    "rope_interleaved_partial_group_norm_invariant": ("Bands", _rope_inv_partial(
+        sp.Symbol("ilvFst"), sp.Symbol("ilvSnd"), _f("ropeInterleaved")(sp.Symbol("h"), sp.Symbol("θ"), x)), _HPASS),
 })

@@ -327,8 +327,9 @@ def test_every_endpoint_and_composed_name_is_falsified_and_stated():
     # SPEC §3(c) with endpoints (TiltEndpoints.lean) and issue 37 (b), (c) (Request.lean, FloatTV.lean)
     from proofs_bridge import formulas as F
 
-    for name in F.ENDPOINT_THEOREMS + F.COMPOSED_THEOREMS:
+    for name in F.ENDPOINT_THEOREMS + F.COMPOSED_THEOREMS + F.PARTIAL_ROTARY_THEOREMS:
         assert name in F.THEOREMS and name in F.LEAN_THEOREMS and name in Fz.STATEMENTS
+    assert "dualD_regroup" in Fz.STATEMENTS  # issue 37 (e): falsified, not parsed
 
 
 def test_drift_in_the_endpoint_statement_fails(tmp_path):
@@ -411,3 +412,41 @@ def test_a_false_composed_statement_is_falsified():
     # the kernel's TV⁺ without its ρ (the lost masses ignored), or ρ = Λ alone: false
     assert Fz.kernel_tv_sound(random.Random(3), 300, rho=lambda Lam, r, m: 0)
     assert Fz.kernel_tv_sound(random.Random(3), 300, rho=lambda Lam, r, m: Lam)
+
+
+def test_drift_in_the_sketch_radius_fails(monkeypatch):
+    """witcert.bounds.sketch_radius is checked against the Sketch.lean formulas (issue 37 (d) and the new radii)."""
+    import numpy as np
+
+    from witcert import bounds as B
+
+    shared = "sketch_radius = c_h (W + max_h |σ⟨q_h, r̃⟩|/c_h), c_h = |σ| ‖a⊙q_h‖"
+    per_head = "sketch_radius(shared=False) = |σ| |⟨q, r̃⟩| + |σ| ‖a⊙q‖ W"
+
+    def bad():
+        return failed(C.check_sketch_radius(np.random.default_rng(0)))
+
+    assert bad() == []
+    real = B.sketch_radius
+    # the shared level with each head's own ratio in place of the group's maximum
+    monkeypatch.setattr(B, "sketch_radius", lambda q, rt, W, s, weights=None, shared=True: real(q, rt, W, s, weights, False))
+    assert bad() == [shared]
+    # the sketch dropped (r̃ taken as 0: u = 0 and ⟨q, r̃⟩ = 0)
+    monkeypatch.setattr(B, "sketch_radius", lambda q, rt, W, s, weights=None, shared=True: real(q, None, W, s, weights, shared))
+    assert bad() == [shared, per_head]
+
+
+def test_drift_in_a_partial_rotary_statement_fails(tmp_path):
+    # issue 37 (f): the passthrough coordinates must lie past the rotary dimension 2h
+    cases = [
+        ("Bands", "(hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, 2 * h ≤ i) (x : ℕ → ℝ) :\n    coordNorm (coordsOf halfFst",
+         "(hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, h ≤ i) (x : ℕ → ℝ) :\n    coordNorm (coordsOf halfFst",
+         "lean statement rope_half_partial_group_norm_invariant = formula"),
+        ("Bands", "coordNorm (coordsOf ilvFst ilvSnd g ∪ P) (ropeInterleaved h θ x)",
+         "coordNorm (coordsOf ilvFst ilvSnd g) (ropeInterleaved h θ x)",
+         "lean statement rope_interleaved_partial_group_norm_invariant = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]
