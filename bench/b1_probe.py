@@ -8,7 +8,7 @@ to fill a wave of twelve one-warp programs per SM (each program then runs ~5 til
     python3 bench/b1_probe.py --batch 4 --lengths 8192,32768 --splits 12          # the old rule's count
     python3 bench/b1_probe.py --off --batch 2 --lengths 32768 --splits 17         # the same for the unmetered call
 
-At run R's first call (bench/b1_probe_2026-12-03_R.log) production was the old rule: the 4-warp tile on 49 splits
+At run R's first call (bench/results/2026-12-03/b1_probe_2026-12-03_R.log) production was the old rule: the 4-warp tile on 49 splits
 at B 1. Since the small-grid rule (``SMALL_GRID_MIN_SPLIT_TOKENS``) production is one wave of the one-warp tile
 (metered) or of the capped 64-token tile (unmetered) at B 1-4, and the explicit counts given in runs R2 / R3 are
 the old rule's: metered B 1 49, B 2 24, B 4 12 (4-warp tiles); unmetered B 1 33, B 2 17, B 4 16 (128-token /

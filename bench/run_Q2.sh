@@ -1,6 +1,6 @@
 # run Q (2026-12-03), second call: the prefetch distance A/B and ncu of the prefetching metered kernel
 # ran at commit f9e1ce2: --prefetch-distance was removed since (two tiles ahead was slower); the record is
-# bench/tile_ab_distance_2026-12-03_Q.log and bench/ncu_on_prefetch_2026-12-03_Q.txt
+# bench/results/2026-12-03/tile_ab_distance_2026-12-03_Q.log and bench/results/2026-12-03/ncu_on_prefetch_2026-12-03_Q.txt
 for sh in 8:32768 32:32768; do
   timeout 60 python3 bench/tile_ab.py --shape $sh --prefetch 0,1 --only on 2>&1 | grep -v Warning
   timeout 60 python3 bench/tile_ab.py --shape $sh --prefetch 1 --prefetch-distance 2 --only on 2>&1 | grep -v Warning

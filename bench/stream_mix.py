@@ -1,6 +1,6 @@
 """Diagnosis helper of bench/stream_probe.py (issue 10): the PTX instruction mix, registers and kernel-only time of the
 probe kernel variants (base / fastcvt, 128- / 64-token tiles, 1 / 2 pipeline stages) at B = 8, n = 32K on the H200:
-    python3 bench/stream_mix.py          (log: bench/stream_probe_2026-12-01_mix.log; ncu run: ..._ncu.txt)"""
+    python3 bench/stream_mix.py          (log: bench/results/2026-12-01/stream_probe_2026-12-01_mix.log; ncu run: ..._ncu.txt)"""
 import collections
 import os
 import re

@@ -125,6 +125,18 @@ KERNEL_SCHEME_IDS: dict[str, int] = {s.name: s.kernel_id for s in _ROWS if s.ker
 BLOCK_SCHEMES: frozenset[str] = frozenset(s.name for s in _ROWS if s.per_block)
 
 
+#: other spellings of built-in schemes: vLLM / SGLang's ``--kv-cache-dtype`` values (``fp8`` is
+#: fp8_e4m3 as they store it, ``auto`` the model's dtype) and short names. The command line and the
+#: Python API (``witcert.schemes.resolve_scheme``) accept both; records, traces and metrics carry
+#: the canonical name.
+ALIASES: dict[str, str] = {"auto": "none", "fp8": "fp8_e4m3", "int4": "int4_group", "kivi": "kivi2"}
+
+
+def canonical_name(name: str) -> str:
+    """``name`` with an alias replaced by its scheme (other names unchanged, not checked)."""
+    return ALIASES.get(name, name) if isinstance(name, str) else name
+
+
 def scheme(name: str) -> Scheme:
     """The table's row for ``name`` (``ValueError`` naming the known schemes)."""
     try:

@@ -835,10 +835,15 @@ MANY_PROGRAMS_PER_SM = 4
 #: programs per SM instead of four (24 B of spill), 0.84-0.97× the
 #: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
 #: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
-#: (bench/cap_test_2026-12-02_K.log, bench/cuda_subset_2026-12-02_K4.log). ``CAP_REGISTERS`` False turns
+#: (bench/results/2026-12-02/cap_test_2026-12-02_K.log, bench/results/2026-12-02/cuda_subset_2026-12-02_K4.log). ``CAP_REGISTERS`` False turns
 #: both off (``decode(_maxnreg=0)`` for one call)
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
+#: the cap of a capped metered tile that reads the key sketch or the channel weights (its codes, its chunked dot
+#: and the weighted head factor): no spill at 232 (58 B of spill under ``METERED_REGISTER_CAP``), 0.85-1.0x
+#: the 168-register time at every shape of bench/sketch_speed.py (run S2, bench/TIGHTNESS.md), on the grid
+#: ``choose_splits`` sized for the 168-register tile
+SKETCH_REGISTER_CAP = 232
 CAP_REGISTERS = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
@@ -846,7 +851,7 @@ SM_REGISTERS = 65536
 SM_THREADS = 2048
 SM_PROGRAMS = 32
 #: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
-#: programs per SM (run P, 2026-12-03, bench/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
+#: programs per SM (run P, 2026-12-03, bench/results/2026-12-03/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
 #: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1
 #: at ≤ 64 splits, where the grid is small: run R's ``choose_splits`` gives long B 1-4 sequences a wave of them). A one-warp program exchanges nothing between warps per tile (the 4-warp
 #: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
@@ -855,14 +860,14 @@ SM_PROGRAMS = 32
 #: schemes keep the 4-warp tile
 ONE_WARP_METERED_SCHEMES = ("int8",)
 #: the one-warp metered tile prefetches the next tile into the L2 (``Tile.prefetch``; run Q, 2026-12-03,
-#: bench/tile_ab_prefetch_2026-12-03_Q.log, kernel + merge: 0.955-0.981× the time at B 8 and 32, outputs
+#: bench/results/2026-12-03/tile_ab_prefetch_2026-12-03_Q.log, kernel + merge: 0.955-0.981× the time at B 8 and 32, outputs
 #: bit-identical; into the L1 no better). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits
 #: for the tile's code and scale loads, at 2.8 active warps per scheduler. The unmetered 64-token tile spilled
 #: under its cap with it (1.2× slower; uncapped, at 96 registers or in one-warp programs 7-35 % slower than the
 #: capped default), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
 METERED_ONE_WARP_PREFETCH = 1
 #: the fewest tokens per split ``choose_splits`` gives a small grid that it puts on one wave of the many-program
-#: tile (run R, 2026-12-03, bench/b1_probe.py, Hq 32, whole call, ms; bench/b1_probe_2026-12-03_R.log and _R2 / _R3):
+#: tile (run R, 2026-12-03, bench/b1_probe.py, Hq 32, whole call, ms; bench/results/2026-12-03/b1_probe_2026-12-03_R.log and _R2 / _R3):
 #: metered B 1, one-warp tile: at 32K 128 splits (256 tokens a split) 0.0595 against 0.0647 for the 4-warp tile at
 #: 49 and 0.0635 at 192 splits; at 128K 198 splits 0.146 (192), 128 splits 0.153, 4-warp 0.157; B 2 / 4: 3-12 %
 #: less time. Unmetered, the capped 64-token tile against the 128-token / 8-warp one: B 1 32K 0.0442 / 0.0483,
@@ -1150,6 +1155,8 @@ def decode(
     pf_ahead = (tile.prefetch if _prefetch is None else int(_prefetch)) if lowp else 0
     if pf_ahead not in (0, 1):
         raise ValueError(f"_prefetch: expected 0 or 1, got {_prefetch!r}")
+    if (skb or weighted) and maxnreg is not None and _maxnreg is None:
+        maxnreg = max(maxnreg, SKETCH_REGISTER_CAP)
     if pv_f32 and _maxnreg is None:
         maxnreg = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
     S = num_splits

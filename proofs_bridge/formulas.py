@@ -301,9 +301,7 @@ LEAN_DEFS.update({
 #   per head   |δ_{h,j}| ≤ |σ| |⟨q_h, r̃_j⟩| + |σ| ‖a ⊙ q_h‖ W_j          (sketch_logit_error_le)
 #   shared     |δ_{h,j}| ≤ c_h (W_j + u_j),  c_h = |σ| ‖a ⊙ q_h‖,
 #              u_j ≥ |σ ⟨q_h', r̃_j⟩| / c_h' for every head h' of the group (sketch_shared_radius_le)
-# `witcert.bounds.sketch_radius` is the numeric counterpart of SKETCH_RADIUS (with SKETCH_SCALE for c_h
-# and SKETCH_U_RATIO for u_j = max_h' of the ratios; shared=False: SKETCH_PER_HEAD), checked against
-# these constants by `proofs_bridge.check.check_sketch_radius` (random points, never below the formula).
+# `proofs_bridge.check._check_sketch_radius` checks `witcert.bounds.sketch_radius` against these.
 c_h, W_j, u_j, qa_norm, qrt_dot = sp.symbols("c_h W_j u_j qa_norm qrt_dot", real=True)
 #: the kernel's shared level of (head h, token j)
 SKETCH_RADIUS = c_h * (W_j + u_j)

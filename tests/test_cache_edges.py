@@ -499,3 +499,31 @@ def test_pinned_store_chunks_stay_within_their_power_of_two_allocations(B, H, D,
     assert len(st) == n + 600 <= st.capacity
     assert taken <= 1.4 * max(len(st), 256) * row, (taken / (len(st) * row), st.num_chunks)
     assert st.num_chunks <= 4
+
+
+def test_generate_takes_cache_implementation_witcert():
+    """``generate(..., cache_implementation="witcert", cache_config={...})`` after ``use_witcert``: a fresh
+    WitCertCache per call with those arguments (the same tokens and records as passing the cache), and
+    clear errors for a cache passed as well, a non-dict cache_config and a bad cache argument."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from _tiny import generate, tiny_model
+
+    model = tiny_model()
+    ids = torch.randint(3, 512, (1, 40), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=2)
+    with torch.no_grad():
+        out = model.generate(ids, cache_implementation="witcert", cache_config=dict(scheme="int8", seed=1, window=None),
+                             return_dict_in_generate=True, **kw)
+    cache = out.past_key_values
+    assert isinstance(cache, WitCertCache) and cache.scheme == "int8" and cache.step == 2
+    ref = WitCertCache(model.config, scheme="int8", seed=1, window=None)
+    assert torch.equal(out.sequences, generate(model, ref, new=3))
+    np.testing.assert_array_equal(cache.records[-1].tv_a, ref.records[-1].tv_a)
+    with pytest.raises(ValueError, match="not both"):
+        model.generate(ids, cache_implementation="witcert", past_key_values=ref, **kw)
+    with pytest.raises(ValueError, match="cache_config: expected a dict"):
+        model.generate(ids, cache_implementation="witcert", cache_config="int8", **kw)
+    with pytest.raises(ValueError, match="scheme"):
+        model.generate(ids, cache_implementation="witcert", cache_config=dict(scheme="int7"), **kw)

@@ -59,6 +59,8 @@ def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
         res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path), trace=tr)
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"exact"} | {s + sfx for s in demo.DEMO_SCHEMES for sfx in ("", " +gate")}
+    # 3 new tokens cannot hold the 7-token answer: the task is n/a, not failed by every config (exact too)
+    assert res["answer_tokens"] == 7 and res["scored"] is False and all(r["correct"] is None for r in rows.values())
     assert all(r["violations"] == 0 for r in rows.values() if "violations" in r)
     assert rows["kivi2"]["max_tv"] > rows["int8_dither"]["median_tv"]  # 2-bit is riskier than 8-bit
     assert rows["kivi2 +gate"]["pagein_blocks"] > 0 and rows["kivi2"]["pagein_blocks"] == 0
@@ -74,6 +76,15 @@ def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
     assert summarize(t.where("req == 'kivi2'")).overall.max == rows["kivi2"]["max_tv"]
     out = capsys.readouterr().out
     assert "page-in blk" in out and "non-adaptive" in out
+
+
+def test_readme_trace_example_is_too_short_to_score_and_says_so(smollm2):
+    """README's `witcert demo --tokens 1000 --new-tokens 6`: the needle answer takes 7 tokens (a space
+    and 6 digits), so every config "failed" the task before; the demo now reports it n/a."""
+    from witcert import demo, tasks
+
+    model, tok = smollm2
+    assert demo.answer_tokens(tasks.make("single", 1000, tok, 0), tok) == 7
 
 
 def test_quality_report_and_paired_ci():

@@ -670,7 +670,7 @@ def test_a_pool_token_nobody_wrote_saturates_instead_of_serving_zero():
 
 def test_auto_backend_serves_gated_caches_by_the_kernels_on_cuda():
     """``backend="auto"`` on a CUDA device: a kernel-scheme cache takes the kernels, gated or not
-    (the gated kernel path passed this file on the H200, bench/kernel_gate_2026-12-01_G.log);
+    (the gated kernel path passed this file on the H200, bench/results/2026-12-01/kernel_gate_2026-12-01_G.log);
     kivi2 too (kernel id 7); audited caches stay on the reference path. (``use_kernel`` only reads
     the device type.)"""
     from witcert.cache import Gate, WitCertCache

@@ -310,7 +310,7 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
             assert B.tv(p, p_hat).item() <= tv_k
             o_exact = p @ vx
             assert (o_ref - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
-            # and the output the kernel served (E⁺'s claim, README): its fp32 / bf16 PV roundings included
+            # and the output the kernel served (E⁺'s claim, docs/floating_point.md): its fp32 / bf16 PV roundings included
             assert (out.o[b, hq].double() - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
             if scheme == "int8_dither":
                 scales = cache.k_scale[bt[b, torch.arange(n) // 16].long(), h, torch.arange(n) % 16].double()
@@ -526,7 +526,7 @@ def small_masses_case(n=8192, scheme="int8", model_dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("qdtype,scheme", [(torch.float16, "int8"), (torch.bfloat16, "int8"), (torch.float16, "none")])
 def test_output_bound_covers_the_served_output_of_many_small_masses(qdtype, scheme):
-    """E⁺ bounds the output the kernel served, ‖ô_kernel − o‖ (README's fp table), where thousands of
+    """E⁺ bounds the output the kernel served, ‖ô_kernel − o‖ (docs/floating_point.md's table), where thousands of
     tokens carry small masses: under an fp16 query the PV operand p̂·s_v was rounded to fp16, which
     flushes p̂·s_v < 2^-25 — here every token but one, 1/8 of the mass: the flushed output is 0.130 from the
     exact one against an E⁺ of 0.0020 (interpreter, 8192 tokens; found on reading the kernel, 2026-12-03). It now goes to bf16 whatever q's dtype, and

@@ -317,6 +317,12 @@ def test_prometheus_metrics_count_the_records():
     assert sum(pm.value("witcert_pagein_bytes_total", layer=str(i)) for i in range(L)) == c.pagein_bytes.sum() > 0
     assert pm.value("witcert_tv_upper_count", layer="0", tier="A") == 3 * Hq
     assert "witcert_tv_upper_bucket" in pm.text()
+    # every series carries the cache's scheme and the model (the config's model_type without a name)
+    assert pm.value("witcert_rows_total", scheme="kivi2", model="llama") == 3 * L * Hq
+    assert pm.value("witcert_rows_total", scheme="int8") == 0
+    named = PrometheusMetrics(model="tiny-llama")
+    named.record(c.records[0], c)
+    assert named.value("witcert_tv_upper_count", layer="0", scheme="kivi2", model="tiny-llama", tier="A") == Hq
 
 
 def test_kernel_path_records_are_traced():

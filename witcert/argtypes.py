@@ -12,8 +12,9 @@ import os
 import pathlib
 import tempfile
 
-#: ``--kv-cache-dtype``-style aliases (vLLM spells fp8 caches this way) → witcert schemes
-SCHEME_ALIASES = {"auto": "none", "fp8": "fp8_e4m3", "int4": "int4_group", "kivi": "kivi2"}
+#: ``--kv-cache-dtype``-style aliases (vLLM spells fp8 caches this way) → witcert schemes: the
+#: scheme table's (``contract.schemes.ALIASES``), which the Python API accepts too
+from contract.schemes import ALIASES as SCHEME_ALIASES
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -171,19 +172,24 @@ def out_dir(s: str) -> pathlib.Path:
 
 
 def out_file(s: str) -> pathlib.Path:
+    """A file to write: its folder must exist (a mistyped path never creates folders)."""
     p = pathlib.Path(s)
     if p.exists():
         if p.is_dir():
             raise argparse.ArgumentTypeError(f"{s!r} is a folder, expected a file")
         if not os.access(p, os.W_OK):
             raise argparse.ArgumentTypeError(f"file {s!r} is not writable")
-    elif not _writable_target(p.parent if str(p.parent) else pathlib.Path(".")):
-        raise argparse.ArgumentTypeError(f"cannot create file {s!r} (its folder is missing or not writable)")
+    elif not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create file {s!r}: no such folder {str(p.parent)!r}")
+    elif not _can_create_in(p.parent):
+        raise argparse.ArgumentTypeError(f"cannot create file {s!r}: folder {str(p.parent)!r} is not writable")
     return p
 
 
 def in_file(s: str) -> pathlib.Path:
     p = pathlib.Path(s)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{s!r} is a folder, expected a file")
     if not p.is_file():
         raise argparse.ArgumentTypeError(f"no such file {s!r}")
     return p
@@ -193,6 +199,16 @@ def model_dir(s: str) -> pathlib.Path:
     p = pathlib.Path(s)
     if not (p / "config.json").is_file():
         raise argparse.ArgumentTypeError(f"{s!r} is not a local Hugging Face model folder (no config.json)")
+    import json
+
+    from .model import check_supported_config
+
+    try:
+        check_supported_config(json.loads((p / "config.json").read_text()))
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise argparse.ArgumentTypeError(f"{s!r}: unreadable config.json ({e})") from None
+    except NotImplementedError as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
     return p
 
 

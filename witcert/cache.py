@@ -17,7 +17,7 @@ Serving semantics (what a paged server does):
   (Tier B): the radii come from the stored witnesses, the rest is ``witcert.meter.measure``
   (``backend="reference"``). With ``backend="kernel"`` (the default on CUDA for an unaudited
   cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per layer on a
-  paged copy written by ``kernels.write.write_kv`` (README, "Metering a model"). Gated, the
+  paged copy written by ``kernels.write.write_kv`` (docs/cache.md). Gated, the
   kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
   over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
   (``WitCertCache._kernel_attention``). With ``cuda_graph=True`` (ungated, per-token kernel
@@ -53,6 +53,7 @@ there, on the device), not in ``k_hat`` / ``repaired``, which that path does not
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -76,7 +77,8 @@ from . import bounds as B
 from . import meter as M
 from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
-from .schemes import QuantContext, get_scheme, quantize
+from .model import check_supported_config
+from .schemes import QuantContext, get_scheme, quantize, resolve_scheme
 from .store import ExactStore, append_pair
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
@@ -684,7 +686,9 @@ class WitCertCache(Cache):
         window="default",
         weights=None,
     ):
+        scheme = resolve_scheme(scheme)  # an alias of the scheme table (fp8, int4, kivi, auto) → its scheme
         get_scheme(scheme)  # ValueError naming the known schemes
+        check_supported_config(config)  # NotImplementedError: attention logit soft-capping (Gemma-2)
         text, L, Hq, Hkv, D, rot = _model_dims(config)
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate: expected a witcert.cache.Gate, got {type(gate).__name__}")
@@ -779,7 +783,7 @@ class WitCertCache(Cache):
             if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < L for i in compress_layers):
                 raise ValueError(f"compress_layers: expected layer indices in [0, {L}), got {sorted(compress_layers)!r}")
         self.compress_layers = compress_layers
-        # cuda_graph: decode steps captured once and replayed (witcert.graphs, README "CUDA graphs")
+        # cuda_graph: decode steps captured once and replayed (witcert.graphs, docs/cache.md "CUDA graphs")
         if not isinstance(cuda_graph, bool):
             raise ValueError(f"cuda_graph: expected True or False, got {cuda_graph!r}")
         if cuda_graph:
@@ -1568,16 +1572,48 @@ def _check_new_request(module, args, kwargs):
     return None
 
 
+#: ``model.generate(..., cache_implementation=CACHE_IMPLEMENTATION, cache_config={...})`` after ``use_witcert``
+#: builds ``WitCertCache(model.config, **cache_config)`` for the call (transformers validates its own names
+#: against a fixed tuple, so the name is taken before ``generate`` sees it)
+CACHE_IMPLEMENTATION = "witcert"
+
+
+def _accept_cache_implementation(model) -> None:
+    """Wrap ``model.generate`` (an instance attribute, once) so that ``cache_implementation="witcert"``
+    builds a fresh ``WitCertCache`` per call from ``cache_config`` (the cache's keyword arguments)."""
+    if getattr(model.generate, "_witcert_cache_impl", False):
+        return
+    orig = model.generate
+
+    @functools.wraps(orig)
+    def generate(*args, **kwargs):
+        if kwargs.get("cache_implementation") == CACHE_IMPLEMENTATION:
+            kwargs.pop("cache_implementation")
+            opts = kwargs.pop("cache_config", None) or {}
+            if not isinstance(opts, dict):
+                raise ValueError(f"cache_config: expected a dict of WitCertCache arguments, got {type(opts).__name__}")
+            if kwargs.get("past_key_values") is not None:
+                raise ValueError("generate: pass cache_implementation='witcert' or past_key_values, not both")
+            kwargs["past_key_values"] = WitCertCache(model.config, **opts)
+            log.info("generate: cache_implementation='witcert' → WitCertCache(%s)", opts)
+        return orig(*args, **kwargs)
+
+    generate._witcert_cache_impl = True
+    model.generate = generate
+
+
 def use_witcert(model, base: str = "sdpa"):
     """Switch ``model`` to the witcert attention (``base``: the attention used for prefill and
     when the cache is off: "sdpa" or "eager"), and refuse a new prompt on a used cache
     (``_check_new_request``). Returns the model."""
     if base not in ("sdpa", "eager"):
         raise ValueError(f"base: expected 'sdpa' or 'eager', got {base!r}")
+    check_supported_config(model.config)  # NotImplementedError: attention logit soft-capping (Gemma-2)
     register()
     model.set_attn_implementation("witcert" if base == "sdpa" else "witcert_eager")
     if getattr(model, "_witcert_reuse_hook", None) is None:
         model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
+    _accept_cache_implementation(model)
     from .graphs import install
 
     return install(model)  # WitCertCache(cuda_graph=True): decode steps captured and replayed

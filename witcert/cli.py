@@ -9,14 +9,19 @@ logits, sink tokens, outlier key channels), bounds next to the realised TV.
 ``witcert trace summary|top|compare|plot|schema``: views of a recorded trace (``witcert.trace``).
 
 Every argument is checked while parsing, before any model work: a bad value is one error
-line and exit status 2 (``witcert.argtypes``).
+line and exit status 2 (``witcert.argtypes``). So is a missing optional package (the install
+hint of its extra, ``witcert.extras``). A trace repaired on reading (a torn last line) is one
+``warning:`` line. Output piped into a reader that stops early (``| head``) ends quietly with
+status 141 (128 + SIGPIPE), as a shell tool does.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import warnings
 
 from . import __version__
 from . import argtypes as A
@@ -36,7 +41,7 @@ def _sinks(args):
     if args.prometheus is not None or args.prometheus_file:
         from .metrics import PrometheusMetrics
 
-        m = PrometheusMetrics()
+        m = PrometheusMetrics(model=str(args.model or "embedded SmolLM2-135M"))
         if args.prometheus is not None:
             m.serve(args.prometheus)
         sinks.append(m)
@@ -140,7 +145,7 @@ def _trace(args) -> int:
             for f in files:
                 print(f)
         return 0
-    except (TraceError, ViewError, PredicateError) as e:
+    except (TraceError, ViewError, PredicateError) as e:  # ViewError: also the plot's "no rows"
         print(f"witcert trace {args.verb}: error: {e}", file=sys.stderr)
         return 2
 
@@ -182,7 +187,8 @@ def build_parser() -> A.OneLineParser:
     d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
     d.add_argument("--tokens", type=A.int_at_least(64), default=2000, help="prompt length (needle in a haystack), >= 64")
     d.add_argument("--new-tokens", type=A.int_at_least(2), default=10,
-                   help="tokens generated, >= 2 (the first comes from the exact prefill)")
+                   help="tokens generated, >= 2 (the first comes from the exact prefill); the needle's answer takes 7 "
+                        "(SmolLM2), with fewer the task is reported n/a")
     d.add_argument("--seed", type=A.int_at_least(0), default=0)
     d.add_argument("--scheme", type=A.scheme_list, default=None,
                    help="KV scheme(s), comma-separated (default: fp8_e4m3,int4_group,kivi2,int8_dither); "
@@ -271,6 +277,49 @@ def _taus(s: str) -> tuple:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    words = [a for a in argv[:2] if not a.startswith("-")][: 2 if argv[:1] == ["trace"] else 1]
+    cmd = " ".join(["witcert", *words])  # the prefix of the error / warning lines
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", _trace_warning())
+            shown = warnings.showwarning
+
+            def show(message, category, *a, **k):
+                if issubclass(category, _trace_warning()):
+                    print(f"{cmd}: warning: {message}", file=sys.stderr)
+                else:
+                    shown(message, category, *a, **k)
+
+            warnings.showwarning = show
+            rc = _main(argv)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+            return rc
+    except BrokenPipeError:
+        # the reader went away (`witcert trace top ... | head`): no traceback, and no second error
+        # when Python flushes stdout at exit
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    except ImportError as e:
+        from .extras import install_hint, missing_extra
+
+        mod = missing_extra(e)
+        if mod is None:
+            raise
+        print(f"{cmd}: error: {install_hint(mod)}", file=sys.stderr)
+        return 2
+
+
+def _trace_warning():
+    from .trace import TraceWarning
+
+    return TraceWarning
+
+
+def _main(argv) -> int:
     if len(argv) >= 2 and argv[0] == "eval" and argv[1] == "--":  # the old `witcert eval -- ...` spelling
         argv.pop(1)
     ap = build_parser()

@@ -34,6 +34,13 @@ def demo_gate():
     return Gate("risk-ranked", tau=0.9, max_pagein_blocks=2, min_share=0.2)
 
 
+def answer_tokens(sample, tok) -> int:
+    """Tokens the model must generate to state the answer after the prompt's lead ("... is"): the
+    answer with its leading space (SmolLM2: one token per digit, so a 6-digit needle takes 7).
+    With fewer ``new_tokens`` the task cannot be scored (every config, exact included, would fail)."""
+    return max(len(tok(" " + a, add_special_tokens=False)["input_ids"]) for a in sample.answers)
+
+
 def resolve_dtype(name: str | None, device: str):
     """--dtype name → torch dtype ("auto": float32 on the CPU, bfloat16 on CUDA)."""
     import torch
@@ -69,6 +76,8 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
     use_witcert(model)
     sample = tasks.make("single", tokens, tok, seed)
     ids = torch.tensor([sample.prompt_ids], device=model.device)
+    need = answer_tokens(sample, tok)
+    scored = new_tokens >= need  # else "correct" is None (n/a), not a failure of every config
     n = ids.shape[1]
     L = model.config.num_hidden_layers
     Hkv = model.config.num_key_value_heads
@@ -95,7 +104,7 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
         text = tok.decode(gen[0, n:], skip_special_tokens=True)
         recs = cache.records
         backend = "kernel" if getattr(cache.layers[0], "paged", None) is not None else "reference"
-        row = {"config": name, "answer": text.strip()[:24], "correct": tasks.score(sample, text), "seconds": time.time() - t,
+        row = {"config": name, "answer": text.strip()[:24], "correct": tasks.score(sample, text) if scored else None, "seconds": time.time() - t,
                "backend": backend if scheme != "none" else "exact", "audited": bool(audit and scheme != "none")}
         if recs:
             tv = np.stack([r.tv_a[0] for r in recs])  # [steps*layers, Hq]
@@ -117,10 +126,14 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
     outdir.mkdir(parents=True, exist_ok=True)
     plots = plot(memory.to_trace(), outdir)
     (outdir / "results.json").write_text(json.dumps({"tokens": n, "answer": sample.answers, "device": str(model.device),
-                                                     "dtype": str(torch_dtype), "rows": results}, indent=1))
+                                                     "dtype": str(torch_dtype), "answer_tokens": need,
+                                                     "scored": scored, "rows": results}, indent=1))
     _print(results, n, sample, taus, outdir, time.time() - t0, plots)
+    if not scored:
+        print(f"ok: n/a: the answer {sample.answers[0]} takes {need} tokens and --new-tokens is {new_tokens}, so no "
+              f"config can state it; use --new-tokens {need} or more to score the task")
     print(TIER_B_CAVEAT)
-    return {"rows": results, "tokens": n, "plots": plots}
+    return {"rows": results, "tokens": n, "plots": plots, "answer_tokens": need, "scored": scored}
 
 
 def _print(rows, n, sample, taus, outdir, secs, plots=()):
@@ -134,7 +147,8 @@ def _print(rows, n, sample, taus, outdir, secs, plots=()):
     hdr += f"{'page-in blk':>12}{'bytes':>10}{'% blk':>7}{'max real':>10}{'viol':>5}  backend"
     print(hdr)
     for r in rows:
-        line = f"{r['config']:<20}{r['answer'][:13]:<14}{'yes' if r['correct'] else 'no':>3}"
+        ok = "n/a" if r["correct"] is None else ("yes" if r["correct"] else "no")
+        line = f"{r['config']:<20}{r['answer'][:13]:<14}{ok:>3}"
         if "max_tv" in r:
             line += f"{r['max_tv']:>9.3f}{r['median_tv']:>9.3f}{r['median_layer_max']:>12.3f}"
             line += "".join(f"{r[f'cert@{t}']:>10.2f}" for t in taus)

@@ -1,5 +1,5 @@
 """Graphed decode steps: a metered ``WitCertCache(..., cuda_graph=True)`` decode step captured once
-in a CUDA graph and replayed (README, "CUDA graphs"; issue 11).
+in a CUDA graph and replayed (docs/cache.md, "CUDA graphs"; issue 11).
 
     use_witcert(model)                                   # installs the forward wrapper (``install``)
     cache = WitCertCache(model.config, "int8", cuda_graph=True)

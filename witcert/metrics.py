@@ -6,15 +6,17 @@ extra: ``pip install 'witcert[metrics]'``).
     m.serve(9100)                          # optional: /metrics over HTTP
     cache = WitCertCache(model.config, scheme="kivi2", trace=m)   # or trace=Tee(tracer, m)
 
-Series (label ``layer`` only: per head would be layers × heads × buckets series):
+Series, each labelled ``layer``, ``scheme`` (the cache's KV scheme) and ``model`` (``model=`` of
+the constructor, else the cache config's ``name_or_path`` or ``model_type``); not per head, which
+would be layers × heads × buckets series:
 
-* ``witcert_tv_upper{layer,tier}``       histogram of TV+ per (head, step) row after repair
-                                          (tier "A"; tier "B" where Tier B is metered)
-* ``witcert_rows_total{layer}``           metered rows
-* ``witcert_rows_certified_total{layer}`` rows with Tier A TV+ ≤ τ (the gate's τ for a certified
+* ``witcert_tv_upper{layer,scheme,model,tier}``  histogram of TV+ per (head, step) row after
+                                          repair (tier "A"; tier "B" where Tier B is metered)
+* ``witcert_rows_total{...}``             metered rows
+* ``witcert_rows_certified_total{...}``   rows with Tier A TV+ ≤ τ (the gate's τ for a certified
                                           gate, else ``certify_tau``, default 0.1)
-* ``witcert_rows_flagged_total{layer}``   rows the gate flagged (budget spent) or NaN-saturated
-* ``witcert_pagein_blocks_total{layer}``, ``witcert_pagein_bytes_total{layer}``
+* ``witcert_rows_flagged_total{...}``     rows the gate flagged (budget spent) or NaN-saturated
+* ``witcert_pagein_blocks_total{...}``, ``witcert_pagein_bytes_total{...}``
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ TV_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99
 class PrometheusMetrics:
     """A trace sink (``record(rec, cache)``) that updates Prometheus metrics."""
 
-    def __init__(self, registry=None, namespace: str = "witcert", certify_tau: float = 0.1):
+    LABELS = ("layer", "scheme", "model")
+
+    def __init__(self, registry=None, namespace: str = "witcert", certify_tau: float = 0.1, model: str | None = None):
         try:
             import prometheus_client as P
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -35,41 +39,52 @@ class PrometheusMetrics:
         self._P = P
         self.registry = registry if registry is not None else P.CollectorRegistry()
         self.certify_tau = float(certify_tau)
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"model: expected a label string or None, got {type(model).__name__}")
+        self.model = model
         kw = dict(namespace=namespace, registry=self.registry)
-        self.tv = P.Histogram("tv_upper", "TV+ bound per (head, step) row after repair", ["layer", "tier"],
+        lab = list(self.LABELS)
+        self.tv = P.Histogram("tv_upper", "TV+ bound per (head, step) row after repair", lab + ["tier"],
                               buckets=TV_BUCKETS, **kw)
-        self.rows = P.Counter("rows", "metered (head, step) rows", ["layer"], **kw)
-        self.certified = P.Counter("rows_certified", "rows with Tier A TV+ <= tau", ["layer"], **kw)
-        self.flagged = P.Counter("rows_flagged", "rows flagged by the gate (budget spent) or NaN-saturated", ["layer"], **kw)
-        self.blocks = P.Counter("pagein_blocks", "exact KV blocks paged in", ["layer"], **kw)
-        self.bytes = P.Counter("pagein_bytes", "bytes paged in (K + V)", ["layer"], **kw)
+        self.rows = P.Counter("rows", "metered (head, step) rows", lab, **kw)
+        self.certified = P.Counter("rows_certified", "rows with Tier A TV+ <= tau", lab, **kw)
+        self.flagged = P.Counter("rows_flagged", "rows flagged by the gate (budget spent) or NaN-saturated", lab, **kw)
+        self.blocks = P.Counter("pagein_blocks", "exact KV blocks paged in", lab, **kw)
+        self.bytes = P.Counter("pagein_bytes", "bytes paged in (K + V)", lab, **kw)
         self._last_bytes: dict = {}
 
+    def _model_label(self, cache) -> str:
+        if self.model is not None:
+            return self.model
+        cfg = getattr(cache, "config", None)
+        name = getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None) or getattr(cfg, "model_type", None)
+        return str(name) if name else "unknown"
+
     def record(self, rec, cache) -> None:
-        layer = str(rec.layer)
+        labels = (str(rec.layer), str(getattr(cache, "scheme", "") or "unknown"), self._model_label(cache))
         tv = np.asarray(rec.tv_a, dtype=float).reshape(-1)
-        h = self.tv.labels(layer, "A")
+        h = self.tv.labels(*labels, "A")
         for x in tv:
             h.observe(float(x))
         if getattr(rec, "tv_b", None) is not None:
-            hb = self.tv.labels(layer, "B")
+            hb = self.tv.labels(*labels, "B")
             for x in np.asarray(rec.tv_b, dtype=float).reshape(-1):
                 hb.observe(float(x))
         gate = getattr(cache, "gate", None)
         tau = gate.tau if gate is not None and gate.policy == "certified" else self.certify_tau
-        self.rows.labels(layer).inc(tv.size)
-        self.certified.labels(layer).inc(int(np.sum(tv <= tau)))
-        self.flagged.labels(layer).inc(int(np.sum(np.asarray(rec.flag, dtype=bool))))
+        self.rows.labels(*labels).inc(tv.size)
+        self.certified.labels(*labels).inc(int(np.sum(tv <= tau)))
+        self.flagged.labels(*labels).inc(int(np.sum(np.asarray(rec.flag, dtype=bool))))
         blocks = int(np.sum(rec.pagein_blocks))
         if blocks:
-            self.blocks.labels(layer).inc(blocks)
+            self.blocks.labels(*labels).inc(blocks)
         cum = getattr(cache, "pagein_bytes", None)
         if cum is not None and np.size(cum):
             key = (id(cache), id(cache.records), rec.layer)
             now = int(np.sum(cum[rec.layer]))
             prev = self._last_bytes.get(key, 0)
             if now > prev:
-                self.bytes.labels(layer).inc(now - prev)
+                self.bytes.labels(*labels).inc(now - prev)
             self._last_bytes[key] = now
             if len(self._last_bytes) > 100_000:  # bound the memory of long-running servers
                 self._last_bytes.clear()
@@ -87,6 +102,11 @@ class PrometheusMetrics:
         self._P.write_to_textfile(str(path), self.registry)
 
     def value(self, name: str, **labels) -> float:
-        """A sample's value (tests, dashboards): ``value("witcert_rows_total", layer="0")``."""
-        v = self.registry.get_sample_value(name, labels)
-        return 0.0 if v is None else float(v)
+        """The sum of the samples ``name`` whose labels include ``labels`` (tests, dashboards):
+        ``value("witcert_rows_total", layer="0")`` sums over schemes and models; 0 if none."""
+        total = 0.0
+        for metric in self.registry.collect():
+            for s in metric.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += float(s.value)
+        return total

@@ -95,8 +95,29 @@ def _convert(folder: pathlib.Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_supported_config(config) -> None:
+    """Refuse, early and by name, a model whose attention the meter does not bound: attention
+    logit soft-capping (Gemma-2's ``attn_logit_softcapping``: logits ``c·tanh(s/c)``, not the
+    ``q·k/√d`` the bounds of SPEC §1–§3 are about). ``config``: a transformers config or the
+    ``config.json`` dict. ``NotImplementedError``; nothing else is checked here."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        check_supported_config(config["text_config"])
+    cap = get("attn_logit_softcapping")
+    if cap is not None and cap != 0:
+        kind = get("model_type") or "this model"
+        raise NotImplementedError(
+            f"{kind}: attention logit soft-capping (attn_logit_softcapping={cap!r}, as in Gemma-2) is not supported: "
+            "WitCert's bounds are for softmax(q·k/√d) and the capped logits c·tanh(s/c) are not metered "
+            "(models without soft-capping, e.g. Llama, Qwen, Mistral, Gemma-3, are)")
+
+
 def load_model(path: str | os.PathLike | None = None, dtype=None, attn_implementation: str | None = None):
-    """(model, tokenizer) from a local folder (default: the embedded SmolLM2, converted once)."""
+    """(model, tokenizer) from a local folder (default: the embedded SmolLM2, converted once).
+    A model the meter does not support (``check_supported_config``) is refused before its
+    weights are read."""
     import torch
 
     _offline()
@@ -105,6 +126,9 @@ def load_model(path: str | os.PathLike | None = None, dtype=None, attn_implement
     folder = ensure_converted() if path is None else pathlib.Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: not a local Hugging Face model folder (no config.json)")
+    import json
+
+    check_supported_config(json.loads((folder / "config.json").read_text()))
     kw = {"local_files_only": True, "dtype": dtype or torch.float32}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation

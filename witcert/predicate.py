@@ -25,6 +25,8 @@ import re
 
 import numpy as np
 
+from .trace_schema import FIELDS
+
 MAX_LENGTH = 1000
 MAX_DEPTH = 32
 
@@ -238,8 +240,6 @@ class _Parser:
 def compile_predicate(src: str, fields: dict | None = None) -> Predicate:
     """Parse ``src`` against the trace schema (``fields``: name → kind, default the schema)."""
     if fields is None:
-        from .trace import FIELDS
-
         fields = {f.name: f.kind for f in FIELDS}
     return Predicate(src, _Parser(src, fields).parse())
 

@@ -15,23 +15,13 @@ Writes every sample's outcome to ``--json`` at the end (atomically; nothing on a
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import time
 
 import numpy as np
 
-
-def paired_ci(a, b, draws: int = 10000, seed: int = 0):
-    """Mean of a − b and its 95 % paired bootstrap interval."""
-    d = np.asarray(a, float) - np.asarray(b, float)
-    if d.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, d.size, size=(draws, d.size))
-    means = d[idx].mean(1)
-    return float(d.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
+from .evalstats import paired_ci, write_json_atomic  # noqa: F401 (re-exported)
+from .sweep import run_sweep
 
 #: layers of the embedded SmolLM2-135M (witcert.model), to check --layers before loading it
 EMBEDDED_LAYERS = 30
@@ -50,7 +40,8 @@ def add_eval_arguments(ap) -> None:
     ap.add_argument("--json", type=A.out_file, default=pathlib.Path("quality.json"),
                     help="per-sample outcomes (written at the end, only when there are outcomes)")
     ap.add_argument("--model", type=A.model_dir, default=None, help="a local Hugging Face model folder (default: embedded SmolLM2)")
-    ap.add_argument("--tau", type=A.float_in(0.0), default=None, help="gate: page in only where TV+ > tau (default: the demo gate's)")
+    ap.add_argument("--tau", type=A.float_in(0.0, 1.0), default=None,
+                    help="gate: page in only where TV+ > tau, in [0, 1] (default: the demo gate's)")
     ap.add_argument("--max-blocks", type=A.int_at_least(0), default=None, help="gate: blocks per (step, layer, kv head)")
     ap.add_argument("--min-share", type=A.float_in(0.0, 1.0), default=None, help="gate: smallest share of a kv head's risk paged in")
     ap.add_argument("--sweep-layers", action="store_true",
@@ -59,15 +50,6 @@ def add_eval_arguments(ap) -> None:
     ap.add_argument("--layers", type=A.layer_set, default=None, help="--sweep-layers: layers to sweep, e.g. 0-29 (default: all)")
     ap.add_argument("--sweep-out", type=A.out_dir, default=None,
                     help="--sweep-layers: folder for sweep.json and sweep.png (default: the --json file's folder)")
-
-
-def write_json_atomic(path, obj) -> None:
-    """Write ``obj`` to ``path`` through a temporary file and a rename (never half a file)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -96,8 +78,6 @@ def check_eval_args(ap, args) -> None:
 
 def run(args) -> int:
     if args.sweep_layers:
-        from .sweep import run_sweep
-
         return run_sweep(args)
     import torch
     from tqdm import tqdm
@@ -143,8 +123,8 @@ def run(args) -> int:
 
 
 def eval_gate(args):
-    from .gate import Gate
     from .demo import demo_gate
+    from .gate import Gate
 
     g = demo_gate()
     return Gate("risk-ranked", tau=g.tau if args.tau is None else args.tau,

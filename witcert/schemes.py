@@ -353,6 +353,22 @@ def get_scheme(name: str) -> Callable[[torch.Tensor, QuantContext], tuple[torch.
         raise ValueError(f"unknown quantization scheme {name!r}; available: {', '.join(available_schemes())}") from None
 
 
+def resolve_scheme(name: str) -> str:
+    """The registered scheme ``name`` stands for: itself, or the built-in an alias of the scheme
+    table names (``contract.schemes.ALIASES``: ``fp8`` → ``fp8_e4m3``, ``int4`` → ``int4_group``,
+    ``kivi`` → ``kivi2``, ``auto`` → ``none``). A registered scheme of an alias's name wins.
+    ``ValueError`` listing the known schemes and aliases otherwise."""
+    from contract.schemes import ALIASES, canonical_name
+
+    if isinstance(name, str) and name in _REGISTRY:
+        return name
+    canon = canonical_name(name)
+    if isinstance(canon, str) and canon in _REGISTRY:
+        return canon
+    raise ValueError(f"unknown quantization scheme {name!r}; available: {', '.join(available_schemes())}; "
+                     f"aliases: {', '.join(f'{k} = {v}' for k, v in sorted(ALIASES.items()))}")
+
+
 def available_schemes() -> list[str]:
     return sorted(_REGISTRY)
 

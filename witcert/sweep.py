@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from .quality import paired_ci, write_json_atomic
+from .evalstats import paired_ci, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -48,62 +48,26 @@ import weakref
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from . import __version__, predicate
+from .predicate import compile_predicate
+from .trace_schema import FIELD_BY_NAME, FIELDS, NUMERIC_KINDS, SATURATED, SCHEMA, VERSION, Field  # noqa: F401 (re-exported)
 
-SCHEMA = "witcert.trace"
-VERSION = 1
-SATURATED = 1.0 - 1e-9  # tv at or above this is reported as saturated
+log = logging.getLogger(__name__)
 
 
 class TraceError(ValueError):
     """A file that is not a readable witcert trace (the message names the file and line)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-    name: str
-    kind: str  # "int" | "float" | "bool" | "str"
-    required: bool
-    doc: str
+class TraceWarning(UserWarning):
+    """A trace was read or appended to after a repair (a torn last line skipped or truncated);
+    the command line prints it as one ``warning:`` line."""
 
 
-FIELDS: tuple[Field, ...] = (
-    Field("req", "str", True, "request label (Tracer.new_request, else '<session>.<k>')"),
-    Field("seq", "int", True, "sequence index within the batch"),
-    Field("step", "int", True, "forward step of the request (0 = prefill, exact and not metered; 1 = first decode step)"),
-    Field("layer", "int", True, "decoder layer"),
-    Field("head", "int", True, "query head"),
-    Field("kv_head", "int", True, "kv head the query head reads (GQA)"),
-    Field("scheme", "str", True, "KV compression scheme (witcert.schemes)"),
-    Field("gate", "str", False, "gate as '<policy>@<tau>' ('risk-ranked@0.9'); null: ungated"),
-    Field("tier", "str", True, "'A': Tier A metered; 'AB': Tier B (int8_dither with delta_req) metered too"),
-    Field("tv", "float", True, "Tier A TV+ after repair (max over the step's query rows)"),
-    Field("tv_pre", "float", True, "Tier A TV+ before repair"),
-    Field("tv_b", "float", False, "Tier B TV+ after repair; null without Tier B"),
-    Field("tv_b_pre", "float", False, "Tier B TV+ before repair"),
-    Field("delta_b", "float", False, "failure probability delta spent by Tier B on this (step, layer, head)"),
-    Field("err", "float", False, "E+_V, Tier A output-error bound after repair; null when infinite (nan flag)"),
-    Field("eps_max", "float", False, "largest Tier A logit radius before repair (StepRecord.eps_max, else "
-                                     "2 atanh of the tanh bound); null when saturated"),
-    Field("tv_tanh", "float", False, "SPEC 3(a) tanh bound before repair"),
-    Field("tv_eform", "float", False, "SPEC 3(b) e-form bound before repair"),
-    Field("tv_tilt", "float", False, "SPEC 3(c) dual-grid tilt bound before repair"),
-    Field("tv_real", "float", False, "audit=True: realised TV against exact attention"),
-    Field("err_real", "float", False, "audit=True: realised output error"),
-    Field("blocks", "int", True, "blocks paged in at this step for (seq, layer, kv_head); shared by its query heads"),
-    Field("bytes", "int", True, "bytes paged in (K + V) at this step for (seq, layer, kv_head); same scope"),
-    Field("saturated", "bool", True, f"tv >= {SATURATED} (the bound says nothing)"),
-    Field("nan", "bool", True, "NaN/Inf in the inputs (bound saturated on purpose)"),
-    Field("budget_spent", "bool", True, "flagged: not certified when the gate's page-in budget ran out"),
-    Field("unmetered", "bool", True, "the cache marked the row unmetered (StepRecord.unmetered)"),
-    Field("time", "float", True, "unix time of the record"),
-)
-FIELD_BY_NAME = {f.name: f for f in FIELDS}
-NUMERIC_KINDS = ("int", "float", "bool")
 
 
 def schema_markdown() -> str:
-    """The schema as a Markdown table (README, ``witcert trace schema``)."""
+    """The schema as a Markdown table (docs/trace.md, ``witcert trace schema``)."""
     lines = [f"Schema `{SCHEMA}` version {VERSION}", "", "| field | type | required | meaning |", "| --- | --- | --- | --- |"]
     lines += [f"| `{f.name}` | {f.kind} | {'yes' if f.required else 'no'} | {f.doc} |" for f in FIELDS]
     return "\n".join(lines)
@@ -261,9 +225,6 @@ class Tracer:
 
     def __init__(self, path=None, *, sample_every: int = 1, min_tv: float | None = None, where: str | None = None,
                  meta: dict | None = None, fsync: bool = False):
-        from . import predicate
-        from . import __version__
-
         if not isinstance(sample_every, int) or isinstance(sample_every, bool) or sample_every < 1:
             raise ValueError(f"sample_every: expected an int >= 1, got {sample_every!r}")
         if min_tv is not None and not (isinstance(min_tv, (int, float)) and 0 <= min_tv <= 1):
@@ -304,7 +265,8 @@ class Tracer:
 
     def _open(self):
         """Open for appending at the first write: create the folder, truncate a torn last line,
-        write the header into a new (or empty) file."""
+        write the header into a new (or empty) file. (The command line's ``--trace`` takes only a
+        file in an existing folder: ``witcert.argtypes.out_file``.)"""
         p = self.path
         p.parent.mkdir(parents=True, exist_ok=True)
         keep = _repair_torn_tail(p) if p.exists() and p.stat().st_size else 0
@@ -426,7 +388,8 @@ def _repair_torn_tail(p: pathlib.Path) -> int:
                 break
             pos = start
         f.truncate(keep)
-    warnings.warn(f"trace {p}: dropped a torn last line ({size - keep} bytes) before appending", stacklevel=3)
+    warnings.warn(f"trace {p}: dropped a torn last line ({size - keep} bytes) before appending", TraceWarning,
+                  stacklevel=3)
     return keep
 
 
@@ -473,8 +436,6 @@ class Trace:
         """Rows matching a ``witcert.predicate`` expression (all rows for None / empty)."""
         if not expr:
             return self
-        from .predicate import compile_predicate
-
         return self.select(compile_predicate(expr).evaluate(self.columns))
 
     def configs(self) -> list[str]:
@@ -506,6 +467,8 @@ def read_trace(path) -> Trace:
     """Read a JSON Lines trace. A torn last line is skipped with a warning; any other
     unreadable line raises ``TraceError`` (``path:line: why``)."""
     p = pathlib.Path(path)
+    if p.is_dir():
+        raise TraceError(f"{p}: is a folder, expected a trace file")
     if not p.is_file():
         raise TraceError(f"{p}: no such trace file")
     data = p.read_bytes()
@@ -516,7 +479,8 @@ def read_trace(path) -> Trace:
     elif lines:
         # the file does not end with a newline: its last line was torn by a crash mid-write
         torn = 1
-        warnings.warn(f"trace {p}: skipped a torn last line ({len(lines[-1])} bytes, no newline)", stacklevel=2)
+        warnings.warn(f"trace {p}: skipped a torn last line ({len(lines[-1])} bytes, no newline)", TraceWarning,
+                      stacklevel=2)
         lines.pop()
     if not lines:
         raise TraceError(f"{p}: empty trace (no header)")
@@ -541,5 +505,16 @@ def read_trace(path) -> Trace:
         if missing:
             raise TraceError(f"{p}:{i}: row lacks required field(s) {', '.join(missing)}")
         for f in FIELDS:
-            raw[f.name].append(obj.get(f.name))
+            v = obj.get(f.name)
+            if v is not None and not _VALID[f.kind](v):
+                raise TraceError(f"{p}:{i}: field {f.name!r}: expected {_EXPECTED[f.kind]} or null, got {v!r:.40}")
+            raw[f.name].append(v)
     return Trace(header, _typed(raw), torn)
+
+
+#: the JSON value types a row field of each kind accepts (null aside); bools are not numbers here
+_VALID = {"float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "bool": lambda v: isinstance(v, bool),
+          "str": lambda v: isinstance(v, str)}
+_EXPECTED = {"float": "a number", "int": "an integer", "bool": "true / false", "str": "a string"}

@@ -50,8 +50,14 @@ def _integer_x(ax):
 
 def plot(trace: Trace, out_dir, kinds=KINDS, field: str = "tv") -> list[pathlib.Path]:
     """Write the requested plots under ``out_dir`` (created); returns the files written."""
-    if len(trace) == 0:
-        raise ValueError("plot: no rows (empty trace, or nothing matches --where)")
+    from .traceviews import ViewError, _check_field
+
+    _check_field(field)  # a numeric schema field (ViewError otherwise)
+    if len(trace) == 0:  # a ViewError (a ValueError): the CLI's one error line, nothing created
+        raise ViewError("plot: no rows (empty trace, or nothing matches --where)")
+    bad = [k for k in kinds if k not in FILES]
+    if bad:
+        raise ViewError(f"plot: unknown kind(s) {', '.join(map(repr, bad))}; kinds: {', '.join(KINDS)}")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fns = {"heatmap": plot_heatmap, "steps": plot_steps, "coverage": plot_coverage, "pageins": plot_pageins}

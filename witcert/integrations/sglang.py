@@ -101,7 +101,7 @@ store call per slot, one kernel launch per round. ``scheme=<ours>`` with a gate 
 overlay would need a dequantizer of our codes), and so is Tier B.
 
 Not here: CUDA graphs (the metered decode syncs with the host), and a test of the real server
-path (see README "SGLang").
+path (see docs/sglang.md).
 """
 
 from __future__ import annotations
