@@ -9,6 +9,7 @@ import WitCert.SplitMerge
 import WitCert.Union
 import WitCert.FloatTV
 import WitCert.Sketch
+import WitCert.Request
 
 /-!
 # WitCert: the theorems of SPEC §9

@@ -11,6 +11,11 @@ line counting all three, and exits non-zero if any fails. What is checked:
 * formulas: ``witcert.bounds`` and ``kernels.decode.tier_b_coefficients`` evaluated at random
   points equal the sympy declarations of ``proofs_bridge.formulas`` (within the documented
   round-up slack, never below);
+* the §3(c) tilt with endpoint values (``check_tilt_endpoints``, Lean ``tilt_tv_le_dual_grid_endpoints``):
+  the epilogue's torch twin ``_interval_upper`` interval by interval, the kernel's ``_tv_row`` tilt on its
+  grid and the fp64 reference's ``tv_bound_tilt`` on a fixed grid, against t − D(t, λ) at both ends of every
+  interval; the residual-sketch radius (``_check_sketch_radius``, Lean ``sketch_shared_radius_le`` /
+  ``sketch_logit_error_le``) against ``formulas.SKETCH_RADIUS`` / ``SKETCH_PER_HEAD``;
 * falsification: every §9 statement on random instances in 50-digit arithmetic (``falsify``);
 * Lean statements: every §9 theorem (and ``tail_at_radius``) is parsed from ``lean/`` by
   ``lean_parse`` and its conclusion and defining hypotheses must equal ``formulas.LEAN_THEOREMS``;
@@ -140,6 +145,7 @@ def check_formulas(seed: int = 0, points: int = 200):
     except ImportError as exc:
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
+    out += check_tilt_endpoints(rng)
     return out
 
 
@@ -236,6 +242,124 @@ def check_fp_terms(rng, points: int = 200):
     want = np.minimum(base + fxi(xi.numpy()) + rho.numpy(), 1.0)
     out.append(("kernel TV⁺ ≥ min(§3 at ε+Ξ) + tanh(Ξ/2) + ρ", bool(np.all(tv.numpy() >= want * (1 - 1e-15))), ""))
     return out
+
+
+# ----------------------------- SPEC §3(c) with endpoint values (lean/WitCert/TiltEndpoints.lean)
+_DUAL_ITEM = sp.lambdify((F.lam, F.t, F.x), F.DUAL_ITEM, "numpy")
+_BETA = sp.lambdify((F.t, F.x), F.BETA, "numpy")
+_ENDS = sp.lambdify((F.g0_, F.g1_), F.ENDPOINT_UPPER, "numpy")
+#: the formula evaluated in fp64: the code may be below it by this much at most (its own rounding bound,
+#: (4K + 16)·2^-52·(… + 1), is larger than the formula's evaluation error, so a sound code is above it)
+_FORMULA_FP64 = 2.0**-46
+
+
+def _g_formula(t, lam, w, x):
+    """g(t) = t − D(t, λ) from ``formulas.DUAL_ITEM`` (D = Σ_k w_k item(x_k)); t, lam broadcast, w, x [K]."""
+    t, lam = np.broadcast_arrays(np.asarray(t, float), np.asarray(lam, float))
+    return t - np.sum(w * _DUAL_ITEM(lam[..., None], t[..., None], x), axis=-1)
+
+
+def _interval_upper_formula(t0, h, w, x):
+    """Per interval [t0, t0 + h] (t0 [T]) of one row (w, x [K]): the least over λ ∈ {1/β_c(t0) : w_c > 0} of
+    ``ENDPOINT_UPPER`` (the larger end value of g), capped at t0 + h (λ = 0: g(t) = t)."""
+    t0 = np.asarray(t0, float)
+    t1 = t0 + h
+    live = w > 0
+    lam = 1.0 / _BETA(t0[:, None], x[None, live])  # [T, C] candidates
+    u = _ENDS(_g_formula(t0[:, None], lam, w, x), _g_formula(t1[:, None], lam, w, x)).min(-1)
+    return np.minimum(u, t1)
+
+
+def _endpoint_rows(rng, rows, K):
+    """Histogram rows: masses w (a distribution, some bins empty) over distinct sorted levels x > 0."""
+    out = []
+    for r in range(rows):
+        w = rng.dirichlet(np.ones(K)) * (rng.random(K) < 0.8)
+        w[r % K] = max(w[r % K], 1e-3)
+        w = w / w.sum()
+        x = np.sort(rng.exponential([0.02, 0.3, 1.0, 3.0][r % 4], K)) + np.arange(K) * 1e-9
+        out.append((w, x))
+    return out
+
+
+def _above(got, want, atol):
+    """got ≥ want (never below the formula, up to its fp64 evaluation) and got ≤ want + atol."""
+    got, want = np.asarray(got, float), np.asarray(want, float)
+    return bool(np.all(got >= want - _FORMULA_FP64) and np.all(got <= want + atol))
+
+
+def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
+    """``tilt_tv_le_dual_grid_endpoints``: every interval's upper value is the larger end value of
+    t − D(t, λ) (``formulas.DUAL_ITEM`` / ``ENDPOINT_UPPER``) for a λ ≥ 0, on a cover of [0, 1].
+
+    * the epilogue's torch twin ``kernels.epilogue._interval_upper`` (= the kernel's ``_dense_u``) per interval;
+    * the fp64 reference ``witcert.bounds.tv_bound_tilt`` on its first grid (``max_points=33``: 32 intervals,
+      λ_i = ``_lambda_at`` at the left end, the right end's D from ``_dual_at``), every λ_i ≥ 0;
+    * the kernel (``_tv_row`` through ``tv_from_hist(force_kernel=True)``): its tilt is the maximum over its grid
+      (COARSE intervals, the REFINE_TOP largest split into REFINE) of the formula's interval values."""
+    from witcert import bounds as B
+
+    out = []
+    data = _endpoint_rows(rng, rows, K)
+    # the fp64 reference on the fixed grid linspace(0, 1, 33)
+    ts = np.linspace(0.0, 1.0, 33)
+    ok_ref, ok_lam = True, True
+    for w, x in data:
+        got = float(B.tv_bound_tilt(w[None], x[None], max_points=33)[0])
+        live = w > 0
+        wl, xl = w[live], x[live]
+        lam = B._lambda_at(ts, wl, np.exp(xl), np.exp(-xl), float(np.dot(wl, np.exp(-xl))))
+        ok_lam &= bool(np.all(lam >= 0))  # hlam
+        up = np.minimum(_ENDS(_g_formula(ts[:-1], lam[:-1], wl, xl), _g_formula(ts[1:], lam[:-1], wl, xl)), ts[1:])
+        want = min(1.0, max(0.0, float(up.max())))
+        ok_ref &= _above(got, want, B.FP64_ABS_SLACK + 1e-9)
+    out.append(("reference tilt (fixed grid) = max_i max(g(t_i), g(t_i+1)), g = t − D(t, λ_i)", ok_ref, ""))
+    out.append(("reference tilt: every λ_i ≥ 0", ok_lam, ""))
+    try:
+        import torch
+
+        from kernels import epilogue as E
+    except ImportError as exc:
+        return out + [("endpoint tilt: kernels", False, f"cannot import kernels: {exc}")]
+    # the torch twin, interval by interval (random left ends, two widths)
+    ok = True
+    for w, x in data:
+        for h in (1.0 / E.COARSE, 1.0 / (E.COARSE * E.REFINE)):
+            t0 = np.sort(rng.uniform(0.0, 1.0 - h, 24))
+            wt, xt = torch.tensor(w[None]), torch.tensor(x[None])
+            got = E._interval_upper(torch.tensor(t0[None]), h, wt, torch.exp(xt), torch.exp(-xt),
+                                    (wt * torch.exp(-xt)).sum(-1))[0].numpy()
+            ok &= _above(got, _interval_upper_formula(t0, h, w, x), 1e-9)
+    out.append(("torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)", ok, ""))
+    out.append(_check_kernel_endpoints(data))
+    return out
+
+
+def _check_kernel_endpoints(data):
+    """The kernel's tilt (``_tv_row``, non-lazy) against the formula on the kernel's grid."""
+    import torch
+
+    from kernels import epilogue as E
+
+    name = "kernel tilt (_dense_u) = max over its grid of min_λ max(g(t0), g(t1)) (formula)"
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    mass = torch.tensor(np.stack([w for w, _ in data]))
+    lv = torch.tensor(np.stack([x for _, x in data]))
+    rmax = lv[:, -1].clone()  # the last bin is the overflow bin at the row's maximum
+    got = E.tv_from_hist(mass.to(dev), lv.to(dev), rmax.to(dev), force_kernel=True)[3].cpu().numpy()
+    N1, RT, NR = E.COARSE, min(E.REFINE_TOP, E.COARSE), E.REFINE
+    want = []
+    for w, x in data:
+        t0 = np.arange(N1) / N1
+        U = _interval_upper_formula(t0, 1.0 / N1, w, x)
+        top = np.argsort(-U, kind="stable")[:RT]  # the RT largest (ties: the lowest index)
+        sub = (t0[top][:, None] + np.arange(NR)[None, :] / (N1 * NR)).reshape(-1)
+        refined = _interval_upper_formula(sub, 1.0 / (N1 * NR), w, x).max()
+        rest = np.delete(U, top).max() if N1 > RT else -1.0
+        want.append(min(1.0, max(0.0, refined, rest)))
+    return (name, _above(got, np.array(want), 1e-9), "")
 
 
 def check_falsification(trials: int = 2000, seed: int = 0):

@@ -469,6 +469,10 @@ def _rope_layouts(rng, trials, layout):
             bad.append(("pairs overlap", layout, h, g))
         if abs(mp.fsum(y[i] ** 2 for i in coords) - mp.fsum(mp.mpf(x[i]) ** 2 for i in coords)) > mp.mpf(10) ** -30:
             bad.append(("norm", layout, h, g))
+        # issue 37 (f): the group together with passthrough coordinates P ⊆ [2h, d)
+        cp = coords + [i for i in range(2 * h, d) if rng.random() < 0.5]
+        if abs(mp.fsum(y[i] ** 2 for i in cp) - mp.fsum(mp.mpf(x[i]) ** 2 for i in cp)) > mp.mpf(10) ** -30:
+            bad.append(("norm with passthrough", layout, h, g))
     return bad
 
 
@@ -755,6 +759,156 @@ def sketch_radius_ge_group_sum(rng, trials):
     return bad
 
 
+# ------------------------------------- SPEC §3(c) with endpoint values (lean/WitCert/TiltEndpoints.lean)
+
+def _tight_lambda(p, eps, t):
+    """The λ among {0} ∪ {1/β_c(t)} with the largest D(t, λ) (D(t, ·) is concave, piecewise linear with its
+    breakpoints at the 1/β_c: this is the tight λ the code's knapsack finds)."""
+    cands = [mp.mpf(0)] + [1 / ((1 - t) * mp.e ** e + t * mp.e ** (-e)) for e in eps]
+    return max(cands, key=lambda lam: dual_D(p, eps, t, lam))
+
+
+def tilt_tv_le_dual_grid_endpoints(rng, trials, ends=None):
+    """Any cover of [0, 1] by intervals [lo_i, hi_i] (a grid, sometimes overlapping or reaching past 0 and 1)
+    and any λ_i ≥ 0 (tight at lo_i, at hi_i, or random): TV ≤ max_i max(g(lo_i), g(hi_i)), g(t) = t − D(t, λ_i).
+    ``ends``: how the two end values are combined (default max)."""
+    ends = ends or (lambda g0, g1: max(g0, g1))
+    bad = []
+    for _ in range(trials):
+        n = rng.randint(1, 6)
+        p = _rand_p(rng, n)
+        eps, d = _box(rng, n, rng.choice([0.05, 0.5, 2.0]))
+        N = rng.randint(1, 10)
+        grid = [mp.mpf(0)] + sorted(mp.mpf(rng.random()) for _ in range(N - 1)) + [mp.mpf(1)]
+        lo = [g - (mp.mpf(rng.random()) / 20 if rng.random() < 0.2 else 0) for g in grid[:-1]]
+        hi = [g + (mp.mpf(rng.random()) / 20 if rng.random() < 0.2 else 0) for g in grid[1:]]
+        bound = mp.mpf(-1)
+        for a, b in zip(lo, hi):
+            pick = rng.random()
+            lam = (_tight_lambda(p, eps, a) if pick < 0.4 else _tight_lambda(p, eps, b) if pick < 0.6
+                   else mp.mpf(rng.random()) * rng.choice([0.1, 1, 10]))
+            bound = max(bound, ends(a - dual_D(p, eps, a, lam), b - dual_D(p, eps, b, lam)))
+        if _tv(_softmax_tilt(p, d), p) > bound + mp.mpf(10) ** -40:
+            bad.append((p, d, lo, hi))
+    return bad
+
+
+
+def dualD_regroup(rng, trials):
+    """Issue 37 (e): D(t, λ) of the radii rounded up onto levels L(bin j) equals D(t, λ) of the histogram
+    w_k = Σ_{bin j = k} p̂_j over the levels (empty bins included), and so does the e-form's A."""
+    bad = []
+    for _ in range(trials):
+        n, K = rng.randint(1, 8), rng.randint(1, 5)
+        p = _rand_p(rng, n)
+        L = sorted(mp.mpf(rng.random()) * rng.choice([0.05, 0.5, 3.0]) for _ in range(K))
+        bin_ = [rng.randrange(K) for _ in range(n)]
+        w = [mp.fsum(p[j] for j in range(n) if bin_[j] == k) for k in range(K)]
+        t, lam = mp.mpf(rng.random()), mp.mpf(rng.random()) * rng.choice([0.1, 1, 10])
+        eps = [L[b] for b in bin_]
+        A1, A2 = mp.fsum(pj * mp.e ** e for pj, e in zip(p, eps)), mp.fsum(wk * mp.e ** lk for wk, lk in zip(w, L))
+        if abs(dual_D(p, eps, t, lam) - dual_D(w, L, t, lam)) > mp.mpf(10) ** -40 or abs(A1 - A2) > mp.mpf(10) ** -40:
+            bad.append((p, bin_, L))
+    return bad
+
+# ------------------------- issue 37 (b), (c): the composed statements (FloatTV.lean, Request.lean)
+
+def kernel_tv_sound(rng, trials, rho=None):
+    """The decode pass as one statement: p = tilt(p̂, δ), p̃ = tilt(p̂, ξ) (the kernel's), radii rounded up onto
+    levels lev ≥ ε, ε_max ≥ every level, lost tokens U with p̃(U) ≤ Λ p̃(V), m ≤ Σ_V p̃ e^{−(lev+Ξ)} / p̃(V):
+    TV(p, p̂) ≤ F + tanh(Ξ/2) + Λ(1 + e^{ε_max+Ξ}/m) for F = TV(p|V, p̃|V), tanh((ε_max+Ξ)/2) and the e-form
+    of p̃|V at lev + Ξ. ``rho``: the ρ term as a function of (Λ, ε_max + Ξ, m)."""
+    rho = rho or (lambda Lam, r, m: Lam * (1 + mp.e ** r / m))
+    bad = []
+    for _ in range(trials):
+        n, ph, eps, d, Xi, xi = _fp_instance(rng)
+        if n < 2:
+            continue
+        lev = [e * (1 + mp.mpf(rng.random()) / 4) if rng.random() < 0.7 else e for e in eps]
+        emax = max(lev) * (1 + (mp.mpf(rng.random()) / 10 if rng.random() < 0.5 else 0))
+        U = [j for j in range(n) if rng.random() < rng.choice([0.0, 0.2, 0.5])]
+        if len(U) == n:
+            U.pop(rng.randrange(n))
+        V = [j for j in range(n) if j not in U]
+        p, pt = _softmax_tilt(ph, d), _softmax_tilt(ph, xi)
+        ptV = mp.fsum(pt[j] for j in V)
+        Lam = mp.fsum(pt[j] for j in U) / ptV * (1 + (mp.mpf(rng.random()) if rng.random() < 0.3 else 0))
+        m = mp.fsum(pt[j] * mp.e ** (-(lev[j] + Xi)) for j in V) / ptV * (1 - mp.mpf(rng.random()) / 10)
+        pV, ptVn = _restrict(p, V), _restrict(pt, V)
+        A = mp.fsum(a * mp.e ** (lev[j] + Xi) for a, j in zip(ptVn, V))
+        Fs = [_tv(pV, ptVn), mp.tanh((emax + Xi) / 2), (A * A - 1) / 2]
+        extra = mp.tanh(Xi / 2) + rho(Lam, emax + Xi, m)
+        if any(_tv(p, ph) > F + extra + mp.mpf(10) ** -40 for F in Fs):
+            bad.append((ph, d, xi, U))
+    return bad
+
+
+def _step_mc(rng, g, L, H, T, budget, draws=400):
+    """Monte Carlo of a request (L layers, H heads, T steps, a step's budget ``budget(t)``): each (l, h, t) has n
+    tokens with uniform dither residuals (+ a bias ≤ β), a random p̂ and its tilt p by δ_j = σ Σ_i q_i e_{j,i};
+    TV⁺ = min(tanh(max_j t_j / 2), e-form at t_j), sound for every tilt within the Tier B radii t_j. Returns
+    (frequency of ∃ (l, h, t): TV⁺ < TV, pointwise failures: every |δ_j| < t_j and still TV⁺ < TV)."""
+    import numpy as np
+
+    hit, pointwise = np.zeros(draws, bool), 0
+    for _l in range(L):
+        for _h in range(H):
+            for t in range(T):
+                n, d = rng.randint(2, 6), rng.randint(1, 4)
+                q = np.array([rng.gauss(0, 1) for _ in range(d)])
+                sig = rng.uniform(0.05, 1)
+                sc = np.array([[rng.uniform(1e-3, 2) for _ in range(d)] for _ in range(n)])  # [n, d]
+                beta = sc * 2.0**-14
+                V = sig**2 * np.sum(q**2 * sc**2 / 12, axis=-1)
+                b = abs(sig) * np.sum(np.abs(q) * beta, axis=-1)
+                tt = np.sqrt(2 * V * math.log(2 * n / budget(t))) + b
+                r = (g.random((draws, n, d)) - 0.5) * sc
+                e = r + beta * np.sign(g.random((draws, n, d)) - 0.5)
+                dl = sig * (e @ q)  # [draws, n]
+                ph = np.array([float(x) for x in _rand_p(rng, n)])
+                w = ph * np.exp(-dl)
+                p = w / w.sum(-1, keepdims=True)
+                tv = 0.5 * np.abs(p - ph).sum(-1)
+                A = float(np.sum(ph * np.exp(tt)))
+                up = min(math.tanh(float(tt.max()) / 2), 0.5 * (A * A - 1)) * (1 + 1e-12) + 1e-15
+                ev = up < tv
+                pointwise += int(np.sum(ev & np.all(np.abs(dl) < tt, axis=-1)))
+                hit |= ev
+    return float(hit.mean()), pointwise
+
+
+def step_tv_sound(rng, trials):
+    """One step: off the radii event TV ≤ TV⁺ pointwise, and the frequency of TV⁺ < TV stays below δ
+    (+ 4 binomial s.d.)."""
+    import numpy as np
+
+    bad = []
+    for _ in range(max(trials // 100, 3)):
+        dlt = rng.choice([0.2, 0.5, 1.0, 1.9])
+        freq, pw = _step_mc(rng, np.random.default_rng(rng.randrange(2**32)), 1, 1, 1, lambda t: dlt)
+        if pw or freq > dlt + 4 * (dlt * (1 - min(dlt, 1)) / 400) ** 0.5 + 5e-3:
+            bad.append((dlt, freq, pw))
+    return bad
+
+
+def request_tv_sound(rng, trials):
+    """A request under both schedules: L·H·Σ_t δ_step(t) ≤ δ_req (request_budget_sound), and the frequency of
+    ∃ (layer, head, step): TV⁺ < TV stays below δ_req (+ 4 binomial s.d.), never failing pointwise."""
+    import numpy as np
+
+    bad = request_budget_sound(rng, trials)
+    for _ in range(max(trials // 200, 2)):
+        L, H, T = rng.randint(1, 2), rng.randint(1, 2), rng.randint(1, 3)
+        dr = rng.choice([0.3, 1.0])
+        for budget in (lambda t: dr / (L * H * T), lambda t: dr * 6 / (math.pi**2 * (t + 1) ** 2) / (L * H)):
+            if sum(L * H * budget(t) for t in range(T)) > dr * (1 + 1e-12):
+                bad.append(("budget", L, H, T))
+            freq, pw = _step_mc(rng, np.random.default_rng(rng.randrange(2**32)), L, H, T, budget)
+            if pw or freq > dr + 4 * (dr * (1 - min(dr, 1)) / 400) ** 0.5 + 5e-3:
+                bad.append((L, H, T, dr, freq, pw))
+    return bad
+
+
 STATEMENTS = {
     "rope_group_norm_invariant": rope_group_norm_invariant,
     "abs_logit_error_le_radius": abs_logit_error_le_radius,
@@ -801,6 +955,19 @@ STATEMENTS = {
     "kernel_radius_ge_group_sum": kernel_radius_ge_group_sum,
     "sketch_radius_ge_per_head": sketch_radius,  # per_head ≤ shared is checked there
     "sketch_radius_ge_group_sum": sketch_radius_ge_group_sum,
+    # SPEC §3(c) with endpoint values (lean/WitCert/TiltEndpoints.lean)
+    "tilt_tv_le_dual_grid_endpoints": tilt_tv_le_dual_grid_endpoints,
+    # issue 37 (f): partial rotary (the layout searches add passthrough coordinates to the group)
+    "rope_half_partial_group_norm_invariant": rope_half_group_norm_invariant,
+    "rope_interleaved_partial_group_norm_invariant": rope_interleaved_group_norm_invariant,
+    "dualD_regroup": dualD_regroup,  # issue 37 (e) (not parsed: its statement has `fun` and a filter)
+    # issue 37 (b), (c): the composed statements (lean/WitCert/FloatTV.lean, lean/WitCert/Request.lean)
+    "kernel_tv_sound": kernel_tv_sound,
+    "kernel_tv_sound_tanh": kernel_tv_sound,  # the same search checks F = tanh((ε_max+Ξ)/2)
+    "step_tv_sound": step_tv_sound,
+    "request_tv_sound": request_tv_sound,
+    "request_tv_sound_fixed": request_tv_sound,  # the same search runs both schedules
+    "request_tv_sound_anytime": request_tv_sound,
 }
 
 

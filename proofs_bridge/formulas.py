@@ -413,3 +413,130 @@ LEAN_DEFS.update({
     "wmul": ("Sketch", ["a", "q", "i"], _f("a")(_i) * q(_i)),
     "wdiv": ("Sketch", ["x", "a", "i"], _f("x")(_i) / _f("a")(_i)),
 })
+
+
+# --------------------- SPEC §3(c) with endpoint values (issue 33; lean/WitCert/TiltEndpoints.lean)
+# For λ ≥ 0, t ↦ D(t, λ) is concave (β affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and
+# its maximum on an interval [t₀, t₁] is at an end: any cover of [0, 1] by intervals, each with its own
+# λ_i ≥ 0 and both end values ≤ B, gives TV ≤ B. The epilogue (kernels/epilogue.py: `_dense_u`, its torch
+# twin `_interval_upper`) and the fp64 reference (`witcert.bounds._tilt_row`) take per interval the least,
+# over their candidate λ (λ = 0 included: g = t, the cap t₁), of the larger end value.
+#: D(t, λ) = Σ_k w_k DUAL_ITEM(x_k) for a distribution w over the levels x_k (LEAN_DEFS["dualD"] term by term:
+#: λ t Σ_k w_k e^{−x_k} − Σ_k w_k (λ β(t, x_k) − 1)₊)
+DUAL_ITEM = lam * t * sp.exp(-x) - HINGE
+_one_item = LEAN_DEFS["dualD"][2].replace(Sum, lambda dom, f: f(_j)).replace(
+    beta, lambda tt, xx: BETA.xreplace({t: tt, x: xx})).xreplace({phat(_j): 1, eps(_j): x})
+assert sp.simplify(_one_item - DUAL_ITEM) == 0
+#: the larger end value of g on [t₀, t₁] for one λ (g₀ = t₀ − D(t₀, λ), g₁ = t₁ − D(t₁, λ))
+g0_, g1_ = sp.symbols("g0 g1", real=True)
+ENDPOINT_UPPER = sp.Max(g0_, g1_)
+
+ENDPOINT_THEOREMS = ["tilt_tv_le_dual_grid_endpoints"]
+THEOREMS += ENDPOINT_THEOREMS
+
+LEAN_THEOREMS.update({
+    "tilt_tv_le_dual_grid_endpoints": ("TiltEndpoints", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), B_)], {
+        "hlam": [("∀", ("i",), [("≤", 0, lam_(_i))])],
+        "hBlo": [("∀", ("i",), [("≤", lo(_i) - dualD(sp.Symbol("phat"), sp.Symbol("eps"), lo(_i), lam_(_i)), B_)])],
+        "hBhi": [("∀", ("i",), [("≤", hi(_i) - dualD(sp.Symbol("phat"), sp.Symbol("eps"), hi(_i), lam_(_i)), B_)])],
+    }),
+})
+
+
+# ------------------------ issue 37 (b), (c): the composed statements (FloatTV.lean, Request.lean)
+# (c) kernel_tv_sound: the decode pass as one statement — TV(p, p̂) ≤ F + tanh(Ξ/2) + ρ with the kernel's
+#     ρ = Λ (1 + e^{ε_max+Ξ}/m), Λ the lost mass relative to the kept one, m ≤ Σ_V p̃ e^{−(lev+Ξ)} / p̃(V)
+#     (kernels/epilogue.py `_tv_row` / `tv_from_hist_torch`: checked by check_fp_terms against RHO_KERNEL,
+#     XI_TERM and TANH_BOUND).
+# (b) step_tv_sound / request_tv_sound(_fixed, _anytime): P(∃ layer, head, step: TV⁺ < TV) ≤ δ_req at the
+#     Tier B radii ditherRadius(V, n, δ_step) + b and the two schedules (witcert.bounds.step_budget,
+#     dither_radius, dither_bias_bound: checked in check_formulas against BUDGET_*, DITHER_RADIUS and
+#     DITHER_BIAS_PER_CHANNEL).
+COMPOSED_THEOREMS = [
+    "kernel_tv_sound",
+    "kernel_tv_sound_tanh",
+    "step_tv_sound",
+    "request_tv_sound",
+    "request_tv_sound_fixed",
+    "request_tv_sound_anytime",
+]
+THEOREMS += COMPOSED_THEOREMS
+
+_rho, _lev, _ptl = sp.Symbol("rho"), _f("lev"), _f("ptilde")
+_RHO_LEAN = RHO_KERNEL.xreplace({Lam: sp.Symbol("Lam")})
+_KERNEL_HYPS = {
+    "hxi": _HXI,
+    "hlev": [("∀", ("j",), [("≤", eps(_j), _lev(_j))])],
+    "hmax": [("∀", ("j",), [("≤", _lev(_j), eps_max)])],
+    "hLam": [("≤", Sum(_U, sp.Lambda(_j, _ptl(_j))), sp.Symbol("Lam") * Sum(_Uc, sp.Lambda(_j, _ptl(_j))))],
+    "hm": [("≤", m, Sum(_Uc, sp.Lambda(_j, _ptl(_j) * sp.exp(-(_lev(_j) + Xi)))) / Sum(_Uc, sp.Lambda(_j, _ptl(_j))))],
+    "hrho": [("=", _rho, _RHO_LEAN)],
+}
+_dl, _TVup, _Ev, _ds = _f("dl"), _f("TVup"), _f("Ev"), _f("ds")
+_card = _f("Fintype.card")(sp.Symbol("κ"))
+
+
+def _bad_step(*ix):
+    """{ω | TV⁺ < TV(p, p̂)} of one step (indices ``ix``: none, or l h t)."""
+    return setOf(sp.Lambda(_w, sp.Lt(_TVup(*ix, _w), tv(p(*ix, _w), phat(*ix, _w)), evaluate=False)))
+
+
+def _request_hyps(step_budget):
+    """The hypotheses of request_tv_sound that define its quantities, at the step budget ``step_budget``."""
+    return {
+        "hV": [("∀", ("l", "h", "t", "j"), [("=", Vf(_l, _h, t, _j), sigma**2 * Sum(UNIV, sp.Lambda(
+            _i, q(_l, _h, t, _i) ** 2 * c_(_l, _h, t, _j, _i))))])],
+        "hb": [("∀", ("l", "h", "t", "j"), [("=", bf(_l, _h, t, _j), sp.Abs(sigma) * Sum(UNIV, sp.Lambda(
+            _i, sp.Abs(q(_l, _h, t, _i)) * beta_(_l, _h, t, _j, _i))))])],
+        "htt": [("∀", ("l", "h", "t", "j"), [("=", tt_(_l, _h, t, _j),
+                                               ditherRadius(Vf(_l, _h, t, _j), _card, step_budget) + bf(_l, _h, t, _j))])],
+        "hdl": [("∀", ("l", "h", "t", "ω", "j"), [("=", _dl(_l, _h, t, _w, _j), sigma * Sum(UNIV, sp.Lambda(
+            _i, q(_l, _h, t, _i) * e_(_l, _h, t, _j, _i, _w))))])],
+        "hEv": [("∀", ("l", "h", "t"), [("=", _Ev(_l, _h, t), _bad_step(_l, _h, t))])],
+    }
+
+
+def _request_union(horizon):
+    return [("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(_h, iUnion(rng(horizon), sp.Lambda(
+        t, _Ev(_l, _h, t)))))))), delta_req)]
+
+
+LEAN_THEOREMS.update({
+    "kernel_tv_sound": ("FloatTV", [("≤", tv(_P, _Ph), F_ + XI_TERM + _rho)], _KERNEL_HYPS),
+    "kernel_tv_sound_tanh": ("FloatTV", [("≤", tv(_P, _Ph), TANH_BOUND.subs(eps_max, eps_max + Xi) + XI_TERM + _rho)],
+                             _KERNEL_HYPS),
+    "step_tv_sound": ("Request", [("≤", mu_real(_bad_step()), delta)], {
+        "hV": LEAN_THEOREMS["dither_step_union"][2]["hV"],
+        "hb": LEAN_THEOREMS["dither_step_union"][2]["hb"],
+        "htt": LEAN_THEOREMS["dither_step_union"][2]["htt"],
+        "hdl": [("∀", ("ω", "j"), [("=", _dl(_w, _j), sigma * Sum(UNIV, sp.Lambda(_i, q(_i) * e_(_j, _i, _w))))])],
+    }),
+    "request_tv_sound": ("Request", _request_union(T), {
+        **_request_hyps(_ds(t)),
+        "hbudget": [("≤", Sum(rng(T), sp.Lambda(t, Ls * Hs * _ds(t))), delta_req)],
+    }),
+    "request_tv_sound_fixed": ("Request", _request_union(Tm), _request_hyps(budgetFixed(delta_req, Ls, Hs, Tm))),
+    "request_tv_sound_anytime": ("Request", _request_union(T), _request_hyps(budgetAnytime(delta_req, Ls, Hs, t + 1))),
+})
+
+
+# -------------------------- issue 37 (f): partial rotary (lean/WitCert/Bands.lean, passthrough ≥ 2h)
+PARTIAL_ROTARY_THEOREMS = [
+    "rope_half_partial_group_norm_invariant",
+    "rope_interleaved_partial_group_norm_invariant",
+]
+THEOREMS += PARTIAL_ROTARY_THEOREMS
+
+
+def _rope_inv_partial(fst, snd, rope):
+    grp = union(coordsOf(fst, snd, sp.Symbol("g")), sp.Symbol("P"))
+    return [("=", coordNorm(grp, rope), coordNorm(grp, x))]
+
+
+_HPASS = {"hP": [("∀", ("i", "∈", "P"), [("≤", 2 * sp.Symbol("h"), _i)])]}
+LEAN_THEOREMS.update({
+    "rope_half_partial_group_norm_invariant": ("Bands", _rope_inv_partial(
+        sp.Symbol("halfFst"), _f("halfSnd")(sp.Symbol("h")), _f("ropeHalf")(sp.Symbol("h"), sp.Symbol("θ"), x)), _HPASS),
+    "rope_interleaved_partial_group_norm_invariant": ("Bands", _rope_inv_partial(
+        sp.Symbol("ilvFst"), sp.Symbol("ilvSnd"), _f("ropeInterleaved")(sp.Symbol("h"), sp.Symbol("θ"), x)), _HPASS),
+})

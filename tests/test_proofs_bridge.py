@@ -323,6 +323,97 @@ def test_drift_in_the_kernel_fp_terms_fails(monkeypatch):
     assert "kernel tanh column = tanh((ε_max+Ξ)/2)" in bad and "kernel ρ = Λ(1 + e^{ε_max+Ξ}/m)" in bad
 
 
+def test_every_endpoint_and_composed_name_is_falsified_and_stated():
+    # SPEC §3(c) with endpoints (TiltEndpoints.lean) and issue 37 (b), (c) (Request.lean, FloatTV.lean)
+    from proofs_bridge import formulas as F
+
+    for name in F.ENDPOINT_THEOREMS + F.COMPOSED_THEOREMS + F.PARTIAL_ROTARY_THEOREMS:
+        assert name in F.THEOREMS and name in F.LEAN_THEOREMS and name in Fz.STATEMENTS
+    assert "dualD_regroup" in Fz.STATEMENTS  # issue 37 (e): falsified, not parsed
+
+
+def test_drift_in_the_endpoint_statement_fails(tmp_path):
+    cases = [
+        ("TiltEndpoints", "(hBhi : ∀ i, hi i - dualD phat eps (hi i) (lam i) ≤ B)",
+         "(hBhi : ∀ i, hi i - dualD phat eps (lo i) (lam i) ≤ B)", "lean statement tilt_tv_le_dual_grid_endpoints = formula"),
+        ("TiltEndpoints", "(hlam : ∀ i, 0 ≤ lam i)", "(hlam : ∀ i, -1 ≤ lam i)",
+         "lean statement tilt_tv_le_dual_grid_endpoints = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]
+
+
+def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
+    """The epilogue's interval upper value (torch twin of `_dense_u`), the fp64 reference's and the kernel's
+    tilt are checked against t − D(t, λ) at both ends of every interval: a drift in any of them fails."""
+    import numpy as np
+
+    import kernels.epilogue as E
+    from witcert import bounds as B
+
+    def bad():
+        return failed(C.check_tilt_endpoints(np.random.default_rng(0)))
+
+    assert bad() == []
+    real_u = E._interval_upper
+    # the left end only (the interval [t0, t0]): not an upper value of the interval
+    monkeypatch.setattr(E, "_interval_upper", lambda t0, h, w, a, b, m: real_u(t0, 0.0, w, a, b, m))
+    assert bad() == ["torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)"]
+    monkeypatch.setattr(E, "_interval_upper", real_u)
+    # the reference's right-end D too large (its upper values too small)
+    real_d = B._dual_at
+    monkeypatch.setattr(B, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)
+    assert bad() == ["reference tilt (fixed grid) = max_i max(g(t_i), g(t_i+1)), g = t − D(t, λ_i)"]
+    monkeypatch.setattr(B, "_dual_at", real_d)
+    # a negative λ (the theorem needs λ_i ≥ 0)
+    real_l = B._lambda_at
+    monkeypatch.setattr(B, "_lambda_at", lambda *a: -real_l(*a))
+    assert "reference tilt: every λ_i ≥ 0" in bad()
+    monkeypatch.setattr(B, "_lambda_at", real_l)
+    # the kernel's rounding term with the wrong sign (its g below t − D(t, λ))
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1" or __import__("torch").cuda.is_available():
+        monkeypatch.setattr(E, "_epsc", lambda nbp: -1e-6)
+        assert bad() == ["kernel tilt (_dense_u) = max over its grid of min_λ max(g(t0), g(t1)) (formula)"]
+
+
+def test_a_false_endpoint_statement_is_falsified():
+    # one end only (the left, or the right) is not a bound on the interval
+    assert Fz.tilt_tv_le_dual_grid_endpoints(random.Random(3), 300, ends=lambda g0, g1: g0)
+    assert Fz.tilt_tv_le_dual_grid_endpoints(random.Random(3), 300, ends=lambda g0, g1: g1)
+
+
+def test_drift_in_a_composed_statement_fails(tmp_path):
+    cases = [
+        ("FloatTV", "(rho : ℝ) (hrho : rho = Lam * (1 + Real.exp (eps_max + Xi) / m)) :\n    tv p phat ≤ F +",
+         "(rho : ℝ) (hrho : rho = Lam * (1 + Real.exp eps_max / m)) :\n    tv p phat ≤ F +",
+         "lean statement kernel_tv_sound = formula"),
+        ("FloatTV", "(hm : m ≤ (∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi))) / ∑ j ∈ Uᶜ, ptilde j)\n    (F : ℝ)",
+         "(hm : m ≤ (∑ j ∈ Uᶜ, ptilde j * Real.exp (-lev j)) / ∑ j ∈ Uᶜ, ptilde j)\n    (F : ℝ)",
+         "lean statement kernel_tv_sound = formula"),
+        ("Request", "μ.real {ω | TVup ω < tv (p ω) (phat ω)} ≤ delta := by",
+         "μ.real {ω | TVup ω ≤ tv (p ω) (phat ω)} ≤ delta := by", "lean statement step_tv_sound = formula"),
+        ("Request", "(hbudget : ∑ t ∈ Finset.range T, (L : ℝ) * H * ds t ≤ delta_req)",
+         "(hbudget : ∑ t ∈ Finset.range T, (L : ℝ) * ds t ≤ delta_req)", "lean statement request_tv_sound = formula"),
+        ("Request", "= ditherRadius (V l h t j) (Fintype.card κ) (budgetFixed delta_req L H T_max) + b l h t j)",
+         "= ditherRadius (V l h t j) (Fintype.card κ) delta_req + b l h t j)",
+         "lean statement request_tv_sound_fixed = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]
+
+
+def test_a_false_composed_statement_is_falsified():
+    # the kernel's TV⁺ without its ρ (the lost masses ignored), or ρ = Λ alone: false
+    assert Fz.kernel_tv_sound(random.Random(3), 300, rho=lambda Lam, r, m: 0)
+    assert Fz.kernel_tv_sound(random.Random(3), 300, rho=lambda Lam, r, m: Lam)
+
+
 def test_drift_in_the_sketch_radius_fails(monkeypatch):
     """Issue 33's radius (Sketch.lean): a reference that drops u_j, or takes ‖q‖ for ‖a⊙q‖, fails the bridge
     (``check_formulas`` runs ``_check_sketch_radius``; called alone here: the full check runs kernels)."""
@@ -343,3 +434,20 @@ def test_drift_in_the_sketch_radius_fails(monkeypatch):
     assert not ok()
     monkeypatch.setattr(B, "sketch_radius", lambda q, rt, w, s, a=None, shared=True: real(q, rt, w, s, None, shared))
     assert not ok()
+
+
+
+def test_drift_in_a_partial_rotary_statement_fails(tmp_path):
+    # issue 37 (f): the passthrough coordinates must lie past the rotary dimension 2h
+    cases = [
+        ("Bands", "(hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, 2 * h ≤ i) (x : ℕ → ℝ) :\n    coordNorm (coordsOf halfFst",
+         "(hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, h ≤ i) (x : ℕ → ℝ) :\n    coordNorm (coordsOf halfFst",
+         "lean statement rope_half_partial_group_norm_invariant = formula"),
+        ("Bands", "coordNorm (coordsOf ilvFst ilvSnd g ∪ P) (ropeInterleaved h θ x)",
+         "coordNorm (coordsOf ilvFst ilvSnd g) (ropeInterleaved h θ x)",
+         "lean statement rope_interleaved_partial_group_norm_invariant = formula"),
+    ]
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = _lean_copy(tmp_path / str(k))
+        _edit(lean, file, old, new)
+        assert _failed_lean(lean) == [name]

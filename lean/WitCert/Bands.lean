@@ -28,6 +28,9 @@ through unchanged.
   group's coordinates.
 * `rope_half_group_norm_invariant`, `rope_interleaved_group_norm_invariant` — the two layouts
   (`witcert.bounds.rope` / `group_slices`, layouts `half` and `interleaved`).
+* `rope_half_partial_group_norm_invariant`, `rope_interleaved_partial_group_norm_invariant` —
+  issue 37 (f), partial rotary: a group of rotary bands together with passthrough coordinates
+  (`≥ 2h`) keeps its coordinate norm (`coordNorm_union_pass`).
 -/
 
 namespace WitCert
@@ -214,5 +217,68 @@ theorem rope_interleaved_group_norm_invariant (h : ℕ) (θ : ℕ → ℝ) (g : 
     omega
   exact rope_layout_group_norm_invariant ilvFst ilvSnd g hne hdisj θ x (ropeInterleaved h θ x)
     fun b hb => ropeInterleaved_band h θ x b (hg b hb)
+
+
+/-! ### Partial rotary: groups with passthrough coordinates (issue 37 (f)) -/
+
+/-- The squared coordinate sum from a coordinate norm (both sums are nonnegative). -/
+lemma sum_sq_eq_of_coordNorm_eq (S : Finset ℕ) (x y : ℕ → ℝ) (h : coordNorm S y = coordNorm S x) :
+    ∑ i ∈ S, y i ^ 2 = ∑ i ∈ S, x i ^ 2 := by
+  have hy : 0 ≤ ∑ i ∈ S, y i ^ 2 := Finset.sum_nonneg fun i _ => sq_nonneg (y i)
+  have hx : 0 ≤ ∑ i ∈ S, x i ^ 2 := Finset.sum_nonneg fun i _ => sq_nonneg (x i)
+  unfold coordNorm at h
+  -- `Real.sqrt_inj`: Data/Real/Sqrt.lean:259
+  exact (Real.sqrt_inj hy hx).mp h
+
+/-- A rotary group `C` and passthrough coordinates `P` (disjoint, fixed by `y`): if `y` keeps the
+norm of `C`, it keeps the norm of `C ∪ P`. -/
+lemma coordNorm_union_pass (C P : Finset ℕ) (hdisj : Disjoint C P) (x y : ℕ → ℝ)
+    (hC : coordNorm C y = coordNorm C x) (hP : ∀ i ∈ P, y i = x i) :
+    coordNorm (C ∪ P) y = coordNorm (C ∪ P) x := by
+  have hR : ∑ i ∈ C, y i ^ 2 = ∑ i ∈ C, x i ^ 2 := sum_sq_eq_of_coordNorm_eq C x y hC
+  have hPass : ∑ i ∈ P, y i ^ 2 = ∑ i ∈ P, x i ^ 2 :=
+    Finset.sum_congr rfl fun i hi => by rw [hP i hi]
+  unfold coordNorm
+  -- `Finset.sum_union`: additive form of `Finset.prod_union`,
+  -- Algebra/BigOperators/Group/Finset/Basic.lean
+  rw [Finset.sum_union hdisj, Finset.sum_union hdisj, hR, hPass]
+
+/-- Issue 37 (f), layout `half` with partial rotary: a group of rotary bands `g ⊆ [0, h)` together
+with any passthrough coordinates `P ⊆ [2h, ∞)` keeps its coordinate norm under `ropeHalf`. -/
+theorem rope_half_partial_group_norm_invariant (h : ℕ) (θ : ℕ → ℝ) (g : Finset ℕ)
+    (hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, 2 * h ≤ i) (x : ℕ → ℝ) :
+    coordNorm (coordsOf halfFst (halfSnd h) g ∪ P) (ropeHalf h θ x)
+      = coordNorm (coordsOf halfFst (halfSnd h) g ∪ P) x := by
+  have hdisj : Disjoint (coordsOf halfFst (halfSnd h) g) P := by
+    rw [Finset.disjoint_left]
+    intro i hi hiP
+    have h2 := hP i hiP
+    unfold coordsOf at hi
+    rw [Finset.mem_biUnion] at hi
+    obtain ⟨b, hb, hib⟩ := hi
+    have hbh := hg b hb
+    simp only [Finset.mem_insert, Finset.mem_singleton, halfFst, halfSnd] at hib
+    omega
+  exact coordNorm_union_pass _ P hdisj x (ropeHalf h θ x)
+    (rope_half_group_norm_invariant h θ g hg x) fun i hi => ropeHalf_pass h θ x i (hP i hi)
+
+/-- Issue 37 (f), layout `interleaved` with partial rotary. -/
+theorem rope_interleaved_partial_group_norm_invariant (h : ℕ) (θ : ℕ → ℝ) (g : Finset ℕ)
+    (hg : ∀ b ∈ g, b < h) (P : Finset ℕ) (hP : ∀ i ∈ P, 2 * h ≤ i) (x : ℕ → ℝ) :
+    coordNorm (coordsOf ilvFst ilvSnd g ∪ P) (ropeInterleaved h θ x)
+      = coordNorm (coordsOf ilvFst ilvSnd g ∪ P) x := by
+  have hdisj : Disjoint (coordsOf ilvFst ilvSnd g) P := by
+    rw [Finset.disjoint_left]
+    intro i hi hiP
+    have h2 := hP i hiP
+    unfold coordsOf at hi
+    rw [Finset.mem_biUnion] at hi
+    obtain ⟨b, hb, hib⟩ := hi
+    have hbh := hg b hb
+    simp only [Finset.mem_insert, Finset.mem_singleton, ilvFst, ilvSnd] at hib
+    omega
+  exact coordNorm_union_pass _ P hdisj x (ropeInterleaved h θ x)
+    (rope_interleaved_group_norm_invariant h θ g hg x)
+    fun i hi => ropeInterleaved_pass h θ x i (hP i hi)
 
 end WitCert

@@ -30,9 +30,10 @@ theorem request_budget_sound (delta_req : ℝ) (hδ : 0 ≤ delta_req) (L H T_ma
     (hL : 0 < L) (hH : 0 < H) (hT : 0 < T_max) :
     ∑ _t ∈ Finset.range T_max, (L : ℝ) * H * budgetFixed delta_req L H T_max = delta_req ∧
     ∑ t ∈ Finset.range T, (L : ℝ) * H * budgetAnytime delta_req L H ((t : ℝ) + 1) ≤ delta_req := by
-  have hL' : (L : ℝ) ≠ 0 := by exact_mod_cast hL.ne'
-  have hH' : (H : ℝ) ≠ 0 := by exact_mod_cast hH.ne'
-  have hT' : (T_max : ℝ) ≠ 0 := by exact_mod_cast hT.ne'
+  -- `Nat.cast_ne_zero`: Algebra/CharZero/Defs.lean:74
+  have hL' : (L : ℝ) ≠ 0 := Nat.cast_ne_zero.mpr hL.ne'
+  have hH' : (H : ℝ) ≠ 0 := Nat.cast_ne_zero.mpr hH.ne'
+  have hT' : (T_max : ℝ) ≠ 0 := Nat.cast_ne_zero.mpr hT.ne'
   have hLH : (L : ℝ) * H ≠ 0 := mul_ne_zero hL' hH'
   have hLHT : (L : ℝ) * H * T_max ≠ 0 := mul_ne_zero hLH hT'
   constructor

@@ -26,6 +26,14 @@ miss the tokens of a set `U` whose masses underflow (the "lost" part). `kernels/
   `TV(p, p̂) ≤ TV(p', p̂') + p̂(U) + Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}`; the kernel's
   `ρ = Λ (1 + e^{ε_max + Ξ} / m)` bounds the last two terms when `p̂(U) ≤ Λ` and every radius is
   at most `ε_max + Ξ`.
+* The decode pass as one statement (issue 37 (c)): `kernel_tv_sound`. The kernel holds `p̃` (the
+  Ξ argument: `p` is a tilt of `p̃` by `δ − ξ`), bins the kept tokens `V = Uᶜ` of `p̃` with radii
+  rounded up onto levels `lev_j ≥ ε_j`, all levels at most `ε_max`, raised by `Ξ`, and knows
+  `p̃(U) ≤ Λ · p̃(V)` (the lost masses, relative to its denominator) and
+  `m ≤ Σ_V p̃_j e^{−(lev_j + Ξ)} / p̃(V)` (its `m`). For any `F` sound for the tilts of `p̃|V` at
+  radii `lev + Ξ` (the §3 bounds on the histogram): `TV(p, p̂) ≤ F + tanh(Ξ/2) + ρ`,
+  `ρ = Λ (1 + e^{ε_max + Ξ} / m)` — the kernel's `TV⁺` (`kernels/epilogue.py`, module docstring,
+  `tv_from_hist_torch`). `kernel_tv_sound_tanh` is the instance `F = tanh((ε_max + Ξ)/2)`.
 -/
 
 namespace WitCert
@@ -309,5 +317,99 @@ theorem tv_le_restrict_add_rho (ht : IsTilt phat delta p) (eps : ι → ℝ)
   linarith
 
 end Restrict
+
+section Kernel
+
+variable {phat delta p xi ptilde : ι → ℝ}
+
+/-- SPEC §7, the decode pass as one statement (issue 37 (c)): Ξ for the kernel's own logits,
+radii rounded up onto levels, and ρ computed from the kernel's `p̃`:
+`TV(p, p̂) ≤ F + tanh(Ξ/2) + Λ (1 + e^{ε_max + Ξ} / m)` for any `F` sound for the tilts of the
+kept part `p̃|V` at radii `lev + Ξ`. -/
+theorem kernel_tv_sound (hp : IsTilt phat delta p) (hq : IsTilt phat xi ptilde)
+    (eps : ι → ℝ) (heps : ∀ j, |delta j| ≤ eps j) (Xi : ℝ) (hxi : ∀ j, |xi j| ≤ Xi)
+    (lev : ι → ℝ) (hlev : ∀ j, eps j ≤ lev j) (eps_max : ℝ) (hmax : ∀ j, lev j ≤ eps_max)
+    (U : Finset ι) (hV : (Uᶜ).Nonempty)
+    (Lam : ℝ) (hLam0 : 0 ≤ Lam) (hLam : ∑ j ∈ U, ptilde j ≤ Lam * ∑ j ∈ Uᶜ, ptilde j)
+    (m : ℝ) (hm0 : 0 < m)
+    (hm : m ≤ (∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi))) / ∑ j ∈ Uᶜ, ptilde j)
+    (F : ℝ)
+    (hF : ∀ d : ↥(Uᶜ) → ℝ, IsTilt (restrictNorm ptilde Uᶜ) d (restrictNorm p Uᶜ) →
+      (∀ j, |d j| ≤ lev j + Xi) → tv (restrictNorm p Uᶜ) (restrictNorm ptilde Uᶜ) ≤ F)
+    (rho : ℝ) (hrho : rho = Lam * (1 + Real.exp (eps_max + Xi) / m)) :
+    tv p phat ≤ F + Real.tanh (Xi / 2) + rho := by
+  -- 1. the Ξ argument: `TV(p, p̂) ≤ TV(p, p̃) + tanh(Ξ/2)`
+  have h1 : tv p phat ≤ tv p ptilde + Real.tanh (Xi / 2) := tv_le_tv_perturbed_add_tanh hq Xi hxi
+  -- 2. `p` is the tilt of `p̃` by `δ − ξ`, radii `ε + Ξ ≤ lev + Ξ`
+  obtain ⟨ht, hr⟩ := tilt_rebase hp hq eps heps Xi hxi (fun j => delta j - xi j) fun _ => rfl
+  have hr' : ∀ j, |delta j - xi j| ≤ lev j + Xi := fun j => (hr j).trans (by linarith [hlev j])
+  -- 3. the ρ argument for `p` over `p̃`: `TV(p, p̃) ≤ TV(p|V, p̃|V) + p(U) + p̃(U)`
+  have h2 : tv p ptilde ≤ tv (restrictNorm p Uᶜ) (restrictNorm ptilde Uᶜ) + ∑ j ∈ U, p j
+      + ∑ j ∈ U, ptilde j :=
+    tv_le_restrict_add_lost ht U hV
+  -- 4. the kept part is the tilt of `p̃|V` by the same errors: `F` bounds it
+  have h3 : tv (restrictNorm p Uᶜ) (restrictNorm ptilde Uᶜ) ≤ F :=
+    hF (fun j : ↥(Uᶜ) => delta j - xi j)
+      (tilt_restrict ht U hV (fun j : ↥(Uᶜ) => delta j - xi j) fun _ => rfl) fun j => hr' j
+  -- 5. the lost mass: `p(U) ≤ Σ_U p̃ e^{lev + Ξ} / Σ_V p̃ e^{−(lev + Ξ)}`
+  have h4 : ∑ j ∈ U, p j ≤ (∑ j ∈ U, ptilde j * Real.exp (lev j + Xi)) /
+      ∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi)) :=
+    tilt_mass_lost_le_compl ht (fun j => lev j + Xi) hr' U hV
+  -- 6. the kernel's `ρ` bounds `p(U) + p̃(U)`
+  have hPV : 0 < ∑ j ∈ Uᶜ, ptilde j := Finset.sum_pos (fun j _ => hq.p_pos j) hV
+  have hN : ∑ j ∈ U, ptilde j * Real.exp (lev j + Xi)
+      ≤ (∑ j ∈ U, ptilde j) * Real.exp (eps_max + Xi) := by
+    rw [Finset.sum_mul]
+    exact Finset.sum_le_sum fun j _ => mul_le_mul_of_nonneg_left
+      (Real.exp_le_exp.mpr (by linarith [hmax j])) (hq.p_pos j).le
+  have hNc : ∑ j ∈ U, ptilde j * Real.exp (lev j + Xi)
+      ≤ Lam * (∑ j ∈ Uᶜ, ptilde j) * Real.exp (eps_max + Xi) :=
+    hN.trans (mul_le_mul_of_nonneg_right hLam (Real.exp_pos _).le)
+  have hc0 : 0 ≤ Lam * (∑ j ∈ Uᶜ, ptilde j) * Real.exp (eps_max + Xi) :=
+    mul_nonneg (mul_nonneg hLam0 hPV.le) (Real.exp_pos _).le
+  -- `le_div_iff₀`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:1122
+  have hmD : m * ∑ j ∈ Uᶜ, ptilde j ≤ ∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi)) :=
+    (le_div_iff₀ hPV).mp hm
+  -- `div_le_div₀`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:1273
+  have hfrac : (∑ j ∈ U, ptilde j * Real.exp (lev j + Xi)) /
+        ∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi))
+      ≤ Lam * (∑ j ∈ Uᶜ, ptilde j) * Real.exp (eps_max + Xi) / (m * ∑ j ∈ Uᶜ, ptilde j) :=
+    div_le_div₀ hc0 hNc (mul_pos hm0 hPV) hmD
+  -- `mul_div_mul_right`: Algebra/GroupWithZero/Units/Basic.lean:312
+  have hcancel : Lam * (∑ j ∈ Uᶜ, ptilde j) * Real.exp (eps_max + Xi) / (m * ∑ j ∈ Uᶜ, ptilde j)
+      = Lam * (Real.exp (eps_max + Xi) / m) := by
+    have e1 : Lam * (∑ j ∈ Uᶜ, ptilde j) * Real.exp (eps_max + Xi)
+        = Lam * Real.exp (eps_max + Xi) * ∑ j ∈ Uᶜ, ptilde j := by ring
+    rw [e1, mul_div_mul_right (Lam * Real.exp (eps_max + Xi)) m hPV.ne', mul_div_assoc]
+  have h4' : ∑ j ∈ U, p j ≤ Lam * (Real.exp (eps_max + Xi) / m) :=
+    h4.trans (hfrac.trans (le_of_eq hcancel))
+  have hPV1 : ∑ j ∈ Uᶜ, ptilde j ≤ 1 := by
+    calc ∑ j ∈ Uᶜ, ptilde j ≤ ∑ j, ptilde j :=
+          Finset.sum_le_sum_of_subset_of_nonneg (Finset.subset_univ _)
+            fun j _ _ => (hq.p_pos j).le
+      _ = 1 := hq.sum_p
+  -- `mul_le_of_le_one_right`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:320
+  have hPU : ∑ j ∈ U, ptilde j ≤ Lam := hLam.trans (mul_le_of_le_one_right hLam0 hPV1)
+  have hrho' : rho = Lam + Lam * (Real.exp (eps_max + Xi) / m) := by
+    rw [hrho]
+    ring
+  linarith [h1, h2, h3, h4', hPU, hrho']
+
+/-- `kernel_tv_sound` with the §3(a) bound on the histogram: `F = tanh((ε_max + Ξ)/2)`. -/
+theorem kernel_tv_sound_tanh (hp : IsTilt phat delta p) (hq : IsTilt phat xi ptilde)
+    (eps : ι → ℝ) (heps : ∀ j, |delta j| ≤ eps j) (Xi : ℝ) (hxi : ∀ j, |xi j| ≤ Xi)
+    (lev : ι → ℝ) (hlev : ∀ j, eps j ≤ lev j) (eps_max : ℝ) (hmax : ∀ j, lev j ≤ eps_max)
+    (U : Finset ι) (hV : (Uᶜ).Nonempty)
+    (Lam : ℝ) (hLam0 : 0 ≤ Lam) (hLam : ∑ j ∈ U, ptilde j ≤ Lam * ∑ j ∈ Uᶜ, ptilde j)
+    (m : ℝ) (hm0 : 0 < m)
+    (hm : m ≤ (∑ j ∈ Uᶜ, ptilde j * Real.exp (-(lev j + Xi))) / ∑ j ∈ Uᶜ, ptilde j)
+    (rho : ℝ) (hrho : rho = Lam * (1 + Real.exp (eps_max + Xi) / m)) :
+    tv p phat ≤ Real.tanh ((eps_max + Xi) / 2) + Real.tanh (Xi / 2) + rho :=
+  kernel_tv_sound hp hq eps heps Xi hxi lev hlev eps_max hmax U hV Lam hLam0 hLam m hm0 hm
+    (Real.tanh ((eps_max + Xi) / 2))
+    (fun d hd hr => tilt_tv_le_tanh hd (eps_max + Xi) fun j => (hr j).trans (by linarith [hmax j]))
+    rho hrho
+
+end Kernel
 
 end WitCert

@@ -15,6 +15,11 @@ enters the bound (the kernel's coarse grid of 64 intervals carried `1/64` of sla
 
 Licenses `witcert.bounds._tilt_row` (its interval upper values) and the epilogue's `_dense_u`
 (`kernels/epilogue.py`) with its torch twin `_interval_upper`.
+
+* `sum_mul_regroup`, `dualD_regroup` — issue 37 (e), the histogram regrouping: with radii rounded up
+  onto levels `L (bin j)`, `dualD` over the tokens equals `dualD` over the histogram
+  `w k = Σ_{bin j = k} p̂_j` (and `Σ_j p̂_j f(L (bin j)) = Σ_k w_k f(L k)`, the e-form's `A`);
+  `tilt_tv_le_hist_endpoints` — the endpoint bound on the histogram bounds TV (the kernel's form).
 -/
 
 namespace WitCert
@@ -23,7 +28,7 @@ open Finset
 
 section Endpoints
 
-variable {ι : Type*} [Fintype ι] {phat delta p : ι → ℝ}
+variable {ι : Type*} [Fintype ι] [DecidableEq ι] {phat delta p : ι → ℝ}
 
 /-- `β_j` is affine in `t`. -/
 lemma beta_affine (t₀ t₁ θ x : ℝ) :
@@ -145,5 +150,71 @@ theorem tilt_tv_le_dual_grid_endpoints (ht : IsTilt phat delta p) (eps : ι → 
   linarith
 
 end Endpoints
+
+section Regroup
+
+/-! ### The histogram regrouping (issue 37 (e))
+
+The kernel evaluates the §3(c) bound on a histogram: each token's radius rounded up onto a level
+`L (bin j) ≥ ε_j`, the p̂ mass summed per level. `tilt_tv_le_dual_grid_endpoints` with the radii
+`fun j => L (bin j)` (sound, `|δ_j| ≤ ε_j ≤ L (bin j)`) bounds TV through
+`dualD phat (fun j => L (bin j))`, which is the histogram's `dualD` (`dualD_regroup`); the e-form's
+`A` regroups the same way (`sum_mul_regroup` with `f = exp ∘ L`). -/
+
+variable {ι : Type*} [Fintype ι] [DecidableEq ι]
+
+/-- A sum over tokens, regrouped by bins: `Σ_j p̂_j f(bin j) = Σ_k (Σ_{bin j = k} p̂_j) f(k)`. -/
+lemma sum_mul_regroup {κ : Type*} [Fintype κ] [DecidableEq κ] (phat : ι → ℝ) (bin : ι → κ)
+    (f : κ → ℝ) :
+    ∑ j, phat j * f (bin j) = ∑ k, (∑ j ∈ Finset.univ with bin j = k, phat j) * f k := by
+  -- `Finset.sum_fiberwise`: additive form of `Finset.prod_fiberwise`,
+  -- Algebra/BigOperators/Group/Finset/Basic.lean:273
+  rw [← Finset.sum_fiberwise Finset.univ bin (fun j => phat j * f (bin j))]
+  refine Finset.sum_congr rfl fun k _ => ?_
+  rw [Finset.sum_mul]
+  refine Finset.sum_congr rfl fun j hj => ?_
+  rw [(Finset.mem_filter.mp hj).2]
+
+/-- Issue 37 (e): the dual value of the radii rounded up onto the levels `L (bin j)` is the dual
+value of the histogram (p̂ mass per level). -/
+theorem dualD_regroup {κ : Type*} [Fintype κ] [DecidableEq κ] (phat : ι → ℝ) (bin : ι → κ)
+    (L : κ → ℝ) (t lam : ℝ) :
+    dualD phat (fun j => L (bin j)) t lam
+      = dualD (fun k => ∑ j ∈ Finset.univ with bin j = k, phat j) L t lam := by
+  have e1 : ∑ j, phat j * Real.exp (-L (bin j))
+      = ∑ k, (∑ j ∈ Finset.univ with bin j = k, phat j) * Real.exp (-L k) :=
+    sum_mul_regroup phat bin (fun k => Real.exp (-L k))
+  have e2 : ∑ j, phat j * max (lam * beta t (L (bin j)) - 1) 0
+      = ∑ k, (∑ j ∈ Finset.univ with bin j = k, phat j) * max (lam * beta t (L k) - 1) 0 :=
+    sum_mul_regroup phat bin (fun k => max (lam * beta t (L k) - 1) 0)
+  show lam * t * (∑ j, phat j * Real.exp (-L (bin j)))
+        - ∑ j, phat j * max (lam * beta t (L (bin j)) - 1) 0
+      = lam * t * (∑ k, (∑ j ∈ Finset.univ with bin j = k, phat j) * Real.exp (-L k))
+        - ∑ k, (∑ j ∈ Finset.univ with bin j = k, phat j) * max (lam * beta t (L k) - 1) 0
+  rw [e1, e2]
+
+/-- Issue 37 (e), composed: the endpoint bound evaluated on the histogram (`w k` the p̂ mass of bin
+`k`, `L k` its level, every radius at most its bin's level) bounds TV — what the kernel computes. -/
+theorem tilt_tv_le_hist_endpoints {phat delta p : ι → ℝ} (ht : IsTilt phat delta p) (eps : ι → ℝ)
+    (heps : ∀ j, |delta j| ≤ eps j) {κ : Type*} [Fintype κ] [DecidableEq κ] (bin : ι → κ)
+    (L : κ → ℝ) (hL : ∀ j, eps j ≤ L (bin j)) (w : κ → ℝ)
+    (hw : ∀ k, w k = ∑ j ∈ Finset.univ with bin j = k, phat j)
+    {ν : Type*} (lo hi lam : ν → ℝ) (hlam : ∀ i, 0 ≤ lam i)
+    (hcover : ∀ x : ℝ, 0 ≤ x → x ≤ 1 → ∃ i, lo i ≤ x ∧ x ≤ hi i)
+    (B : ℝ) (hBlo : ∀ i, lo i - dualD w L (lo i) (lam i) ≤ B)
+    (hBhi : ∀ i, hi i - dualD w L (hi i) (lam i) ≤ B) :
+    tv p phat ≤ B := by
+  have hwf : w = fun k => ∑ j ∈ Finset.univ with bin j = k, phat j := funext hw
+  subst hwf
+  have heps' : ∀ j, |delta j| ≤ L (bin j) := fun j => (heps j).trans (hL j)
+  exact tilt_tv_le_dual_grid_endpoints ht (fun j => L (bin j)) heps' lo hi lam hlam hcover B
+    (fun i => by
+      rw [dualD_regroup phat bin L (lo i) (lam i)]
+      exact hBlo i)
+    (fun i => by
+      rw [dualD_regroup phat bin L (hi i) (lam i)]
+      exact hBhi i)
+
+end Regroup
 
 end WitCert

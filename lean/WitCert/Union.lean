@@ -70,8 +70,10 @@ theorem dither_step_union {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
     intro ω hω
     obtain ⟨j, hj'⟩ := hω
     exact Set.mem_iUnion₂.mpr ⟨j, Finset.mem_univ j, hj'⟩
-  have hP : IsProbabilityMeasure μ := (hind (Classical.choice (Fintype.card_pos_iff.mp
-    (by exact_mod_cast hn)))).isProbabilityMeasure
+  -- `Nat.cast_pos`: Data/Nat/Cast/Order/Ring.lean:59; `Fintype.card_pos_iff`: Data/Fintype/Card.lean:275
+  have hn' : 0 < Fintype.card κ := Nat.cast_pos.mp hn
+  have hP : IsProbabilityMeasure μ :=
+    (hind (Classical.choice (Fintype.card_pos_iff.mp hn'))).isProbabilityMeasure
   calc μ.real {ω | ∃ j, tt j ≤ |sigma * ∑ i, q i * e j i ω|}
       ≤ μ.real (⋃ j ∈ (Finset.univ : Finset κ), {ω | tt j ≤ |sigma * ∑ i, q i * e j i ω|}) :=
         measureReal_mono hsub_set (measure_ne_top μ _)
