@@ -207,7 +207,7 @@ def exact_checks(rec, q, pool, k, v, slots, indptr, ks, vs, scheme_cache=None):
             vh = pool.v_buffer[0][loc, h].double() * vs
             kx, vx = k[sl, h].double(), v[sl, h].double()
             qq = q[b, hq].double()
-            side = ws.STATE.layers[0]
+            side = next(iter(ws.STATE.layers.values()))
             W = side.k_wit[loc, h, 0].double()
             assert torch.all(W[:, 0] >= (kh - kx).norm(dim=-1))
             assert torch.all(side.v_wit[loc, h, 0].double() >= (vh - vx).norm(dim=-1))
@@ -437,11 +437,11 @@ def _run_fp8(seed=2, **kw):
     ws.install(force=True, targets=("decode",), bare=True, **kw)
     pool = _MeteredPool(torch.float8_e4m3fn)
     fill(pool, k, v, slots, 0.25, 0.25)
-    side = [t.clone() for t in (ws.STATE.layers[0].k_wit, ws.STATE.layers[0].v_wit)]
+    side = [t.clone() for t in (next(iter(ws.STATE.layers.values())).k_wit, next(iter(ws.STATE.layers.values())).v_wit)]
     o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, 0.25, 0.25)
     rec = ws.STATE.records[-1][1]
     report = ws.STATE.gate_log[-1] if ws.STATE.gate_log else None
-    after = [ws.STATE.layers[0].k_wit.clone(), ws.STATE.layers[0].v_wit.clone()]
+    after = [next(iter(ws.STATE.layers.values())).k_wit.clone(), next(iter(ws.STATE.layers.values())).v_wit.clone()]
     ws.uninstall()
     return dict(q=q, k=k, v=v, slots=slots, indptr=indptr, o=o, lse=lse, rec=rec, report=report, pool=pool,
                 side=side, side_after=after)

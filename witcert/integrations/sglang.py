@@ -181,7 +181,7 @@ def import_bare(module: str, root: str | None = None):
 class LayerSide:
     """Side buffers of one layer, indexed like SGLang's pool: [slot, kv_head, 1, ·]."""
 
-    layer_id: int
+    layer_id: int  # the model's (global) layer id: records, traces and the exact store
     k_wit: torch.Tensor
     v_wit: torch.Tensor
     v_norm: torch.Tensor
@@ -193,6 +193,11 @@ class LayerSide:
     #: rebuilt only when one changes (no per-call allocation / host transfer)
     view: object = None
     view_key: tuple | None = None
+    #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
+    #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
+    bad: torch.Tensor | None = None
+    buffer: torch.Tensor | None = None  # the K buffer this side describes (kept alive: its address is the key)
+    scales: tuple | None = None  # the fp32 (k_scale, v_scale) the witnesses were taken against
 
 
 @dataclasses.dataclass
@@ -200,8 +205,8 @@ class State:
     scheme: str = "sglang"  # "sglang": meter SGLang's own stored values; else one of OUR_SCHEMES
     num_groups: int = 1
     delta_step: float | None = None
-    layers: dict = dataclasses.field(default_factory=dict)  # layer_id -> LayerSide
-    by_buffer: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> layer_id
+    layers: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> LayerSide (never a layer id)
+    by_buffer: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> the side's layer id
     records: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
     unmetered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     on_record: object = None
@@ -253,6 +258,10 @@ def _resolve(targets, bare):
                 fn = cls.__dict__["set_kv_buffer"]
                 _check_params(fn, POOL_PARAMS, f"{POOL_MODULE}.{POOL_CLASS}.set_kv_buffer")
                 found[t] = (cls, "set_kv_buffer", fn)
+                from witcert.integrations.sglang_pool import POOL_WRAPPERS
+
+                for name in POOL_WRAPPERS:  # the other KV-touching methods (sglang_pool.POOL_API)
+                    found[f"pool:{name}"] = (cls, name, cls.__dict__[name])
             else:
                 raise ValueError(f"targets: unknown {t!r} (expected 'decode', 'pool')")
         except UnsupportedSGLang:
@@ -303,7 +312,10 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
                    flush_every=flush_every, gate=gate, exact_store=exact_store)
     if trace is not None:
         STATE.source = TraceSource(gate)
-    wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer}
+    from witcert.integrations.sglang_pool import POOL_WRAPPERS
+
+    wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,
+                **{f"pool:{n}": w for n, w in POOL_WRAPPERS.items()}}
     patched = []
     for t, (owner, name, fn) in found.items():
         _ORIGINALS[t] = (owner, name, fn)
@@ -347,9 +359,12 @@ def _group_norms64(x: torch.Tensor, gid: torch.Tensor, G: int) -> torch.Tensor:
 
 
 def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype) -> LayerSide:
-    side = STATE.layers.get(layer_id)
+    """The side of this physical K buffer (issue 36: keyed by the buffer, not by a layer id, which
+    SGLang's hybrid pools number per sub-pool). A new side has every slot unmetered."""
+    key = pool_like_buffer.data_ptr()
+    side = STATE.layers.get(key)
     size, H, D = pool_like_buffer.shape[0], pool_like_buffer.shape[-2], pool_like_buffer.shape[-1]
-    if side is None or side.k_wit.shape[0] != size:
+    if side is None or side.k_wit.shape[0] != size or side.k_wit.shape[1] != H or side.dtype != dtype:
         from witcert import bounds as B
 
         dev = pool_like_buffer.device
@@ -358,16 +373,36 @@ def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype)
             gid[torch.from_numpy(idx)] = g
         f16 = dict(dtype=torch.float16, device=dev)
         side = LayerSide(layer_id, torch.zeros(size, H, 1, STATE.num_groups, **f16), torch.zeros(size, H, 1, **f16),
-                         torch.zeros(size, H, 1, **f16), torch.zeros(size, H, 1, **f16), gid.to(dev), dtype)
+                         torch.zeros(size, H, 1, **f16), torch.zeros(size, H, 1, **f16), gid.to(dev), dtype,
+                         bad=torch.ones(size, dtype=torch.bool, device=dev), buffer=pool_like_buffer)
         if STATE.scheme != "sglang":
             from kernels.paged import PagedKV
 
             side.ours = PagedKV.allocate(size, H, D, scheme=STATE.scheme, block_size=1, num_groups=STATE.num_groups,
                                          model_dtype=dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16,
                                          device=dev, layer=layer_id)
-        STATE.layers[layer_id] = side
-    STATE.by_buffer[pool_like_buffer.data_ptr()] = layer_id
+        STATE.layers[key] = side
+    STATE.by_buffer[key] = side.layer_id
     return side
+
+
+def side_of(k_buffer: torch.Tensor) -> LayerSide | None:
+    """The witness side of SGLang's K buffer (None: no recorded write registered it)."""
+    return STATE.layers.get(k_buffer.data_ptr())
+
+
+def kernel_scale(scale) -> float:
+    """The scale as the metered kernel applies it: rounded to float32 (``paged_view`` hands the
+    kernel a float32 tensor). Witnesses are taken against this value, not the float64 one: the
+    kernel's k̂ is code · fp32(k_scale), so a float64-scale witness can undershoot (issue 36;
+    ``tests/test_sglang_pool.py::test_witness_uses_the_kernels_fp32_scale``)."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"k_scale/v_scale: expected a scalar, got shape {tuple(scale.shape)}")
+        scale = scale.reshape(()).item()
+    return float(torch.tensor(float(scale), dtype=torch.float32))
 
 
 def _as_logical(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -379,14 +414,17 @@ RECORD_CHUNK = 1 << 18
 
 
 def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=None, v_scale=None, dtype=None):
-    """Witnesses of the tokens just written at ``loc`` (SGLang's stored values vs the exact K/V)."""
+    """Witnesses of the tokens just written at ``loc`` (SGLang's stored values vs the exact K/V);
+    clears their unmetered bits (sets them when the write's scales are not the side's)."""
     dtype = dtype or k_buffer.dtype
     side = _side_for(k_buffer, layer_id, dtype)
     loc = loc.long()
     kb, vb = _as_logical(k_buffer, dtype), _as_logical(v_buffer, dtype)
-    ks = 1.0 if k_scale is None else float(k_scale)
-    vs = 1.0 if v_scale is None else float(v_scale)
+    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
+    if side.scales is None:
+        side.scales = (ks, vs)
     G = side.k_wit.shape[-1]
+    side.bad[loc] = True  # until the witnesses below are all in place
     for c0 in range(0, loc.numel(), RECORD_CHUNK):  # float64 copies: bounded memory for long prefills
         lc = loc[c0 : c0 + RECORD_CHUNK]
         kh = kb[lc].double() * ks
@@ -405,40 +443,91 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
         write_kv(side.ours, k_exact, v_exact,
                  loc.to(torch.int32)[:, None], torch.arange(n, device=loc.device),
                  torch.zeros(n, dtype=torch.long, device=loc.device))
+    if side.scales == (ks, vs):  # a decode meters one scale per buffer: other writes stay unmetered
+        side.bad[loc] = False
+    else:
+        STATE.unmetered["write: k_scale/v_scale differ from the buffer's earlier writes"] += 1
     return side
 
 
+def _global_layer_id(pool, layer, layer_id):
+    """The model's layer id of a write: ``layer.layer_id``, or (a hybrid pool's sub-pool called with
+    ``layer=None, layer_id_override=<pool-local id>``) ``pool.model_layer_ids[local]``."""
+    if layer is not None and getattr(layer, "layer_id", None) is not None:
+        return layer.layer_id
+    ids = getattr(pool, "model_layer_ids", None)
+    local = layer_id - getattr(pool, "start_layer", 0)
+    if ids is not None and 0 <= local < len(ids):
+        return ids[local]
+    return layer_id
+
+
+def _recordable(pool, kb):
+    """Why this pool's write cannot be recorded (None: it can): the one write SGLang 0.5.23's
+    ``MHATokenToKVPool.set_kv_buffer`` does on the NHD, page-size-1-addressable path."""
+    own = getattr(type(pool), "set_kv_buffer", None)
+    if not getattr(own, "__witcert__", False):
+        return f"{type(pool).__name__} overrides set_kv_buffer"
+    if getattr(pool, "is_quantized_kv_cache", False):
+        return "quantized KV cache (quant_method)"
+    if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") not in ("nhd", None):
+        return f"kv_cache_layout {getattr(pool, 'kv_cache_layout', None)}"
+    if kb.dim() != 3:
+        return "buffer layout not [slot, head, dim]"
+    return None
+
+
 def wrap_set_kv_buffer(orig):
-    """Wrapper of ``MHATokenToKVPool.set_kv_buffer`` (see the module doc)."""
+    """Wrapper of ``MHATokenToKVPool.set_kv_buffer`` (see the module doc). Every outcome either
+    records the written slots' witnesses or marks them unmetered (``sglang_pool``)."""
+    from witcert.integrations.sglang_pool import mark_unmetered
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None, *args, **kwargs):
         loc = getattr(loc_info, "loc", loc_info)
         layer_id = kwargs.get("layer_id_override")
+        if layer_id is None and len(args) >= 1:
+            layer_id = args[0]
         if layer_id is None:
             layer_id = layer.layer_id
+        mask = kwargs.get("dcp_kv_mask", args[1] if len(args) >= 2 else None)
         k_exact, v_exact = cache_k.clone(), cache_v.clone()  # SGLang divides by the scale in place
         out = orig(self, layer, loc_info, cache_k, cache_v, k_scale, v_scale, *args, **kwargs)
+        kb = side = None
         try:
             local = layer_id - getattr(self, "start_layer", 0)
             kb, vb = self.k_buffer[local], self.v_buffer[local]
-            if kb.dim() == 3 and kwargs.get("dcp_kv_mask") is None:
-                k_exact, v_exact = k_exact.reshape((-1,) + kb.shape[1:]), v_exact.reshape((-1,) + vb.shape[1:])
-                store = STATE.exact_store
-                if store is not None and hasattr(store, "write"):  # a HostExactStore keeps its copy current
-                    try:
-                        store.write(layer_id, loc, k_exact, v_exact)
-                    except Exception as e:  # the slots it missed are refused at page-in (never unsound)
-                        STATE.unmetered[f"exact store write: {type(e).__name__}: {e}"] += 1
-                record_write(kb, vb, layer_id, loc, k_exact, v_exact, k_scale, v_scale, getattr(self, "dtype", None))
-            else:
-                STATE.unmetered["write: buffer layout not [slot, head, dim]"] += 1
-        except Exception as e:  # the meter never breaks a write; the decode of this layer goes unmetered
-            STATE.unmetered[f"write: {type(e).__name__}: {e}"] += 1
-            STATE.layers.pop(layer_id, None)
+            side = STATE.layers.get(kb.data_ptr())
+            why = _recordable(self, kb)
+            if why is not None:
+                raise _Skip(why)
+            gid = _global_layer_id(self, layer, layer_id)
+            k_exact, v_exact = k_exact.reshape((-1,) + kb.shape[1:]), v_exact.reshape((-1,) + vb.shape[1:])
+            loc = loc.reshape(-1)
+            if mask is not None:  # decode-context parallel: SGLang's kernel writes the masked-in rows only
+                sel = mask.reshape(-1).to(loc.device) != 0
+                loc, k_exact, v_exact = loc[sel], k_exact[sel], v_exact[sel]
+            store = STATE.exact_store
+            if store is not None and hasattr(store, "write"):  # a HostExactStore keeps its copy current
+                try:
+                    store.write(gid, loc, k_exact, v_exact)
+                except Exception as e:  # the slots it missed are refused at page-in (never unsound)
+                    STATE.unmetered[f"exact store write: {type(e).__name__}: {e}"] += 1
+            record_write(kb, vb, gid, loc, k_exact, v_exact, k_scale, v_scale, getattr(self, "dtype", None))
+        except Exception as e:  # the meter never breaks a write; the written slots become unmetered
+            STATE.unmetered[f"write: {e}" if isinstance(e, _Skip) else f"write: {type(e).__name__}: {e}"] += 1
+            if side is None and kb is not None:
+                side = STATE.layers.get(kb.data_ptr())
+            if side is not None:
+                mark_unmetered(side, getattr(loc_info, "loc", loc_info) if mask is None else None)
+            elif kb is None:  # could not even find the buffer: every side of this pool
+                from witcert.integrations.sglang_pool import sides_of
+
+                for _, s_ in sides_of(self):
+                    mark_unmetered(s_, None)
         return out
 
     set_kv_buffer.__wrapped__ = orig
-    set_kv_buffer.__witcert__ = True
+    set_kv_buffer.__witcert__ = "record"
     return set_kv_buffer
 
 
@@ -476,7 +565,7 @@ def _unmeterable(args, kwargs):
         return f"head_dim {kb.shape[-1]}"
     if q.shape[1] % kb.shape[1] or not 1 <= q.shape[1] // kb.shape[1] <= 8:
         return "GQA group"
-    if kb.data_ptr() not in STATE.by_buffer or STATE.by_buffer[kb.data_ptr()] not in STATE.layers:
+    if kb.data_ptr() not in STATE.layers:
         return "no patched write registered this buffer"
     return None
 
@@ -491,8 +580,11 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
 
     if side.ours is not None:
         return side.ours
-    key = (k_buffer.data_ptr(), v_buffer.data_ptr(), tuple(k_buffer.shape), k_buffer.dtype, float(k_scale),
-           float(v_scale), side.k_wit.data_ptr())
+    ks32, vs32 = kernel_scale(k_scale), kernel_scale(v_scale)
+    if side.scales is not None and side.scales != (ks32, vs32):
+        raise _Skip("k_scale/v_scale differ from the ones the buffer's witnesses were taken against")
+    key = (k_buffer.data_ptr(), v_buffer.data_ptr(), tuple(k_buffer.shape), k_buffer.dtype, ks32, vs32,
+           side.k_wit.data_ptr())
     if side.view_key == key:
         return side.view
     kb, vb = _as_logical(k_buffer, side.dtype), _as_logical(v_buffer, side.dtype)
@@ -509,8 +601,8 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
     size, H = kb.shape[0], kb.shape[1]
     f32 = dict(dtype=torch.float32, device=kb.device)
     # per-layer scalar scales, broadcast to [slot, head, 1] with stride 0 (the kernel loads fp32 fine)
-    ks = torch.tensor([float(k_scale)], **f32).view(1, 1, 1).expand(size, H, 1)
-    vs = torch.tensor([float(v_scale)], **f32).view(1, 1, 1).expand(size, H, 1)
+    ks = torch.tensor([ks32], **f32).view(1, 1, 1).expand(size, H, 1)
+    vs = torch.tensor([vs32], **f32).view(1, 1, 1).expand(size, H, 1)
     z = torch.zeros(1, dtype=torch.float16, device=kb.device)
     side.view_key = key
     side.view = PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
@@ -537,13 +629,12 @@ class _Skip(Exception):
 
 def metered_decode(args, kwargs, num_splits=None):
     """Run the metered kernel on SGLang's arguments; writes ``o`` and ``attn_lse``, returns
-    (layer_id, DecodeOutput, the PagedKV it read)."""
+    (side, DecodeOutput, the PagedKV it read, [B, 1] rows reading an unmetered slot)."""
     from kernels.decode import decode
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
     max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
-    layer_id = STATE.by_buffer[kb.data_ptr()]
-    side = STATE.layers[layer_id]
+    side = STATE.layers[kb.data_ptr()]
     cache = paged_view(side, kb, vb, k_scale, v_scale)
     Bsz = q.shape[0]
     if Bsz == 0:
@@ -554,11 +645,15 @@ def metered_decode(args, kwargs, num_splits=None):
     indptr = kv_indptr[: Bsz + 1]
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
                  delta_step=STATE.delta_step, validate=False)
-    _saturate_rows(out.meter, ((indptr[1:] - indptr[:-1]) < 1)[:, None])
+    from witcert.integrations.sglang_pool import bad_rows
+
+    empty = ((indptr[1:] - indptr[:-1]) < 1)[:, None]
+    bad = bad_rows(side, indptr, kv_indices, Bsz)
+    _saturate_rows(out.meter, empty | bad)
     o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
     attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)
     attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
-    return layer_id, out, cache
+    return side, out, cache, bad
 
 
 def _wrap_decode(orig):
@@ -574,14 +669,17 @@ def _wrap_decode(orig):
         why = _unmeterable(args, kw)
         if why is None:
             try:
-                layer_id, out, cache = metered_decode(args[:13], kw)
+                side, out, cache, bad = metered_decode(args[:13], kw)
             except _Skip as e:
                 why = str(e)
             else:
+                layer_id = side.layer_id
                 rec, report = out.meter, None
                 if STATE.gate is not None:
                     try:
-                        rec, report = gate_call(args[:13], layer_id, cache, out)
+                        rec, report = gate_call(args[:13], side, cache, out)
+                        if rec is not out.meter:  # a row reading an unmetered slot stays unmetered
+                            _saturate_rows(rec, bad)
                     except Exception as e:  # serve the first pass (o, lse and record still agree)
                         STATE.unmetered[f"gate: {type(e).__name__}: {e}"] += 1
                         log.exception("WitCert gate failed on layer %s; served the ungated pass", layer_id)
@@ -904,7 +1002,7 @@ def _failed_gate_report(layer_id, rec, Hkv):
     return report
 
 
-def gate_call(args, layer_id, cache, out):
+def gate_call(args, side, cache, out):
     """The gate on one metered decode call (module doc "Gate"); returns (record, GateReport|None).
     Rewrites the rows of SGLang's ``o`` / ``attn_lse`` it repaired."""
     from kernels.decode import decode
@@ -915,7 +1013,7 @@ def gate_call(args, layer_id, cache, out):
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
     max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
     Bsz, Hq, D = q.shape
-    side = STATE.layers[layer_id]
+    layer_id = side.layer_id
     H = cache.num_kv_heads
     GQ = Hq // H
     over0 = exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)  # [B, Hq]
@@ -929,7 +1027,7 @@ def gate_call(args, layer_id, cache, out):
     rows = torch.nonzero(over0.any(-1)).flatten().tolist()
     R = len(rows)
     kbl, vbl = _as_logical(kb, side.dtype), _as_logical(vb, side.dtype)
-    ks, vs = float(k_scale), float(v_scale)
+    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
     slots_r = _row_slots(kv_indptr, kv_indices, rows)
     lens = [int(s.numel()) for s in slots_r]
     offs = [0]
