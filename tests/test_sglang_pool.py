@@ -352,3 +352,64 @@ def test_fresh_side_starts_unmetered():
     decode(pool.k_buffer[0], pool.v_buffer[0], q, [[0, 1, 2, 3], [4, 5, 6, 7]])
     tvp = recs[-1][1].tv_upper_a
     assert (tvp[0] == 1).all() and (tvp[1] < 1).all()
+
+
+# ---------------------------------------------------------------- a row without tokens; the scale's dtype
+
+
+def test_empty_row_gives_the_references_zero_not_nan():
+    """A request row with no token (SGLang's decode never sends one) and a fully masked row of
+    the kernel: output 0 and TV⁺ / output bound 0, no flag, as ``witcert.meter.softmax``
+    gives (before: NaN output, TV⁺ 1, bound inf, flagged)."""
+    from kernels.decode import decode as kdecode
+    import numpy as np
+
+    from witcert.meter import measure, softmax
+
+    pool = mha()
+    recs = install()
+    write(pool, 0, torch.arange(0, 4), *kv(4, 1))
+    q = query(3, 2, scale=1.0)
+    o = decode(pool.k_buffer[0], pool.v_buffer[0], q, [[], [0, 1, 2, 3]])
+    r = recs[-1][1]
+    assert torch.isfinite(o).all() and (o[0] == 0).all() and (o[1] != 0).any()
+    assert (r.tv_upper_a[0] == 0).all() and (r.out_err_upper[0] == 0).all() and not r.flag[0].any()
+    assert (r.tv_upper_a[1] > 0).all()
+    dead = torch.zeros(1, 4, dtype=torch.bool)
+    p, live = softmax(torch.zeros(1, 4, dtype=torch.float64), dead)
+    assert (p == 0).all() and not live.any()  # the reference's dead row: p̂ = 0 (output 0) …
+    assert float(measure(np.zeros((1, 4)), np.full((1, 4), 0.5), mask=dead.numpy()).tv.max()) == 0  # … and TV⁺ 0
+    # the kernel itself, a fully masked row of a token_mask
+    side = ws.side_of(pool.k_buffer[0])
+    cache = ws.paged_view(side, pool.k_buffer[0], pool.v_buffer[0], 1.0, 1.0)
+    bt = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]], dtype=torch.int32)
+    tm = torch.tensor([[False] * 4, [True] * 4])
+    out = kdecode(cache, q, bt, torch.tensor([4, 4], dtype=torch.int32), token_mask=tm)
+    assert torch.isfinite(out.o).all() and (out.o[0] == 0).all() and torch.isneginf(out.lse[0]).all()
+    assert (out.meter.tv_upper_a[0] == 0).all() and (out.meter.out_err_upper[0] == 0).all()
+    assert not out.meter.flag[0].any() and (out.meter.tv_upper_a[1] > 0).all()
+
+
+def test_witness_uses_the_kernels_fp32_scale():
+    """The kernel applies k_scale as float32 (``paged_view`` hands it a float32 tensor), so its
+    k̂ = code · fp32(k_scale). A witness against the float64 scale can undershoot that residual:
+    k_scale = 2^10 (1 + 2^-25) (fp32: 2^10), k = 2^10 (1 + 2^-23) stored as code 1: ‖k̂ − k‖ is
+    2^-13 per entry against the kernel's k̂ = 2^10, but 3·2^-15 against 2^10 (1 + 2^-25) (the old
+    witness: 0.75x the residual). Pinned: the witness is ≥ the residual against fp32(k_scale) (and equals it,
+    rounded up, within the fp16 rounding)."""
+    ks = 1024 * (1.0 + 2.0**-25)
+    assert ws.kernel_scale(ks) == 1024.0 and ws.kernel_scale(torch.tensor(0.1)) == float(torch.tensor(0.1))
+    pool = mha()
+    install()
+    k = torch.full((1, HKV, D), 1024 * (1.0 + 2.0**-23))
+    v = torch.full((1, HKV, D), 1024.0)
+    pool.set_kv_buffer(_Layer(0), torch.tensor([3]), k.clone(), v.clone(), ks, ks)
+    side = ws.side_of(pool.k_buffer[0])
+    code = pool.k_buffer[0][3].view(torch.float8_e4m3fn).double()
+    assert (code == 1).all()
+    resid32 = (code * ws.kernel_scale(ks) - k[0].double()).norm(dim=-1)  # what the kernel's k̂ misses
+    resid64 = (code * ks - k[0].double()).norm(dim=-1)
+    w = side.k_wit[3, :, 0, 0].double()
+    assert (resid64 < resid32).all()  # the float64 witness would be too small
+    assert (w >= resid32).all() and (w <= resid32 * (1 + 2.0**-9)).all()
+    assert not side.bad[3]

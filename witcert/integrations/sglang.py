@@ -640,16 +640,15 @@ def metered_decode(args, kwargs, num_splits=None):
     if Bsz == 0:
         raise _Skip("an empty batch")
     # SGLang's CSR rows read by the kernel directly (no [B, max_len] table); no host sync: the
-    # split count from the mean length (kernels.decode.choose_splits), and an empty sequence (which
-    # SGLang's decode never sends) is not checked on the host but flagged in its record below
+    # split count from the mean length (kernels.decode.choose_splits); an empty row (which SGLang's
+    # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
     indptr = kv_indptr[: Bsz + 1]
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
                  delta_step=STATE.delta_step, validate=False)
     from witcert.integrations.sglang_pool import bad_rows
 
-    empty = ((indptr[1:] - indptr[:-1]) < 1)[:, None]
     bad = bad_rows(side, indptr, kv_indices, Bsz)
-    _saturate_rows(out.meter, empty | bad)
+    _saturate_rows(out.meter, bad)
     o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
     attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)
     attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
