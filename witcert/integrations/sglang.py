@@ -260,8 +260,17 @@ def _resolve(targets, bare):
                 found[t] = (cls, "set_kv_buffer", fn)
                 from witcert.integrations.sglang_pool import POOL_WRAPPERS
 
-                for name in POOL_WRAPPERS:  # the other KV-touching methods (sglang_pool.POOL_API)
+                for name in POOL_WRAPPERS:  # the other KV-touching methods (sglang_pool's module doc)
                     found[f"pool:{name}"] = (cls, name, cls.__dict__[name])
+                from witcert.integrations.sglang_pool import HOST_LOADS, HOST_MODULES
+
+                for mname in HOST_MODULES:  # HiCache host pools writing the device buffers
+                    mod = imp(mname)
+                    for cname, hc in sorted(vars(mod).items()):
+                        if isinstance(hc, type) and hc.__module__ == mname:
+                            for name in HOST_LOADS:
+                                if name in hc.__dict__:
+                                    found[f"host:{mname}.{cname}.{name}"] = (hc, name, hc.__dict__[name])
             else:
                 raise ValueError(f"targets: unknown {t!r} (expected 'decode', 'pool')")
         except UnsupportedSGLang:
@@ -314,8 +323,11 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
         STATE.source = TraceSource(gate)
     from witcert.integrations.sglang_pool import POOL_WRAPPERS
 
+    from witcert.integrations.sglang_pool import wrap_host_load
+
     wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,
-                **{f"pool:{n}": w for n, w in POOL_WRAPPERS.items()}}
+                **{f"pool:{n}": w for n, w in POOL_WRAPPERS.items()},
+                **{t: wrap_host_load for t in found if t.startswith("host:")}}
     patched = []
     for t, (owner, name, fn) in found.items():
         _ORIGINALS[t] = (owner, name, fn)
@@ -465,9 +477,9 @@ def _global_layer_id(pool, layer, layer_id):
 def _recordable(pool, kb):
     """Why this pool's write cannot be recorded (None: it can): the one write SGLang 0.5.23's
     ``MHATokenToKVPool.set_kv_buffer`` does on the NHD, page-size-1-addressable path."""
-    own = getattr(type(pool), "set_kv_buffer", None)
+    own = type(pool).__dict__.get("set_kv_buffer")  # exactly the patched class (a subclass: sglang_pool.UNREGISTERED)
     if not getattr(own, "__witcert__", False):
-        return f"{type(pool).__name__} overrides set_kv_buffer"
+        return f"{type(pool).__name__} is not the metered pool class (its writes and layout are not audited)"
     if getattr(pool, "is_quantized_kv_cache", False):
         return "quantized KV cache (quant_method)"
     if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") not in ("nhd", None):

@@ -40,9 +40,68 @@ WRITE_NAME = re.compile(r"set|move|cop|free|transfer|load|write|store|clear|mask
                         r"assign|update|fill|zero|release|resume|donate|alloc|offload|backup|commit|register|"
                         r"finalize|translate|init")
 
-#: wrapped methods of ``MHATokenToKVPool`` (the one class whose buffers a recorded write registers)
+#: wrapped methods of ``MHATokenToKVPool`` (the one class whose buffers a recorded write registers:
+#: ``sglang._recordable`` records only for an instance of exactly the class the wrapper sits on)
 WRAPPED = {"set_kv_buffer": "record", "move_kv_cache": "move", "load_cpu_copy": "poison",
-           "set_kv_buffer_prefix_valid": "poison"}
+           "set_kv_buffer_prefix_valid": "poison", "_finalize_backing_tokens": "poison"}
+
+#: HiCache host pools: their ``load_to_device_per_layer[_physical]`` write the device pool's
+#: buffers directly (transfer kernels); every class of these modules that defines one is wrapped:
+#: the loaded device slots become unmetered
+HOST_MODULES = tuple(f"sglang.srt.mem_cache.pool_host.{m}" for m in
+                     ("base", "dsa", "mamba", "mha", "mha_mxfp8", "minimax_m3_nvfp4", "mla", "unified")) + (
+                   "sglang.srt.mem_cache.memory_pool_host",)
+HOST_LOADS = ("load_to_device_per_layer", "load_to_device_per_layer_physical")
+
+_METERED = "MHATokenToKVPool"
+_DELEGATES = "delegates to the sub-pools' methods (wrapped where the sub-pool is an MHATokenToKVPool)"
+_READS = "reads KV (no write)"
+_META = "bookkeeping (no KV write)"
+_HOST = "writes host memory only"
+#: every public KV-write-named method of the pinned SGLang's pool classes that the patch does not
+#: wrap, with why that is sound ("Class.method"); the enumeration test fails on anything missing
+AUDITED = {
+    "KVCache.set_kv_buffer": "abstract", "KVCache.load_cpu_copy": "abstract", "KVCache.get_cpu_copy": _READS,
+    "KVCache.register_layer_transfer_counter": _META,
+    "MHATokenToKVPool.get_cpu_copy": _READS,
+    "MHATokenToKVPool.finalize_backing": "calls _finalize_backing_tokens (wrapped: every slot unmetered)",
+    "BaseSWAKVPool.register_mapping": _META, "BaseSWAKVPool.translate_loc_from_full_to_swa": _META,
+    "SWAKVPool.set_kv_buffer": _DELEGATES, "SWAKVPool.set_mla_kv_buffer": _DELEGATES,
+    "SWAKVPool.move_kv_cache": _DELEGATES, "SWAKVPool.load_cpu_copy": _DELEGATES,
+    "SWAKVPool.finalize_backing": "calls the sub-pools' _finalize_backing_tokens (wrapped)",
+    "SWAKVPool.set_index_k_scale_buffer": _DELEGATES + " (an index-K buffer: DSA full pools only)",
+    "SWAKVPool.get_cpu_copy": _READS, "SWAKVPool.register_mapping": _META,
+    "SWAKVPool.register_layer_transfer_counter": _META, "SWAKVPool.translate_loc_from_full_to_swa": _META,
+}
+for _c in ("HostKVCache", "DSAIndexerPoolHost", "MambaPoolHost", "MHATokenToKVPoolHost", "MHATokenToKOnlyPoolHost",
+           "HiSparseMHATokenToKVPoolHost", "AsymmetricMHATokenToKVPoolHost", "MHATokenToKVPoolMXFP8Host",
+           "MiniMaxM3Nvfp4IndexKPoolHost", "MLATokenToKVPoolHost", "UnifiedPageEnvelopeHostPool", "LogicalHostPool",
+           "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool"):
+    for _m in ("init_kv_buffer", "set_from_flat_data_page", "clear", "alloc", "free", "prepare_transfer_indices"):
+        AUDITED[f"{_c}.{_m}"] = _HOST
+    for _m in ("backup_from_device_all_layer", "backup_from_device_all_layer_physical",
+               "backup_tokens_from_device_all_layer"):
+        AUDITED[f"{_c}.{_m}"] = "reads the device pool into host memory"
+AUDITED["MiniMaxM3Nvfp4IndexKPoolHost.prepare_layer_loader"] = (
+    "a loader for MiniMax M3 NVFP4 device pools (never registered: their decode is unmetered)")
+
+#: attention KV pool classes whose buffers no recorded write registers (an instance of another
+#: class than MHATokenToKVPool: ``sglang._recordable``); a decode over them goes to SGLang's kernel,
+#: unmetered and counted, so none of their methods can make a bound unsound
+UNREGISTERED = ("NoOpMHATokenToKVPool", "MHATokenToKVPoolFP4", "PageMajorMHATokenToKVPool", "MHATokenToKVPoolMXFP8",
+                "HybridLinearKVPool", "MLATokenToKVPool", "MLATokenToKVPoolFP4", "DSATokenToKVPool",
+                "MHATokenToKOnlyPool", "MiniMaxSparseKVPool", "HiSparseDSATokenToKVPool", "HiSparseMHAMainPool",
+                "PageInterleaveMHATokenToKVPool", "PageInterleaveMLATokenToKVPool", "PageInterleaveDSATokenToKVPool",
+                "UnifiedMHATokenToKVPool", "UnifiedMLATokenToKVPool", "UnifiedHybridLinearKVPool",
+                "UnifiedSWAKVPool", "QSATokenToKVPool", "DeepSeekV4SingleKVPool", "DeepSeekV4UniformFP8KVPool",
+                "HiSparseC4DevicePool", "DeepSeekV4IndexerPool", "DeepSeekV4TokenToKVPool",
+                "MiniMaxM3Nvfp4IndexKPool", "MiniMaxM3Nvfp4MainKVPool", "MiniMaxM3Nvfp4KVPool",
+                "LayerSplitDSATokenToKVPool")
+#: the device-pool modules the enumeration test walks
+POOL_MODULES = tuple(f"sglang.srt.mem_cache.{m}" for m in
+                     ("memory_pool", "swa_memory_pool", "base_swa_memory_pool", "hisparse_memory_pool",
+                      "page_interleave_pool", "unified_memory_pool", "qsa_kv_pool", "deepseek_v4_memory_pool",
+                      "minimax_m3_nvfp4_pool", "dsa_cache_layer_split"))
 
 
 def sides_of(pool):
@@ -50,12 +109,25 @@ def sides_of(pool):
     from witcert.integrations.sglang import STATE
 
     out = []
-    for kb in getattr(pool, "k_buffer", None) or ():
+    bufs = getattr(pool, "k_buffer", None)
+    for kb in bufs if isinstance(bufs, (list, tuple)) else ():
         if isinstance(kb, torch.Tensor):
             side = STATE.layers.get(kb.data_ptr())
             if side is not None:
                 out.append((kb, side))
     return out
+
+
+def mark_device_slots(pool, slots):
+    """A write into ``pool`` at ``slots`` that was not recorded: those slots unmetered on the
+    pool's own sides; a composite pool's sub-pools (another index space) wholly unmetered."""
+    for _, side in sides_of(pool):
+        mark_unmetered(side, slots)
+    for attr in ("full_kv_pool", "swa_kv_pool"):
+        sub = getattr(pool, attr, None)
+        if sub is not None:
+            for _, side in sides_of(sub):
+                mark_unmetered(side, slots if attr == "full_kv_pool" else None)
 
 
 def mark_unmetered(side, slots=None):
@@ -170,5 +242,48 @@ def wrap_set_kv_buffer_prefix_valid(orig):
     return set_kv_buffer_prefix_valid
 
 
-POOL_WRAPPERS = {"move_kv_cache": wrap_move_kv_cache, "load_cpu_copy": wrap_load_cpu_copy,
-                 "set_kv_buffer_prefix_valid": wrap_set_kv_buffer_prefix_valid}
+def wrap_finalize_backing_tokens(orig):
+    """``_finalize_backing_tokens``: the backing (and maybe the buffers) change: every slot unmetered."""
+
+    def _finalize_backing_tokens(self, *args, **kwargs):
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            for _, side in sides_of(self):
+                mark_unmetered(side, None)
+
+    _finalize_backing_tokens.__wrapped__ = orig
+    _finalize_backing_tokens.__witcert__ = "poison"
+    return _finalize_backing_tokens
+
+
+def wrap_host_load(orig):
+    """A host pool's ``load_to_device_per_layer[_physical](device_pool, host_indices, device_indices, …)``:
+    the device slots it loads are unmetered until rewritten."""
+    sig = None
+    try:
+        import inspect
+
+        sig = inspect.signature(orig)
+    except (TypeError, ValueError):
+        pass
+
+    def load(self, *args, **kwargs):
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            try:
+                b = sig.bind(self, *args, **kwargs).arguments
+                mark_device_slots(b["device_pool"], b["device_indices"])
+            except Exception:  # cannot tell what was loaded where: every side of the device pool
+                dev = kwargs.get("device_pool", args[0] if args else None)
+                mark_device_slots(dev, None)
+
+    load.__wrapped__ = orig
+    load.__witcert__ = "poison"
+    load.__name__ = getattr(orig, "__name__", "load")
+    return load
+
+
+POOL_WRAPPERS = {"_finalize_backing_tokens": wrap_finalize_backing_tokens, "move_kv_cache": wrap_move_kv_cache,
+                 "load_cpu_copy": wrap_load_cpu_copy, "set_kv_buffer_prefix_valid": wrap_set_kv_buffer_prefix_valid}
