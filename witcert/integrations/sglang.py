@@ -503,7 +503,19 @@ def wrap_set_kv_buffer(orig):
             layer_id = layer.layer_id
         mask = kwargs.get("dcp_kv_mask", args[1] if len(args) >= 2 else None)
         k_exact, v_exact = cache_k.clone(), cache_v.clone()  # SGLang divides by the scale in place
-        out = orig(self, layer, loc_info, cache_k, cache_v, k_scale, v_scale, *args, **kwargs)
+        try:
+            out = orig(self, layer, loc_info, cache_k, cache_v, k_scale, v_scale, *args, **kwargs)
+        except BaseException:  # SGLang's write failed part-way: what it wrote has no witness
+            try:
+                s_ = STATE.layers.get(self.k_buffer[layer_id - getattr(self, "start_layer", 0)].data_ptr())
+                if s_ is not None:
+                    mark_unmetered(s_, loc)
+            except Exception:
+                from witcert.integrations.sglang_pool import sides_of
+
+                for _, s_ in sides_of(self):
+                    mark_unmetered(s_, None)
+            raise
         kb = side = None
         try:
             local = layer_id - getattr(self, "start_layer", 0)

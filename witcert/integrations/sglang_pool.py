@@ -174,7 +174,12 @@ def wrap_move_kv_cache(orig):
         except Exception as e:
             _count(f"move: {type(e).__name__}: {e}")
             sides = [(kb, side, None, None, None) for kb, side in sides_of(self)]
-        out = orig(self, tgt_loc, src_loc, *args, **kwargs)
+        try:
+            out = orig(self, tgt_loc, src_loc, *args, **kwargs)
+        except BaseException:  # a move that failed part-way: its targets have no witness
+            for _, side in sides_of(self):
+                mark_unmetered(side, tgt_loc)
+            raise
         for kb, side, snap, wits, bad in sides:
             try:
                 if snap is None:
