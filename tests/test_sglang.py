@@ -584,7 +584,9 @@ def test_failing_store_or_gate_serves_the_first_pass(monkeypatch):
 
     g = _run_fp8(gate=Gate("risk-ranked", tau=0.3, max_pagein_blocks=2), exact_store=broken)
     assert g["report"].rejected > 0 and not g["report"].paged and torch.equal(g["o"], base["o"])
-    monkeypatch.setattr(ws, "_overlay", lambda *a: 1 / 0)
+    from witcert.integrations import sglang_gate
+
+    monkeypatch.setattr(sglang_gate, "_overlay", lambda *a: 1 / 0)
     g = _run_fp8(gate=Gate("certified", tau=0.3), exact_store=_FakeStore(base["k"], base["v"], base["slots"]))
     assert torch.equal(g["o"], base["o"]) and torch.equal(g["rec"].tv_upper_a, base["rec"].tv_upper_a)
     assert any(k.startswith("gate: ZeroDivisionError") for k in ws.STATE.unmetered)

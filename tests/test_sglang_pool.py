@@ -361,9 +361,9 @@ def test_empty_row_gives_the_references_zero_not_nan():
     """A request row with no token (SGLang's decode never sends one) and a fully masked row of
     the kernel: output 0 and TV⁺ / output bound 0, no flag, as ``witcert.meter.softmax``
     gives (before: NaN output, TV⁺ 1, bound inf, flagged)."""
-    from kernels.decode import decode as kdecode
     import numpy as np
 
+    from kernels.decode import decode as kdecode
     from witcert.meter import measure, softmax
 
     pool = mha()
@@ -463,9 +463,9 @@ def test_every_kv_writing_pool_method_is_wrapped_or_audited():
     none of sglang_pool's lists: wrapped on MHATokenToKVPool, wrapped on a host pool (every
     ``load_to_device_per_layer[_physical]``), audited with a reason, or a pool class whose
     buffers are never registered."""
-    from witcert.integrations import sglang_pool as P
-
     import pkgutil
+
+    from witcert.integrations import sglang_pool as P
 
     host_pkg = importlib.import_module("sglang.srt.mem_cache.pool_host")
     on_disk = {f"sglang.srt.mem_cache.pool_host.{m.name}" for m in pkgutil.iter_modules(host_pkg.__path__)}
