@@ -11,11 +11,9 @@ What is wrapped (the whole list; nothing else is touched), for SGLang ``SUPPORTE
   ``__init__``, so ``install()`` must run before the model runner is built);
 * ``sglang.srt.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer`` (class attribute; it
   records only for an instance of exactly that class: a subclass's buffers are never registered);
-* the other KV-touching methods of the pools (``move_kv_cache``, ``load_cpu_copy``,
-  ``set_kv_buffer_prefix_valid``, ``_finalize_backing_tokens``, HiCache host pools'
-  ``load_to_device_per_layer[_physical]``): ``witcert.integrations.sglang_pool`` (the list, the
-  audit of the rest, and the per-slot "unmetered" bit that makes any unrecorded change cost
-  tightness, never soundness: issue 36).
+* the other KV-touching methods (``move_kv_cache``, ``load_cpu_copy``, ``set_kv_buffer_prefix_valid``,
+  ``_finalize_backing_tokens``, HiCache host loads, the allocators' ``alloc*``): ``sglang_pool``
+  (the list, the audit of the rest, the per-slot "unmetered" bit: issue 36).
 
 On another SGLang version, or when either target cannot be imported or does not have the
 expected signature, ``install()`` raises ``UnsupportedSGLang`` before patching anything (never a
@@ -272,7 +270,18 @@ def _resolve(targets, bare):
 
                 for name in POOL_WRAPPERS:  # the other KV-touching methods (sglang_pool's module doc)
                     found[f"pool:{name}"] = (cls, name, cls.__dict__[name])
-                from witcert.integrations.sglang_pool import HOST_LOADS, HOST_MODULES
+                from witcert.integrations.sglang_pool import (
+                    ALLOC_WRAPPED,
+                    HOST_LOADS,
+                    HOST_MODULES,
+                )
+
+                for mname, by_class in ALLOC_WRAPPED.items():  # allocators: fresh slots are unmetered
+                    mod = imp(mname)
+                    for cname, names in by_class.items():
+                        ac = getattr(mod, cname)
+                        for name in names:
+                            found[f"alloc:{mname}.{cname}.{name}"] = (ac, name, ac.__dict__[name])
 
                 for mname in HOST_MODULES:  # HiCache host pools writing the device buffers
                     mod = imp(mname)
@@ -335,11 +344,16 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     if trace is not None:
         STATE.source = TraceSource(gate)
     from witcert.integrations.sglang_decode import _wrap_decode
-    from witcert.integrations.sglang_pool import POOL_WRAPPERS, wrap_host_load
+    from witcert.integrations.sglang_pool import (
+        POOL_WRAPPERS,
+        wrap_alloc,
+        wrap_host_load,
+    )
 
     wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,
                 **{f"pool:{n}": w for n, w in POOL_WRAPPERS.items()},
-                **{t: wrap_host_load for t in found if t.startswith("host:")}}
+                **{t: wrap_host_load for t in found if t.startswith("host:")},
+                **{t: wrap_alloc for t in found if t.startswith("alloc:")}}
     patched = []
     for t, (owner, name, fn) in found.items():
         _ORIGINALS[t] = (owner, name, fn)
@@ -571,24 +585,19 @@ def wrap_set_kv_buffer(orig):
 
 # --------------------------------------------------------------------------- split-out parts
 
-#: names of ``sglang_decode`` / ``sglang_trace`` / ``sglang_gate`` reachable as attributes of this module (lazily: those
-#: modules import this one)
-_DECODE_NAMES_ = ('block_table_from_indptr', '_unmeterable', 'paged_view', '_saturate_rows', 'metered_decode', '_wrap_decode', 'reduce_tp_records', '_DECODE_NAMES')
-_TRACE_NAMES = ('SGLangStepRecord', 'TraceSource', '_queue_trace', 'flush', 'PAGEIN_LAYERS', '_TRACE_FIELDS', '_TRACE_PRE_FIELDS')
-_GATE_NAMES = ('HostExactStore', 'GateReport', '_check_gate', '_row_slots', '_overlay', '_overlay_risk', '_merge_rows', '_failed_gate_report', 'gate_call', 'RISK_CHUNK', '_RECORD_ROW_FIELDS')
+#: names of the split-out modules reachable as attributes of this one (lazily: they import this one)
+_SPLIT = {
+    "sglang_decode": ("block_table_from_indptr", "_unmeterable", "paged_view", "_saturate_rows", "metered_decode",
+                      "_wrap_decode", "reduce_tp_records", "_DECODE_NAMES"),
+    "sglang_trace": ("SGLangStepRecord", "TraceSource", "_queue_trace", "flush", "PAGEIN_LAYERS", "_TRACE_FIELDS",
+                     "_TRACE_PRE_FIELDS"),
+    "sglang_gate": ("HostExactStore", "GateReport", "_check_gate", "_row_slots", "_overlay", "_overlay_risk",
+                    "_merge_rows", "_failed_gate_report", "gate_call", "RISK_CHUNK", "_RECORD_ROW_FIELDS"),
+}
 
 
 def __getattr__(name):
-    if name in _DECODE_NAMES_:
-        from witcert.integrations import sglang_decode
-
-        return getattr(sglang_decode, name)
-    if name in _TRACE_NAMES:
-        from witcert.integrations import sglang_trace
-
-        return getattr(sglang_trace, name)
-    if name in _GATE_NAMES:
-        from witcert.integrations import sglang_gate
-
-        return getattr(sglang_gate, name)
+    for mod, names in _SPLIT.items():
+        if name in names:
+            return getattr(importlib.import_module(f"witcert.integrations.{mod}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,10 @@ tightness, never soundness. Per pool method of the pinned SGLang (``POOL_API``):
   before, scattered after, as SGLang's move does); the moved bytes are checked against a snapshot
   of the sources and a target that differs is marked unmetered (and any target under a scheme of
   ours, whose codes SGLang does not move);
-* ``poison``: ``load_cpu_copy`` (the loaded slots) and ``set_kv_buffer_prefix_valid`` (every
-  slot of ``loc_2d``) mark what they write unmetered;
+* ``poison``: ``load_cpu_copy`` (the loaded slots), ``set_kv_buffer_prefix_valid`` (every slot of
+  ``loc_2d``), ``_finalize_backing_tokens`` (all), the HiCache host pools' device loads (the loaded
+  slots) and the allocators' ``alloc*`` (every slot handed out: a writer outside the pools'
+  methods, such as a PD-disaggregation transfer, can then never leave a stale witness);
 * ``delegates``: the hybrid pools' methods that call the sub-pools' (wrapped) methods;
 * ``reads`` / ``meta``: no KV write;
 * ``unregistered``: a pool class whose buffers no recorded write registers (other dtypes,
@@ -97,6 +99,29 @@ UNREGISTERED = ("NoOpMHATokenToKVPool", "MHATokenToKVPoolFP4", "PageMajorMHAToke
                 "HiSparseC4DevicePool", "DeepSeekV4IndexerPool", "DeepSeekV4TokenToKVPool",
                 "MiniMaxM3Nvfp4IndexKPool", "MiniMaxM3Nvfp4MainKVPool", "MiniMaxM3Nvfp4KVPool",
                 "LayerSplitDSATokenToKVPool")
+#: allocators: every slot they hand out is unmetered until a recorded write (so a slot recorded,
+#: freed and filled again by a writer outside the pools' methods, e.g. a PD-disaggregation transfer
+#: through raw pointers, never keeps its old witness); the wrapped ``alloc*`` methods, per class
+ALLOC_WRAPPED = {"sglang.srt.mem_cache.allocator.token": {"TokenToKVPoolAllocator": ("alloc",)},
+                 "sglang.srt.mem_cache.allocator.paged": {
+                     "PagedTokenToKVPoolAllocator": ("alloc", "alloc_extend", "alloc_decode")}}
+#: allocator classes not wrapped, and why
+ALLOC_AUDITED = {
+    "BaseTokenToKVPoolAllocator": "abstract (alloc_extend / alloc_decode raise)",
+    "SWATokenToKVPoolAllocator": "allocates through its full / SWA sub-allocators (Token/Paged: wrapped)",
+    "PureSWATokenToKVPoolAllocator": "allocates through its SWA sub-allocator (TokenToKVPoolAllocator: wrapped)",
+    "MambaSlotAllocator": "mamba state slots, not attention KV",
+    "HiSparseTokenToKVPoolAllocator": "HiSparse pools (never registered)",
+    "DeepSeekV4HiSparseTokenToKVPoolAllocator": "DeepSeek V4 pools (never registered)",
+    "PageInterleavePoolAllocator": "page-interleave pools (never registered)",
+    "UnifiedSWAAllocatorBase": "unified pools (never registered)",
+    "UnifiedSWATokenToKVPoolAllocator": "unified pools (never registered)",
+    "UnifiedMambaSWATokenToKVPoolAllocator": "unified pools (never registered)",
+    "UnifiedMambaTokenToKVPoolAllocator": "unified pools (never registered)",
+    "MultiEndedAllocator": "unified pools (never registered)",
+    "FloatMultiEndedAllocator": "unified pools (never registered)",
+}
+
 #: the device-pool modules the enumeration test walks
 POOL_MODULES = tuple(f"sglang.srt.mem_cache.{m}" for m in
                      ("memory_pool", "swa_memory_pool", "base_swa_memory_pool", "hisparse_memory_pool",
@@ -123,11 +148,18 @@ def mark_device_slots(pool, slots):
     pool's own sides; a composite pool's sub-pools (another index space) wholly unmetered."""
     for _, side in sides_of(pool):
         mark_unmetered(side, slots)
+    mapping = getattr(pool, "full_to_swa_index_mapping", None)
     for attr in ("full_kv_pool", "swa_kv_pool"):
         sub = getattr(pool, attr, None)
         if sub is not None:
+            sub_slots = slots
+            if attr == "swa_kv_pool":
+                try:
+                    sub_slots = None if slots is None or mapping is None else mapping[torch.as_tensor(slots).long()]
+                except Exception:
+                    sub_slots = None
             for _, side in sides_of(sub):
-                mark_unmetered(side, slots if attr == "full_kv_pool" else None)
+                mark_unmetered(side, sub_slots)
 
 
 def mark_unmetered(side, slots=None):
@@ -288,6 +320,29 @@ def wrap_host_load(orig):
     load.__witcert__ = "poison"
     load.__name__ = getattr(orig, "__name__", "load")
     return load
+
+
+def wrap_alloc(orig):
+    """An allocator's ``alloc*``: the token slots it returns are unmetered until a recorded write."""
+
+    def alloc(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and not out.is_floating_point() and out.dtype != torch.bool:
+            pool = getattr(self, "_kvcache", None)
+            if pool is not None and STATE_has_sides():
+                mark_device_slots(pool, out)
+        return out
+
+    alloc.__wrapped__ = orig
+    alloc.__witcert__ = "poison"
+    alloc.__name__ = getattr(orig, "__name__", "alloc")
+    return alloc
+
+
+def STATE_has_sides():  # noqa: N802 (no per-step work before the first recorded write)
+    from witcert.integrations.sglang import STATE
+
+    return bool(STATE.layers)
 
 
 POOL_WRAPPERS = {"_finalize_backing_tokens": wrap_finalize_backing_tokens, "move_kv_cache": wrap_move_kv_cache,
