@@ -329,7 +329,7 @@ def wrap_alloc(orig):
         out = orig(self, *args, **kwargs)
         if isinstance(out, torch.Tensor) and not out.is_floating_point() and out.dtype != torch.bool:
             pool = getattr(self, "_kvcache", None)
-            if pool is not None and STATE_has_sides():
+            if pool is not None and _has_sides():
                 mark_device_slots(pool, out)
         return out
 
@@ -339,7 +339,7 @@ def wrap_alloc(orig):
     return alloc
 
 
-def STATE_has_sides():  # noqa: N802 (no per-step work before the first recorded write)
+def _has_sides():  # no per-step work before the first recorded write
     from witcert.integrations.sglang import STATE
 
     return bool(STATE.layers)
