@@ -243,7 +243,8 @@ def test_move_checks_the_moved_bytes():
 
     def wrong(self, tgt_loc, src_loc):
         orig(self, tgt_loc, src_loc)
-        self.k_buffer[0][tgt_loc[:1]] = 0  # the first target is not what was moved
+        self.k_buffer[0][tgt_loc[:1]] = 0  # the first target's K is not what was moved
+        self.v_buffer[0][tgt_loc[1:2]] = 0  # nor the second's V
 
     installed = MP.MHATokenToKVPool.move_kv_cache
     from witcert.integrations import sglang_pool
@@ -253,11 +254,11 @@ def test_move_checks_the_moved_bytes():
         pool.move_kv_cache(tgt, src)
     finally:
         MP.MHATokenToKVPool.move_kv_cache = installed
-    q = query(4, 3, scale=1.0)
-    decode(pool.k_buffer[0], pool.v_buffer[0], q, [tgt[:1].tolist(), tgt[1:].tolist(), src.tolist()])
+    q = query(4, 4, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [tgt[:1].tolist(), tgt[1:2].tolist(), tgt[2:].tolist(), src.tolist()])
     tvp = recs[-1][1].tv_upper_a
-    assert (tvp[0] == 1).all() and (tvp[1:] < 1).all()
-    assert recs[-1][1].flag[0].all()
+    assert (tvp[:2] == 1).all() and (tvp[2:] < 1).all()
+    assert recs[-1][1].flag[:2].all()
 
 
 # ---------------------------------------------------------------- hole 1: hybrid (SWA) pools

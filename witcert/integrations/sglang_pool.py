@@ -201,8 +201,11 @@ def wrap_move_kv_cache(orig):
         sides = []
         try:
             tgt, src = tgt_loc.reshape(-1).long(), src_loc.reshape(-1).long()
+            vbs = {kb.data_ptr(): vb for kb, vb in zip(self.k_buffer, self.v_buffer)}
             for kb, side in sides_of(self):
-                sides.append((kb, side, kb[src].clone(), [t[src].clone() for t in _wit(side)], side.bad[src].clone()))
+                vb = vbs[kb.data_ptr()]
+                sides.append(((kb, vb), side, (kb[src].clone(), vb[src].clone()), [t[src].clone() for t in _wit(side)],
+                              side.bad[src].clone()))
         except Exception as e:
             _count(f"move: {type(e).__name__}: {e}")
             sides = [(kb, side, None, None, None) for kb, side in sides_of(self)]
@@ -218,8 +221,10 @@ def wrap_move_kv_cache(orig):
                     raise RuntimeError("no snapshot")
                 for t, w in zip(_wit(side), wits):
                     t[tgt] = w
-                same = (kb[tgt].reshape(tgt.numel(), -1).view(torch.uint8)
-                        == snap.reshape(tgt.numel(), -1).view(torch.uint8)).all(-1)
+                same = torch.ones(tgt.numel(), dtype=torch.bool, device=side.bad.device)
+                for buf, sn in zip(kb, snap):  # K and V: the bytes at the targets are the sources'
+                    same &= (buf[tgt].reshape(tgt.numel(), -1).view(torch.uint8)
+                             == sn.reshape(tgt.numel(), -1).view(torch.uint8)).all(-1).to(same.device)
                 side.bad[tgt] = bad | ~same | (side.ours is not None)
                 _move_store(side, tgt, src)
             except Exception as e:  # the targets lose their witnesses
