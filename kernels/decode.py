@@ -1258,4 +1258,22 @@ def decode(
     else:
         o, lse, rec = merge(m_out, l_out, acc_out, hist if meter else None, stat if meter else None, q, sl, consts,
                             epilogue=meter and epilogue, tilt_above=tilt_above)
+    # a row without any attended token (an empty CSR row, seq_len 0, a fully masked row): what the
+    # reference gives (witcert.meter.softmax: p̂ = 0, so output 0, TV⁺ and error bound 0, no flag),
+    # not the merge's 0/0 = NaN (issue 36); no host sync; only with SGLang's CSR rows or a token_mask
+    # (the block-table path needs seq_lens >= 1: checked when ``validate``)
+    if csr or token_mask is not None:
+        if csr:
+            live = (kv_indptr[1 : Bsz + 1] - kv_indptr[:Bsz]).to(dev) > 0
+        else:
+            live = sl > 0
+            if token_mask is not None:
+                j = torch.arange(token_mask.shape[1], device=dev)
+                live = live & (token_mask.to(dev) & (j[None] < sl[:, None].long())).any(-1)
+        dead = ~live
+        o = o.masked_fill(dead.view(Bsz, *([1] * (o.dim() - 1))), 0.0)
+        for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag") if rec is not None else ():
+            t = getattr(rec, f, None)
+            if t is not None:
+                t.masked_fill_(dead.view(Bsz, *([1] * (t.dim() - 1))), False if t.dtype == torch.bool else 0.0)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, tile=tile)

@@ -1,0 +1,192 @@
+"""The metered decode of WitCert's SGLang patch (``witcert.integrations.sglang``'s module doc,
+"Decode"); split out of ``sglang.py``, names re-exported there."""
+
+from __future__ import annotations
+
+import torch
+
+from witcert.integrations.sglang import (
+    DECODE_PARAMS,
+    STATE,
+    LayerSide,
+    _as_logical,
+    _Skip,
+    kernel_scale,
+    log,
+)
+
+# --------------------------------------------------------------------------- decode
+
+
+def block_table_from_indptr(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, batch: int):
+    """(block_table [B, max_len] int32, seq_lens [B] int32) from SGLang's page-size-1 indices."""
+    ip = kv_indptr[: batch + 1].long()
+    lens = ip[1:] - ip[:-1]
+    mx = max(1, int(lens.max())) if batch else 1
+    j = torch.arange(mx, device=kv_indptr.device)
+    idx = (ip[:-1, None] + j[None, :]).clamp(max=max(kv_indices.numel() - 1, 0))
+    bt = torch.where(j[None, :] < lens[:, None], kv_indices.long()[idx], torch.zeros_like(idx))
+    return bt.to(torch.int32), lens.to(torch.int32)
+
+
+def _unmeterable(args, kwargs):
+    q, kb, vb = args[0], args[1], args[2]
+    if kwargs.get("page_size", 1) != 1:
+        return "page_size != 1"
+    if kwargs.get("has_mla"):
+        return "MLA"
+    if kwargs.get("logit_cap", 0.0):
+        return "logit_cap"
+    if kwargs.get("sinks") is not None:
+        return "sinks"
+    if kwargs.get("score_mod") is not None:
+        return "score_mod"
+    if kwargs.get("xai_temperature_len", -1) not in (-1, None) and kwargs.get("xai_temperature_len", -1) > 0:
+        return "xai_temperature_len"
+    if kb.dim() != 3 or vb.dim() != 3 or kb.shape[-1] != vb.shape[-1]:
+        return "buffer layout"
+    if kb.shape[-1] not in (64, 128, 256):
+        return f"head_dim {kb.shape[-1]}"
+    if q.shape[1] % kb.shape[1] or not 1 <= q.shape[1] // kb.shape[1] <= 8:
+        return "GQA group"
+    if kb.data_ptr() not in STATE.layers:
+        return "no patched write registered this buffer"
+    return None
+
+
+_DECODE_NAMES = DECODE_PARAMS + ("aux_tensors", "enable_lean", "lean_Mp", "lean_Lp", "lean_Op", "lean_locks",
+                                 "uneven_batch")
+
+
+def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
+    """A ``PagedKV`` over SGLang's own buffers (block_size 1) and this layer's side buffers."""
+    from kernels.paged import PagedKV
+
+    if side.ours is not None:
+        return side.ours
+    ks32, vs32 = kernel_scale(k_scale), kernel_scale(v_scale)
+    if side.scales is not None and side.scales != (ks32, vs32):
+        raise _Skip("k_scale/v_scale differ from the ones the buffer's witnesses were taken against")
+    key = (k_buffer.data_ptr(), v_buffer.data_ptr(), tuple(k_buffer.shape), k_buffer.dtype, ks32, vs32,
+           side.k_wit.data_ptr())
+    if side.view_key == key:
+        return side.view
+    kb, vb = _as_logical(k_buffer, side.dtype), _as_logical(v_buffer, side.dtype)
+    if kb.dtype == torch.float8_e4m3fn:
+        scheme = "fp8_e4m3"
+    elif kb.dtype == torch.float8_e5m2:
+        scheme = "fp8_e5m2"
+    elif kb.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        scheme = "none"
+        if float(k_scale) != 1.0 or float(v_scale) != 1.0:
+            raise _Skip("k_scale/v_scale != 1 on an unquantized cache")
+    else:
+        raise _Skip(f"cache dtype {kb.dtype}")
+    size, H = kb.shape[0], kb.shape[1]
+    f32 = dict(dtype=torch.float32, device=kb.device)
+    # per-layer scalar scales, broadcast to [slot, head, 1] with stride 0 (the kernel loads fp32 fine)
+    ks = torch.tensor([ks32], **f32).view(1, 1, 1).expand(size, H, 1)
+    vs = torch.tensor([vs32], **f32).view(1, 1, 1).expand(size, H, 1)
+    z = torch.zeros(1, dtype=torch.float16, device=kb.device)
+    side.view_key = key
+    side.view = PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
+                   group_id=side.group_id, k_codes=kb.unsqueeze(2), v_codes=vb.unsqueeze(2), k_scale=ks, v_scale=vs,
+                   k_zero=z, v_zero=z, k_wit=side.k_wit, v_wit=side.v_wit, v_norm=side.v_norm, k_norm=side.k_norm,
+                   exact_k=torch.zeros(1, dtype=kb.dtype if scheme == "none" else torch.bfloat16, device=kb.device),
+                   exact_v=z, seed=0, layer=side.layer_id)
+    return side.view
+
+
+def _saturate_rows(rec, rows: torch.Tensor) -> None:
+    """Rows [B, 1] (or [B, Hq]) the record cannot vouch for: flagged, TV⁺ 1, output bound +inf
+    (in place, on the device)."""
+    rec.flag |= rows
+    rec.tv_upper_a.masked_fill_(rows, 1.0)
+    if rec.tv_upper_b is not None:
+        rec.tv_upper_b.masked_fill_(rows, 1.0)
+    rec.out_err_upper.masked_fill_(rows, float("inf"))
+
+
+def metered_decode(args, kwargs, num_splits=None):
+    """Run the metered kernel on SGLang's arguments; writes ``o`` and ``attn_lse``, returns
+    (side, DecodeOutput, the PagedKV it read, [B, 1] rows reading an unmetered slot)."""
+    from kernels.decode import decode
+
+    q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
+    max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
+    side = STATE.layers[kb.data_ptr()]
+    cache = paged_view(side, kb, vb, k_scale, v_scale)
+    Bsz = q.shape[0]
+    if Bsz == 0:
+        raise _Skip("an empty batch")
+    # SGLang's CSR rows read by the kernel directly (no [B, max_len] table); no host sync: the
+    # split count from the mean length (kernels.decode.choose_splits); an empty row (which SGLang's
+    # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
+    indptr = kv_indptr[: Bsz + 1]
+    out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
+                 delta_step=STATE.delta_step, validate=False)
+    from witcert.integrations.sglang_pool import bad_rows
+
+    bad = bad_rows(side, indptr, kv_indices, Bsz)
+    _saturate_rows(out.meter, bad)
+    o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
+    attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)
+    attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
+    return side, out, cache, bad
+
+
+def _wrap_decode(orig):
+    from witcert.integrations import sglang_gate as G
+    from witcert.integrations import sglang_trace as T
+    def decode_attention_fwd(*args, **kwargs):
+        # normalise to positional (the first 13) + keywords
+        names = _DECODE_NAMES
+        args = list(args)
+        for i in range(len(args), 13):
+            args.append(kwargs.pop(names[i]))
+        kw = dict(kwargs)
+        for i, a in enumerate(args[13:], start=13):
+            kw[names[i]] = a
+        why = _unmeterable(args, kw)
+        if why is None:
+            try:
+                side, out, cache, bad = metered_decode(args[:13], kw)
+            except _Skip as e:
+                why = str(e)
+            else:
+                layer_id = side.layer_id
+                rec, report = out.meter, None
+                if STATE.gate is not None:
+                    try:
+                        rec, report = G.gate_call(args[:13], side, cache, out)
+                        if rec is not out.meter:  # a row reading an unmetered slot stays unmetered
+                            _saturate_rows(rec, bad)
+                    except Exception as e:  # serve the first pass (o, lse and record still agree)
+                        STATE.unmetered[f"gate: {type(e).__name__}: {e}"] += 1
+                        log.exception("WitCert gate failed on layer %s; served the ungated pass", layer_id)
+                        rec, report = out.meter, G._failed_gate_report(layer_id, out.meter, cache.num_kv_heads)
+                STATE.emit(layer_id, rec)
+                if STATE.trace is not None:
+                    T._queue_trace(layer_id, cache, out.meter, rec, report, args[0])
+                return None
+        STATE.unmetered[f"decode: {why}"] += 1
+        return orig(*args[:13], **kw)
+
+    decode_attention_fwd.__wrapped__ = orig
+    decode_attention_fwd.__witcert__ = True
+    return decode_attention_fwd
+
+
+def reduce_tp_records(per_rank: list, dim: int = 1):
+    """The records of ranks that each metered a contiguous share of the query heads (SGLang's
+    split: rank r holds heads [r·Hq/tp, (r+1)·Hq/tp)), put back in head order: the tensor that
+    ``all_gather`` over the TP group would give. Per-request maxima are then ``.amax(dim)``."""
+    out = {}
+    for f in ("tv_upper_a", "out_err_upper", "eps_max", "xi", "rho", "flag"):
+        parts = [getattr(r, f) for r in per_rank]
+        if any(p is None for p in parts):
+            continue
+        out[f] = torch.cat(parts, dim=dim)
+    return out
+
+
