@@ -2,7 +2,7 @@
 # this machine's disk, pinned in the same resolve so a CUDA build is never pulled).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-v5
+STAMP := $(VENV)/.installed-v6
 # the tested versions: pyproject.toml gives ranges (torch, triton, transformers); CI installs these
 PINS := 'torch==2.13.0' 'triton==3.7.1' 'transformers==5.23.0'
 # pytest workers (pytest-xdist): the suite's time is the interpreter on one core per process
@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/witcert demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist worksteal
 
 soak: $(STAMP)

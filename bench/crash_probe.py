@@ -44,6 +44,7 @@ def one(name):
         # sees a read past a tensor that stays inside a cached segment (graph capture needs the cache)
         os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
     import torch
+
     from kernels.decode import decode
     parts = name.split("-")
     graph = parts[-1] == "g"

@@ -30,9 +30,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kernels.decode import KEY_LEVELS, X0, _key_level, choose_splits, decode  # noqa: E402
+from kernels.decode import KEY_LEVELS, X0, _key_level, decode  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
-
 
 #: int8 → bf16 without the conversion pipe (exact): for two's-complement x, y = 0x4300 | (x & 0x7F)
 #: is 128 + (x & 0x7F) and z = 0x4300 | (x & 0x80) is 128 (x ≥ 0) or 256 (x < 0), so y − z = x.

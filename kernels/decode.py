@@ -68,11 +68,19 @@ from triton.runtime.errors import OutOfResources
 from contract.schemes import SCHEMES
 
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .ids import FP8_E4M3_SCALED_ID, INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID, NONE_ID
-from .paged import (KERNEL_REL_SLACK, SCHEME_IDS, ExactWindow, PagedKV, RepairOverlay, dequantized_fp32, dot_gamma,
-                    mass_eta_terms, page_scaled_keys)
+from .ids import INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID, NONE_ID
+from .paged import (
+    KERNEL_REL_SLACK,
+    SCHEME_IDS,
+    ExactWindow,
+    PagedKV,
+    RepairOverlay,
+    dequantized_fp32,
+    dot_gamma,
+    mass_eta_terms,
+    page_scaled_keys,
+)
 from .write import INTERPRET, dither_from_hash, sketch_beta, sketch_value, token_hash
-
 
 #: a tile carrying at most this share of its split's p̂ mass so far, for every head, skips the key sketch's dot: its
 #: tokens take the sketch radius's bound u_j ≤ ‖r̃_j/a‖ ≤ (s_j/2)(L − 1)/L·‖1/a‖ instead (sound: any u_j ≥ the
@@ -831,11 +839,13 @@ MANY_PROGRAMS_PER_SM = 4
 #: per SM instead of two; with 8 head columns and the packed histogram no spill (sm_90 SASS), 0.77-0.82×
 #: the uncapped time at B ≥ 8 (run K, bench/tile_ab.py); at B 1 the same time on run K's 33 splits and,
 #: with ``choose_splits`` filling one wave of three programs per SM (49 splits; since run R long B 1 sequences
-#: take the one-warp tile instead), 0.88× at 32K, 0.77× at 128K (run L). Unmetered (64-token tiles, on grids of ≥ MANY_PROGRAMS_PER_SM programs per SM): six
+#: take the one-warp tile instead), 0.88× at 32K, 0.77× at 128K (run L). Unmetered (64-token tiles, on grids of ≥
+#: MANY_PROGRAMS_PER_SM programs per SM): six
 #: programs per SM instead of four (24 B of spill), 0.84-0.97× the
 #: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
 #: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
-#: (bench/results/2026-12-02/cap_test_2026-12-02_K.log, bench/results/2026-12-02/cuda_subset_2026-12-02_K4.log). ``CAP_REGISTERS`` False turns
+#: (bench/results/2026-12-02/cap_test_2026-12-02_K.log, bench/results/2026-12-02/cuda_subset_2026-12-02_K4.log).
+#: ``CAP_REGISTERS`` False turns
 #: both off (``decode(_maxnreg=0)`` for one call)
 METERED_REGISTER_CAP = 168
 UNMETERED_REGISTER_CAP = 80
@@ -853,7 +863,8 @@ SM_PROGRAMS = 32
 #: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
 #: programs per SM (run P, 2026-12-03, bench/results/2026-12-03/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
 #: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1
-#: at ≤ 64 splits, where the grid is small: run R's ``choose_splits`` gives long B 1-4 sequences a wave of them). A one-warp program exchanges nothing between warps per tile (the 4-warp
+#: at ≤ 64 splits, where the grid is small: run R's ``choose_splits`` gives long B 1-4 sequences a wave of them). A one-warp
+#: program exchanges nothing between warps per tile (the 4-warp
 #: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
 #: under METERED_REGISTER_CAP twelve fit per SM (spills: Triton's n_spills 28 on the H200, 140 B of spill stores in
 #: offline sm_90 ptxas, bench/sass_probe.py). Only int8 was timed: the other 8-bit

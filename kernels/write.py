@@ -32,9 +32,24 @@ import triton.language as tl
 from contract.rounding import round_up_to_dtype
 from contract.schemes import SCHEMES
 
-from .ids import (FP8_E4M3_ID, FP8_E4M3_RES_FLOOR, FP8_E4M3_RES_REL, FP8_E4M3_SCALED_ID, FP8_E5M2_ID, FP8_E5M2_RES_FLOOR,
-                  FP8_E5M2_RES_REL, FP8_SCALED_DIVISOR, GROUP, INT4_DIVISOR, INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID,
-                  KIVI2_DIVISOR, KIVI2_ID, NONE_ID)
+from .ids import (
+    FP8_E4M3_ID,
+    FP8_E4M3_RES_FLOOR,
+    FP8_E4M3_RES_REL,
+    FP8_E4M3_SCALED_ID,
+    FP8_E5M2_ID,
+    FP8_E5M2_RES_FLOOR,
+    FP8_E5M2_RES_REL,
+    FP8_SCALED_DIVISOR,
+    GROUP,
+    INT4_DIVISOR,
+    INT4_GROUP_ID,
+    INT8_DITHER_ID,
+    INT8_ID,
+    KIVI2_DIVISOR,
+    KIVI2_ID,
+    NONE_ID,
+)
 from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys, sketch_gamma
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"

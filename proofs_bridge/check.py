@@ -38,7 +38,8 @@ import subprocess
 import numpy as np
 import sympy as sp
 
-from . import falsify, formulas as F
+from . import falsify
+from . import formulas as F
 from . import lean_parse as LP
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

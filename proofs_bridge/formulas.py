@@ -205,8 +205,10 @@ LEAN_THEOREMS.update({
         "htt": [("∀", ("j",), [("=", tt_(_j), ditherRadius(Vf(_j), _f("Fintype.card")(sp.Symbol("κ")), delta) + bf(_j))])],
     }),
     "request_union_sound": ("Union", [
-        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(_h, iUnion(rng(Tm), sp.Lambda(t, Ff(_l, _h, t)))))))), delta_req),
-        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(_h, iUnion(rng(T), sp.Lambda(t, Gf(_l, _h, t)))))))), delta_req),
+        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(
+            _h, iUnion(rng(Tm), sp.Lambda(t, Ff(_l, _h, t)))))))), delta_req),
+        ("≤", mu_real(iUnion(rng(Ls), sp.Lambda(_l, iUnion(rng(Hs), sp.Lambda(
+            _h, iUnion(rng(T), sp.Lambda(t, Gf(_l, _h, t)))))))), delta_req),
     ], {
         "hF": [("∀", ("l", "h", "t"), [("≤", mu_real(Ff(_l, _h, t)), budgetFixed(delta_req, Ls, Hs, Tm))])],
         "hG": [("∀", ("l", "h", "t"), [("≤", mu_real(Gf(_l, _h, t)), budgetAnytime(delta_req, Ls, Hs, t + 1))])],

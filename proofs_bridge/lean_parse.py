@@ -289,7 +289,8 @@ def theorem(source: str, name: str) -> dict:
 
 def definition(source: str, name: str) -> tuple[list[str], str]:
     """(parameter names, body text) of ``def name (a b : T) … : T := body``."""
-    m = re.search(rf"^(?:noncomputable\s+)?def\s+{re.escape(name)}\b(.*?):=\s*(.*?)(?=\n\s*\n|\n(?:/--|theorem|lemma|def|noncomputable|end)\b)",
+    m = re.search(rf"^(?:noncomputable\s+)?def\s+{re.escape(name)}\b(.*?):=\s*(.*?)"
+                  r"(?=\n\s*\n|\n(?:/--|theorem|lemma|def|noncomputable|end)\b)",
                   source, re.MULTILINE | re.DOTALL)
     if not m:
         raise LeanParseError(f"def {name} not found")

@@ -21,7 +21,6 @@ tolerance) before the merge, and no discrete kivi2 field (ids, page-ins, flags, 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import numpy as np

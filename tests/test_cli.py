@@ -94,8 +94,9 @@ def test_old_eval_spelling_still_parses(monkeypatch):
 def test_demo_scheme_device_dtype_parse():
     a = cli.build_parser().parse_args(["demo", "--scheme", "fp8,int8,kivi2", "--device", "cpu", "--dtype", "bf16"])
     assert a.scheme == ["fp8_e4m3", "int8", "kivi2"] and a.device == "cpu" and a.dtype == "bfloat16"
-    from witcert.demo import resolve_dtype
     import torch
+
+    from witcert.demo import resolve_dtype
 
     assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
     assert resolve_dtype(a.dtype, a.device) == torch.bfloat16

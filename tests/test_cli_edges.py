@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from witcert import cli
-from witcert.trace import TraceError, TraceWarning, Tracer, read_trace
+from witcert.trace import TraceError, TraceWarning, read_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "tiny.trace.jsonl"

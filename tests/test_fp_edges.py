@@ -18,11 +18,13 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 
 import test_kernels_conformance as _conf  # noqa: E402  (its dequantizer: one copy of the code map)
+
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
@@ -417,7 +419,6 @@ def test_dropping_the_logit_rounding_term_is_unsound(monkeypatch):
 
 def test_dropping_the_lost_mass_term_is_unsound(monkeypatch):
     """Without ρ, a token whose fp32 mass underflowed (gap 120) is lost again (pins the slack)."""
-    import kernels.decode as Dk
 
     q, k, v, sigma = outlier_pair(120.0, ratio=256.0)
     rec, ok, tv, o, _ = run_case("int8", q, k, v, sigma)

@@ -162,7 +162,6 @@ def test_exceeds_tiers_and_tau_v():
 def test_block_risk_is_the_first_order_eform_share_per_block():
     # one (seq, kv head), one query head and row, n = 5 tokens, blocks of T = 2 (3 blocks)
     logits = torch.tensor([0.0, 1.0, -1.0, 2.0, 0.5], dtype=torch.float64)
-    p = torch.softmax(logits, -1)
     eps = torch.tensor([0.1, 0.0, 0.3, 0.2, 0.05], dtype=torch.float64)
     allowed = torch.tensor([True, True, True, True, False])  # token 4 masked: no risk
     pm = torch.where(allowed, torch.softmax(logits.masked_fill(~allowed, -math.inf), -1), torch.zeros(5, dtype=torch.float64))

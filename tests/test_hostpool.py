@@ -10,7 +10,6 @@ import logging
 import numpy as np
 import pytest
 import torch
-
 from _tiny import tiny_model
 from test_kernel_gate import tiny_llama
 

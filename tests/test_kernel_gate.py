@@ -568,8 +568,7 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
 
 
 def test_repair_persists_and_covers_tokens_written_later(monkeypatch):
-    from witcert.cache import served_kv
-    from witcert.cache import Gate, WitCertCache
+    from witcert.cache import Gate, WitCertCache, served_kv
 
     model = tiny_llama(1)
     # τ = 1 risk-ranked: the gate itself never fires (TV⁺ ≤ 1); the repair is ours

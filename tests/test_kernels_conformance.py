@@ -17,18 +17,19 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
+from contract.schemes import BLOCK_SCHEMES  # noqa: E402
 from kernels import epilogue as E  # noqa: E402
-from kernels.decode import decode, key_edges  # noqa: E402
 from kernels import paged as P  # noqa: E402
+from kernels.decode import decode, key_edges  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
-from contract.schemes import BLOCK_SCHEMES  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 from witcert import schemes as S  # noqa: E402
 
@@ -529,7 +530,8 @@ def test_output_bound_covers_the_served_output_of_many_small_masses(qdtype, sche
     """E⁺ bounds the output the kernel served, ‖ô_kernel − o‖ (docs/floating_point.md's table), where thousands of
     tokens carry small masses: under an fp16 query the PV operand p̂·s_v was rounded to fp16, which
     flushes p̂·s_v < 2^-25 — here every token but one, 1/8 of the mass: the flushed output is 0.130 from the
-    exact one against an E⁺ of 0.0020 (interpreter, 8192 tokens; found on reading the kernel, 2026-12-03). It now goes to bf16 whatever q's dtype, and
+    exact one against an E⁺ of 0.0020 (interpreter, 8192 tokens; found on reading the kernel, 2026-12-03). It now goes to
+    bf16 whatever q's dtype, and
     exact fp16 values (scheme none of an fp16 model), which bf16 would round, to fp32 (PV_F32)."""
     if DEV == "cpu" and (qdtype, scheme) != (torch.float16, "int8"):
         pytest.skip("in the interpreter every dtype runs the same fp32 PV dot: one case checks the bound there")
@@ -777,8 +779,17 @@ def test_tile_config_and_its_overrides():
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import (CAP_REGISTERS, CAPPED_SCHEMES, EIGHT_BIT_SCHEMES, MANY_PROGRAMS_PER_SM, METERED_REGISTER_CAP,
-                                ONE_WARP_METERED_SCHEMES, UNMETERED_REGISTER_CAP, Tile, tile_config)
+    from kernels.decode import (
+        CAP_REGISTERS,
+        CAPPED_SCHEMES,
+        EIGHT_BIT_SCHEMES,
+        MANY_PROGRAMS_PER_SM,
+        METERED_REGISTER_CAP,
+        ONE_WARP_METERED_SCHEMES,
+        UNMETERED_REGISTER_CAP,
+        Tile,
+        tile_config,
+    )
 
     many = MANY_PROGRAMS_PER_SM
     for sch in EIGHT_BIT_SCHEMES:
@@ -818,8 +829,17 @@ def test_choose_splits_fills_whole_waves():
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
     the tile keep the base rule; and a small int8 grid (run R) takes the many-program tile on one wave of it
     where the sequence is long enough. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
-    from kernels.decode import (FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MAX_PARTIALS, SMALL_GRID_MAX_SPLITS,
-                                SMALL_GRID_MIN_SPLIT_TOKENS, SMALL_GRID_MIN_WAVE, Tile, choose_splits, tile_config)
+    from kernels.decode import (
+        FEW_WAVES,
+        MANY_PROGRAMS_PER_SM,
+        SMALL_GRID_MAX_PARTIALS,
+        SMALL_GRID_MAX_SPLITS,
+        SMALL_GRID_MIN_SPLIT_TOKENS,
+        SMALL_GRID_MIN_WAVE,
+        Tile,
+        choose_splits,
+        tile_config,
+    )
 
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
     assert Tile(128, 1, 4, 165).resident_programs() == 3  # registers are allocated in eights
@@ -869,21 +889,21 @@ def test_choose_splits_fills_whole_waves():
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=64) == 198
     many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
     assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
-    for B in (1, 2, 3, 5, 8, 13, 16, 24, 32):
+    for bsz in (1, 2, 3, 5, 8, 13, 16, 24, 32):
         for meter in (True, False):
-            s0, s = choose_splits(B, 8, 32768, 16, sms), choose_splits(B, 8, 32768, 16, sms, meter)
-            t = tile_config(meter, "int8", B * 8 * s0 / sms)
+            s0, s = choose_splits(bsz, 8, 32768, 16, sms), choose_splits(bsz, 8, 32768, 16, sms, meter)
+            t = tile_config(meter, "int8", bsz * 8 * s0 / sms)
             if t != many[meter]:  # a small grid: one wave of the many-program tile
                 one = many[meter]
-                assert tile_config(meter, "int8", B * 8 * s / sms) == one and B <= 4, (B, meter)
-                assert B * 8 * s <= one.resident_programs() * sms and s <= 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, B
-                assert B * 8 * (s + 1) > one.resident_programs() * sms or s == 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, B
+                assert tile_config(meter, "int8", bsz * 8 * s / sms) == one and bsz <= 4, (bsz, meter)
+                assert bsz * 8 * s <= one.resident_programs() * sms and s <= 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
+                assert bsz * 8 * (s + 1) > one.resident_programs() * sms or s == 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
                 continue
-            assert tile_config(meter, "int8", B * 8 * s / sms) == t and 1 <= s <= 64, (B, meter)
+            assert tile_config(meter, "int8", bsz * 8 * s / sms) == t and 1 <= s <= 64, (bsz, meter)
             per = t.resident_programs()
-            if per is not None and B * 8 * s0 < FEW_WAVES * per * sms:
-                k = max(1, int(B * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
-                assert B * 8 * s <= k * per * sms and (B * 8 * (s + 1) > k * per * sms or s == 64), (B, meter)
+            if per is not None and bsz * 8 * s0 < FEW_WAVES * per * sms:
+                k = max(1, int(bsz * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
+                assert bsz * 8 * s <= k * per * sms and (bsz * 8 * (s + 1) > k * per * sms or s == 64), (bsz, meter)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
@@ -1035,8 +1055,9 @@ def test_decode_retries_a_tile_that_does_not_fit(monkeypatch, caplog):
     caller chose is not changed: the error propagates."""
     import logging
 
-    import kernels.decode as KD
     from triton.runtime.errors import OutOfResources
+
+    import kernels.decode as KD
 
     real, seen = KD._decode_kernel, []
 

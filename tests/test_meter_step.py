@@ -255,6 +255,7 @@ def test_synthetic_meter_step_is_the_meter():
 def test_cache_reference_path_meters_through_witcert_meter(monkeypatch):
     pytest.importorskip("transformers")
     from _meter_configs import _generate, _ids, _tiny_llama
+
     from witcert.cache import Gate, WitCertCache
 
     calls = {"measure": 0, "risk": 0}

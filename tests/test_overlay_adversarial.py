@@ -34,12 +34,12 @@ pytestmark = pytest.mark.skipif(DEV != "cpu", reason="interpreter review tests (
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1"
 
+from test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
+
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
-
-from test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
 
 D = 64
 T = 16

@@ -248,9 +248,9 @@ def test_a_false_chain_statement_is_falsified():
         bad += [1] if mp.sinh(x) / x > mp.e ** (lam**2 * (s**2 / 13) / 2) else []
     assert bad
     # the Lean RoPE formulas match the code; a wrong pairing (interleaved read as half) does not
-    from witcert import bounds as B
-
     import numpy as np
+
+    from witcert import bounds as B
 
     x = [0.3, -1.2, 0.7, 2.0]
     y = Fz._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])

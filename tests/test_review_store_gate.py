@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import logging
+import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -18,9 +20,6 @@ import torch
 
 import witcert.cache as wc
 from witcert.store import ExactStore
-
-import sys
-import pathlib
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _tiny import tiny_model  # noqa: E402

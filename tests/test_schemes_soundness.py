@@ -8,7 +8,8 @@ bound, and the realised output error ≤ the §4 bound.
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from witcert import bounds as B
 from witcert import schemes as S

@@ -10,13 +10,12 @@ real class's signature is checked statically against the installed source.
 """
 
 import ast
+import importlib.util  # noqa: E402
 import math
 import os
 
 import pytest
 import torch
-
-import importlib.util  # noqa: E402
 
 if importlib.util.find_spec("sglang") is None:  # not importorskip: sglang/__init__ needs the server stack
     pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)

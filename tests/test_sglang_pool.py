@@ -322,7 +322,8 @@ def test_masked_dcp_write_is_recorded():
 def test_failing_recorder_leaves_unmetered_slots(monkeypatch):
     """Issue 36 (4): an exception in the recorder dropped the layer; the next write made a new
     side with zero witnesses for every older slot. Before the fix: realised TV 0.0176 against
-    TV⁺ 0.00011 (the failed write's slots; 0.0092 against 0.00011 on the older ones). Now the failed write's slots are unmetered (TV⁺ 1) and the
+    TV⁺ 0.00011 (the failed write's slots; 0.0092 against 0.00011 on the older ones). Now the failed write's slots are
+    unmetered (TV⁺ 1) and the
     older slots keep their witnesses."""
     pool, ex = mha(), Exact()
     recs = install()

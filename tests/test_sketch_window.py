@@ -20,7 +20,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 

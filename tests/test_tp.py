@@ -29,7 +29,8 @@ def _run(config, heads, kv_heads):
     k[..., 5, :] *= 6.0  # a high-attention token
     v = torch.randn(L, B, 2, n0 + 3, D, generator=g)
     q = torch.randn(L, B, 4, 3, D, generator=g) * 2.0
-    cache = WitCertCache(config, scheme="kivi2", gate=Gate("risk-ranked", max_pagein_blocks=1), window=None)  # (spawned ranks do not see conftest)
+    cache = WitCertCache(config, scheme="kivi2", gate=Gate("risk-ranked", max_pagein_blocks=1), window=None)
+    # (window=None: spawned ranks do not see conftest)
     for step in range(4):
         sl = slice(0, n0) if step == 0 else slice(n0 + step - 1, n0 + step)
         for layer in range(L):

@@ -15,7 +15,7 @@ from _tiny import generate, record_fixture, tiny_model  # noqa: E402
 
 from witcert import traceviews as V  # noqa: E402
 from witcert.predicate import PredicateError, compile_predicate  # noqa: E402
-from witcert.trace import FIELDS, VERSION, Tee, Trace, TraceError, Tracer, read_trace  # noqa: E402
+from witcert.trace import FIELDS, VERSION, Tee, TraceError, Tracer, read_trace  # noqa: E402
 
 FIXTURE = pathlib.Path(__file__).parent / "data" / "tiny.trace.jsonl"
 
@@ -330,9 +330,9 @@ def test_kernel_path_records_are_traced():
     import json as _json
 
     import torch
+    from _tiny import CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from _tiny import CONFIG
     from witcert.cache import WitCertCache, use_witcert
 
     cfg = _json.loads(CONFIG.read_text())

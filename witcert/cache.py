@@ -75,12 +75,12 @@ from contract.sketch import DEFAULT_SKETCH_BITS, DEFAULT_WINDOW, check_bits, che
 
 from . import bounds as B
 from . import meter as M
-from .gate import Gate, block_risk, exceeds, repair
 from . import schemes as S
-from .model import check_supported_config
-from .schemes import QuantContext, get_scheme, quantize, resolve_scheme
+from .gate import Gate, block_risk, exceeds, repair
 from .hostcost import HostCost, HostReport
 from .hostpool import HostPool, align, store_bytes
+from .model import check_supported_config
+from .schemes import QuantContext, get_scheme, quantize, resolve_scheme
 from .store import ExactStore, append_pair, first_chunk_tokens
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,

@@ -226,7 +226,9 @@ def build_parser() -> A.OneLineParser:
     g.add_argument("--tokens", type=A.int_at_least(128), default=1024, help="prompt tokens per prompt (>= 128)")
     g.add_argument("--steps", type=A.int_at_least(1), default=2, help="metered decode steps per prompt (>= 1; 2 prompts "
                                                                       "x 2 steps x 30 layers x 9 heads = 1080 rows)")
-    g.add_argument("--sketch-bits", type=A.sketch_bits, default=None, help="residual sketch bits: 0, 1, 2 or 4 (default: the scheme's, 2 for the 8-bit schemes, 4 for int4_group and kivi2)")
+    g.add_argument("--sketch-bits", type=A.sketch_bits, default=None,
+                   help="residual sketch bits: 0, 1, 2 or 4 (default: the scheme's, 2 for the 8-bit schemes, "
+                        "4 for int4_group and kivi2)")
     g.add_argument("--window", type=_window, default=None, help="exact window SINK,RECENT (default 4,64; 0,0 none)")
     g.add_argument("--weights", choices=("calibrated", "none"), default="calibrated",
                    help="channel weights of the radius: the embedded model's calibration (default) or none (all 1)")

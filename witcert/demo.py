@@ -104,7 +104,8 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
         text = tok.decode(gen[0, n:], skip_special_tokens=True)
         recs = cache.records
         backend = "kernel" if getattr(cache.layers[0], "paged", None) is not None else "reference"
-        row = {"config": name, "answer": text.strip()[:24], "correct": tasks.score(sample, text) if scored else None, "seconds": time.time() - t,
+        row = {"config": name, "answer": text.strip()[:24], "correct": tasks.score(sample, text) if scored else None,
+               "seconds": time.time() - t,
                "backend": backend if scheme != "none" else "exact", "audited": bool(audit and scheme != "none")}
         if recs:
             tv = np.stack([r.tv_a[0] for r in recs])  # [steps*layers, Hq]

@@ -146,7 +146,8 @@ def plot_coverage(trace: Trace, path, field: str = "tv"):
     cfg = trace.config_labels()
     configs = trace.configs()
     colors = _colors(configs)
-    panels = [("ungated", [c for c in configs if not c.endswith(" +gate")]), ("gated (after repair)", [c for c in configs if c.endswith(" +gate")])]
+    panels = [("ungated", [c for c in configs if not c.endswith(" +gate")]),
+              ("gated (after repair)", [c for c in configs if c.endswith(" +gate")])]
     panels = [p for p in panels if p[1]]
     taus = np.linspace(0, 1, 201)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 4.4), squeeze=False, sharey=True,
