@@ -323,6 +323,18 @@ def test_summary_and_records_serialize_to_json():
     recs = json.loads(json.dumps(jsonable(cache.records)))
     assert len(recs) == 3 * 2 and recs[0]["layer"] == 0 and len(recs[0]["tv_a"][0]) == 2
     assert jsonable(np.array([np.inf, 1.0])) == [None, 1.0]  # non-finite → null, never a bare Infinity
+    # summary() itself is plain Python (issue 34: no numpy arrays), an infinite bound kept as inf
+
+    def plain(x):
+        if isinstance(x, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in x.items())
+        if isinstance(x, list):
+            return all(plain(v) for v in x)
+        return x is None or type(x) in (int, float, bool, str)
+
+    raw = cache.summary()
+    assert plain(raw) and raw["max_tv_a"] == s["max_tv_a"] and raw["pagein_blocks_per_layer"] == [[0]] * 2
+    assert jsonable(np.array([np.inf]), finite=False) == [np.inf]
 
 
 def test_kernel_backend_without_cuda_or_interpreter_is_refused(monkeypatch):

@@ -157,25 +157,26 @@ class StepRecord:
     audit_violations: int = 0  # rows where realised > bound (must stay 0)
 
 
-def jsonable(obj):
-    """``obj`` with numpy arrays / scalars and dataclasses turned into JSON types (lists, floats,
-    ints, dicts); non-finite floats become None. For ``summary()`` and ``StepRecord``s."""
+def jsonable(obj, finite: bool = True):
+    """``obj`` with numpy arrays / scalars, tensors and dataclasses turned into plain Python (lists,
+    floats, ints, bools, dicts); ``finite``: non-finite floats become None (JSON). For ``summary()``
+    (plain, ``finite=False``: an infinite bound stays inf), ``summary_json()`` and ``StepRecord``s."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: jsonable(getattr(obj, f.name), finite) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v, finite) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
+        return [jsonable(v, finite) for v in obj]
     if isinstance(obj, torch.Tensor):
         obj = obj.detach().cpu().numpy()
     if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
+        return jsonable(obj.tolist(), finite)
     if isinstance(obj, (np.bool_, bool)):
         return bool(obj)
     if isinstance(obj, (np.integer, int)):
         return int(obj)
     if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(float(obj)) else None
+        return float(obj) if (math.isfinite(float(obj)) or not finite) else None
     return obj
 
 
@@ -1004,7 +1005,8 @@ class WitCertCache(Cache):
         return jsonable(self.summary())
 
     def summary(self) -> dict:
-        """Request-level record: maxima of the bounds, flags and page-ins (per sequence).
+        """Request-level record in plain Python values (lists per sequence, per layer × sequence; floats,
+        ints, strings; ``host``: ``HostReport.as_dict()``): maxima of the bounds, flags and page-ins.
         Raises if a forward's attention bypassed the meter (``check_metered``)."""
         self.check_metered()
         recs = self.records
@@ -1029,7 +1031,7 @@ class WitCertCache(Cache):
             # per (layer, head): Σ over the request's rows; summed over layers and heads ≤ δ_req
             out["delta_spent"] = float(sum(r.delta_spent for r in recs if r.layer == 0)) * self.num_layers * self.num_q_heads
             out["tier_b_caveat"] = TIER_B_CAVEAT
-        return out
+        return jsonable(out, finite=False)
 
     # -- the exact store's host memory (witcert.hostpool, witcert.hostcost)
     def _pool(self, pin: bool) -> HostPool | None:

@@ -23,6 +23,8 @@ MAX_KEYS = ("max_tv_a", "max_out_err", "max_tv_b", "steps", "metered_rows")
 SUM_KEYS = ("flagged_rows", "pagein_blocks", "pagein_bytes", "pagein_blocks_per_layer", "pagein_bytes_per_layer",
             "delta_spent")
 PASS_KEYS = ("scheme", "tier_b_caveat")
+#: gathered as objects into a list, one entry per rank (``host``: each rank's own host cost and pool)
+OBJECT_GATHER_KEYS = ("host",)
 #: gathered into a list, one entry per rank (each rank draws its own dither seed)
 GATHER_KEYS = ("seed",)
 
@@ -45,7 +47,7 @@ def reduce_summary(summary: dict, group=None) -> dict:
     """Reduce a ``WitCertCache.summary()`` over the ranks of ``group`` (all ranks must call)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("reduce_summary: torch.distributed is not initialized")
-    unknown = set(summary) - set(MAX_KEYS) - set(SUM_KEYS) - set(PASS_KEYS) - set(GATHER_KEYS) - {"median_tv_a"}
+    unknown = set(summary) - set(MAX_KEYS) - set(SUM_KEYS) - set(PASS_KEYS) - set(GATHER_KEYS) - set(OBJECT_GATHER_KEYS) - {"median_tv_a"}
     if unknown:
         raise ValueError(f"reduce_summary: no reduction defined for {sorted(unknown)}")
     out = {k: summary[k] for k in PASS_KEYS if k in summary}
@@ -56,10 +58,15 @@ def reduce_summary(summary: dict, group=None) -> dict:
             a = np.asarray(summary[k])
             t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64 if a.dtype.kind == "f" else np.int64))
             dist.all_reduce(t, op=op, group=group)
-            out[k] = t.numpy().astype(a.dtype)
+            out[k] = t.numpy().astype(a.dtype).reshape(a.shape).tolist()  # (ascontiguousarray makes a 0-d array 1-d)
     for k in GATHER_KEYS:
         if k in summary:
             parts = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
             dist.all_gather(parts, torch.tensor([int(summary[k])], dtype=torch.int64), group=group)
             out[k + "s"] = [int(p.item()) for p in parts]
+    for k in OBJECT_GATHER_KEYS:
+        if k in summary:
+            objs = [None] * dist.get_world_size(group)
+            dist.all_gather_object(objs, summary[k], group=group)
+            out[k + "s"] = objs
     return out
