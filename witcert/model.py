@@ -136,3 +136,15 @@ def load_model(path: str | os.PathLike | None = None, dtype=None, attn_implement
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model.eval()
     return model, tok
+
+
+def _model_dims(config):
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    Hq = text.num_attention_heads
+    Hkv = getattr(text, "num_key_value_heads", None) or Hq
+    D = getattr(text, "head_dim", None) or text.hidden_size // Hq
+    L = text.num_hidden_layers
+    rp = getattr(text, "rope_parameters", None) or {}
+    frac = rp.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0)) if isinstance(rp, dict) else 1.0
+    rot = int(D * frac)
+    return text, L, Hq, Hkv, D, rot - rot % 2
