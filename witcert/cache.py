@@ -59,7 +59,7 @@ from contract.sketch import DEFAULT_SKETCH_BITS, DEFAULT_WINDOW, check_bits, che
 from . import bounds as B
 from . import meter as M  # noqa: F401
 from . import schemes as S  # noqa: F401
-from .cache_attention import _allowed, _base_fn, _make_attention, register  # noqa: F401
+from .cache_attention import ServedAttention, _allowed, _base_fn, _make_attention, register  # noqa: F401
 from .cache_host import HostStores, host_bytes, reserve_host  # noqa: F401
 from .cache_kernel import KernelPath, _kernel_scheme, served_kv, served_sketch  # noqa: F401
 from .cache_layer import _ACTIVE, WitCertLayer, _ExactLayer  # noqa: F401
@@ -111,7 +111,7 @@ log = logging.getLogger("witcert.cache")
 _LOGGED_REF: dict = {}  # schemes whose "no kernel: reference path" decision was logged
 
 
-class WitCertCache(KernelPath, ReferencePath, HostStores, Cache):
+class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache):
     """See the module docstring. ``scheme``: any registered scheme (``witcert.schemes``);
     ``num_groups`` G and ``witness`` ("token" | "block") choose the witness layout;
     ``delta_req`` with ``schedule`` ("fixed" needs ``horizon`` = the maximum number of metered
@@ -447,6 +447,30 @@ class WitCertCache(KernelPath, ReferencePath, HostStores, Cache):
             out["tier_b_caveat"] = TIER_B_CAVEAT
         return jsonable(out, finite=False)
 
+    # -- the exact store (its host memory: witcert.cache_host)
+    def _open_stores(self, key_states: torch.Tensor, pin: bool) -> tuple[ExactStore, ExactStore]:
+        """A layer's (K, V) exact stores for a new request. At the request's first store the pool is asked
+        for every layer's K and V of this first forward at once (``HostPool.ensure_free``): a cold pool grows
+        in a few large slabs, and a budget that cannot hold them is refused (``HostPoolExhausted``) before
+        anything is allocated on the device or written."""
+        Bsz, H, m, D = key_states.shape
+        pool = self._pool(pin)
+        expect = self.max_tokens if pool is not None else None
+        if pool is not None and not self.host_cost.admitted:
+            stores = sum(1 for la in self.layers if isinstance(la, WitCertLayer))
+            tokens = first_chunk_tokens(m, expect)
+            need = 2 * stores * align(tokens * Bsz * H * D * key_states.element_size())
+            pool.ensure_free(need, self.host_cost, f"this request's exact store ({stores} layers x K and V x {tokens} "
+                             f"tokens x {Bsz} sequences x {H} kv heads x {D} x {key_states.element_size()} bytes)")
+            self.host_cost.admitted = True
+        kw = dict(pin=pin, pool=pool if pool is not None else False, cost=self.host_cost, expect=expect)
+        return (ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw), ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw))
+
+    @property
+    def _store_type(self) -> type:
+        """The exact store's class, read here at call time (``WitCertLayer``'s checks of its store; tests
+        substitute ``witcert.cache.ExactStore``)."""
+        return ExactStore
 
     @property
     def records(self) -> list[StepRecord]:
@@ -466,44 +490,6 @@ class WitCertCache(KernelPath, ReferencePath, HostStores, Cache):
         self.records.append(rec)
         if self.trace is not None:
             self.trace.record(rec, self)
-
-    # -- the served attention and its meter
-    def served_attention(self, module, query, attention_mask, scaling):
-        layer = self.layers[module.layer_idx]
-        layer._pending = None  # this layer's forward runs through the meter
-        Bsz, Hq, Lq, D = query.shape
-        if Hq != self.num_q_heads or D != self.head_dim:
-            raise ValueError(f"query [B, {Hq}, L, {D}] does not match the cache's model; a WitCertCache belongs to one model")
-        n = layer.k_hat.shape[-2]
-        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(D)
-        if layer.paged is not None:
-            allowed = None if attention_mask is None else _allowed(attention_mask, Bsz, Lq, layer.get_seq_length(), query.device)
-            return self._kernel_attention(layer, query, allowed, sm)
-        self.host_cost.sync("reference_path")
-        allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)
-        GQ = Hq // self.num_kv_heads
-        q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
-        al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
-        ev = self._evaluate(layer, q, al, sm)
-        if self.meter:
-            ev = self._meter_and_gate(layer, q, al, sm, ev)
-        o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
-        return o.to(query.dtype), None
-
-    def _page_in_counted(self, layer, b, h, blk) -> int:
-        """``layer.page_in`` with the request's accounting (blocks and bytes per layer and sequence)."""
-        self.host_cost.sync("page_in")
-        nbytes = layer.page_in(b, h, blk)
-        if nbytes:
-            self.pagein_blocks[layer.layer_idx, b] += 1
-            self.pagein_bytes[layer.layer_idx, b] += nbytes
-        return nbytes
-
-
-
-
-
-
 
 
 def _check_new_request(module, args, kwargs):

@@ -5,6 +5,7 @@ transformers' registries. ``use_witcert`` (``witcert.cache``) switches a model t
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Callable
 
@@ -73,3 +74,46 @@ def register() -> None:
     AttentionInterface.register("witcert_eager", _make_attention("eager"))
     ALL_MASK_ATTENTION_FUNCTIONS.register("witcert", sdpa_mask)
     ALL_MASK_ATTENTION_FUNCTIONS.register("witcert_eager", eager_mask)
+
+
+class ServedAttention:
+    """``WitCertCache``'s served attention (a mixin): the entry of the attention function above on the
+    served path, dispatched to the kernel path (``witcert.cache_kernel``) or the reference path
+    (``witcert.cache_reference``), and the page-in accounting both paths' gates call."""
+
+    def served_attention(self, module, query, attention_mask, scaling):
+        layer = self.layers[module.layer_idx]
+        layer._pending = None  # this layer's forward runs through the meter
+        Bsz, Hq, Lq, D = query.shape
+        if Hq != self.num_q_heads or D != self.head_dim:
+            raise ValueError(f"query [B, {Hq}, L, {D}] does not match the cache's model; a WitCertCache belongs to one model")
+        n = layer.k_hat.shape[-2]
+        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(D)
+        if layer.paged is not None:
+            allowed = None if attention_mask is None else _allowed(attention_mask, Bsz, Lq, layer.get_seq_length(), query.device)
+            return self._kernel_attention(layer, query, allowed, sm)
+        self.host_cost.sync("reference_path")
+        allowed = _allowed(attention_mask, Bsz, Lq, n, query.device)
+        GQ = Hq // self.num_kv_heads
+        q = query.detach().double().view(Bsz, self.num_kv_heads, GQ, Lq, D)
+        al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
+        ev = self._evaluate(layer, q, al, sm)
+        if self.meter:
+            ev = self._meter_and_gate(layer, q, al, sm, ev)
+        o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
+        return o.to(query.dtype), None
+
+    def _page_in_counted(self, layer, b, h, blk) -> int:
+        """``layer.page_in`` with the request's accounting (blocks and bytes per layer and sequence)."""
+        self.host_cost.sync("page_in")
+        nbytes = layer.page_in(b, h, blk)
+        if nbytes:
+            self.pagein_blocks[layer.layer_idx, b] += 1
+            self.pagein_bytes[layer.layer_idx, b] += nbytes
+        return nbytes
+
+
+
+
+
+

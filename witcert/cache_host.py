@@ -1,7 +1,8 @@
 """The exact store's host memory of ``WitCertCache`` (``witcert.hostpool``, ``witcert.hostcost``):
 ``host_bytes`` / ``reserve_host`` (sizing and pinning a request's store ahead of time) and
-``HostStores``, the cache's part that opens a layer's stores from the pool and reports what the
-request cost the host. Re-exported by ``witcert.cache``."""
+``HostStores``, the cache's part that picks the pool a layer's stores lease from and reports what
+the request cost the host (``WitCertCache._open_stores`` opens them: it reads
+``witcert.cache.ExactStore``). Re-exported by ``witcert.cache``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import dataclasses
 
 import torch
 
-from .cache_layer import WitCertLayer
 from .hostcost import HostReport
-from .hostpool import HostPool, align, store_bytes
+from .hostpool import HostPool, store_bytes
 from .model import _model_dims
-from .store import ExactStore, first_chunk_tokens
 
 
 def host_bytes(config, batch: int, tokens: int, dtype=torch.bfloat16) -> int:
@@ -43,24 +42,6 @@ class HostStores:
         if self.host_pool is None:
             return HostPool.default() if pin else None
         return self.host_pool
-
-    def _open_stores(self, key_states: torch.Tensor, pin: bool) -> tuple[ExactStore, ExactStore]:
-        """A layer's (K, V) exact stores for a new request. At the request's first store the pool is asked
-        for every layer's K and V of this first forward at once (``HostPool.ensure_free``): a cold pool grows
-        in a few large slabs, and a budget that cannot hold them is refused (``HostPoolExhausted``) before
-        anything is allocated on the device or written."""
-        Bsz, H, m, D = key_states.shape
-        pool = self._pool(pin)
-        expect = self.max_tokens if pool is not None else None
-        if pool is not None and not self.host_cost.admitted:
-            stores = sum(1 for la in self.layers if isinstance(la, WitCertLayer))
-            tokens = first_chunk_tokens(m, expect)
-            need = 2 * stores * align(tokens * Bsz * H * D * key_states.element_size())
-            pool.ensure_free(need, self.host_cost, f"this request's exact store ({stores} layers x K and V x {tokens} "
-                             f"tokens x {Bsz} sequences x {H} kv heads x {D} x {key_states.element_size()} bytes)")
-            self.host_cost.admitted = True
-        kw = dict(pin=pin, pool=pool if pool is not None else False, cost=self.host_cost, expect=expect)
-        return (ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw), ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw))
 
     def host_report(self) -> HostReport:
         """What the current request cost the host (``HostCost``: pinned bytes held, pool hits / misses,

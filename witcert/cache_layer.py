@@ -32,7 +32,7 @@ from contract.schemes import BLOCK_SCHEMES
 from . import bounds as B
 from . import schemes as S
 from .schemes import QuantContext, quantize
-from .store import ExactStore, append_pair
+from .store import append_pair
 
 log = logging.getLogger("witcert.cache")
 
@@ -113,11 +113,11 @@ class WitCertLayer(CacheLayerMixin):
         """The exact keys written so far [B, Hkv, n, D], after every pending asynchronous append has
         landed (``ExactStore.wait``: a host sync on CUDA when one is pending; a copy when the store
         spans chunks). Not for the hot path (``_exact(lo, hi)`` reads a window)."""
-        return self._ek.ready() if isinstance(self._ek, ExactStore) else self._ek
+        return self._ek.ready() if isinstance(self._ek, self.owner._store_type) else self._ek
 
     @property
     def exact_v(self) -> torch.Tensor:
-        return self._ev.ready() if isinstance(self._ev, ExactStore) else self._ev
+        return self._ev.ready() if isinstance(self._ev, self.owner._store_type) else self._ev
 
     # transformers' layer attributes ``keys`` / ``values``: the exact K / V [B, Hkv, n, D], read on
     # demand (a chunked store's tokens are gathered then; nothing is built per layer step). The base
@@ -140,7 +140,7 @@ class WitCertLayer(CacheLayerMixin):
 
     def _exact(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact (K, V) of tokens lo..hi [B, Hkv, hi − lo, D], after pending appends have landed."""
-        if isinstance(self._ek, ExactStore):
+        if isinstance(self._ek, self.owner._store_type):
             return self._ek.read(lo, hi), self._ev.read(lo, hi)
         return self._ek[..., lo:hi, :], self._ev[..., lo:hi, :]
 
@@ -150,7 +150,7 @@ class WitCertLayer(CacheLayerMixin):
     def get_seq_length(self) -> int:
         if not self.is_initialized:
             return 0
-        return len(self._ek) if isinstance(self._ek, ExactStore) else self._ek.shape[-2]
+        return len(self._ek) if isinstance(self._ek, self.owner._store_type) else self._ek.shape[-2]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -160,7 +160,7 @@ class WitCertLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         for st in (getattr(self, "_ek", None), getattr(self, "_ev", None)):
-            if isinstance(st, ExactStore):
+            if isinstance(st, self.owner._store_type):
                 st.release()  # its memory back to the host pool (kept pinned) for the next request
         self.is_initialized = False
         self.keys = self.values = None
@@ -173,7 +173,7 @@ class WitCertLayer(CacheLayerMixin):
         if not self.is_initialized:
             return
         idx = beam_idx.to(self.device).long()
-        if isinstance(self._ek, ExactStore):
+        if isinstance(self._ek, self.owner._store_type):
             self._ek.reorder(idx)
             self._ev.reorder(idx)
         else:
@@ -201,7 +201,7 @@ class WitCertLayer(CacheLayerMixin):
             return
         n = self.get_seq_length()
         n1 = max(0, n + int(tokens_to_remove))
-        if isinstance(self._ek, ExactStore):
+        if isinstance(self._ek, self.owner._store_type):
             self._ek.crop(n1)
             self._ev.crop(n1)
         else:
