@@ -135,7 +135,7 @@ def calibrate(model, tok, scheme: str = "int8", sketch_bits: int = DEFAULT_SKETC
     one forward pass over the calibration text; per (layer, kv head) the band energies of its query
     heads' queries and of the keys' sketch remainder r − r̃."""
     from witcert import bounds as B
-    from witcert.cache import _model_dims
+    from witcert.model import _model_dims
     from witcert.schemes import QuantContext, quantize, residual_range
 
     sketch_bits = check_bits(sketch_bits)

@@ -49,6 +49,7 @@ import torch
 
 from contract.schemes import BLOCK_SCHEMES
 
+from .records import GraphedRecords
 from .store import append_group
 
 log = logging.getLogger("witcert.graphs")
@@ -222,8 +223,6 @@ def step(orig, cache, args, kwargs):
 def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
     from kernels.decode import _sm_count, choose_splits
 
-    from .cache import GraphedRecords
-
     layer = cache.layers[0]
     dev = layer.device
 
@@ -287,8 +286,6 @@ def _capture(orig, cache, st, kwargs):
 def _after_step(cache, st: StaticStep) -> None:
     """The host side of one graphed step: the exact store's appends from the staging buffer
     (asynchronous), the step counters, and the step's record (a device copy)."""
-    from .cache import GraphedRecords
-
     cache.step += 1
     cache._row_range = (cache.rows_metered, 1)
     cache.rows_metered += 1
