@@ -210,54 +210,15 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
 
 
 @triton.jit
-def _dense_d(ts, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
-    """For each t of ``ts`` [TP]: max over λ ∈ {0} ∪ {1/β_c(t) : w_c > 0} of D(t, λ) minus its
-    rounding-error bound (EPSC · magnitude). D(t, ·) is concave piecewise linear with its
-    breakpoints at the 1/β_c, so this is the tight D (SPEC §3(c)). ``w, a, b`` [NBP] are the
-    row's masses, e^{L}, e^{-L}; SCR holds the ``nl`` live bins' (w > 0) three values in bin order
-    (scalar reads of bin c' in the loop form: a bin with w = 0 adds exactly +0 to both sums, so
-    only the live ones are visited). DENSE3D (interpreter): the [TP, NBP, NBP] form in one step."""
-    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
-    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
-    tm = (ts * m)[:, None]
-    if DENSE3D:
-        x = lam[:, :, None] * beta[:, None, :]
-        act = tl.maximum(x - 1.0, 0.0)
-        dsum = tl.sum(w[None, None, :] * act, axis=2)
-        msum = tl.sum(tl.where(act > 0, w[None, None, :] * (x + 1.0), 0.0), axis=2)
-    else:
-        dsum = tl.zeros_like(beta)
-        msum = tl.zeros_like(beta)
-        # bin c2 + 1's three values are loaded while bin c2's are used (the loop is latency-bound: a
-        # dependent scalar load per iteration otherwise); past nl they are read in bounds and unused
-        w2n = tl.load(SCR)
-        a2n = tl.load(SCR + NBP)
-        b2n = tl.load(SCR + 2 * NBP)
-        for c2 in range(nl):
-            w2 = w2n
-            a2 = a2n
-            b2 = b2n
-            nx = tl.minimum(c2 + 1, NBP - 1)
-            w2n = tl.load(SCR + nx)
-            a2n = tl.load(SCR + NBP + nx)
-            b2n = tl.load(SCR + 2 * NBP + nx)
-            x = lam * ((1.0 - ts)[:, None] * a2 + ts[:, None] * b2)
-            act = tl.maximum(x - 1.0, 0.0)
-            dsum += w2 * act
-            msum += tl.where(act > 0, w2 * (x + 1.0), 0.0)
-    D = lam * tm - dsum
-    mag = lam * tm + msum + 1.0
-    return tl.maximum(tl.max(D - EPSC * mag, axis=1), 0.0)
-
-
-@triton.jit
 def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
     """For each interval [t, t + h] of ``ts`` [TP]: a sound upper value of the tilt bound on it (SPEC §3(c) with
     endpoints, Lean ``WitCert.tilt_tv_le_dual_grid_endpoints``): for any λ ≥ 0, D(·, λ) is concave in t (β is
     affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and its maximum on the interval is at an end:
     U = min over λ ∈ {1/β_c(t) : w_c > 0} of max(g(t), g(t + h)), each D minus its rounding-error bound, and
     at most t + h (λ = 0). The width h is not added: the coarse grid's slack is second order (the former form
-    t + h − D(t, λ) carried h itself). ``w, a, b``, SCR, ``nl``, DENSE3D: as ``_dense_d``."""
+    t + h − D(t, λ) carried h itself). ``w`` [NBP] bin weights with ``a``/``b`` their β at t = 0 / 1 (DENSE3D:
+    one [TP, NBP, NBP] broadcast); else the live bins packed at the front of SCR (weights, a, b; ``nl`` of them),
+    walked in a loop that loads bin c + 1 while bin c is used. ``EPSC``: the relative rounding bound of a D."""
     beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
     lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
     t1 = ts + h
@@ -353,7 +314,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     if lmax == 0:
         tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
     elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
-        # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_d
+        # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_u
         # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
         live_i = live.to(tl.int32)
         pos = tl.cumsum(live_i, axis=0) - 1

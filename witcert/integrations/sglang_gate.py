@@ -1,5 +1,48 @@
-"""The gate of WitCert's SGLang patch (``witcert.integrations.sglang``'s module doc, "Gate"); split
-out of ``sglang.py``, names re-exported there."""
+"""The gate of WitCert's SGLang patch; split out of ``sglang.py``, names re-exported there.
+
+Gate (``install(..., gate=witcert.gate.Gate(...), exact_store=...)``; scheme "sglang" only).
+SGLang keeps no exact KV, so the operator supplies it: ``exact_store(layer_id, slots) -> (k, v)``
+([m, Hkv, D], the K/V the model handed ``set_kv_buffer`` for those token slots, before SGLang's
+scale division), or ``HostExactStore()``, which the patched write keeps current (a host copy of
+the whole cache in the model dtype; a reused slot is overwritten). Per metered call:
+
+1. the first pass is the metered decode above; ``witcert.gate.exceeds`` against τ (τ_v) on its
+   record, then one host sync (``any``). No row over τ: nothing else happens (record, output
+   and trace are those of the ungated path).
+2. Rows with some query head over τ are copied into an **overlay**: a ``PagedKV`` of scheme
+   "none" in q's dtype holding each such row's tokens compacted (block size 1: a block is one
+   slot): rnd(k̂), rnd(v̂) of SGLang's stored values, with witnesses W ⊕ ‖rnd(k̂) − k̂‖ (the
+   triangle inequality, rounded up; W itself where rnd(k̂) = k̂).
+3. ``witcert.gate.repair`` runs the gate's policy per (row, kv head) with ``block_risk`` (block
+   size 1) computed from a float32/float64 reference evaluation of those rows on the overlay
+   (p̂ and ε per token: the kernel does not return them). A page-in calls ``exact_store`` for the
+   slot (memoised within the call), checks the store against the slot's witnesses
+   (‖k̂ − k_store‖[g] ≤ W[g] and ‖v̂ − v_store‖ ≤ φ, which the true exact values satisfy by
+   construction; else the page-in is refused and counted in ``STATE.gate_rejected``), writes
+   the exact K/V into the overlay in q's dtype and sets that token's witnesses to the fp64
+   residual of what was written (0 when the exact value is representable, as a bf16 model's K/V
+   are); every round that paged in re-runs the metered kernel on the overlay rows.
+4. The rows that paged in get the overlay's output in SGLang's ``o`` / ``attn_lse`` and its
+   meter rows in the record (``tv_pre`` keeps the first pass); the others keep the first pass.
+   A certified gate flags (``budget_spent``) the rows still over τ. ``STATE.gate_log`` keeps a
+   ``GateReport`` per gated call.
+
+Soundness: the bound of every returned row is the metered kernel's on exactly the values that
+row was served from, with witnesses ≥ the true residual norms (SGLang's, the triangle-inequality
+sum, or the residual of the written exact value); the gate's risk ranking and the store check
+only choose and refuse page-ins. The one assumption is the store's: its values are the exact
+K/V of the slot (the witness check catches a stale or wrong slot whose residual exceeds the
+witness, not every wrong value); ``HostExactStore`` meets it by construction.
+Why an overlay and not SGLang's buffers: an fp8 code cannot hold the exact value, and SGLang's
+bf16/fp16 write already stored the nearest representable one (its witness is already the
+residual: 0 for a model of that dtype), so writing the buffers would repair nothing; zeroing the
+side-buffer witnesses of a slot whose fp8 code is unchanged would make later bounds unsound.
+So the repair is per call (not persistent across steps: the next call meters SGLang's buffers
+again and pages in from the store again). Costs, only when a gate is installed and a row is
+over τ: the overlay (the over-τ rows' tokens in q's dtype), host syncs in the repair loop, one
+store call per slot, one kernel launch per round. ``scheme=<ours>`` with a gate is refused (the
+overlay would need a dequantizer of our codes), and so is Tier B.
+"""
 
 from __future__ import annotations
 
