@@ -254,49 +254,35 @@ def _move_store(side, tgt, src):
         _count(f"exact store move: {type(e).__name__}: {e}")
 
 
-def wrap_load_cpu_copy(orig):
-    """``load_cpu_copy(kv_cache_cpu, indices, ...)``: the loaded slots are unmetered until rewritten."""
+def _unmetering(name: str, slots: tuple[int, str] | None):
+    """A wrapper factory for a pool method that changes KV without a recorded write: after the call (also
+    when it raises) the slots it names are unmetered until rewritten — the argument at positional index /
+    keyword ``slots`` (after ``self``), or every slot (``slots`` None)."""
 
-    def load_cpu_copy(self, kv_cache_cpu, indices, *args, **kwargs):
-        try:
-            return orig(self, kv_cache_cpu, indices, *args, **kwargs)
-        finally:
-            for _, side in sides_of(self):
-                mark_unmetered(side, indices)
+    def wrap(orig):
+        def wrapper(self, *args, **kwargs):
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                idx = None if slots is None else kwargs.get(slots[1], args[slots[0]] if len(args) > slots[0] else None)
+                for _, side in sides_of(self):
+                    mark_unmetered(side, idx)  # (None: every slot, the conservative reading)
 
-    load_cpu_copy.__wrapped__ = orig
-    load_cpu_copy.__witcert__ = "poison"
-    return load_cpu_copy
+        wrapper.__name__ = wrapper.__qualname__ = name
+        wrapper.__doc__ = orig.__doc__
+        wrapper.__wrapped__ = orig
+        wrapper.__witcert__ = "poison"
+        return wrapper
 
-
-def wrap_set_kv_buffer_prefix_valid(orig):
-    """``set_kv_buffer_prefix_valid(layer, loc_2d, ...)``: every slot of ``loc_2d`` unmetered (all layers)."""
-
-    def set_kv_buffer_prefix_valid(self, layer, loc_2d, *args, **kwargs):
-        try:
-            return orig(self, layer, loc_2d, *args, **kwargs)
-        finally:
-            for _, side in sides_of(self):
-                mark_unmetered(side, loc_2d)
-
-    set_kv_buffer_prefix_valid.__wrapped__ = orig
-    set_kv_buffer_prefix_valid.__witcert__ = "poison"
-    return set_kv_buffer_prefix_valid
+    return wrap
 
 
-def wrap_finalize_backing_tokens(orig):
-    """``_finalize_backing_tokens``: the backing (and maybe the buffers) change: every slot unmetered."""
-
-    def _finalize_backing_tokens(self, *args, **kwargs):
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            for _, side in sides_of(self):
-                mark_unmetered(side, None)
-
-    _finalize_backing_tokens.__wrapped__ = orig
-    _finalize_backing_tokens.__witcert__ = "poison"
-    return _finalize_backing_tokens
+#: ``load_cpu_copy(kv_cache_cpu, indices, ...)``: the loaded slots are unmetered until rewritten
+wrap_load_cpu_copy = _unmetering("load_cpu_copy", (1, "indices"))
+#: ``set_kv_buffer_prefix_valid(layer, loc_2d, ...)``: every slot of ``loc_2d`` unmetered (all layers)
+wrap_set_kv_buffer_prefix_valid = _unmetering("set_kv_buffer_prefix_valid", (1, "loc_2d"))
+#: ``_finalize_backing_tokens``: the backing (and maybe the buffers) change: every slot unmetered
+wrap_finalize_backing_tokens = _unmetering("_finalize_backing_tokens", None)
 
 
 def wrap_host_load(orig):
