@@ -351,7 +351,7 @@ def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
     import numpy as np
 
     import kernels.epilogue as E
-    from witcert import bounds as B
+    from witcert.bounds import dual_grid as G
 
     def bad():
         return failed(C.check_tilt_endpoints(np.random.default_rng(0)))
@@ -363,15 +363,15 @@ def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
     assert bad() == ["torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)"]
     monkeypatch.setattr(E, "_interval_upper", real_u)
     # the reference's right-end D too large (its upper values too small)
-    real_d = B._dual_at
-    monkeypatch.setattr(B, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)
+    real_d = G._dual_at
+    monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)
     assert bad() == ["reference tilt (fixed grid) = max_i max(g(t_i), g(t_i+1)), g = t − D(t, λ_i)"]
-    monkeypatch.setattr(B, "_dual_at", real_d)
+    monkeypatch.setattr(G, "_dual_at", real_d)
     # a negative λ (the theorem needs λ_i ≥ 0)
-    real_l = B._lambda_at
-    monkeypatch.setattr(B, "_lambda_at", lambda *a: -real_l(*a))
+    real_l = G._lambda_at
+    monkeypatch.setattr(G, "_lambda_at", lambda *a: -real_l(*a))
     assert "reference tilt: every λ_i ≥ 0" in bad()
-    monkeypatch.setattr(B, "_lambda_at", real_l)
+    monkeypatch.setattr(G, "_lambda_at", real_l)
     # the kernel's rounding term with the wrong sign (its g below t − D(t, λ))
     import os
 
