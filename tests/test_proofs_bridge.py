@@ -250,10 +250,11 @@ def test_a_false_chain_statement_is_falsified():
     # the Lean RoPE formulas match the code; a wrong pairing (interleaved read as half) does not
     import numpy as np
 
+    from proofs_bridge.falsify import tier_a
     from witcert import bounds as B
 
     x = [0.3, -1.2, 0.7, 2.0]
-    y = Fz._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])
+    y = tier_a._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])
     ref = B.rope(np.array([x]), np.array([1]), theta=10000.0, layout="half", rotary_dim=4)[0]
     assert max(abs(float(a) - b) for a, b in zip(y, ref)) > 1e-3
 
