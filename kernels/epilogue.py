@@ -102,7 +102,7 @@ class MeterRecord:
 def _dual_lower(ts: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor):
     """Safe lower value of D(t, λ_tight) per (row, t), and the float value.
 
-    ts [R, T]; w, a, b [R, K]; m [R]. Mirrors ``witcert.bounds._dual_values``.
+    ts [R, T]; w, a, b [R, K]; m [R]. Mirrors ``witcert.bounds.dual_grid._dual_values``.
     """
     beta = (1.0 - ts)[..., None] * a[:, None, :] + ts[..., None] * b[:, None, :]  # [R, T, K]
     bs, order = torch.sort(beta, dim=-1, descending=True)

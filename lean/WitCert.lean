@@ -15,6 +15,6 @@ import WitCert.Request
 # WitCert: the theorems of SPEC §9
 
 One file per SPEC section; the module docstring of each file maps its theorems to the SPEC
-sections, the Python reference (`witcert/bounds.py`) and the kernel lines that use them.
+sections, the Python reference (`witcert/bounds/`) and the kernel lines that use them.
 `proofs_bridge/` parses the statements and checks them against the Python formulas.
 -/

@@ -295,10 +295,11 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
 
     * the epilogue's torch twin ``kernels.epilogue._interval_upper`` (= the kernel's ``_dense_u``) per interval;
     * the fp64 reference ``witcert.bounds.tv_bound_tilt`` on its first grid (``max_points=33``: 32 intervals,
-      λ_i = ``_lambda_at`` at the left end, the right end's D from ``_dual_at``), every λ_i ≥ 0;
+      λ_i = ``dual_grid._lambda_at`` at the left end, the right end's D from ``dual_grid._dual_at``), every λ_i ≥ 0;
     * the kernel (``_tv_row`` through ``tv_from_hist(force_kernel=True)``): its tilt is the maximum over its grid
       (COARSE intervals, the REFINE_TOP largest split into REFINE) of the formula's interval values."""
     from witcert import bounds as B
+    from witcert.bounds import dual_grid
 
     out = []
     data = _endpoint_rows(rng, rows, K)
@@ -309,7 +310,7 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
         got = float(B.tv_bound_tilt(w[None], x[None], max_points=33)[0])
         live = w > 0
         wl, xl = w[live], x[live]
-        lam = B._lambda_at(ts, wl, np.exp(xl), np.exp(-xl), float(np.dot(wl, np.exp(-xl))))
+        lam = dual_grid._lambda_at(ts, wl, np.exp(xl), np.exp(-xl), float(np.dot(wl, np.exp(-xl))))
         ok_lam &= bool(np.all(lam >= 0))  # hlam
         up = np.minimum(_ENDS(_g_formula(ts[:-1], lam[:-1], wl, xl), _g_formula(ts[1:], lam[:-1], wl, xl)), ts[1:])
         want = min(1.0, max(0.0, float(up.max())))

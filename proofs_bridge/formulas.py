@@ -421,7 +421,7 @@ LEAN_DEFS.update({
 # For λ ≥ 0, t ↦ D(t, λ) is concave (β affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and
 # its maximum on an interval [t₀, t₁] is at an end: any cover of [0, 1] by intervals, each with its own
 # λ_i ≥ 0 and both end values ≤ B, gives TV ≤ B. The epilogue (kernels/epilogue.py: `_dense_u`, its torch
-# twin `_interval_upper`) and the fp64 reference (`witcert.bounds._tilt_row`) take per interval the least,
+# twin `_interval_upper`) and the fp64 reference (`witcert.bounds.dual_grid._tilt_row`) take per interval the least,
 # over their candidate λ (λ = 0 included: g = t, the cap t₁), of the larger end value.
 #: D(t, λ) = Σ_k w_k DUAL_ITEM(x_k) for a distribution w over the levels x_k (LEAN_DEFS["dualD"] term by term:
 #: λ t Σ_k w_k e^{−x_k} − Σ_k w_k (λ β(t, x_k) − 1)₊)

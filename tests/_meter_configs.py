@@ -10,7 +10,7 @@ float64 model, fp8, and the reviewed underflowed-p̂ case. It returns a flat dic
 was written by the code *before* the meter was moved into ``witcert.meter`` (commit 4a0bbb8), and pins the
 group-witness radius: every cache here is built with ``sketch_bits=0`` and no exact window (the sketch
 radius and the window are tested in tests/test_sketch_window.py). Re-recorded 2026-12-04 (issue 33) when the
-dual-grid tilt took its endpoint form (``witcert.bounds._tilt_row``: each interval's upper value at its ends,
+dual-grid tilt took its endpoint form (``witcert.bounds.dual_grid._tilt_row``: each interval's upper value at its ends,
 never above the former t_{i+1} − D(t_i, λ_i) for the same λ): 585 of 1673 arrays moved, tilts within the
 branch-and-bound tolerance, and four certified gates paged in fewer blocks (their bounds are tighter);
 except the six ``*kivi2*`` configurations: re-recorded (branch kivi2-kernel) when kivi2 took the

@@ -250,10 +250,11 @@ def test_a_false_chain_statement_is_falsified():
     # the Lean RoPE formulas match the code; a wrong pairing (interleaved read as half) does not
     import numpy as np
 
+    from proofs_bridge.falsify import tier_a
     from witcert import bounds as B
 
     x = [0.3, -1.2, 0.7, 2.0]
-    y = Fz._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])
+    y = tier_a._rope_ilv_lean(2, [mp.mpf(1.0), mp.mpf(0.01)], [mp.mpf(a) for a in x])
     ref = B.rope(np.array([x]), np.array([1]), theta=10000.0, layout="half", rotary_dim=4)[0]
     assert max(abs(float(a) - b) for a, b in zip(y, ref)) > 1e-3
 
@@ -351,7 +352,7 @@ def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
     import numpy as np
 
     import kernels.epilogue as E
-    from witcert import bounds as B
+    from witcert.bounds import dual_grid as G
 
     def bad():
         return failed(C.check_tilt_endpoints(np.random.default_rng(0)))
@@ -363,15 +364,15 @@ def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
     assert bad() == ["torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)"]
     monkeypatch.setattr(E, "_interval_upper", real_u)
     # the reference's right-end D too large (its upper values too small)
-    real_d = B._dual_at
-    monkeypatch.setattr(B, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)
+    real_d = G._dual_at
+    monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)
     assert bad() == ["reference tilt (fixed grid) = max_i max(g(t_i), g(t_i+1)), g = t − D(t, λ_i)"]
-    monkeypatch.setattr(B, "_dual_at", real_d)
+    monkeypatch.setattr(G, "_dual_at", real_d)
     # a negative λ (the theorem needs λ_i ≥ 0)
-    real_l = B._lambda_at
-    monkeypatch.setattr(B, "_lambda_at", lambda *a: -real_l(*a))
+    real_l = G._lambda_at
+    monkeypatch.setattr(G, "_lambda_at", lambda *a: -real_l(*a))
     assert "reference tilt: every λ_i ≥ 0" in bad()
-    monkeypatch.setattr(B, "_lambda_at", real_l)
+    monkeypatch.setattr(G, "_lambda_at", real_l)
     # the kernel's rounding term with the wrong sign (its g below t − D(t, λ))
     import os
 

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import os
 import secrets
 import weakref
 
@@ -51,14 +49,26 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
-from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
-from contract.sketch import DEFAULT_SKETCH_BITS, DEFAULT_WINDOW, check_bits, check_window
+from contract.schemes import BLOCK_SCHEMES
+from contract.sketch import DEFAULT_WINDOW, check_bits, check_window
 
 # (the F401 exemptions: names re-exported from the modules this one was split into by concern, issue 34, and
 # the names it imported before; ``from witcert.cache import NAME`` keeps working for each)
 from . import bounds as B
 from . import meter as M  # noqa: F401
 from . import schemes as S  # noqa: F401
+from .cache_args import (
+    _check_cache_weights,
+    check_backend,
+    check_compress_layers,
+    check_cuda_graph,
+    check_host_pool,
+    check_request_args,
+    check_seed,
+    check_sketch_layout,
+    check_tilt_above,
+    default_sketch_bits,
+)
 from .cache_attention import ServedAttention, _allowed, _base_fn, _make_attention, register  # noqa: F401
 from .cache_host import HostStores, host_bytes, reserve_host  # noqa: F401
 from .cache_kernel import KernelPath, _kernel_scheme, served_kv, served_sketch  # noqa: F401
@@ -81,25 +91,6 @@ from .store import ExactStore, append_pair, first_chunk_tokens  # noqa: F401
 
 #: (re-exported) BLOCK_SCHEMES: schemes whose key statistics are taken over a block of tokens,
 #: quantized per full block (``contract.schemes``: granularity "block")
-
-
-def _check_cache_weights(weights, L: int, Hkv: int, D: int, scheme: str):
-    """The sketch radius's channel weights as a float64 [L, Hkv, D] array of powers of two, or None
-    (all 1): from a ``witcert.calibrate.Calibration`` or an array of that shape."""
-    if weights is None:
-        return None
-    from .calibrate import Calibration, check_weights
-
-    if isinstance(weights, Calibration):
-        if weights.scheme != scheme:
-            log.warning("weights: calibrated for scheme %s, used with %s (sound with any weights; maybe looser)",
-                        weights.scheme, scheme)
-        weights = weights.weights
-    w = np.asarray(weights.detach().cpu() if isinstance(weights, torch.Tensor) else weights, dtype=np.float64)
-    if w.shape != (L, Hkv, D):
-        raise ValueError(f"weights: expected [{L} layers, {Hkv} kv heads, {D}] for this model, got shape {w.shape}")
-    check_weights(w)
-    return w
 
 
 #: the exact window of a cache built with ``window="default"`` (``contract.sketch.DEFAULT_WINDOW``: the first 4
@@ -156,80 +147,63 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         get_scheme(scheme)  # ValueError naming the known schemes
         check_supported_config(config)  # NotImplementedError: attention logit soft-capping (Gemma-2)
         text, L, Hq, Hkv, D, rot = _model_dims(config)
-        if gate is not None and not isinstance(gate, Gate):
-            raise ValueError(f"gate: expected a witcert.cache.Gate, got {type(gate).__name__}")
-        if gate is not None and not meter:
-            raise ValueError("gate: gating needs the meter (meter=True)")
-        if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
-            raise ValueError(f"block_size: expected a power of two, got {block_size!r}")
-        if witness not in ("token", "block"):
-            raise ValueError(f"witness: expected 'token' or 'block', got {witness!r}")
-        if schedule not in ("fixed", "anytime"):
-            raise ValueError(f"schedule: expected 'fixed' or 'anytime', got {schedule!r}")
-        if delta_req is not None:
-            if scheme != "int8_dither":
-                raise ValueError("delta_req: Tier B (SPEC §5) is defined for the int8_dither scheme only")
-            if schedule == "fixed" and horizon is None:
-                raise ValueError("schedule 'fixed' needs horizon= (the maximum number of decode steps)")
-            B.step_budget(delta_req, L, Hq, **({"horizon": horizon} if schedule == "fixed" else {"step": 1}))
-        if gate is not None and gate.tier == "B" and delta_req is None:
-            raise ValueError("Gate(tier='B') needs delta_req (Tier B budget)")
+        check_request_args(scheme, gate, meter, block_size, witness, schedule, delta_req, horizon, L, Hq)
         self.config = text
         self.num_layers, self.num_q_heads, self.num_kv_heads, self.head_dim = L, Hq, Hkv, D
         if Hq % Hkv:
             raise ValueError(f"model: {Hq} query heads are not a multiple of {Hkv} kv heads")
         self.scheme, self.meter, self.gate = scheme, bool(meter), gate
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
-            raise ValueError(f"seed: expected an int in [0, 2^32) or None (fresh per request), got {seed!r}")
+        check_seed(seed)
         self.block_size, self.witness = block_size, witness
         self._fixed_seed = seed
         self.seed = self._draw_seed()
         self.num_groups = num_groups
         self.groups = B.group_slices(D, num_groups, rot if rot < D else None, "half")
-        # the key radius (SPEC §2 as amended by issue 33, contract.sketch): a sketch_bits residual sketch
-        # and channel weights (the sketch radius ε_hj = c_h (W_j + u_j)); with neither, the group
-        # Cauchy–Schwarz radius of the G witnesses. The exact window: the first / last tokens served exact
-        if sketch_bits is None:  # the scheme table's default (user schemes: the library's); none with G > 1 / blocks
-            grouped = num_groups != 1 or witness != "token"
-            sketch_bits = 0 if grouped else (SCHEMES[scheme].default_sketch_bits if scheme in SCHEMES
-                                             else DEFAULT_SKETCH_BITS)
-        self.sketch_bits = check_bits(sketch_bits)
-        self.window = check_window(CACHE_DEFAULT_WINDOW if isinstance(window, str) and window == "default" else window)
-        self.weights = _check_cache_weights(weights, L, Hkv, D, scheme)
-        self.sketch = self.sketch_bits > 0 or self.weights is not None
-        if self.sketch and (num_groups != 1 or witness != "token"):
-            raise ValueError("sketch_bits / weights: the sketch radius takes one per-token witness (num_groups=1, "
-                             "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
+        self._set_key_radius(sketch_bits, window, weights)
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
-        if backend not in ("auto", "reference", "kernel"):
-            raise ValueError(f"backend: expected 'auto', 'reference' or 'kernel', got {backend!r}")
-        if backend == "kernel":
-            from kernels.paged import SUPPORTED_HEAD_DIMS
-
-            why = []
-            if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
-                why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "
-                           "triton to run the kernels on the CPU, slowly)")
-            if not _kernel_scheme(scheme):
-                why.append(f"scheme {scheme!r} has no kernel (kernel schemes: "
-                           f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n))})")
-            if D not in SUPPORTED_HEAD_DIMS:
-                why.append(f"head_dim {D} is not supported by the kernels {SUPPORTED_HEAD_DIMS}")
-            if num_groups != 1 or witness != "token" or block_size != 16:
-                why.append("the kernel path serves caches with G = 1 per-token witnesses, T = 16")
-            if not 1 <= Hq // Hkv <= 8:
-                why.append(f"GQA group {Hq // Hkv} is outside the kernels' 1..8")
-            if why:
-                raise ValueError("backend='kernel': " + "; ".join(why))
+        check_backend(backend, scheme, D, num_groups, witness, block_size, Hq, Hkv)
         self.backend = backend
-        if tilt_above is not None and not (isinstance(tilt_above, (int, float)) and math.isfinite(tilt_above)):
-            raise ValueError(f"tilt_above: expected a finite number or None, got {tilt_above!r}")
-        # (kernels.decode's tilt_above: rows whose closed-form TV⁺ is ≤ it skip the dual-grid tilt
-        # and report tilt 1, rows whose coarse grid settles it skip the refinement; TV⁺ stays sound;
-        # None: the tilt on every row, refined)
-        self.tilt_above = -1.0 if tilt_above is None else float(tilt_above)
+        self.tilt_above = check_tilt_above(tilt_above)
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)
+        self._new_step_state(L)
+        # trace: a sink with .record(rec, cache) (witcert.trace.Tracer, witcert.metrics.PrometheusMetrics,
+        # witcert.trace.Tee of several) handed every StepRecord; None: no cost
+        self.trace = trace
+        # compress_layers: layer indices served compressed and metered; the others are exact,
+        # unmetered transformers DynamicLayers (the layer sweep, witcert.sweep)
+        self.compress_layers = compress_layers = check_compress_layers(compress_layers, L)
+        # cuda_graph: decode steps captured once and replayed (witcert.graphs, docs/cache.md "CUDA graphs")
+        check_cuda_graph(cuda_graph, backend=backend, scheme=scheme, gate=gate, delta_req=delta_req, audit=audit,
+                         compress_layers=compress_layers, meter=self.meter)
+        self.cuda_graph = cuda_graph
+        # host_pool: where the exact store's host memory comes from (witcert.hostpool): None, the process-wide
+        # pinned HostPool on CUDA (plain per-store memory elsewhere); a HostPool; False, per-store pinned
+        # allocation as before the pool. host_cost: what the current request cost the host (summary()["host"])
+        check_host_pool(host_pool)
+        self.host_pool = host_pool
+        self.host_cost = HostCost()
+        self._weak = weakref.ref(self)  # what _ACTIVE holds (made once: no allocation per layer step)
+        self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
+        self._graph = None  # witcert.graphs: the captured step and its static buffers
+        self._graph_off = None  # why this request's steps are not graphed (None: they are)
+        super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
+                                 else _ExactLayer() for i in range(L)])
+
+    def _set_key_radius(self, sketch_bits, window, weights) -> None:
+        """The key radius (SPEC §2 as amended by issue 33, contract.sketch): a ``sketch_bits`` residual sketch
+        and channel ``weights`` (the sketch radius ε_hj = c_h (W_j + u_j)); with neither, the group
+        Cauchy–Schwarz radius of the G witnesses. The exact ``window``: the first / last tokens served exact
+        ("default": ``CACHE_DEFAULT_WINDOW``, read here at call time)."""
+        sketch_bits = default_sketch_bits(sketch_bits, self.scheme, self.num_groups, self.witness)
+        self.sketch_bits = check_bits(sketch_bits)
+        self.window = check_window(CACHE_DEFAULT_WINDOW if isinstance(window, str) and window == "default" else window)
+        self.weights = _check_cache_weights(weights, self.num_layers, self.num_kv_heads, self.head_dim, self.scheme)
+        self.sketch = self.sketch_bits > 0 or self.weights is not None
+        check_sketch_layout(self.sketch, self.num_groups, self.witness)
+
+    def _new_step_state(self, L: int) -> None:
+        """The per-request step state of a new cache: counters, records, memos, page-in accounting."""
         self.step = 0
         self.rows_metered = 0  # metered query rows so far (Tier B budget index)
         self._row_range = (0, 0)  # rows of the current forward: (first, count)
@@ -239,48 +213,6 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         self._lens_memo = None  # _kernel_attention: this step's seq_lens tensor, shared by the layers
         self.pagein_blocks = np.zeros((L, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((L, 0), dtype=np.int64)
-        # trace: a sink with .record(rec, cache) (witcert.trace.Tracer, witcert.metrics.PrometheusMetrics,
-        # witcert.trace.Tee of several) handed every StepRecord; None: no cost
-        self.trace = trace
-        # compress_layers: layer indices served compressed and metered; the others are exact,
-        # unmetered transformers DynamicLayers (the layer sweep, witcert.sweep)
-        if compress_layers is not None:
-            compress_layers = frozenset(compress_layers)
-            if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < L for i in compress_layers):
-                raise ValueError(f"compress_layers: expected layer indices in [0, {L}), got {sorted(compress_layers)!r}")
-        self.compress_layers = compress_layers
-        # cuda_graph: decode steps captured once and replayed (witcert.graphs, docs/cache.md "CUDA graphs")
-        if not isinstance(cuda_graph, bool):
-            raise ValueError(f"cuda_graph: expected True or False, got {cuda_graph!r}")
-        if cuda_graph:
-            why = [reason for bad, reason in (
-                (backend == "reference", "backend='reference' (graphs replay the kernel path)"),
-                (not _kernel_scheme(scheme) or scheme in BLOCK_SCHEMES,
-                 f"scheme {scheme!r} (graphed: the per-token kernel schemes "
-                 f"{sorted(n for n in KERNEL_SCHEME_IDS if _kernel_scheme(n) and n not in BLOCK_SCHEMES)}; a block "
-                 "scheme holds its partial page on the host's schedule)"),
-                (gate is not None, "a gate (it decides page-ins on the host every step)"),
-                (delta_req is not None, "delta_req (Tier B's budget changes every step)"),
-                (audit, "audit=True (the float64 reference path)"),
-                (compress_layers is not None, "compress_layers (its exact layers grow by concatenation)"),
-                (not self.meter, "meter=False"),
-            ) if bad]
-            if why:
-                raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
-        self.cuda_graph = cuda_graph
-        # host_pool: where the exact store's host memory comes from (witcert.hostpool): None, the process-wide
-        # pinned HostPool on CUDA (plain per-store memory elsewhere); a HostPool; False, per-store pinned
-        # allocation as before the pool. host_cost: what the current request cost the host (summary()["host"])
-        if host_pool is not None and host_pool is not False and not isinstance(host_pool, HostPool):
-            raise ValueError(f"host_pool: expected None, False or a witcert.hostpool.HostPool, got {host_pool!r}")
-        self.host_pool = host_pool
-        self.host_cost = HostCost()
-        self._weak = weakref.ref(self)  # what _ACTIVE holds (made once: no allocation per layer step)
-        self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
-        self._graph = None  # witcert.graphs: the captured step and its static buffers
-        self._graph_off = None  # why this request's steps are not graphed (None: they are)
-        super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
-                                 else _ExactLayer() for i in range(L)])
 
     # -- bookkeeping
     def quantized_range(self, n: int) -> tuple[int, int]:

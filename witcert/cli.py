@@ -183,7 +183,13 @@ def build_parser() -> A.OneLineParser:
     ap.add_argument("--version", action="version", version=f"witcert {__version__}")
     ap.add_argument("-v", "--verbose", action="store_true", help="log decisions (INFO)")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,tightness,trace}")
+    d, e, g, t = _add_demo(sub), _add_eval(sub), _add_tightness(sub), _add_trace(sub)
+    ap.subcommands = {"demo": d, "eval": e, "tightness": g, "trace": t}
+    return ap
 
+
+def _add_demo(sub) -> A.OneLineParser:
+    """``witcert demo``: meter and gate a compressed KV cache on the embedded model (or the synthetic workload)."""
     d = sub.add_parser("demo", help="meter and gate a compressed KV cache on the embedded model")
     d.add_argument("--tokens", type=A.int_at_least(64), default=2000, help="prompt length (needle in a haystack), >= 64")
     d.add_argument("--new-tokens", type=A.int_at_least(2), default=10,
@@ -212,13 +218,21 @@ def build_parser() -> A.OneLineParser:
     d.add_argument("--lengths", type=A.int_list(16), default=[1024, 4096, 16384], help="--synthetic: context lengths (>= 16)")
     d.add_argument("--steps", type=A.int_at_least(1), default=8, help="--synthetic: steps per length (>= 1)")
     d.set_defaults(func=_demo)
+    return d
 
+
+def _add_eval(sub) -> A.OneLineParser:
+    """``witcert eval``: its arguments are ``witcert.quality``'s."""
     from .quality import add_eval_arguments
 
     e = sub.add_parser("eval", help="quality evaluation: accuracy exact / ungated / gated per scheme; --sweep-layers")
     add_eval_arguments(e)
     e.set_defaults(func=_eval)
+    return e
 
+
+def _add_tightness(sub) -> A.OneLineParser:
+    """``witcert tightness``: the bound against the realised TV on the embedded model."""
     g = sub.add_parser("tightness", help="the meter's bound against the realised TV on the embedded model (rows, "
                                          "violations, medians, coverage, bytes per token)")
     g.add_argument("--scheme", type=A.one_scheme, default="int8", help="KV scheme (default int8)")
@@ -236,7 +250,11 @@ def build_parser() -> A.OneLineParser:
     g.add_argument("--backend", choices=("auto", "reference", "kernel"), default="auto",
                    help="the cache's backend (auto: the Triton kernels on CUDA, the float64 reference on the CPU)")
     g.set_defaults(func=_tightness)
+    return g
 
+
+def _add_trace(sub) -> A.OneLineParser:
+    """``witcert trace``: its verbs summary, top, compare, plot, schema over a recorded trace."""
     t = sub.add_parser("trace", help="views of a recorded trace: summary, top, compare, plot, schema")
     tv = t.add_subparsers(dest="verb", required=True, metavar="{summary,top,compare,plot,schema}")
     common = A.OneLineParser(add_help=False)
@@ -265,8 +283,7 @@ def build_parser() -> A.OneLineParser:
     s.add_argument("--kind", type=_kinds, default=["all"], help="all, or some of heatmap,steps,coverage,pageins")
     tv.add_parser("schema", help="print the trace schema")
     t.set_defaults(func=_trace)
-    ap.subcommands = {"demo": d, "eval": e, "tightness": g, "trace": t}
-    return ap
+    return t
 
 
 def _taus(s: str) -> tuple:

@@ -83,11 +83,7 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
     Hkv = model.config.num_key_value_heads
     total_blocks = L * Hkv * -(-(n + new_tokens) // 16)
     cuda = model.device.type == "cuda"
-    configs = [("exact", "none", None)]
-    for s in schemes:
-        if s == "none":
-            continue
-        configs += [(s, s, None)] + ([(s + " +gate", s, demo_gate())] if gated else [])
+    configs = _configs(schemes, gated)
     memory = Tracer(None)
     sink = Tee(memory, trace)
     results = []
@@ -108,20 +104,7 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
                "seconds": time.time() - t,
                "backend": backend if scheme != "none" else "exact", "audited": bool(audit and scheme != "none")}
         if recs:
-            tv = np.stack([r.tv_a[0] for r in recs])  # [steps*layers, Hq]
-            per_layer = np.array([np.stack([r.tv_a[0] for r in recs if r.layer == i]).max() for i in range(L)])
-            row.update(
-                max_tv=float(tv.max()), median_tv=float(np.median(tv)),
-                median_layer_max=float(np.median(per_layer)), worst_layer=int(per_layer.argmax()),
-                **{f"cert@{t}": float(np.mean(tv <= t)) for t in taus},
-                pagein_blocks=int(cache.pagein_blocks.sum()), pagein_bytes=int(cache.pagein_bytes.sum()),
-                pagein_frac=float(cache.pagein_blocks.sum() / total_blocks),
-            )
-            if audit:
-                row.update(max_real=float(np.max([r.tv_real.max() for r in recs])),
-                           violations=int(sum(r.audit_violations for r in recs)))
-            if recs[0].tv_b is not None:
-                row["median_tv_b"] = float(np.median(np.stack([r.tv_b[0] for r in recs])))
+            row.update(_bound_stats(recs, cache, audit, L, taus, total_blocks))
         results.append(row)
     outdir = pathlib.Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -135,6 +118,37 @@ def run(tokens: int = 2000, seed: int = 0, new_tokens: int = 10, out: str = "wit
               f"config can state it; use --new-tokens {need} or more to score the task")
     print(TIER_B_CAVEAT)
     return {"rows": results, "tokens": n, "plots": plots, "answer_tokens": need, "scored": scored}
+
+
+def _configs(schemes, gated: bool) -> list:
+    """(name, scheme, gate) of every run: the exact cache, then each scheme ungated and (``gated``) gated."""
+    configs = [("exact", "none", None)]
+    for s in schemes:
+        if s == "none":
+            continue
+        configs += [(s, s, None)] + ([(s + " +gate", s, demo_gate())] if gated else [])
+    return configs
+
+
+def _bound_stats(recs, cache, audit: bool, L: int, taus, total_blocks: int) -> dict:
+    """A metered run's columns of the table: its Tier A bounds (maxima, medians, coverage at each τ), page-ins,
+    the realised TV and violations (``audit``) and the median Tier B bound (int8_dither)."""
+    row = {}
+    tv = np.stack([r.tv_a[0] for r in recs])  # [steps*layers, Hq]
+    per_layer = np.array([np.stack([r.tv_a[0] for r in recs if r.layer == i]).max() for i in range(L)])
+    row.update(
+        max_tv=float(tv.max()), median_tv=float(np.median(tv)),
+        median_layer_max=float(np.median(per_layer)), worst_layer=int(per_layer.argmax()),
+        **{f"cert@{t}": float(np.mean(tv <= t)) for t in taus},
+        pagein_blocks=int(cache.pagein_blocks.sum()), pagein_bytes=int(cache.pagein_bytes.sum()),
+        pagein_frac=float(cache.pagein_blocks.sum() / total_blocks),
+    )
+    if audit:
+        row.update(max_real=float(np.max([r.tv_real.max() for r in recs])),
+                   violations=int(sum(r.audit_violations for r in recs)))
+    if recs[0].tv_b is not None:
+        row["median_tv_b"] = float(np.median(np.stack([r.tv_b[0] for r in recs])))
+    return row
 
 
 def _print(rows, n, sample, taus, outdir, secs, plots=()):

@@ -73,13 +73,10 @@ path (see docs/sglang.md).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import logging
 import os
 import sys
 import types
@@ -87,9 +84,30 @@ import types
 import torch
 
 from contract.schemes import SCHEMES
-from witcert import schemes as S
 
-log = logging.getLogger("witcert.sglang")
+# (the F401 exemptions: names of the modules below this one, reachable as ``witcert.integrations.sglang.NAME``
+# as before the split: the documented ``ws.flush()``, ``ws.HostExactStore()``, ``ws.STATE``, ...)
+from witcert.integrations.sglang_decode import (  # noqa: F401
+    _wrap_decode,
+    block_table_from_indptr,
+    metered_decode,
+    paged_view,
+    reduce_tp_records,
+)
+from witcert.integrations.sglang_gate import RISK_CHUNK, GateReport, HostExactStore, _check_gate, gate_call  # noqa: F401
+from witcert.integrations.sglang_pool import (
+    ALLOC_WRAPPED,
+    HOST_LOADS,
+    HOST_MODULES,
+    POOL_WRAPPERS,
+    mark_unmetered,
+    sides_of,
+    wrap_alloc,
+    wrap_host_load,
+)
+from witcert.integrations.sglang_state import DECODE_PARAMS, POOL_PARAMS, STATE, LayerSide, State, _Skip, log  # noqa: F401
+from witcert.integrations.sglang_trace import PAGEIN_LAYERS, SGLangStepRecord, TraceSource, flush  # noqa: F401
+from witcert.integrations.sglang_witness import _as_logical, _group_norms64, _round_up_f16, kernel_scale
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 ENV = "WITCERT_SGLANG"
@@ -97,13 +115,6 @@ DECODE_MODULE = "sglang.kernels.ops.attention.decode_attention"
 DECODE_FN = "decode_attention_fwd"
 POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 POOL_CLASS = "MHATokenToKVPool"
-#: the leading parameters each wrapper relies on (checked on the installed functions)
-DECODE_PARAMS = ("q", "k_buffer", "v_buffer", "o", "kv_indptr", "kv_indices", "attn_logits", "attn_lse",
-                 "num_kv_splits", "max_kv_splits", "sm_scale", "k_scale", "v_scale", "logit_cap", "sinks",
-                 "xai_temperature_len", "has_mla", "use_pdl", "page_size", "score_mod")
-POOL_PARAMS = ("self", "layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale")
-WITNESS_SLACK = 2.0**-12
-WITNESS_FLOOR = 2.0**-100
 #: our kernel schemes SGLang can serve: lossy, not keyed by the token's logical index (SGLang's
 #: write does not carry it: int8_dither is refused), and per token (SGLang's pages are single
 #: tokens: a block scheme such as kivi2 needs whole 16-token pages), from the scheme table
@@ -140,66 +151,6 @@ def import_bare(module: str, root: str | None = None):
     return importlib.import_module(module)
 
 
-class _Skip(Exception):
-    """A call or write the meter does not serve (the reason is the message)."""
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclasses.dataclass
-class LayerSide:
-    """Side buffers of one layer, indexed like SGLang's pool: [slot, kv_head, 1, ·]."""
-
-    layer_id: int  # the model's (global) layer id: records, traces and the exact store
-    k_wit: torch.Tensor
-    v_wit: torch.Tensor
-    v_norm: torch.Tensor
-    k_norm: torch.Tensor
-    group_id: torch.Tensor
-    dtype: torch.dtype  # the pool's logical dtype (its buffers may be stored as uint8)
-    ours: object = None  # kernels.paged.PagedKV when a scheme of ours serves the attention
-    #: the last ``paged_view`` of SGLang's buffers and its key (buffer pointers, shapes, scales):
-    #: rebuilt only when one changes (no per-call allocation / host transfer)
-    view: object = None
-    view_key: tuple | None = None
-    #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
-    #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
-    bad: torch.Tensor | None = None
-    buffer: torch.Tensor | None = None  # the K buffer this side describes (kept alive: its address is the key)
-    scales: tuple | None = None  # the fp32 (k_scale, v_scale) the witnesses were taken against
-
-
-@dataclasses.dataclass
-class State:
-    scheme: str = "sglang"  # "sglang": meter SGLang's own stored values; else one of OUR_SCHEMES
-    num_groups: int = 1
-    delta_step: float | None = None
-    layers: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> LayerSide (never a layer id)
-    by_buffer: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> the side's layer id
-    records: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
-    unmetered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    on_record: object = None
-    # trace / metrics export (module doc "Trace and metrics")
-    trace: object = None  # a sink with .record(rec, cache): Tracer, PrometheusMetrics, Tee
-    flush_every: int = 64
-    pending: list = dataclasses.field(default_factory=list)  # records still on the device
-    steps: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # layer -> metered calls
-    source: object = None  # TraceSource: what the sink sees as the "cache"
-    # the gate (module doc "Gate")
-    gate: object = None
-    exact_store: object = None
-    gate_log: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
-    gate_rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-
-    def emit(self, layer_id, rec):
-        if self.on_record is not None:
-            self.on_record(layer_id, rec)
-        else:
-            self.records.append((layer_id, rec))
-
-
-STATE = State()
 _ORIGINALS: dict = {}
 
 
@@ -228,16 +179,8 @@ def _resolve(targets, bare):
                 fn = cls.__dict__["set_kv_buffer"]
                 _check_params(fn, POOL_PARAMS, f"{POOL_MODULE}.{POOL_CLASS}.set_kv_buffer")
                 found[t] = (cls, "set_kv_buffer", fn)
-                from witcert.integrations.sglang_pool import POOL_WRAPPERS
-
                 for name in POOL_WRAPPERS:  # the other KV-touching methods (sglang_pool's module doc)
                     found[f"pool:{name}"] = (cls, name, cls.__dict__[name])
-                from witcert.integrations.sglang_pool import (
-                    ALLOC_WRAPPED,
-                    HOST_LOADS,
-                    HOST_MODULES,
-                )
-
                 for mname, by_class in ALLOC_WRAPPED.items():  # allocators: fresh slots are unmetered
                     mod = imp(mname)
                     for cname, names in by_class.items():
@@ -296,22 +239,12 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
                          f"got {type(trace).__name__}")
     if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
         raise ValueError(f"flush_every: expected an int >= 1, got {flush_every!r}")
-    from witcert.integrations.sglang_gate import _check_gate
-    from witcert.integrations.sglang_trace import TraceSource
-
     _check_gate(gate, exact_store, scheme)
     found = _resolve(targets, bare)
     STATE.__init__(scheme=scheme, num_groups=num_groups, delta_step=delta_step, on_record=on_record, trace=trace,
                    flush_every=flush_every, gate=gate, exact_store=exact_store)
     if trace is not None:
         STATE.source = TraceSource(gate)
-    from witcert.integrations.sglang_decode import _wrap_decode
-    from witcert.integrations.sglang_pool import (
-        POOL_WRAPPERS,
-        wrap_alloc,
-        wrap_host_load,
-    )
-
     wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,
                 **{f"pool:{n}": w for n, w in POOL_WRAPPERS.items()},
                 **{t: wrap_host_load for t in found if t.startswith("host:")},
@@ -328,8 +261,6 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
 
 def uninstall():
     """Hand pending trace records to the sink (``flush``), then restore SGLang's originals."""
-    from witcert.integrations.sglang_trace import flush
-
     try:
         if _ORIGINALS:
             flush()
@@ -344,18 +275,6 @@ def installed() -> bool:
 
 
 # --------------------------------------------------------------------------- KV write
-
-
-def _round_up_f16(x64: torch.Tensor, lossy: torch.Tensor | bool) -> torch.Tensor:
-    w = x64 * (1.0 + WITNESS_SLACK)
-    w = torch.where(torch.as_tensor(lossy, device=w.device), w + WITNESS_FLOOR, w)
-    return S.round_up_to_dtype(w, torch.float16)
-
-
-def _group_norms64(x: torch.Tensor, gid: torch.Tensor, G: int) -> torch.Tensor:
-    sq = torch.zeros(*x.shape[:-1], G, dtype=torch.float64, device=x.device)
-    sq.index_add_(x.dim() - 1, gid.long(), x * x)
-    return sq.sqrt()
 
 
 def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype) -> LayerSide:
@@ -389,24 +308,6 @@ def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype)
 def side_of(k_buffer: torch.Tensor) -> LayerSide | None:
     """The witness side of SGLang's K buffer (None: no recorded write registered it)."""
     return STATE.layers.get(k_buffer.data_ptr())
-
-
-def kernel_scale(scale) -> float:
-    """The scale as the metered kernel applies it: rounded to float32 (``paged_view`` hands the
-    kernel a float32 tensor). Witnesses are taken against this value, not the float64 one: the
-    kernel's k̂ is code · fp32(k_scale), so a float64-scale witness can undershoot (issue 36;
-    ``tests/test_sglang_pool.py::test_witness_uses_the_kernels_fp32_scale``)."""
-    if scale is None:
-        return 1.0
-    if isinstance(scale, torch.Tensor):
-        if scale.numel() != 1:
-            raise ValueError(f"k_scale/v_scale: expected a scalar, got shape {tuple(scale.shape)}")
-        scale = scale.reshape(()).item()
-    return float(torch.tensor(float(scale), dtype=torch.float32))
-
-
-def _as_logical(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return buf.view(dtype) if buf.dtype != dtype and buf.element_size() == torch.empty(0, dtype=dtype).element_size() else buf
 
 
 #: tokens per float64 chunk of ``record_write`` (a 4M-token write at once needed 32 GiB: bench/SGLANG.md)
@@ -480,8 +381,6 @@ def _recordable(pool, kb):
 def wrap_set_kv_buffer(orig):
     """Wrapper of ``MHATokenToKVPool.set_kv_buffer`` (see the module doc). Every outcome either
     records the written slots' witnesses or marks them unmetered (``sglang_pool``)."""
-    from witcert.integrations.sglang_pool import mark_unmetered
-
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None, *args, **kwargs):
         loc = getattr(loc_info, "loc", loc_info)
         layer_id = kwargs.get("layer_id_override")
@@ -499,8 +398,6 @@ def wrap_set_kv_buffer(orig):
                 if s_ is not None:
                     mark_unmetered(s_, loc)
             except Exception:
-                from witcert.integrations.sglang_pool import sides_of
-
                 for _, s_ in sides_of(self):
                     mark_unmetered(s_, None)
             raise
@@ -532,8 +429,6 @@ def wrap_set_kv_buffer(orig):
             if side is not None:
                 mark_unmetered(side, getattr(loc_info, "loc", loc_info) if mask is None else None)
             elif kb is None:  # could not even find the buffer: every side of this pool
-                from witcert.integrations.sglang_pool import sides_of
-
                 for _, s_ in sides_of(self):
                     mark_unmetered(s_, None)
         return out
@@ -541,23 +436,3 @@ def wrap_set_kv_buffer(orig):
     set_kv_buffer.__wrapped__ = orig
     set_kv_buffer.__witcert__ = "record"
     return set_kv_buffer
-
-
-# --------------------------------------------------------------------------- split-out parts
-
-#: names of the split-out modules reachable as attributes of this one (lazily: they import this one)
-_SPLIT = {
-    "sglang_decode": ("block_table_from_indptr", "_unmeterable", "paged_view", "_saturate_rows", "metered_decode",
-                      "_wrap_decode", "reduce_tp_records", "_DECODE_NAMES"),
-    "sglang_trace": ("SGLangStepRecord", "TraceSource", "_queue_trace", "flush", "PAGEIN_LAYERS", "_TRACE_FIELDS",
-                     "_TRACE_PRE_FIELDS"),
-    "sglang_gate": ("HostExactStore", "GateReport", "_check_gate", "_row_slots", "_overlay", "_overlay_risk",
-                    "_merge_rows", "_failed_gate_report", "gate_call", "RISK_CHUNK", "_RECORD_ROW_FIELDS"),
-}
-
-
-def __getattr__(name):
-    for mod, names in _SPLIT.items():
-        if name in names:
-            return getattr(importlib.import_module(f"witcert.integrations.{mod}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,19 +1,15 @@
 """The metered decode of WitCert's SGLang patch (``witcert.integrations.sglang``'s module doc,
-"Decode"); split out of ``sglang.py``, names re-exported there."""
+"Decode"); split out of ``sglang.py``, its public names re-exported there."""
 
 from __future__ import annotations
 
 import torch
 
-from witcert.integrations.sglang import (
-    DECODE_PARAMS,
-    STATE,
-    LayerSide,
-    _as_logical,
-    _Skip,
-    kernel_scale,
-    log,
-)
+from witcert.integrations import sglang_gate as G
+from witcert.integrations import sglang_trace as T
+from witcert.integrations.sglang_pool import bad_rows
+from witcert.integrations.sglang_state import DECODE_PARAMS, STATE, LayerSide, _Skip, log
+from witcert.integrations.sglang_witness import _as_logical, kernel_scale
 
 # --------------------------------------------------------------------------- decode
 
@@ -125,8 +121,6 @@ def metered_decode(args, kwargs, num_splits=None):
     indptr = kv_indptr[: Bsz + 1]
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
                  delta_step=STATE.delta_step, validate=False)
-    from witcert.integrations.sglang_pool import bad_rows
-
     bad = bad_rows(side, indptr, kv_indices, Bsz)
     _saturate_rows(out.meter, bad)
     o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
@@ -136,8 +130,6 @@ def metered_decode(args, kwargs, num_splits=None):
 
 
 def _wrap_decode(orig):
-    from witcert.integrations import sglang_gate as G
-    from witcert.integrations import sglang_trace as T
     def decode_attention_fwd(*args, **kwargs):
         # normalise to positional (the first 13) + keywords
         names = _DECODE_NAMES

@@ -1,4 +1,4 @@
-"""The gate of WitCert's SGLang patch; split out of ``sglang.py``, names re-exported there.
+"""The gate of WitCert's SGLang patch; split out of ``sglang.py``, its public names re-exported there.
 
 Gate (``install(..., gate=witcert.gate.Gate(...), exact_store=...)``; scheme "sglang" only).
 SGLang keeps no exact KV, so the operator supplies it: ``exact_store(layer_id, slots) -> (k, v)``
@@ -52,13 +52,8 @@ import math
 import numpy as np
 import torch
 
-from witcert.integrations.sglang import (
-    STATE,
-    _as_logical,
-    _group_norms64,
-    _round_up_f16,
-    kernel_scale,
-)
+from witcert.integrations.sglang_state import STATE
+from witcert.integrations.sglang_witness import _as_logical, _group_norms64, _round_up_f16, kernel_scale
 
 # --------------------------------------------------------------------------- the gate
 
@@ -231,10 +226,159 @@ def _failed_gate_report(layer_id, rec, Hkv):
     return report
 
 
+def _unrepaired(gate, rec, over0, layer_id, Bsz, H):
+    """A call with no row over τ, or no page-in budget: the first pass stands; a certified gate flags the
+    rows over τ (they get a report), otherwise there is none."""
+    if gate.policy == "certified" and bool(over0.any()):  # no page-in budget: flagged
+        report = GateReport(layer_id, [], [], [], np.zeros((Bsz, H), np.int64), over0.cpu().numpy(),
+                            rec.tv_upper_a, rec.tv_upper_a, 0)
+        STATE.gate_log.append(report)
+        return rec, report
+    return rec, None
+
+
+def _row_offsets(slots_r):
+    """The over-τ rows' tokens compacted on the overlay, row after row: each row's offset and length."""
+    lens = [int(s.numel()) for s in slots_r]
+    offs = [0]
+    for n in lens[:-1]:
+        offs.append(offs[-1] + n)
+    return offs, lens
+
+
+def _block_table(offs, lens, device):
+    """The kernel's block table [R, max_len] of the overlay rows (block size 1: a block is one overlay token), the
+    longest row's length, and the lengths as int32."""
+    nmax = max(lens)
+    j = torch.arange(nmax, device=device)
+    off_t = torch.tensor(offs, device=device)
+    len_t = torch.tensor(lens, device=device, dtype=torch.int32)
+    bt = torch.where(j[None] < len_t[:, None], off_t[:, None] + j[None], torch.zeros_like(j)[None]).to(torch.int32)
+    return nmax, bt, len_t
+
+
+@dataclasses.dataclass
+class _RepairLoop:
+    """What ``witcert.gate.repair`` asks of one gated call (module doc "Gate", step 3): which rows are over
+    τ (``over``), the overlay's block risk (``risk``), a page-in from the exact store, checked against the
+    slot's witnesses (``page_in``), and the metered kernel again on the overlay rows (``remeasure``); and
+    what the loop did (``out`` / ``rec``: the last overlay pass, ``paged``, ``rejected``, ``exact_dtype``)."""
+
+    gate: object
+    side: object  # sglang_state.LayerSide of SGLang's K buffer
+    q: torch.Tensor  # SGLang's queries [B, Hq, D]
+    rows: list  # the request rows over τ
+    kbl: torch.Tensor  # SGLang's K / V buffers in their logical dtype, and the fp32 scales
+    vbl: torch.Tensor
+    ks: float
+    vs: float
+    slots_r: list  # per row, its token slots
+    offs: list
+    lens: list
+    ov: object  # the overlay (kernels.paged.PagedKV)
+    bt: torch.Tensor
+    len_t: torch.Tensor
+    q_rows: torch.Tensor
+    sm: float
+    splits: int
+    over_rows: torch.Tensor  # [R, Hkv, GQ] the first pass's rows over τ
+    repaired: torch.Tensor  # [R, Hkv, max_len] paged in, or refused
+    out: object = None
+    rec: object = None
+    fetched: dict = dataclasses.field(default_factory=dict)
+    paged: list = dataclasses.field(default_factory=list)
+    rejected: int = 0
+    exact_dtype: torch.dtype | None = None
+
+    def over(self):
+        from witcert.gate import exceeds
+
+        R, H, GQ = self.over_rows.shape
+        if self.rec is None:
+            return self.over_rows.any(-1).cpu().numpy()
+        r = self.rec
+        return exceeds(self.gate, r.tv_upper_a, r.tv_upper_b, r.out_err_upper).view(R, H, GQ).any(-1).cpu().numpy()
+
+    def risk(self):
+        return _overlay_risk(self.ov, self.q_rows, self.offs, self.lens, self.repaired, self.sm, self.gate.tau_v)
+
+    def _fetch(self, slot, H, D):
+        """The exact (k, v) [Hkv, D] of ``slot`` from the store (memoised; (None, None): the store failed)."""
+        q = self.q
+        if slot not in self.fetched:
+            try:
+                kx, vx = STATE.exact_store(self.side.layer_id, torch.tensor([slot], device=q.device))
+                kx, vx = kx.reshape(H, D), vx.reshape(H, D)
+            except Exception as e:  # a store without the slot: refused, the token stays as served
+                STATE.gate_rejected[f"store: {type(e).__name__}: {e}"] += 1
+                kx = vx = None
+            self.fetched[slot] = (kx, vx)
+        return self.fetched[slot]
+
+    def page_in(self, r, h, t):
+        q, side, ov = self.q, self.side, self.ov
+        H, D = self.over_rows.shape[1], q.shape[2]
+        self.repaired[r, h, t] = True  # never chosen again this call, moved or refused
+        slot = int(self.slots_r[r][t])
+        kx, vx = self._fetch(slot, H, D)
+        if kx is None:
+            self.rejected += 1
+            return 0
+        kx64, vx64 = kx.to(q.device).double(), vx.to(q.device).double()
+        # the store must be consistent with the slot's witnesses (a stale or wrong store is refused:
+        # for the true exact K/V, ‖k̂ − k‖[g] ≤ W[g] and ‖v̂ − v‖ ≤ φ by construction of the witnesses)
+        kh = self.kbl[slot, h].double() * self.ks
+        vh = self.vbl[slot, h].double() * self.vs
+        dk = _group_norms64((kh - kx64[h])[None], side.group_id, side.k_wit.shape[-1])[0]
+        dv = (vh - vx64[h]).norm()
+        if not (torch.isfinite(kx64[h]).all() and torch.isfinite(vx64[h]).all()
+                and bool((dk <= side.k_wit[slot, h, 0].double()).all()) and bool(dv <= side.v_wit[slot, h, 0].double())):
+            STATE.gate_rejected["store value farther from the stored one than its witness"] += 1
+            self.rejected += 1
+            return 0
+        i = self.offs[r] + t
+        kst, vst = kx64[h].to(q.dtype), vx64[h].to(q.dtype)
+        rk, rv = kst.double() - kx64[h], vst.double() - vx64[h]
+        ov.k_codes[i, h, 0] = kst
+        ov.v_codes[i, h, 0] = vst
+        ov.k_wit[i, h, 0] = _round_up_f16(_group_norms64(rk[None], ov.group_id, ov.k_wit.shape[-1])[0],
+                                          bool((rk != 0).any()))
+        ov.v_wit[i, h, 0] = _round_up_f16(rv.norm(), bool((rv != 0).any()))
+        ov.v_norm[i, h, 0] = _round_up_f16(vst.double().norm(), False)
+        ov.k_norm[i, h, 0] = _round_up_f16(kst.double().norm(), False)
+        nbytes = 2 * D * kx.element_size()
+        self.exact_dtype = kx.dtype
+        self.paged.append((self.rows[r], h, slot, nbytes))
+        return nbytes
+
+    def remeasure(self):
+        from kernels.decode import decode
+
+        self.out = decode(self.ov, self.q_rows, self.bt, self.len_t, sm_scale=self.sm, num_splits=self.splits,
+                          delta_step=None)
+        self.rec = self.out.meter
+
+
+def _serve_repaired(rec, loop, fixed, o, attn_lse):
+    """The record with the repaired rows (``fixed``: indices into ``loop.rows``) from the last overlay pass, and
+    their output and log-sum-exp written into SGLang's ``o`` / ``attn_lse``; ``rec`` where none was repaired."""
+    if not (fixed and loop.rec is not None):
+        return rec
+    Bsz, Hq = loop.q.shape[:2]
+    rows, q = loop.rows, loop.q
+    rows_t = torch.tensor([rows[i] for i in fixed], device=q.device)
+    sel_t = torch.tensor(fixed, device=q.device)
+    po = loop.out
+    final = _merge_rows(rec, po.meter, rows_t, sel_t)  # before the writes: a failure leaves the first pass
+    new_o, new_lse = po.o[sel_t].to(o.dtype), po.lse[sel_t].to(attn_lse.dtype)
+    o.view(Bsz, Hq, -1)[rows_t] = new_o
+    attn_lse[rows_t, :Hq, 0] = new_lse
+    return final
+
+
 def gate_call(args, side, cache, out):
     """The gate on one metered decode call (module doc "Gate"); returns (record, GateReport|None).
     Rewrites the rows of SGLang's ``o`` / ``attn_lse`` it repaired."""
-    from kernels.decode import decode
     from witcert.gate import exceeds, repair
 
     gate = STATE.gate
@@ -247,109 +391,31 @@ def gate_call(args, side, cache, out):
     GQ = Hq // H
     over0 = exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)  # [B, Hq]
     if gate.max_pagein_blocks == 0 or not bool(over0.any()):  # the gate's one host sync per call
-        if gate.policy == "certified" and bool(over0.any()):  # no page-in budget: flagged
-            report = GateReport(layer_id, [], [], [], np.zeros((Bsz, H), np.int64), over0.cpu().numpy(),
-                                rec.tv_upper_a, rec.tv_upper_a, 0)
-            STATE.gate_log.append(report)
-            return rec, report
-        return rec, None
+        return _unrepaired(gate, rec, over0, layer_id, Bsz, H)
     rows = torch.nonzero(over0.any(-1)).flatten().tolist()
     R = len(rows)
     kbl, vbl = _as_logical(kb, side.dtype), _as_logical(vb, side.dtype)
     ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
     slots_r = _row_slots(kv_indptr, kv_indices, rows)
-    lens = [int(s.numel()) for s in slots_r]
-    offs = [0]
-    for n in lens[:-1]:
-        offs.append(offs[-1] + n)
+    offs, lens = _row_offsets(slots_r)
     slots = torch.cat(slots_r)
     ov = _overlay(side, kbl, vbl, ks, vs, slots, q.dtype)
-    nmax = max(lens)
-    j = torch.arange(nmax, device=q.device)
-    off_t = torch.tensor(offs, device=q.device)
-    len_t = torch.tensor(lens, device=q.device, dtype=torch.int32)
-    bt = torch.where(j[None] < len_t[:, None], off_t[:, None] + j[None], torch.zeros_like(j)[None]).to(torch.int32)
+    nmax, bt, len_t = _block_table(offs, lens, q.device)
     q_rows = q[rows].contiguous()
     sm = float(sm_scale)
     splits = max(1, min(int(max_kv_splits), math.ceil(nmax / 256)))
-    repaired = torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device)  # paged in, or refused
-    cur = {"rec": None}
-    over_rows = over0[rows].view(R, H, GQ)
-    fetched: dict = {}
-    paged_full: list = []
-    rejected = [0]
-    ex_dtype = [None]
-
-    def over():
-        if cur["rec"] is None:
-            return over_rows.any(-1).cpu().numpy()
-        r = cur["rec"]
-        return exceeds(gate, r.tv_upper_a, r.tv_upper_b, r.out_err_upper).view(R, H, GQ).any(-1).cpu().numpy()
-
-    def page_in(r, h, t):
-        repaired[r, h, t] = True  # never chosen again this call, moved or refused
-        slot = int(slots_r[r][t])
-        if slot not in fetched:
-            try:
-                kx, vx = STATE.exact_store(layer_id, torch.tensor([slot], device=q.device))
-                kx, vx = kx.reshape(H, D), vx.reshape(H, D)
-            except Exception as e:  # a store without the slot: refused, the token stays as served
-                STATE.gate_rejected[f"store: {type(e).__name__}: {e}"] += 1
-                kx = vx = None
-            fetched[slot] = (kx, vx)
-        kx, vx = fetched[slot]
-        if kx is None:
-            rejected[0] += 1
-            return 0
-        kx64, vx64 = kx.to(q.device).double(), vx.to(q.device).double()
-        # the store must be consistent with the slot's witnesses (a stale or wrong store is refused:
-        # for the true exact K/V, ‖k̂ − k‖[g] ≤ W[g] and ‖v̂ − v‖ ≤ φ by construction of the witnesses)
-        kh = kbl[slot, h].double() * ks
-        vh = vbl[slot, h].double() * vs
-        dk = _group_norms64((kh - kx64[h])[None], side.group_id, side.k_wit.shape[-1])[0]
-        dv = (vh - vx64[h]).norm()
-        if not (torch.isfinite(kx64[h]).all() and torch.isfinite(vx64[h]).all()
-                and bool((dk <= side.k_wit[slot, h, 0].double()).all()) and bool(dv <= side.v_wit[slot, h, 0].double())):
-            STATE.gate_rejected["store value farther from the stored one than its witness"] += 1
-            rejected[0] += 1
-            return 0
-        i = offs[r] + t
-        kst, vst = kx64[h].to(q.dtype), vx64[h].to(q.dtype)
-        rk, rv = kst.double() - kx64[h], vst.double() - vx64[h]
-        ov.k_codes[i, h, 0] = kst
-        ov.v_codes[i, h, 0] = vst
-        ov.k_wit[i, h, 0] = _round_up_f16(_group_norms64(rk[None], ov.group_id, ov.k_wit.shape[-1])[0],
-                                          bool((rk != 0).any()))
-        ov.v_wit[i, h, 0] = _round_up_f16(rv.norm(), bool((rv != 0).any()))
-        ov.v_norm[i, h, 0] = _round_up_f16(vst.double().norm(), False)
-        ov.k_norm[i, h, 0] = _round_up_f16(kst.double().norm(), False)
-        nbytes = 2 * D * kx.element_size()
-        ex_dtype[0] = kx.dtype
-        paged_full.append((rows[r], h, slot, nbytes))
-        return nbytes
-
-    def remeasure():
-        cur["out"] = decode(ov, q_rows, bt, len_t, sm_scale=sm, num_splits=splits, delta_step=None)
-        cur["rec"] = cur["out"].meter
-
-    res = repair(gate, over=over, risk=lambda: _overlay_risk(ov, q_rows, offs, lens, repaired, sm, gate.tau_v),
-                 page_in=page_in, remeasure=remeasure)
+    loop = _RepairLoop(gate, side, q, rows, kbl, vbl, ks, vs, slots_r, offs, lens, ov, bt, len_t, q_rows, sm, splits,
+                       repaired=torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device),
+                       over_rows=over0[rows].view(R, H, GQ))
+    res = repair(gate, over=loop.over, risk=loop.risk, page_in=loop.page_in, remeasure=loop.remeasure)
     pagein = np.zeros((Bsz, H), dtype=np.int64)
     pagein[rows] = res.pagein
     fixed = [i for i in range(R) if res.pagein[i].sum() > 0]
-    final = rec
-    if fixed and cur["rec"] is not None:
-        rows_t = torch.tensor([rows[i] for i in fixed], device=q.device)
-        sel_t = torch.tensor(fixed, device=q.device)
-        po = cur["out"]
-        final = _merge_rows(rec, po.meter, rows_t, sel_t)  # before the writes: a failure leaves the first pass
-        new_o, new_lse = po.o[sel_t].to(o.dtype), po.lse[sel_t].to(attn_lse.dtype)
-        o.view(Bsz, Hq, -1)[rows_t] = new_o
-        attn_lse[rows_t, :Hq, 0] = new_lse
+    final = _serve_repaired(rec, loop, fixed, o, attn_lse)
     budget = np.zeros((Bsz, Hq), dtype=bool)
     if gate.policy == "certified":
         budget = exceeds(gate, final.tv_upper_a, final.tv_upper_b, final.out_err_upper).cpu().numpy()
-    report = GateReport(layer_id, rows, [rows[i] for i in fixed], paged_full, pagein, budget, rec.tv_upper_a,
-                        final.tv_upper_a, rejected[0], (ov, slots, offs, lens, rows), ex_dtype[0])
+    report = GateReport(layer_id, rows, [rows[i] for i in fixed], loop.paged, pagein, budget, rec.tv_upper_a,
+                        final.tv_upper_a, loop.rejected, (ov, slots, offs, lens, rows), loop.exact_dtype)
     STATE.gate_log.append(report)
     return final, report

@@ -8,7 +8,7 @@ never by a layer id, which SGLang's hybrid pools number per sub-pool (``layer_id
 Every slot of a side carries an ``unmetered`` bit. A side is born with every slot unmetered
 (a slot it has not seen written has no witness); a recorded write clears the bits of the slots it
 wrote; anything else that changes a slot sets its bit, and a decode row that reads an unmetered
-slot gets TV⁺ = 1, output bound +inf and the flag (``sglang._saturate_rows``), until the slot is
+slot gets TV⁺ = 1, output bound +inf and the flag (``sglang_decode._saturate_rows``), until the slot is
 rewritten through a recorded write. So a write path the patch does not understand can only cost
 tightness, never soundness. Per pool method of the pinned SGLang (``POOL_API``):
 
@@ -36,6 +36,8 @@ from __future__ import annotations
 import re
 
 import torch
+
+from witcert.integrations.sglang_state import STATE
 
 #: public method names that suggest a KV write / move / copy / free / mask (the enumeration test)
 WRITE_NAME = re.compile(r"set|move|cop|free|transfer|load|write|store|clear|mask|reset|swap|evict|put|restore|"
@@ -131,8 +133,6 @@ POOL_MODULES = tuple(f"sglang.srt.mem_cache.{m}" for m in
 
 def sides_of(pool):
     """(k buffer, side) for each of the pool's K buffers a recorded write registered."""
-    from witcert.integrations.sglang import STATE
-
     out = []
     bufs = getattr(pool, "k_buffer", None)
     for kb in bufs if isinstance(bufs, (list, tuple)) else ():
@@ -189,8 +189,6 @@ def bad_rows(side, kv_indptr, kv_indices, batch):
 
 
 def _count(what):
-    from witcert.integrations.sglang import STATE
-
     STATE.unmetered[what] += 1
 
 
@@ -242,8 +240,6 @@ def _wit(side):
 
 
 def _move_store(side, tgt, src):
-    from witcert.integrations.sglang import STATE
-
     store = STATE.exact_store
     if store is None or not hasattr(store, "write"):
         return
@@ -331,8 +327,6 @@ def wrap_alloc(orig):
 
 
 def _has_sides():  # no per-step work before the first recorded write
-    from witcert.integrations.sglang import STATE
-
     return bool(STATE.layers)
 
 

@@ -1,5 +1,5 @@
 """Trace and metrics export of WitCert's SGLang patch (``witcert.integrations.sglang``'s module
-doc, "Trace and metrics"); split out of ``sglang.py``, names re-exported there."""
+doc, "Trace and metrics"); split out of ``sglang.py``, its public names re-exported there."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 import numpy as np
 import torch
 
-from witcert.integrations.sglang import STATE, log
+from witcert.integrations.sglang_state import STATE, log
 
 # --------------------------------------------------------------------------- trace and metrics
 

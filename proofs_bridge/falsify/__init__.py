@@ -1,0 +1,135 @@
+"""Falsification of the SPEC §9 statements on random instances in high precision (mpmath).
+
+A false statement must not survive even without a Lean checker: each function draws instances
+that satisfy the statement's hypotheses, evaluates both sides with 50 significant digits and
+returns the counterexamples it found (an empty list means none). ``STATEMENTS`` maps each §9
+theorem name to its check; ``proofs_bridge.check`` runs them all.
+
+The searches live in modules by the Lean files they check: ``tier_a`` (Radius, Bands, Sketch),
+``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tier_b`` (SubGaussian, Budget, Union, Request),
+``split_merge`` (SplitMerge), ``floating_point`` (FloatTV) and ``composed`` (the composed statements
+of issue 37); ``highprec`` holds the 50-digit arithmetic they share.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .composed import kernel_tv_sound, request_tv_sound, step_tv_sound
+from .floating_point import (
+    tilt_mass_lost_le,
+    tilt_mass_lost_le_compl,
+    tilt_rebase,
+    tilt_restrict,
+    tv_le_perturbed_base,
+    tv_le_restrict_add_lost,
+    tv_le_restrict_add_rho,
+)
+from .split_merge import lse_merge_exact, lse_merge_exact_k
+from .tier_a import (
+    abs_logit_error_le_radius,
+    kernel_radius_ge_group_sum,
+    projected_logit_error_le,
+    rope_group_norm_invariant,
+    rope_half_group_norm_invariant,
+    rope_interleaved_group_norm_invariant,
+    rope_layout_group_norm_invariant,
+    sketch_radius,
+    sketch_radius_ge_group_sum,
+    weighted_inner_le,
+    window_radius_zero,
+)
+from .tier_b import (
+    dither_logit_tail,
+    dither_logit_tail_bias,
+    dither_logit_tail_uniform,
+    dither_step_union,
+    request_budget_sound,
+    request_union_sound,
+    uniform_hasSubgaussianMGF,
+    uniform_mgf_le,
+    union_tail_le,
+)
+from .tv_bounds import (
+    dual_D,
+    dualD_regroup,
+    output_error_le,
+    tilt_tv_le_dual_grid,
+    tilt_tv_le_dual_grid_endpoints,
+    tilt_tv_le_eform,
+    tilt_tv_le_tanh,
+    tilt_tv_le_tanh_top2,
+    tv_eq_max_gain,
+)
+
+STATEMENTS = {
+    "rope_group_norm_invariant": rope_group_norm_invariant,
+    "abs_logit_error_le_radius": abs_logit_error_le_radius,
+    "tv_eq_max_gain": tv_eq_max_gain,
+    "tilt_tv_le_tanh": tilt_tv_le_tanh,
+    "tilt_tv_le_eform": tilt_tv_le_eform,
+    "tilt_tv_le_dual_grid": tilt_tv_le_dual_grid,
+    "output_error_le": output_error_le,
+    "uniform_mgf_le": uniform_mgf_le,
+    "dither_logit_tail": dither_logit_tail,
+    "request_budget_sound": request_budget_sound,
+    "lse_merge_exact": lse_merge_exact,
+    # the chain of issue 14
+    "uniform_hasSubgaussianMGF": uniform_hasSubgaussianMGF,
+    "dither_logit_tail_uniform": dither_logit_tail_uniform,
+    "dither_logit_tail_bias": dither_logit_tail_bias,
+    "union_tail_le": union_tail_le,
+    "dither_step_union": dither_step_union,
+    "request_union_sound": request_union_sound,
+    "lse_merge_exact_k": lse_merge_exact_k,
+    "tilt_tv_le_tanh_osc": tilt_tv_le_tanh,  # the same search: TV ≤ tanh(osc/4) ≤ tanh(ε_max/2)
+    "tilt_tv_le_tanh_top2": tilt_tv_le_tanh_top2,
+    "rope_layout_group_norm_invariant": rope_layout_group_norm_invariant,
+    "rope_half_group_norm_invariant": rope_half_group_norm_invariant,
+    "rope_interleaved_group_norm_invariant": rope_interleaved_group_norm_invariant,
+    # SPEC §7: the floating point of the decode pass (lean/WitCert/FloatTV.lean)
+    "tilt_rebase": tilt_rebase,
+    "tv_le_perturbed_base": tv_le_perturbed_base,
+    "tv_le_perturbed_base_tanh": tv_le_perturbed_base,  # the same search checks F = tanh((ε_max+Ξ)/2)
+    "tv_le_restrict_add_lost": tv_le_restrict_add_lost,
+    "tilt_restrict": tilt_restrict,
+    "tilt_mass_lost_le": tilt_mass_lost_le,
+    "tilt_mass_lost_le_compl": tilt_mass_lost_le_compl,
+    "tv_le_restrict_add_rho": tv_le_restrict_add_rho,
+    # SPEC §2 (Tier A): the residual-sketch radius (lean/WitCert/Sketch.lean)
+    "weighted_inner_le": weighted_inner_le,
+    "sketch_logit_error_le": sketch_radius,  # the same search checks the per-head and shared forms
+    "sketch_shared_radius_le": sketch_radius,
+    "sketch_u_of_ratio_le": sketch_radius,  # u = max ratio: the shared form holds at it
+    "projected_logit_error_le": projected_logit_error_le,
+    "window_token_radius_zero": window_radius_zero,
+    "window_radii_sound": window_radius_zero,
+    "window_tv_le_eform": window_radius_zero,
+    "kernel_radius_ge_group_sum": kernel_radius_ge_group_sum,
+    "sketch_radius_ge_per_head": sketch_radius,  # per_head ≤ shared is checked there
+    "sketch_radius_ge_group_sum": sketch_radius_ge_group_sum,
+    # SPEC §3(c) with endpoint values (lean/WitCert/TiltEndpoints.lean)
+    "tilt_tv_le_dual_grid_endpoints": tilt_tv_le_dual_grid_endpoints,
+    # issue 37 (f): partial rotary (the layout searches add passthrough coordinates to the group)
+    "rope_half_partial_group_norm_invariant": rope_half_group_norm_invariant,
+    "rope_interleaved_partial_group_norm_invariant": rope_interleaved_group_norm_invariant,
+    "dualD_regroup": dualD_regroup,  # issue 37 (e) (not parsed: its statement has `fun` and a filter)
+    # issue 37 (b), (c): the composed statements (lean/WitCert/FloatTV.lean, lean/WitCert/Request.lean)
+    "kernel_tv_sound": kernel_tv_sound,
+    "kernel_tv_sound_tanh": kernel_tv_sound,  # the same search checks F = tanh((ε_max+Ξ)/2)
+    "step_tv_sound": step_tv_sound,
+    "request_tv_sound": request_tv_sound,
+    "request_tv_sound_fixed": request_tv_sound,  # the same search runs both schedules
+    "request_tv_sound_anytime": request_tv_sound,
+}
+
+
+def run(trials: int = 2000, seed: int = 0) -> dict:
+    """{theorem name: number of counterexamples} over ``trials`` random instances each."""
+    out = {}
+    for name, fn in STATEMENTS.items():
+        out[name] = len(fn(random.Random(f"{seed}:{name}"), trials))
+    return out
+
+
+__all__ = ["STATEMENTS", "run", "dual_D"] + list(STATEMENTS)

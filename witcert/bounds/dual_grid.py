@@ -1,0 +1,99 @@
+"""SPEC §3(c), one row: the dual-grid tilt bound by branch and bound over intervals of t ∈ [0, 1], with
+the dual value D(t, λ) (its rounding bounded explicitly and subtracted), the tight λ of the greedy
+fractional knapsack, and each interval's upper value at its two ends (Lean
+``tilt_tv_le_dual_grid_endpoints``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rounding import _EPS64, FP64_ABS_SLACK
+
+#: default branch-and-bound tolerance of the dual-grid tilt bound (SPEC §3(c)).
+TILT_DEFAULT_TOL = 2.0**-12
+
+
+def _dual_values(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float):
+    """For each t in ``ts``: a safe lower value of ``D(t, λ_t)`` with the tight λ (SPEC §3(c)).
+
+    ``D(t, λ) = λ t m − Σ_k w_k (λ β_k(t) − 1)₊``, ``β_k(t) = (1−t) a_k + t b_k``. λ is
+    ``1/β`` of the marginal item of the greedy fractional knapsack (β descending). The
+    returned value is the float value minus a bound on its rounding error, so it never
+    exceeds the exact ``D(t, λ)`` for the λ used -- and any λ ≥ 0 is sound.
+    """
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [T, K]
+    order = np.argsort(-beta, axis=1, kind="stable")
+    bs = np.take_along_axis(beta, order, axis=1)
+    ws = w[order]
+    cum = np.cumsum(ws * bs, axis=1)
+    target = ts * m
+    k = np.minimum(np.sum(cum < target[:, None], axis=1), bs.shape[1] - 1)
+    bstar = bs[np.arange(ts.size), k]
+    lam = 1.0 / bstar
+    act = np.maximum(lam[:, None] * bs - 1.0, 0.0)
+    D = lam * target - np.sum(ws * act, axis=1)
+    # rounding-error bound: every term is computed with relative error <= c·eps, c <= 4K+16.
+    mag = lam * target + np.sum(ws * (lam[:, None] * bs + 1.0) * (act > 0), axis=1) + 1.0
+    err = (4.0 * bs.shape[1] + 16.0) * _EPS64 * mag
+    return D - err, D
+
+
+def _dual_at(ts: np.ndarray, lam: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
+    """A safe lower value of ``D(t, λ)`` for given λ per t (the float value minus its rounding bound)."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]
+    act = np.maximum(lam[:, None] * beta - 1.0, 0.0)
+    target = ts * m
+    D = lam * target - np.sum(w[None, :] * act, axis=1)
+    mag = lam * target + np.sum(w[None, :] * (lam[:, None] * beta + 1.0) * (act > 0), axis=1) + 1.0
+    return D - (4.0 * beta.shape[1] + 16.0) * _EPS64 * mag
+
+
+def _lambda_at(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
+    """The tight λ at each t (``_dual_values``' greedy knapsack)."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]
+    order = np.argsort(-beta, axis=1, kind="stable")
+    bs = np.take_along_axis(beta, order, axis=1)
+    cum = np.cumsum(w[order] * bs, axis=1)
+    k = np.minimum(np.sum(cum < (ts * m)[:, None], axis=1), bs.shape[1] - 1)
+    return 1.0 / bs[np.arange(ts.size), k]
+
+
+def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> float:
+    """The §3(c) bound of one row by branch and bound over intervals [t_i, t_{i+1}], each with the upper value
+    max(t_i − D(t_i, λ_i), t_{i+1} − D(t_{i+1}, λ_i)) (λ_i tight at t_i; t − D(t, λ) is convex in t, so that is its
+    maximum on the interval: Lean ``tilt_tv_le_dual_grid_endpoints``), splitting every interval whose upper value
+    exceeds the best achievable value by more than ``tol``."""
+    keep = w > 0
+    w, eps = w[keep], eps[keep]
+    if w.size <= 1 or float(eps.max()) == 0.0:
+        return 0.0
+    if float(eps.max()) > 700.0:  # e^ε overflows: the bound is saturated
+        return 1.0
+    w = w / w.sum()
+    eu, inv = np.unique(eps, return_inverse=True)
+    wu = np.bincount(inv.reshape(-1), weights=w, minlength=eu.size)
+    a, b = np.exp(eu), np.exp(-eu)
+    m = float(np.dot(wu, b))
+    ts = np.linspace(0.0, 1.0, 33)
+    dsafe, dval = _dual_values(ts, wu, a, b, m)
+    lam = _lambda_at(ts, wu, a, b, m)
+
+    def uppers(ts, dsafe, lam):
+        right = ts[1:] - _dual_at(ts[1:], lam[:-1], wu, a, b, m)
+        return np.minimum(np.maximum(ts[:-1] - dsafe[:-1], right), ts[1:])
+
+    while True:
+        upper = uppers(ts, dsafe, lam)
+        best = float(np.max(ts - dval))  # achievable (fractional relaxation), up to rounding
+        bad = np.nonzero(upper > best + tol)[0]
+        if bad.size == 0 or ts.size + bad.size > max_points:
+            break
+        mids = 0.5 * (ts[bad] + ts[bad + 1])
+        ms, mv = _dual_values(mids, wu, a, b, m)
+        ts = np.concatenate([ts, mids])
+        dsafe = np.concatenate([dsafe, ms])
+        dval = np.concatenate([dval, mv])
+        lam = np.concatenate([lam, _lambda_at(mids, wu, a, b, m)])
+        o = np.argsort(ts, kind="stable")
+        ts, dsafe, dval, lam = ts[o], dsafe[o], dval[o], lam[o]
+    return float(min(1.0, max(0.0, float(np.max(uppers(ts, dsafe, lam)))) + FP64_ABS_SLACK))

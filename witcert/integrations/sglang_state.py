@@ -1,0 +1,79 @@
+"""The process-wide state of WitCert's SGLang patch (``witcert.integrations.sglang``), below every module of
+the patch: its logger, the SGLang signatures the wrappers rely on, the per-buffer witness side buffers
+(``LayerSide``), the patch's ``State`` and its one instance ``STATE``, and ``_Skip`` (a call or write the
+meter does not serve)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+
+import torch
+
+log = logging.getLogger("witcert.sglang")
+
+#: the leading parameters each wrapper relies on (checked on the installed functions)
+DECODE_PARAMS = ("q", "k_buffer", "v_buffer", "o", "kv_indptr", "kv_indices", "attn_logits", "attn_lse",
+                 "num_kv_splits", "max_kv_splits", "sm_scale", "k_scale", "v_scale", "logit_cap", "sinks",
+                 "xai_temperature_len", "has_mla", "use_pdl", "page_size", "score_mod")
+POOL_PARAMS = ("self", "layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale")
+
+
+class _Skip(Exception):
+    """A call or write the meter does not serve (the reason is the message)."""
+
+
+@dataclasses.dataclass
+class LayerSide:
+    """Side buffers of one layer, indexed like SGLang's pool: [slot, kv_head, 1, ·]."""
+
+    layer_id: int  # the model's (global) layer id: records, traces and the exact store
+    k_wit: torch.Tensor
+    v_wit: torch.Tensor
+    v_norm: torch.Tensor
+    k_norm: torch.Tensor
+    group_id: torch.Tensor
+    dtype: torch.dtype  # the pool's logical dtype (its buffers may be stored as uint8)
+    ours: object = None  # kernels.paged.PagedKV when a scheme of ours serves the attention
+    #: the last ``paged_view`` of SGLang's buffers and its key (buffer pointers, shapes, scales):
+    #: rebuilt only when one changes (no per-call allocation / host transfer)
+    view: object = None
+    view_key: tuple | None = None
+    #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
+    #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
+    bad: torch.Tensor | None = None
+    buffer: torch.Tensor | None = None  # the K buffer this side describes (kept alive: its address is the key)
+    scales: tuple | None = None  # the fp32 (k_scale, v_scale) the witnesses were taken against
+
+
+@dataclasses.dataclass
+class State:
+    scheme: str = "sglang"  # "sglang": meter SGLang's own stored values; else one of OUR_SCHEMES
+    num_groups: int = 1
+    delta_step: float | None = None
+    layers: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> LayerSide (never a layer id)
+    by_buffer: dict = dataclasses.field(default_factory=dict)  # k_buffer data_ptr -> the side's layer id
+    records: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
+    unmetered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    on_record: object = None
+    # trace / metrics export (module doc "Trace and metrics")
+    trace: object = None  # a sink with .record(rec, cache): Tracer, PrometheusMetrics, Tee
+    flush_every: int = 64
+    pending: list = dataclasses.field(default_factory=list)  # records still on the device
+    steps: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # layer -> metered calls
+    source: object = None  # TraceSource: what the sink sees as the "cache"
+    # the gate (module doc "Gate")
+    gate: object = None
+    exact_store: object = None
+    gate_log: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
+    gate_rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def emit(self, layer_id, rec):
+        if self.on_record is not None:
+            self.on_record(layer_id, rec)
+        else:
+            self.records.append((layer_id, rec))
+
+
+STATE = State()
