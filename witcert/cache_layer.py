@@ -68,8 +68,6 @@ class WitCertLayer(CacheLayerMixin):
         if o is None:
             raise RuntimeError("WitCertCache layer used after its cache was freed")
         return o
-        self.layer_idx = layer_idx
-        self._pending = None
 
     # -- transformers' layer API
     def lazy_initialization(self, key_states, value_states) -> None:
