@@ -9,5 +9,5 @@ timeout 80 python3 bench/tile_ab.py --shape 8:32768 --configs off:64:1:4:80:12,o
 timeout 80 python3 bench/tile_ab.py --shape 32:32768 --configs off:64:1:4:80:16,off:64:1:4:0:16:1,off:64:1:4:96:16:1,off:32:1:1:0:16:1,off:32:1:1:0:32:1 2>&1 | grep -v Warning >> $OUT/tile_ab_prefetch.log
 timeout 60 python3 bench/tile_ab.py --shape 1:32768 --configs off:128:1:8:0:33,off:128:1:8:0:33:1 2>&1 | grep -v Warning >> $OUT/tile_ab_prefetch.log
 cat $OUT/tile_ab_prefetch.log
-timeout 280 python3 bench/pytest_shards.py -n 12 tests/test_kernels_conformance.py tests/test_kernel_gate.py tests/test_review_store_gate.py tests/test_kivi2_kernel.py tests/test_graphs.py > $OUT/cuda_tests.log 2>&1
+timeout 280 python3 bench/pytest_shards.py -n 12 tests/kernels/test_kernels_conformance.py tests/kernels/test_kernel_gate.py tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py tests/cache/test_graphs.py > $OUT/cuda_tests.log 2>&1
 echo "tests rc $?"; tail -16 $OUT/cuda_tests.log; grep -E "^FAILED" $OUT/cuda_tests.log | head

@@ -10,15 +10,15 @@ has() { [[ "$STAGES" == *" $1 "* ]]; }
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if has graphs; then
   # graphed decode steps (witcert.graphs): real CUDA-graph capture and replay against the eager kernel path
-  WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/cache/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
 fi
 if has conf; then
-  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
-  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py \
-    tests/test_review_store_gate.py tests/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernel_gate.py \
+    tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"

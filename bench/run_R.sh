@@ -5,7 +5,7 @@
 export WITCERT_DEVICE=cuda
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/env.txt
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $OUT/env.txt
-timeout 180 python3 bench/pytest_shards.py -n 14 tests/test_kernels_conformance.py tests/test_kernel_gate.py tests/test_review_store_gate.py tests/test_kivi2_kernel.py tests/test_graphs.py > $OUT/cuda_tests.log 2>&1
+timeout 180 python3 bench/pytest_shards.py -n 14 tests/kernels/test_kernels_conformance.py tests/kernels/test_kernel_gate.py tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py tests/cache/test_graphs.py > $OUT/cuda_tests.log 2>&1
 echo "tests rc $?"; tail -3 $OUT/cuda_tests.log; grep -E "^FAILED" $OUT/cuda_tests.log | head
 timeout 180 python3 bench/b1_probe.py --splits 96,128,192 > $OUT/b1_probe.log 2>&1; echo "b1 rc $?"; cat $OUT/b1_probe.log
 C=on:32:1:1:168:0:1,on:16:1:1:128:32:1,on:16:1:1:128:48:1,on:16:1:1:0:48:1

@@ -8,5 +8,5 @@ tail -16 $OUT/results.log
 (timeout 60 python3 bench/b1_probe.py --batch 2 --heads 32 --lengths 32768,131072 --splits 24
  timeout 60 python3 bench/b1_probe.py --batch 4 --heads 32 --lengths 8192,32768 --splits 12) > $OUT/b24_probe.log 2>&1
 cat $OUT/b24_probe.log
-timeout 180 python3 bench/pytest_shards.py -n 14 tests/test_kernels_conformance.py tests/test_kernel_gate.py tests/test_review_store_gate.py tests/test_kivi2_kernel.py tests/test_graphs.py > $OUT/cuda_tests.log 2>&1
+timeout 180 python3 bench/pytest_shards.py -n 14 tests/kernels/test_kernels_conformance.py tests/kernels/test_kernel_gate.py tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py tests/cache/test_graphs.py > $OUT/cuda_tests.log 2>&1
 echo "tests rc $?"; tail -3 $OUT/cuda_tests.log; grep -E "^FAILED" $OUT/cuda_tests.log | head

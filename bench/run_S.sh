@@ -5,5 +5,5 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/env.txt
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $OUT/env.txt
 timeout 330 python3 bench/sketch_speed.py > $OUT/sketch_speed.log 2>&1; echo "sketch_speed rc $?"
 cat $OUT/sketch_speed.log
-timeout 220 python3 bench/pytest_shards.py -n 14 tests/test_sketch_window.py tests/test_kernels_conformance.py tests/test_kernel_gate.py tests/test_graphs.py > $OUT/cuda_tests.log 2>&1
+timeout 220 python3 bench/pytest_shards.py -n 14 tests/kernels/test_sketch_window.py tests/kernels/test_kernels_conformance.py tests/kernels/test_kernel_gate.py tests/cache/test_graphs.py > $OUT/cuda_tests.log 2>&1
 echo "tests rc $?"; tail -3 $OUT/cuda_tests.log; grep -E "^FAILED|Error" $OUT/cuda_tests.log | head -20

@@ -10,7 +10,7 @@ import torch
 
 from contract import schemes as T
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_table_rows_and_derived_sets(monkeypatch):

@@ -517,10 +517,7 @@ def test_generate_takes_cache_implementation_witcert():
     """``generate(..., cache_implementation="witcert", cache_config={...})`` after ``use_witcert``: a fresh
     WitCertCache per call with those arguments (the same tokens and records as passing the cache), and
     clear errors for a cache passed as well, a non-dict cache_config and a bad cache argument."""
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from _tiny import generate, tiny_model
+    from tests.helpers.tiny import generate, tiny_model
 
     model = tiny_model()
     ids = torch.randint(3, 512, (1, 40), generator=torch.Generator().manual_seed(0))

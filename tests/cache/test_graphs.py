@@ -13,11 +13,11 @@ import pytest
 import torch
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
-from test_kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
-
+from tests.kernels.test_kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
 from witcert.cache import Gate, WitCertCache  # noqa: E402
 
 

@@ -10,13 +10,15 @@ import logging
 import numpy as np
 import pytest
 import torch
-from _tiny import tiny_model
-from test_kernel_gate import tiny_llama
 
 import witcert.hostcost as hc
+from tests.helpers.tiny import tiny_model
+from tests.kernels.test_kernel_gate import tiny_llama
 from witcert.cache import WitCertCache, host_bytes, reserve_host
 from witcert.hostpool import HostPool, HostPoolExhausted, fmt_bytes, parse_bytes
 from witcert.store import INITIAL_CAPACITY, ExactStore, append_pair
+
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 
 MiB = 1 << 20
 

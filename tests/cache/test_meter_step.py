@@ -16,7 +16,7 @@ from witcert import synthetic as S
 from witcert.gate import block_risk
 
 LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-56, 17) / 4.0)])  # witcert.cache.METER_LEVELS
-FIXTURE = pathlib.Path(__file__).parent / "data" / "meter_step_reference.npz"
+FIXTURE = pathlib.Path(__file__).parents[1] / "data" / "meter_step_reference.npz"
 #: where the fixture was recorded (CPU float arithmetic of the model forward differs across these)
 FIXTURE_PLATFORM = ("2.13.0+cpu", "x86_64")
 
@@ -254,8 +254,7 @@ def test_synthetic_meter_step_is_the_meter():
 
 def test_cache_reference_path_meters_through_witcert_meter(monkeypatch):
     pytest.importorskip("transformers")
-    from _meter_configs import _generate, _ids, _tiny_llama
-
+    from tests.helpers.meter_configs import _generate, _ids, _tiny_llama
     from witcert.cache import Gate, WitCertCache
 
     calls = {"measure": 0, "risk": 0}
@@ -285,16 +284,16 @@ def _float_field(a: np.ndarray) -> bool:
 
 def test_cache_records_are_bit_identical_to_the_pre_refactor_meter():
     """Every record field (TV⁺ before / after repair, parts, E⁺, Tier B, flags, page-ins, audit)
-    and the generated ids of ``tests/_meter_configs.run_all`` equal those recorded by the code
+    and the generated ids of ``tests.helpers.meter_configs.run_all`` equal those recorded by the code
     before ``witcert.meter`` existed (4a0bbb8; the kivi2 configurations re-recorded when kivi2's
-    arithmetic became the kernels', tests/_meter_configs.py): bit for bit where the host computes the model's
+    arithmetic became the kernels', tests/helpers/meter_configs.py): bit for bit where the host computes the model's
     float32 forward as the fixture's host did; otherwise every discrete field exactly and every
     float field within ``CROSS_HOST_RTOL`` (the test says which of the two held)."""
     pytest.importorskip("transformers")
     if (torch.__version__, platform.machine()) != FIXTURE_PLATFORM:
         pytest.skip(f"fixture recorded on torch {FIXTURE_PLATFORM[0]} / {FIXTURE_PLATFORM[1]}; the model forward's "
                     "float32 arithmetic may differ here")
-    from _meter_configs import run_all
+    from tests.helpers.meter_configs import run_all
 
     ref = np.load(FIXTURE)
     got = run_all()

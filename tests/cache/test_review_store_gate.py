@@ -11,18 +11,16 @@
 from __future__ import annotations
 
 import logging
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import witcert.cache as wc
+from tests.helpers.tiny import tiny_model
 from witcert.store import ExactStore
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _tiny import tiny_model  # noqa: E402
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 
 
 class HeadMajorStore:
@@ -229,7 +227,7 @@ def test_cuda_strided_read_right_after_an_async_append_sees_the_appended_values(
 
 
 # --------------------------------------------------------------------------- 2. row-wise re-decode
-# (moved into tests/test_kernel_gate.py::test_gate_decodes_again_only_the_sequences_it_repaired,
+# (moved into tests/kernels/test_kernel_gate.py::test_gate_decodes_again_only_the_sequences_it_repaired,
 # its Tier B / padded / audited variant)
 
 

@@ -4,20 +4,17 @@ import dataclasses
 import json
 import pathlib
 import shutil
-import sys
 import warnings
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _tiny import generate, record_fixture, tiny_model  # noqa: E402
-
+from tests.helpers.tiny import generate, record_fixture, tiny_model  # noqa: E402
 from witcert import traceviews as V  # noqa: E402
 from witcert.predicate import PredicateError, compile_predicate  # noqa: E402
 from witcert.trace import FIELDS, VERSION, Tee, TraceError, Tracer, read_trace  # noqa: E402
 
-FIXTURE = pathlib.Path(__file__).parent / "data" / "tiny.trace.jsonl"
+FIXTURE = pathlib.Path(__file__).parents[1] / "data" / "tiny.trace.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -330,9 +327,9 @@ def test_kernel_path_records_are_traced():
     import json as _json
 
     import torch
-    from _tiny import CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from tests.helpers.tiny import CONFIG
     from witcert.cache import WitCertCache, use_witcert
 
     cfg = _json.loads(CONFIG.read_text())

@@ -14,7 +14,7 @@ def test_demo_prints_table(capsys):
 
 def load_bench(name):
     """Import bench/<name>.py (the bench folder is scripts, not a package)."""
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -142,13 +142,10 @@ def test_layer_sweep_pieces(tmp_path):
 
 
 def test_compress_layers_meters_only_those_layers():
-    import sys
 
     import pytest
 
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from _tiny import generate, tiny_model
-
+    from tests.helpers.tiny import generate, tiny_model
     from witcert.cache import WitCertCache
 
     m = tiny_model()

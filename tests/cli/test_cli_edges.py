@@ -15,7 +15,7 @@ import pytest
 from witcert import cli
 from witcert.trace import TraceError, TraceWarning, read_trace
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "data" / "tiny.trace.jsonl"
 
 
@@ -147,9 +147,7 @@ def test_scheme_aliases_come_from_the_scheme_table():
 
 
 def test_the_cache_accepts_the_cli_alias_fp8():
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _tiny import tiny_model
-
+    from tests.helpers.tiny import tiny_model
     from witcert.cache import WitCertCache
 
     assert WitCertCache(tiny_model().config, scheme="fp8").scheme == "fp8_e4m3"
@@ -172,8 +170,7 @@ def test_logit_softcapping_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(NotImplementedError):
         check_supported_config({"model_type": "x", "text_config": {"attn_logit_softcapping": 30.0}})
     check_supported_config({"model_type": "gemma2", "attn_logit_softcapping": None})  # capping off: fine
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _tiny import tiny_model
+    from tests.helpers.tiny import tiny_model
 
     check_supported_config(tiny_model().config)  # Llama: nothing to refuse
     (tmp_path / "config.json").write_text(cfg.to_json_string())

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("contract", "witcert", "kernels", "proofs_bridge")
 
 

@@ -1,4 +1,4 @@
-"""Cache runs whose meter records pin the reference path bit for bit (``tests/test_meter_step.py``).
+"""Cache runs whose meter records pin the reference path bit for bit (``tests/cache/test_meter_step.py``).
 
 ``run_all()`` drives ``WitCertCache(backend="reference")`` on small random-weight Llamas through
 every branch of the reference meter: per-token and block witnesses, G = 1 and 2, Tier B (anytime
@@ -6,10 +6,10 @@ and fixed, and gating on it), risk-ranked and certified gates (with τ_v), a lef
 (rows without keys), chunked prefill (Lq ≤ 4 rows: with the tilt; Lq > 4: closed forms only), a
 float64 model, fp8, and the reviewed underflowed-p̂ case. It returns a flat dict of numpy arrays.
 
-``python tests/_meter_configs.py OUT.npz`` writes them. ``tests/data/meter_step_reference.npz``
+``python -m tests.helpers.meter_configs OUT.npz`` writes them. ``tests/data/meter_step_reference.npz``
 was written by the code *before* the meter was moved into ``witcert.meter`` (commit 4a0bbb8), and pins the
 group-witness radius: every cache here is built with ``sketch_bits=0`` and no exact window (the sketch
-radius and the window are tested in tests/test_sketch_window.py). Re-recorded 2026-12-04 (issue 33) when the
+radius and the window are tested in tests/kernels/test_sketch_window.py). Re-recorded 2026-12-04 (issue 33) when the
 dual-grid tilt took its endpoint form (``witcert.bounds._tilt_row``: each interval's upper value at its ends,
 never above the former t_{i+1} − D(t_i, λ_i) for the same λ): 585 of 1673 arrays moved, tilts within the
 branch-and-bound tolerance, and four certified gates paged in fewer blocks (their bounds are tighter);
@@ -79,7 +79,7 @@ def run_all() -> dict:
         return _Cache(*args, **kw)
 
     out = {}
-    # a GQA model (4 query heads over 2 kv heads, d = 32), as tests/_tiny.py
+    # a GQA model (4 query heads over 2 kv heads, d = 32), as tests/helpers/tiny.py
     gqa = _tiny_llama(layers=3, hq=4, hkv=2, d=32, vocab=128)
     gens = {
         "int8": dict(scheme="int8"),
@@ -130,7 +130,7 @@ def run_all() -> dict:
         cache = WitCertCache(m64.config, audit=True, seed=0, backend="reference", **kw)
         out.update(_flatten(name, cache, _generate(m64, cache, _ids(41, 64, seed=1, batch=1) % 64)))
 
-    # the reviewed underflowed-p̂ case (tests/test_cache_edges.py), driven through served_attention
+    # the reviewed underflowed-p̂ case (tests/cache/test_cache_edges.py), driven through served_attention
     from transformers import LlamaConfig
 
     for scheme in ("int8", "int4_group", "int8_dither"):

@@ -7,7 +7,7 @@ import functools
 import json
 import pathlib
 
-CONFIG = pathlib.Path(__file__).resolve().parents[1] / "bench" / "smollm2_config.json"
+CONFIG = pathlib.Path(__file__).resolve().parents[2] / "bench" / "smollm2_config.json"
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,7 +46,7 @@ def record_fixture(path, tracer_kwargs=None):
 
     m = tiny_model()
     caches = {}
-    with Tracer(path, meta={"model": "tiny random Llama (tests/_tiny.py)"}, **(tracer_kwargs or {})) as tr:
+    with Tracer(path, meta={"model": "tiny random Llama (tests/helpers/tiny.py)"}, **(tracer_kwargs or {})) as tr:
         for name, scheme, gate in (("kivi2", "kivi2", None),
                                    ("kivi2 +gate", "kivi2", Gate("risk-ranked", tau=0.0, max_pagein_blocks=1)),
                                    ("int8_dither", "int8_dither", None)):

@@ -143,7 +143,7 @@ def test_unsupported_version_refused():
 def test_unimportable_target_patches_nothing(monkeypatch):
     import sys
 
-    if ws.POOL_MODULE in sys.modules:  # tests/test_sglang_pool.py imported it (stubbed server stack)
+    if ws.POOL_MODULE in sys.modules:  # tests/integrations/test_sglang_pool.py imported it (stubbed server stack)
         monkeypatch.setattr(ws, "POOL_MODULE", "sglang.srt.mem_cache.no_such_pool")
     # the pool module needs SGLang's server stack (torchvision, …), absent here: all or nothing
     with pytest.raises(ws.UnsupportedSGLang, match="nothing was patched"):
@@ -220,7 +220,7 @@ def exact_checks(rec, q, pool, k, v, slots, indptr, ks, vs, scheme_cache=None):
             if n <= 12:
                 assert tv >= B.tv_sup_bruteforce(p_hat, eps).item()
             assert tv >= B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14 - 1e-7
-            # kernel tolerance vs witcert.bounds on the same inputs (tests/test_kernels_conformance.py)
+            # kernel tolerance vs witcert.bounds on the same inputs (tests/kernels/test_kernels_conformance.py)
             xi, rho = rec.xi[b, hq].item(), rec.rho[b, hq].item()
             qn = sigma * qq.norm().item() * (1 + 2**-10)
             eps_k = qn * W.norm(dim=-1) + xi

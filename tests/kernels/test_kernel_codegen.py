@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def _probe(*args):

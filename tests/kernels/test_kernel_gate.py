@@ -20,6 +20,7 @@ import pytest
 import torch
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
@@ -72,7 +73,7 @@ def build(scheme, lens, Hkv, seed=0, G=1, kv_fn=None, dtype=torch.bfloat16, bloc
 def assert_served(o, o_ref, v):
     """The kernel's output against an fp64 reference over the served values ``v`` [n, D]: fp32 in the
     interpreter; on the GPU p̂·s_v is rounded to bf16 for the tensor-core dot (relative 2^-9 per
-    term), the conformance suite's tolerance (tests/test_kernels_conformance.py)."""
+    term), the conformance suite's tolerance (tests/kernels/test_kernels_conformance.py)."""
     o = o.cpu().double()
     if DEV == "cpu":
         torch.testing.assert_close(o, o_ref, rtol=2e-4, atol=2e-4)
@@ -615,7 +616,7 @@ def test_gated_kernel_cache_construction():
         WitCertCache(model.config, scheme="user_nokernel", backend="kernel", gate=Gate("risk-ranked"))
     with pytest.raises(ValueError, match="G = 1"):
         WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)
-    # kivi2 has a kernel (id 7): a gated kivi2 cache takes the kernel path (tests/test_kivi2_kernel.py);
+    # kivi2 has a kernel (id 7): a gated kivi2 cache takes the kernel path (tests/kernels/test_kivi2_kernel.py);
     # a user scheme has none and stays on the reference path
     WitCertCache(model.config, scheme="kivi2", backend="kernel", gate=Gate("risk-ranked"))
     assert WitCertCache(model.config, scheme="kivi2", gate=Gate("risk-ranked")).use_kernel(torch.device("cuda"), 1)

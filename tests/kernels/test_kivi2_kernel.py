@@ -11,7 +11,7 @@ bit, and ``WitCertCache(scheme="kivi2", backend="kernel")`` against the fp64 ref
   audit finds no violation and the exact store is unchanged; crop sends a quantized page back to
   exact; growth past ``max_tokens`` and beams keep the held pages.
 
-(Decode conformance of kivi2 -- o, lse, TV⁺ against fp64 -- is in tests/test_kernels_conformance.py.)
+(Decode conformance of kivi2 -- o, lse, TV⁺ against fp64 -- is in tests/kernels/test_kernels_conformance.py.)
 """
 
 import math
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 

@@ -34,11 +34,10 @@ pytestmark = pytest.mark.skipif(DEV != "cpu", reason="interpreter review tests (
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1"
 
-from test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
-
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
+from tests.kernels.test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 
 D = 64
@@ -403,8 +402,8 @@ def test_slot_past_the_pool_is_refused():
     memory on the GPU). Run in a subprocess: the decode must raise ValueError."""
     code = textwrap.dedent("""
         import os, sys, torch
-        sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
-        from test_overlay_adversarial import _misuse_setup
+        sys.path[:0] = [os.getcwd()]
+        from tests.kernels.test_overlay_adversarial import _misuse_setup
         from kernels.decode import decode
         cache, bt, exact, rep, q = _misuse_setup()
         rep.slot[int(bt[0, 1]), 0] = 100000
@@ -415,7 +414,7 @@ def test_slot_past_the_pool_is_refused():
         print("ACCEPTED", out.meter.flag.tolist()); sys.exit(3)
     """)
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"rc={r.returncode} (139/-11: segfault) stdout={r.stdout[-300:]!r}"
 

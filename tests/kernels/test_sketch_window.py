@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 
 from contract.sketch import DEFAULT_WINDOW, check_bits, check_window, codes_per_byte  # noqa: E402
 from kernels import paged as P  # noqa: E402
