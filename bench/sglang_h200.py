@@ -121,7 +121,7 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     gr = f"{g1 / g0:.2f}" if g0 == g0 and g1 == g1 else "—"
     print(f"| {kv} | {Bsz} | {n} | {t0:.3f} | {t1:.3f} | {t1 / t0:.2f} "
           f"| {g0:.3f} | {g1:.3f} | {gr} | {err:.2e} | {e0:.1e} | {e1:.1e} |", flush=True)
-    del kb, vb, k, v
+    del kb, vb, k, v, call  # (the last call holds the buffers too)
     ws.STATE.layers.clear()
     ws.STATE.by_buffer.clear()
     torch.cuda.empty_cache()
