@@ -14,7 +14,7 @@ too noisy to give ratios (bench/SERVING.md).
 
 Configurations: stock (sdpa, DynamicCache), with PyTorch's default SDPA backend choice and with its
 cuDNN backend off (on the H200 the default picks cuDNN, whose host cost per decode call is ~1.5 ms
-for stock's calls: bench/stock_probe.py, bench/SERVING.md); WitCertCache int8 and fp8_e4m3 on the kernel path
+for stock's calls: bench/SERVING.md, the retired bench/stock_probe.py); WitCertCache int8 and fp8_e4m3 on the kernel path
 (meter on), and int8 with ``cuda_graph=True`` (the decode step captured once and replayed:
 ``witcert.graphs``); scheme none with the meter off (the pass-through cache); with
 ``--stock-graphed``, stock with a StaticCache whose decode step is graph-replayed too (the fair
@@ -285,7 +285,7 @@ def _run_configs(args, model, ids, configs, row, device, shape, Bsz, n):
             model.set_attn_implementation("sdpa")
         else:
             use_witcert(model)
-        # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (bench/stock_probe.py:
+        # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (the retired bench/stock_probe.py:
         # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
         with _cudnn_sdp(not attn.endswith("-nocudnn")):
             new = args.kivi2_new if key == "kivi2_gated" else args.new
