@@ -262,5 +262,6 @@ def main(argv=None):
     _write_path_and_memory(dev, smoke, Hkv, D)
     return rows
 
+
 if __name__ == "__main__":
     main()

@@ -351,5 +351,6 @@ def main(argv=None):
         if device == "cuda":
             torch.cuda.empty_cache()
 
+
 if __name__ == "__main__":
     main()

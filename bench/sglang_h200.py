@@ -156,5 +156,6 @@ def main():
                 _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
     print("unmetered calls:", dict(ws.STATE.unmetered))
 
+
 if __name__ == "__main__":
     main()

@@ -158,5 +158,6 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
+
 if __name__ == "__main__":
     main()

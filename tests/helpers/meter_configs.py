@@ -69,18 +69,8 @@ def _ids(n, vocab, seed=1, batch=1):
     return torch.randint(3, vocab, (batch, n), generator=g)
 
 
-def run_all() -> dict:
-    from witcert.cache import Gate
-    from witcert.cache import WitCertCache as _Cache
-
-    def WitCertCache(*args, **kw):  # the fixture pins the group-witness radius (no residual sketch)
-        kw.setdefault("sketch_bits", 0)
-        kw.setdefault("window", None)
-        return _Cache(*args, **kw)
-
-    out = {}
-    # a GQA model (4 query heads over 2 kv heads, d = 32), as tests/helpers/tiny.py
-    gqa = _tiny_llama(layers=3, hq=4, hkv=2, d=32, vocab=128)
+def _generations(WitCertCache, Gate, gqa, out):
+    """Greedy generations on the GQA model through every scheme, witness form, Tier B and gate."""
     gens = {
         "int8": dict(scheme="int8"),
         "int8_g2_block": dict(scheme="int8", num_groups=2, witness="block"),
@@ -98,6 +88,8 @@ def run_all() -> dict:
         ids = _generate(gqa, cache, _ids(37, 128))
         out.update(_flatten(name, cache, ids))
 
+
+def _left_padded(WitCertCache, Gate, gqa, out):
     # a left-padded batch of 2: rows of the padded sequence with no key are dead (placeholder, zeroed)
     ids = _ids(30, 128, seed=2, batch=2)
     mask = torch.ones_like(ids)
@@ -107,6 +99,8 @@ def run_all() -> dict:
         cache = WitCertCache(gqa.config, audit=True, seed=4, backend="reference", **kw)
         out.update(_flatten(name, cache, _generate(gqa, cache, ids, mask=mask, new=3)))
 
+
+def _chunked_prefill(WitCertCache, Gate, gqa, out):
     # chunked prefill: 3 rows (tilt on), then 6 rows (closed forms only), then one decode row
     for name, kw in {"chunks_int8": dict(scheme="int8"),
                      "chunks_dither": dict(scheme="int8_dither", delta_req=1e-3),
@@ -123,14 +117,18 @@ def run_all() -> dict:
         out.update(_flatten(name, cache))
         out[f"{name}/logits"] = np.stack(logits)
 
-    # a float64 model, gated (exact tokens stay float64)
+
+def _float64(WitCertCache, Gate, out):
+    """A float64 model, gated (exact tokens stay float64)."""
     m64 = _tiny_llama(torch.float64)
     for name, kw in {"f64_int8_certified": dict(scheme="int8", gate=Gate("certified", tau=0.0014, max_pagein_blocks=1)),
                      "f64_kivi2": dict(scheme="kivi2")}.items():
         cache = WitCertCache(m64.config, audit=True, seed=0, backend="reference", **kw)
         out.update(_flatten(name, cache, _generate(m64, cache, _ids(41, 64, seed=1, batch=1) % 64)))
 
-    # the reviewed underflowed-p̂ case (tests/cache/test_cache_edges.py), driven through served_attention
+
+def _underflow(WitCertCache, out):
+    """The reviewed underflowed-p̂ case (tests/cache/test_cache_edges.py), driven through served_attention."""
     from transformers import LlamaConfig
 
     for scheme in ("int8", "int4_group", "int8_dither"):
@@ -160,6 +158,25 @@ def run_all() -> dict:
         lay._pending = None
         out.update(_flatten(f"underflow_{scheme}", cache))
         out[f"underflow_{scheme}/o"] = o.detach().numpy()
+
+
+def run_all() -> dict:
+    from witcert.cache import Gate
+    from witcert.cache import WitCertCache as _Cache
+
+    def WitCertCache(*args, **kw):  # the fixture pins the group-witness radius (no residual sketch)
+        kw.setdefault("sketch_bits", 0)
+        kw.setdefault("window", None)
+        return _Cache(*args, **kw)
+
+    out = {}
+    # a GQA model (4 query heads over 2 kv heads, d = 32), as tests/helpers/tiny.py
+    gqa = _tiny_llama(layers=3, hq=4, hkv=2, d=32, vocab=128)
+    _generations(WitCertCache, Gate, gqa, out)
+    _left_padded(WitCertCache, Gate, gqa, out)
+    _chunked_prefill(WitCertCache, Gate, gqa, out)
+    _float64(WitCertCache, Gate, out)
+    _underflow(WitCertCache, out)
     return out
 
 

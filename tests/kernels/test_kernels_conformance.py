@@ -216,17 +216,8 @@ def test_decode_conformance_prefetched_block_table(case):
     check_case(*case, prefetch_bt=True)
 
 
-def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False,
-               tile_kw=None):
-    tile_kw = tile_kw or {}
-    cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
-    Hq = Hkv * GQ
-    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
-    q = q.bfloat16().float()
-    sl = torch.tensor(lens)
-    sigma = 1 / math.sqrt(D)
-    delta = 1e-3
-    qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
+def _decode_variants(cache, qd, btd, sld, scheme, splits, delta, levels, prefetch_bt, tile_kw):
+    """The metered call, the unmetered call on the metered tile, the unmetered default and the one-split call."""
     out = decode(cache, qd, btd, sld, num_splits=splits, delta_step=delta, levels=levels, prefetch_bt=prefetch_bt,
                  **tile_kw)
     # the metered tile, for bit-identity in the interpreter; on the GPU the default tile (kivi2 meter-off
@@ -238,8 +229,11 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
                  _head_columns=tile_config(True, scheme, 0.0, levels).head_columns)
     off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels, **tile_kw)
-    out, off, one = (to_cpu(x) for x in (out, off, one))
-    cache = on_cpu(cache)
+    return out, off, off_default, one
+
+
+def _check_tilings(out, off, off_default, one):
+    """The meter leaves the output alone, and other tilings / split counts agree within fp32 rounding."""
     if DEV == "cpu":  # fp32 in the interpreter: the meter does not touch the output at all
         assert torch.equal(out.o, off.o)  # same tiling: bit-identical
         # other tilings / split counts: the same sums in another order (fp32 rounding)
@@ -252,75 +246,99 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
         assert (out.o - off.o).abs().max() <= 1e-2 * scale and (out.o - one.o).abs().max() <= 1e-2 * scale
         assert (out.meter.tv_upper_a - one.meter.tv_upper_a).abs().max() <= 2e-3
     assert off.meter is None
+
+
+def _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, levels, outliers, groups):
+    """One (sequence, query head): o, lse and the witnesses against fp64, the kernel's TV⁺ sound and as tight as
+    stated, the realised errors within TV⁺ / E⁺, Tier B's radius."""
+    rec = out.meter
+    h = hq // GQ
+    kh, vh = dequant(cache, bt, b, n, h)
+    kx, vx = (t[:, h].double() for t in exact[b])
+    qq = q[b, hq].double()
+    s_hat = sigma * (kh @ qq)
+    p_hat = torch.softmax(s_hat, 0)
+    o_ref = p_hat @ vh
+    if DEV == "cpu":  # fp32 throughout in the interpreter
+        torch.testing.assert_close(out.o[b, hq].double(), o_ref, rtol=2e-4, atol=2e-4)
+    else:  # bf16 tensor cores: p̂·s_v is rounded to bf16 (relative 2^-9 per term)
+        assert (out.o[b, hq].double() - o_ref).norm() <= 1e-2 * (vh.norm(dim=-1).max() + 1e-6)
+    assert abs(out.lse[b, hq].item() - torch.logsumexp(s_hat, 0).item()) < 1e-4
+    # write path: stored witnesses ≥ fp64 residual norms (per token, or block max)
+    W, phi, nu = stored_witnesses(cache, bt, b, n, h)
+    Wref = B.group_norms(kh - kx, groups)
+    assert torch.all(W >= Wref), "key witness below the fp64 residual norm"
+    assert torch.all(phi >= (vh - vx).norm(dim=-1)) and torch.all(nu >= vh.norm(dim=-1))
+    eps = B.logit_radius(qq, W, groups, sigma, block_size=1, n=n)
+    delta_real = sigma * ((kh - kx) @ qq)
+    assert torch.all(delta_real.abs() <= eps)
+    tv_k = rec.tv_upper_a[b, hq].item()
+    frac = B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14
+    assert tv_k >= frac - 1e-7, f"kernel TV⁺ {tv_k} below the fractional supremum {frac}"
+    if n <= 12:
+        assert tv_k >= B.tv_sup_bruteforce(p_hat, eps).item()
+    # tightness: the kernel meters with the key-side radius σ‖q_h‖·‖W_j‖₂ (≥ the group
+    # radius, equal for G = 1) rounded up onto the row's levels σ‖q_h‖·edge_k
+    # the levels are raised by the row's Ξ, and tanh(Ξ/2) + ρ are added (SPEC §7)
+    xi, rho = rec.xi[b, hq].item(), rec.rho[b, hq].item()
+    split3 = P.dequantized_fp32(scheme)  # int4_group, kivi2: z + s·c in fp32, tf32x3
+    # ρ = Λ(1 + e^{ε_max + Ξ}/m) grows with e^{ε_max}: 2-bit keys with ×20 outlier channels reach
+    # ε_max ≈ 24 (TV⁺ saturated at 1); every other case keeps ρ ≤ 1e-9
+    assert 0 < xi <= XI_MODERATE * (4 if split3 else 1)
+    assert rho <= 1e-9 or (scheme == "kivi2" and outliers and tv_k == 1.0), (rho, tv_k)
+    # Ξ is the formula of kernels.decode: σ‖q‖·max κ·γ_D (+ the exp and mass terms)
+    kap = cache.k_norm[bt[b, torch.arange(n) // 16].long(), h,
+                       (torch.arange(n) % 16) if cache.per_token_witness else 0].double()
+    assert torch.all(kap >= kh.norm(dim=-1))
+    assert xi >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, split3)
+    qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
+    eps_k = qn * W.norm(dim=-1) + xi
+    if levels == "page":  # each token at its (logical) page's largest radius
+        pg = torch.arange(n) // cache.block_size
+        eps_k = torch.stack([eps_k[pg == i].max() for i in range(int(pg.max()) + 1)])[pg]
+    lv = qn * key_edges().double() + xi
+    ref_lv = min(B.tv_bound_tanh(eps_k).item(), B.tv_bound_eform(p_hat, eps_k).item(),
+                 B.tv_bound_tilt(p_hat, eps_k, levels=lv).item())
+    slack = EPILOGUE_SLACK + math.tanh(xi / 2) + rho + 4 * xi + 1e-6  # 4Ξ: p̃ vs fp64 p̂ in the reference
+    assert tv_k <= ref_lv + slack, f"kernel TV⁺ {tv_k} looser than stated vs {ref_lv}"
+    assert rec.eps_max[b, hq].item() >= eps.max().item() * (1 - 1e-6)
+    # realised errors against the exact backing store
+    p = torch.softmax(sigma * (kx @ qq), 0)
+    assert B.tv(p, p_hat).item() <= tv_k
+    o_exact = p @ vx
+    assert (o_ref - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
+    # and the output the kernel served (E⁺'s claim, docs/floating_point.md): its fp32 / bf16 PV roundings included
+    assert (out.o[b, hq].double() - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
+    if scheme == "int8_dither":
+        scales = cache.k_scale[bt[b, torch.arange(n) // 16].long(), h, torch.arange(n) % 16].double()
+        V = B.dither_variance_proxy(qq, scales, sigma)
+        t = B.dither_radius(V, n, delta, bias=B.dither_bias_bound(qq, scales, sigma))
+        assert rec.tb_max[b, hq].item() >= t.max().item() * (1 - 1e-6)
+        assert rec.tv_upper_b[b, hq].item() >= B.tv_bound_tilt(p_hat, t, tol=2**-14).item() - 2**-14 - 1e-7
+
+
+def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False,
+               tile_kw=None):
+    tile_kw = tile_kw or {}
+    cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
+    Hq = Hkv * GQ
+    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
+    q = q.bfloat16().float()
+    sl = torch.tensor(lens)
+    sigma = 1 / math.sqrt(D)
+    delta = 1e-3
+    qd, btd, sld = q.to(DEV), bt.to(DEV), sl.to(DEV)
+    out, off, off_default, one = _decode_variants(cache, qd, btd, sld, scheme, splits, delta, levels, prefetch_bt,
+                                                  tile_kw)
+    out, off, one = (to_cpu(x) for x in (out, off, one))
+    cache = on_cpu(cache)
+    _check_tilings(out, off, off_default, one)
     rec = out.meter
     assert not rec.flag.any()
     groups = cache.groups()
     for b, n in enumerate(lens):
         for hq in range(Hq):
-            h = hq // GQ
-            kh, vh = dequant(cache, bt, b, n, h)
-            kx, vx = (t[:, h].double() for t in exact[b])
-            qq = q[b, hq].double()
-            s_hat = sigma * (kh @ qq)
-            p_hat = torch.softmax(s_hat, 0)
-            o_ref = p_hat @ vh
-            if DEV == "cpu":  # fp32 throughout in the interpreter
-                torch.testing.assert_close(out.o[b, hq].double(), o_ref, rtol=2e-4, atol=2e-4)
-            else:  # bf16 tensor cores: p̂·s_v is rounded to bf16 (relative 2^-9 per term)
-                assert (out.o[b, hq].double() - o_ref).norm() <= 1e-2 * (vh.norm(dim=-1).max() + 1e-6)
-            assert abs(out.lse[b, hq].item() - torch.logsumexp(s_hat, 0).item()) < 1e-4
-            # write path: stored witnesses ≥ fp64 residual norms (per token, or block max)
-            W, phi, nu = stored_witnesses(cache, bt, b, n, h)
-            Wref = B.group_norms(kh - kx, groups)
-            assert torch.all(W >= Wref), "key witness below the fp64 residual norm"
-            assert torch.all(phi >= (vh - vx).norm(dim=-1)) and torch.all(nu >= vh.norm(dim=-1))
-            eps = B.logit_radius(qq, W, groups, sigma, block_size=1, n=n)
-            delta_real = sigma * ((kh - kx) @ qq)
-            assert torch.all(delta_real.abs() <= eps)
-            tv_k = rec.tv_upper_a[b, hq].item()
-            frac = B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14
-            assert tv_k >= frac - 1e-7, f"kernel TV⁺ {tv_k} below the fractional supremum {frac}"
-            if n <= 12:
-                assert tv_k >= B.tv_sup_bruteforce(p_hat, eps).item()
-            # tightness: the kernel meters with the key-side radius σ‖q_h‖·‖W_j‖₂ (≥ the group
-            # radius, equal for G = 1) rounded up onto the row's levels σ‖q_h‖·edge_k
-            # the levels are raised by the row's Ξ, and tanh(Ξ/2) + ρ are added (SPEC §7)
-            xi, rho = rec.xi[b, hq].item(), rec.rho[b, hq].item()
-            split3 = P.dequantized_fp32(scheme)  # int4_group, kivi2: z + s·c in fp32, tf32x3
-            # ρ = Λ(1 + e^{ε_max + Ξ}/m) grows with e^{ε_max}: 2-bit keys with ×20 outlier channels reach
-            # ε_max ≈ 24 (TV⁺ saturated at 1); every other case keeps ρ ≤ 1e-9
-            assert 0 < xi <= XI_MODERATE * (4 if split3 else 1)
-            assert rho <= 1e-9 or (scheme == "kivi2" and outliers and tv_k == 1.0), (rho, tv_k)
-            # Ξ is the formula of kernels.decode: σ‖q‖·max κ·γ_D (+ the exp and mass terms)
-            kap = cache.k_norm[bt[b, torch.arange(n) // 16].long(), h,
-                               (torch.arange(n) % 16) if cache.per_token_witness else 0].double()
-            assert torch.all(kap >= kh.norm(dim=-1))
-            assert xi >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, split3)
-            qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
-            eps_k = qn * W.norm(dim=-1) + xi
-            if levels == "page":  # each token at its (logical) page's largest radius
-                pg = torch.arange(n) // cache.block_size
-                eps_k = torch.stack([eps_k[pg == i].max() for i in range(int(pg.max()) + 1)])[pg]
-            lv = qn * key_edges().double() + xi
-            ref_lv = min(B.tv_bound_tanh(eps_k).item(), B.tv_bound_eform(p_hat, eps_k).item(),
-                         B.tv_bound_tilt(p_hat, eps_k, levels=lv).item())
-            slack = EPILOGUE_SLACK + math.tanh(xi / 2) + rho + 4 * xi + 1e-6  # 4Ξ: p̃ vs fp64 p̂ in the reference
-            assert tv_k <= ref_lv + slack, f"kernel TV⁺ {tv_k} looser than stated vs {ref_lv}"
-            assert rec.eps_max[b, hq].item() >= eps.max().item() * (1 - 1e-6)
-            # realised errors against the exact backing store
-            p = torch.softmax(sigma * (kx @ qq), 0)
-            assert B.tv(p, p_hat).item() <= tv_k
-            o_exact = p @ vx
-            assert (o_ref - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
-            # and the output the kernel served (E⁺'s claim, docs/floating_point.md): its fp32 / bf16 PV roundings included
-            assert (out.o[b, hq].double() - o_exact).norm().item() <= rec.out_err_upper[b, hq].item()
-            if scheme == "int8_dither":
-                scales = cache.k_scale[bt[b, torch.arange(n) // 16].long(), h, torch.arange(n) % 16].double()
-                V = B.dither_variance_proxy(qq, scales, sigma)
-                t = B.dither_radius(V, n, delta, bias=B.dither_bias_bound(qq, scales, sigma))
-                assert rec.tb_max[b, hq].item() >= t.max().item() * (1 - 1e-6)
-                assert rec.tv_upper_b[b, hq].item() >= B.tv_bound_tilt(p_hat, t, tol=2**-14).item() - 2**-14 - 1e-7
-
+            _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, levels, outliers, groups)
 
 def to_cpu(out):
     import dataclasses
@@ -823,6 +841,30 @@ def test_tile_config_and_its_overrides():
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
 
 
+def _check_the_tile_and_whole_waves(sms):
+    """Over batch sizes, metered or not: the tile never changes but for a small grid that takes the
+    many-program tile on one wave, and a grid of few waves is sized to whole waves."""
+    from kernels.decode import FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MIN_SPLIT_TOKENS, choose_splits, tile_config
+
+    many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
+    assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
+    for bsz in (1, 2, 3, 5, 8, 13, 16, 24, 32):
+        for meter in (True, False):
+            s0, s = choose_splits(bsz, 8, 32768, 16, sms), choose_splits(bsz, 8, 32768, 16, sms, meter)
+            t = tile_config(meter, "int8", bsz * 8 * s0 / sms)
+            if t != many[meter]:  # a small grid: one wave of the many-program tile
+                one = many[meter]
+                assert tile_config(meter, "int8", bsz * 8 * s / sms) == one and bsz <= 4, (bsz, meter)
+                assert bsz * 8 * s <= one.resident_programs() * sms and s <= 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
+                assert bsz * 8 * (s + 1) > one.resident_programs() * sms or s == 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
+                continue
+            assert tile_config(meter, "int8", bsz * 8 * s / sms) == t and 1 <= s <= 64, (bsz, meter)
+            per = t.resident_programs()
+            if per is not None and bsz * 8 * s0 < FEW_WAVES * per * sms:
+                k = max(1, int(bsz * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
+                assert bsz * 8 * s <= k * per * sms and (bsz * 8 * (s + 1) > k * per * sms or s == 64), (bsz, meter)
+
+
 def test_choose_splits_fills_whole_waves():
     """``choose_splits`` (bench/RESULTS.md runs L and R): without the launch's kernel, the base rule (≥ 2
     programs per SM, ≥ 16 splits, ≤ 64, ≥ 8 pages a split); with it, a grid of fewer than FEW_WAVES waves of
@@ -832,14 +874,11 @@ def test_choose_splits_fills_whole_waves():
     where the sequence is long enough. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
     from kernels.decode import (
         FEW_WAVES,
-        MANY_PROGRAMS_PER_SM,
         SMALL_GRID_MAX_PARTIALS,
         SMALL_GRID_MAX_SPLITS,
-        SMALL_GRID_MIN_SPLIT_TOKENS,
         SMALL_GRID_MIN_WAVE,
         Tile,
         choose_splits,
-        tile_config,
     )
 
     assert Tile(128, 1, 4, 168).resident_programs() == 3 and Tile(64, 1, 4, 80).resident_programs() == 6
@@ -888,23 +927,7 @@ def test_choose_splits_fills_whole_waves():
     # d 256: at most 128 splits (256 × 128 partial floats per row, the largest measured); d 64 keeps 198
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=256) == SMALL_GRID_MAX_PARTIALS // 256 == 128
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=64) == 198
-    many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
-    assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
-    for bsz in (1, 2, 3, 5, 8, 13, 16, 24, 32):
-        for meter in (True, False):
-            s0, s = choose_splits(bsz, 8, 32768, 16, sms), choose_splits(bsz, 8, 32768, 16, sms, meter)
-            t = tile_config(meter, "int8", bsz * 8 * s0 / sms)
-            if t != many[meter]:  # a small grid: one wave of the many-program tile
-                one = many[meter]
-                assert tile_config(meter, "int8", bsz * 8 * s / sms) == one and bsz <= 4, (bsz, meter)
-                assert bsz * 8 * s <= one.resident_programs() * sms and s <= 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
-                assert bsz * 8 * (s + 1) > one.resident_programs() * sms or s == 32768 // SMALL_GRID_MIN_SPLIT_TOKENS, bsz
-                continue
-            assert tile_config(meter, "int8", bsz * 8 * s / sms) == t and 1 <= s <= 64, (bsz, meter)
-            per = t.resident_programs()
-            if per is not None and bsz * 8 * s0 < FEW_WAVES * per * sms:
-                k = max(1, int(bsz * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
-                assert bsz * 8 * s <= k * per * sms and (bsz * 8 * (s + 1) > k * per * sms or s == 64), (bsz, meter)
+    _check_the_tile_and_whole_waves(sms)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
