@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 
-import tests.kernels.test_kernels_conformance as _conf  # noqa: E402  (its dequantizer: one copy of the code map)
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
+from tests.helpers import conformance as _conf  # noqa: E402  (its dequantizer: one copy of the code map)
 from witcert import bounds as B  # noqa: E402
 
 mpmath.mp.dps = 50
