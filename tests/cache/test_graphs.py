@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/te
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
-from tests.kernels.test_kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
+from tests.helpers.kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
 from witcert.cache import Gate, WitCertCache  # noqa: E402
 
 

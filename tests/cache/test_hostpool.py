@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import witcert.hostcost as hc
+from tests.helpers.kernel_gate import tiny_llama
 from tests.helpers.tiny import tiny_model
-from tests.kernels.test_kernel_gate import tiny_llama
 from witcert.cache import WitCertCache, host_bytes, reserve_host
 from witcert.hostpool import HostPool, HostPoolExhausted, fmt_bytes, parse_bytes
 from witcert.store import INITIAL_CAPACITY, ExactStore, append_pair
