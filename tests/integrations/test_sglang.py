@@ -143,7 +143,7 @@ def test_unsupported_version_refused():
 def test_unimportable_target_patches_nothing(monkeypatch):
     import sys
 
-    if ws.POOL_MODULE in sys.modules:  # tests/integrations/test_sglang_pool.py imported it (stubbed server stack)
+    if ws.POOL_MODULE in sys.modules:  # tests/helpers/sglang_pool.py imported it (stubbed server stack)
         monkeypatch.setattr(ws, "POOL_MODULE", "sglang.srt.mem_cache.no_such_pool")
     # the pool module needs SGLang's server stack (torchvision, …), absent here: all or nothing
     with pytest.raises(ws.UnsupportedSGLang, match="nothing was patched"):
