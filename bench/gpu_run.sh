@@ -14,11 +14,12 @@ if has graphs; then
   WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/cache/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
 fi
 if has conf; then
-  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernels_conformance.py \
+    tests/kernels/test_kernel_epilogue.py tests/kernels/test_kernel_tiles.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
-  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernel_gate.py \
+  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernel_gate.py tests/kernels/test_kernel_gate_cache.py \
     tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 if has bench; then

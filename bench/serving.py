@@ -23,7 +23,7 @@ certified gate (τ = ``--gate-tau``, ≤ 2 blocks per step) on int8 (kernel path
 kernel: the float64 reference path), each followed by one audited step (``cache.audit`` on for
 one more decode step: the realised TV against exact attention on every row of that step) and
 a check that the exact store was not written across that step, its page-ins included (layer 0's
-first prompt tokens compared bit for bit; tests/kernels/test_kernel_gate.py checks every page-in).
+first prompt tokens compared bit for bit; tests/kernels/test_kernel_gate_cache.py checks every page-in).
 """
 
 from __future__ import annotations

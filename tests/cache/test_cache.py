@@ -204,7 +204,7 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     register_scheme("user_nokernel", lambda x: (x.float(), {}), overwrite=True)
     with pytest.raises(ValueError, match="has no kernel"):
         WitCertCache(model.config, scheme="user_nokernel", backend="kernel")
-    # a gate is served on the kernel path (tests/kernels/test_kernel_gate.py); G > 1 witnesses are not
+    # a gate is served on the kernel path (tests/kernels/test_kernel_gate_cache.py); G > 1 witnesses are not
     assert WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked")).gate is not None
     with pytest.raises(ValueError, match="G = 1"):
         WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)

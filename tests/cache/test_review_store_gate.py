@@ -227,7 +227,7 @@ def test_cuda_strided_read_right_after_an_async_append_sees_the_appended_values(
 
 
 # --------------------------------------------------------------------------- 2. row-wise re-decode
-# (moved into tests/kernels/test_kernel_gate.py::test_gate_decodes_again_only_the_sequences_it_repaired,
+# (moved into tests/kernels/test_kernel_gate_cache.py::test_gate_decodes_again_only_the_sequences_it_repaired,
 # its Tier B / padded / audited variant)
 
 
