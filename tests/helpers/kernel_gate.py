@@ -1,7 +1,8 @@
 """Shared helpers of the gated kernel path's tests (``tests/kernels/test_kernel_gate.py``,
 ``test_kernel_gate_cache.py``, ``test_overlay_adversarial.py``, ``tests/cache/test_graphs.py``,
-``test_hostpool.py``): paged caches with an exact copy, their dequantization, repaired-page overlays, and a tiny
-random Llama with kernel-sized heads."""
+``test_hostpool.py``, ``tests/kernels/test_kivi2_kernel.py``): paged caches with an exact copy, their
+dequantization, repaired-page overlays, a tiny random Llama with kernel-sized heads, and ``guard_store`` (every
+page-in leaves the exact store bit-identical)."""
 
 import dataclasses
 import math
@@ -120,3 +121,21 @@ def tiny_llama(seed=0):
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                       num_hidden_layers=2, intermediate_size=128, vocab_size=128, max_position_embeddings=512)
     return use_witcert(LlamaForCausalLM(cfg).eval().to(DEV, MODEL_DTYPE))
+
+
+def guard_store(monkeypatch):
+    """Every page-in reads the exact store and leaves it bit-identical (checked around each call)."""
+    from witcert.cache import WitCertLayer
+
+    orig = WitCertLayer.page_in
+    calls = []
+
+    def checked(self, b, h, blk):
+        before = (self.exact_k.clone(), self.exact_v.clone())
+        nbytes = orig(self, b, h, blk)
+        assert torch.equal(before[0], self.exact_k) and torch.equal(before[1], self.exact_v)
+        calls.append((self.layer_idx, b, h, blk, nbytes))
+        return nbytes
+
+    monkeypatch.setattr(WitCertLayer, "page_in", checked)
+    return calls

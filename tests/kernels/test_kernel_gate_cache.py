@@ -17,25 +17,7 @@ if DEV == "cpu":
 
 from kernels.decode import decode  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
-from tests.helpers.kernel_gate import ESIZE, D, build, overlay_for, tiny_llama  # noqa: E402
-
-
-def _guard_store(monkeypatch):
-    """Every page-in reads the exact store and leaves it bit-identical (checked around each call)."""
-    from witcert.cache import WitCertLayer
-
-    orig = WitCertLayer.page_in
-    calls = []
-
-    def checked(self, b, h, blk):
-        before = (self.exact_k.clone(), self.exact_v.clone())
-        nbytes = orig(self, b, h, blk)
-        assert torch.equal(before[0], self.exact_k) and torch.equal(before[1], self.exact_v)
-        calls.append((self.layer_idx, b, h, blk, nbytes))
-        return nbytes
-
-    monkeypatch.setattr(WitCertLayer, "page_in", checked)
-    return calls
+from tests.helpers.kernel_gate import ESIZE, D, build, guard_store, overlay_for, tiny_llama  # noqa: E402
 
 
 # τ under the rows' TV⁺ with the schemes' default key sketch (tiny_llama, no window: TV⁺ 0.0010-0.0015
@@ -49,7 +31,7 @@ def test_gated_kernel_cache_pages_in_and_stays_sound(monkeypatch, scheme, gate):
     from witcert.cache import Gate, WitCertCache
 
     model = tiny_llama()
-    calls = _guard_store(monkeypatch)
+    calls = guard_store(monkeypatch)
     kw = dict(delta_req=1e-3) if scheme == "int8_dither" else {}
     cache = WitCertCache(model.config, scheme=scheme, backend="kernel", gate=Gate(**gate), audit=True, seed=3, **kw)
     g = torch.Generator().manual_seed(2)
@@ -92,7 +74,7 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     from witcert.cache import Gate, WitCertCache
 
     model = tiny_llama()
-    calls = _guard_store(monkeypatch)
+    calls = guard_store(monkeypatch)
     caches, seqs, logs = {}, {}, {}
     for backend in ("reference", "kernel"):
         calls.clear()

@@ -142,15 +142,15 @@ def test_write_kernel_refuses_tokens_that_are_not_whole_pages():
 
 
 def _model(seed=0):
-    from test_kernel_gate import tiny_llama
+    from tests.helpers.kernel_gate import tiny_llama
 
     return tiny_llama(seed)
 
 
 def _guard(monkeypatch):
-    from test_kernel_gate import _guard_store
+    from tests.helpers.kernel_gate import guard_store
 
-    return _guard_store(monkeypatch)
+    return guard_store(monkeypatch)
 
 
 def _generate(model, cache, ids, mask, new):
