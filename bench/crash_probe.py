@@ -15,7 +15,6 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def cases():
@@ -51,7 +50,7 @@ def one(name):
     kind, sch, m, p, s, f, e = parts[:7]
     m, p, s, f, e = (int(x[1:]) for x in (m, p, s, f, e))
     if kind == "small":
-        from test_kernels_conformance import build
+        from tests.helpers.conformance import build
         cache, bt, _ = build(sch, [50, 3], 2, 128, G=1, per_token=True, seed=7)
         q = (torch.randn(2, 8, 128) * 1.5).bfloat16().cuda()
         bt, sl, S = bt.cuda(), torch.tensor([50, 3]).cuda(), 2

@@ -132,7 +132,7 @@ def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
         print(f"#   w{warps} p{pages} s{stages} | {regs} {spills} | {t_on:.4f} / {t_off:.4f} ({t_on / t_off:.3f}x) | {t_full:.4f}", flush=True)
 
 
-def main(argv=None):
+def _parse_args(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--batches", default="1,8,32")
@@ -142,14 +142,10 @@ def main(argv=None):
     ap.add_argument("--tau-tilt", type=float, default=0.005,
                     help="tilt_above for 'tilt': below every row's TV+ here, so every row takes the (lazy) tilt")
     ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
-    args = ap.parse_args(argv)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    smoke = args.smoke or dev == "cpu"
-    Hkv, D = (8, 128) if not smoke else (2, 64)
-    heads = [int(x) for x in args.heads.split(",")] if not smoke else [4]
-    batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
-    lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    return ap.parse_args(argv)
+
+
+def _print_header(args, dev, sms, Hkv, D):
     if dev == "cuda":
         p = torch.cuda.get_device_properties(0)
         import triton
@@ -162,62 +158,55 @@ def main(argv=None):
           f" page-level bins (levels='page'); epi: full minus the same call without the record; tilt: as on with"
           f" tau = {args.tau_tilt}, below every row's TV+ on these witnesses, as tau = 0.1 is on keys with outlier"
           f" channels (bench/TIGHTNESS.md): every row takes the tilt, refined only until tau is settled")
-    if args.diag and not smoke:
-        diag(32, Hkv, D, dev, sms)
-    hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
-           f"{'full/off':>8} {'page/off':>8} {'tilt ms':>8} {'tilt/off':>8} {'tilted':>6} "
-           f"{'sdpa ms':>8} {'sdpa/on':>7} {'sdpa/off':>8} {'own ms':>8} {'epi ms':>7} {'TB/s off':>8} {'sdpa TB/s':>9}")
-    print(hdr)
-    rows = []
-    for Hq in heads:
-        for B in batches:
-            for n in lengths:
-                torch.manual_seed(0)
-                kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
-                copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
-                caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-                q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-                sl = torch.full((B,), n, device=dev, dtype=torch.int32)
 
-                def one(c, bt, meter, tau=-1.0, epi=True, levels="token"):
-                    return lambda: decode(c, q, bt, sl, meter=meter, validate=False, tilt_above=tau, epilogue=epi,
-                                          levels=levels)
 
-                def timed(meter, tau=-1.0, epi=True, cs=None, levels="token"):
-                    cs = caches if cs is None else cs
-                    try:
-                        if smoke:
-                            return bench(one(*cs[0], meter, tau, epi, levels), smoke)
-                        return bench(graphed([one(c, bt, meter, tau, epi, levels) for c, bt in cs]), smoke)
-                    except Exception as exc:  # a variant that fails to build is reported, not fatal
-                        print(f"# {levels} meter={meter}: {type(exc).__name__}: {exc}"[:300], flush=True)
-                        return float("nan")
+def _shape_row(args, dev, smoke, sms, Hq, B, n, Hkv, D):
+    """One table row: the whole decode call for (Hq, B, n), meter on / full / page / off / tilt, SDPA, own kernel."""
+    torch.manual_seed(0)
+    kv_bytes_i8 = B * n * Hkv * D * 2 + B * n * Hkv * 2 * 2  # codes + fp16 scales
+    copies = 1 if smoke else max(1, math.ceil(4 * 60e6 / kv_bytes_i8))  # rotate past the L2
+    caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+    sl = torch.full((B,), n, device=dev, dtype=torch.int32)
 
-                S = "/".join(str(choose_splits(B, Hkv, caches[0][1].shape[1] * 16, 16, sms, m)) for m in (True, False))
-                t_on = timed(True, args.tau)
-                t_full = timed(True)
-                t_noepi = timed(True, epi=False)
-                t_off = timed(False)
-                t_page = timed(True, args.tau, levels="page")
-                t_tilt = timed(True, args.tau_tilt)
-                rec = decode(caches[0][0], q, caches[0][1], sl, meter=True, validate=False,
-                             tilt_above=args.tau_tilt).meter
-                tilted = float((rec.tilt < 1).double().mean())  # rows that took the tilt at tau_tilt (want 1)
-                del caches
-                bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
-                t_own = timed(False, cs=bf)
-                del bf
-                t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2), smoke)
-                bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
-                bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
-                row = (f"{Hq:>3} {B:>3} {n:>7} {S:>8} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
-                       f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_tilt:>8.4f} {t_tilt / t_off:>8.3f} {tilted:>6.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
-                       f"{t_full - t_noepi:>7.4f} {bw_off:>8.2f} {bw_sdpa:>9.2f}")
-                print(row, flush=True)
-                rows.append(row)
-                if dev == "cuda":
-                    torch.cuda.empty_cache()
-    # write path vs a plain quantize
+    def one(c, bt, meter, tau=-1.0, epi=True, levels="token"):
+        return lambda: decode(c, q, bt, sl, meter=meter, validate=False, tilt_above=tau, epilogue=epi,
+                              levels=levels)
+
+    def timed(meter, tau=-1.0, epi=True, cs=None, levels="token"):
+        cs = caches if cs is None else cs
+        try:
+            if smoke:
+                return bench(one(*cs[0], meter, tau, epi, levels), smoke)
+            return bench(graphed([one(c, bt, meter, tau, epi, levels) for c, bt in cs]), smoke)
+        except Exception as exc:  # a variant that fails to build is reported, not fatal
+            print(f"# {levels} meter={meter}: {type(exc).__name__}: {exc}"[:300], flush=True)
+            return float("nan")
+
+    S = "/".join(str(choose_splits(B, Hkv, caches[0][1].shape[1] * 16, 16, sms, m)) for m in (True, False))
+    t_on = timed(True, args.tau)
+    t_full = timed(True)
+    t_noepi = timed(True, epi=False)
+    t_off = timed(False)
+    t_page = timed(True, args.tau, levels="page")
+    t_tilt = timed(True, args.tau_tilt)
+    rec = decode(caches[0][0], q, caches[0][1], sl, meter=True, validate=False,
+                 tilt_above=args.tau_tilt).meter
+    tilted = float((rec.tilt < 1).double().mean())  # rows that took the tilt at tau_tilt (want 1)
+    del caches
+    bf = [fill_cache(B, n, Hkv, D, "none", dev) for _ in range(max(1, copies // 2))]
+    t_own = timed(False, cs=bf)
+    del bf
+    t_sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2), smoke)
+    bw_off = kv_bytes_i8 / (t_off * 1e-3) / 1e12
+    bw_sdpa = (B * n * Hkv * D * 2 * 2) / (t_sdpa * 1e-3) / 1e12
+    return (f"{Hq:>3} {B:>3} {n:>7} {S:>8} {t_on:>8.4f} {t_full:>8.4f} {t_page:>8.4f} {t_off:>8.4f} "
+            f"{t_on / t_off:>7.3f} {t_full / t_off:>8.3f} {t_page / t_off:>8.3f} {t_tilt:>8.4f} {t_tilt / t_off:>8.3f} {tilted:>6.3f} {t_sdpa:>8.4f} {t_sdpa / t_on:>7.3f} {t_sdpa / t_off:>8.3f} {t_own:>8.4f} "
+            f"{t_full - t_noepi:>7.4f} {bw_off:>8.2f} {bw_sdpa:>9.2f}")
+
+
+def _write_path_and_memory(dev, smoke, Hkv, D):
+    """The write path against a plain torch quantize, then the memory per token of each scheme."""
     N = 4096 if not smoke else 32
     c = PagedKV.allocate(math.ceil(N / 16) + 1, Hkv, D, scheme="int8_dither", device=dev)
     k = torch.randn(N, Hkv, D, device=dev, dtype=torch.bfloat16)
@@ -242,6 +231,35 @@ def main(argv=None):
                   f"{r['ratio_vs_model_dtype']:.3f}x tokens vs bf16")
     r = bytes_per_token("int8_dither", head_dim=128, num_groups=1, witness_bytes=1)
     print(f"# memory int8_dither G=1 fp8 witnesses: {r['total']:.2f} B, {r['ratio_vs_model_dtype']:.3f}x vs bf16")
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    smoke = args.smoke or dev == "cpu"
+    Hkv, D = (8, 128) if not smoke else (2, 64)
+    heads = [int(x) for x in args.heads.split(",")] if not smoke else [4]
+    batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
+    lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    _print_header(args, dev, sms, Hkv, D)
+    if args.diag and not smoke:
+        diag(32, Hkv, D, dev, sms)
+    hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
+           f"{'full/off':>8} {'page/off':>8} {'tilt ms':>8} {'tilt/off':>8} {'tilted':>6} "
+           f"{'sdpa ms':>8} {'sdpa/on':>7} {'sdpa/off':>8} {'own ms':>8} {'epi ms':>7} {'TB/s off':>8} {'sdpa TB/s':>9}")
+    print(hdr)
+    rows = []
+    for Hq in heads:
+        for B in batches:
+            for n in lengths:
+                row = _shape_row(args, dev, smoke, sms, Hq, B, n, Hkv, D)
+                print(row, flush=True)
+                rows.append(row)
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
+    # write path vs a plain quantize
+    _write_path_and_memory(dev, smoke, Hkv, D)
     return rows
 
 

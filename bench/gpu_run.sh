@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # One device call: environment, then the stages named in STAGES (default: all but serving).
-# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench tiles ab serving stock host probe race.
+# Results under $OUT.  STAGES is a space-separated subset of: graphs conf gate bench tiles serving probe race.
+# (The stages ab, stock and host ran probes retired in issue 34: bench/RESULTS.md, "Retired scripts".)
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STAGES=" ${STAGES:-conf gate bench ab} "
+STAGES=" ${STAGES:-conf gate bench} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if has graphs; then
   # graphed decode steps (witcert.graphs): real CUDA-graph capture and replay against the eager kernel path
-  WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${GRAPHS_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/cache/test_graphs.py 2>&1 | tee "$OUT/graphs.txt" | tail -30
 fi
 if has conf; then
-  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernels_conformance.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${CONF_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernels_conformance.py \
+    tests/kernels/test_kernel_epilogue.py tests/kernels/test_kernel_tiles.py 2>&1 | tee "$OUT/conformance.txt" | tail -30
 fi
 if has gate; then
   # the gated kernel path (repaired-page overlay) on a GPU
-  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/test_kernel_gate.py \
-    tests/test_review_store_gate.py tests/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
+  WITCERT_DEVICE=cuda timeout "${GATE_TIMEOUT:-240}" python3 -m pytest -v -p no:cacheprovider tests/kernels/test_kernel_gate.py tests/kernels/test_kernel_gate_cache.py \
+    tests/cache/test_review_store_gate.py tests/kernels/test_kivi2_kernel.py 2>&1 | tee "$OUT/kernel_gate.txt" | tail -30
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-300}" python3 bench/decode.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
@@ -29,20 +31,8 @@ if has tiles; then
     timeout "${TILE_TIMEOUT:-120}" python3 bench/tile_ab.py --shape "$shp" ${TILE_ARGS:-} 2>&1 | tee -a "$OUT/tiles.txt"
   done
 fi
-if has ab; then
-  # the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
-  timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
-fi
 if has serving; then
   timeout "${SERVING_TIMEOUT:-300}" python3 bench/serving.py ${SERVING_ARGS:---gated} 2>&1 | tee "$OUT/serving.txt"
-fi
-if has stock; then
-  # why the stock column is slow (bench/SERVING.md): profiles of one stock and one pass-through step
-  timeout "${STOCK_TIMEOUT:-170}" python3 bench/stock_probe.py 2>&1 | tee "$OUT/stock_probe.txt"
-fi
-if has host; then
-  # where the metered step's host time goes (bench/host_probe.py)
-  timeout "${HOST_TIMEOUT:-200}" python3 bench/host_probe.py 2>&1 | tee "$OUT/host_probe.txt"
 fi
 if has probe; then
   # compute-sanitizer over the decode configurations, graph-replayed ones included (bench/crash_probe.py)

@@ -1,7 +1,7 @@
 """Run pytest files as N parallel shards on one machine (the device call's CUDA conformance: its time is
 Triton compiles, which one process does on one core; the GPU work itself is small).
 
-    WITCERT_DEVICE=cuda python3 bench/pytest_shards.py -n 4 tests/test_kernels_conformance.py tests/test_graphs.py
+    WITCERT_DEVICE=cuda python3 bench/pytest_shards.py -n 4 tests/kernels/test_kernels_conformance.py tests/cache/test_graphs.py
 
 Node ids are collected once and dealt round-robin; each shard's log is printed in turn, then one summary
 line per shard and the total. The exit status is non-zero if any shard failed (or collected nothing)."""

@@ -14,7 +14,7 @@ too noisy to give ratios (bench/SERVING.md).
 
 Configurations: stock (sdpa, DynamicCache), with PyTorch's default SDPA backend choice and with its
 cuDNN backend off (on the H200 the default picks cuDNN, whose host cost per decode call is ~1.5 ms
-for stock's calls: bench/stock_probe.py, bench/SERVING.md); WitCertCache int8 and fp8_e4m3 on the kernel path
+for stock's calls: bench/SERVING.md, the retired bench/stock_probe.py); WitCertCache int8 and fp8_e4m3 on the kernel path
 (meter on), and int8 with ``cuda_graph=True`` (the decode step captured once and replayed:
 ``witcert.graphs``); scheme none with the meter off (the pass-through cache); with
 ``--stock-graphed``, stock with a StaticCache whose decode step is graph-replayed too (the fair
@@ -23,7 +23,7 @@ certified gate (τ = ``--gate-tau``, ≤ 2 blocks per step) on int8 (kernel path
 kernel: the float64 reference path), each followed by one audited step (``cache.audit`` on for
 one more decode step: the realised TV against exact attention on every row of that step) and
 a check that the exact store was not written across that step, its page-ins included (layer 0's
-first prompt tokens compared bit for bit; tests/test_kernel_gate.py checks every page-in).
+first prompt tokens compared bit for bit; tests/kernels/test_kernel_gate_cache.py checks every page-in).
 """
 
 from __future__ import annotations
@@ -198,11 +198,7 @@ def audited_step(model, cache, ids, n):
     return int(cache.pagein_blocks.sum()), viol, kept
 
 
-def main(argv=None):
-    from transformers import DynamicCache
-
-    from witcert.cache import Gate, WitCertCache, use_witcert
-
+def _parse_args(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", default="4096,32768")
     ap.add_argument("--new", type=int, default=32)
@@ -222,11 +218,11 @@ def main(argv=None):
                          "to the first step's compiles and capture)")
     ap.add_argument("--stock-graphed", action="store_true",
                     help="add stock with a StaticCache, its decode step CUDA-graph replayed (CUDA only)")
-    args = ap.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.smoke or device == "cpu":
-        args.shapes, args.prompts, args.new, args.batches = "tiny", "40", 3, "1,2"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return ap.parse_args(argv)
+
+
+def _print_header(args, device, dtype):
+    """The run's description and the table's head; returns the gated and the graphed column titles ('' when off)."""
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
     print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, median decode step over "
           f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
@@ -238,82 +234,119 @@ def main(argv=None):
           "| int8 metered, CUDA graph ms | x stock | x stock w/o cuDNN"
           + gated_cols + graphed_cols + " |")
     print("|---" * (17 + (8 if args.gated else 0) + (2 if graphed_cols else 0)) + "|")
+    return gated_cols, graphed_cols
+
+
+def _configs(args, cfg, n):
+    """The (key, attention, cache factory) columns of one (shape, batch, prompt) and the row they fill
+    (nan for the columns --configs leaves out)."""
+    from transformers import DynamicCache
+
+    from witcert.cache import Gate, WitCertCache
+
+    row = {}
+    tau = args.tau
+    configs = (
+        ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
+        ("stock_nocudnn", "sdpa-nocudnn", lambda: DynamicCache(config=cfg)),
+        ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64,
+                                                 tilt_above=tau)),
+        ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
+                                                tilt_above=tau)),
+        ("int8_graph", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel",
+                                                       max_tokens=n + 64, tilt_above=tau, cuda_graph=True)),
+        ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
+        ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
+    )
+    if args.gated:
+        gate = Gate("certified", tau=args.gate_tau, max_pagein_blocks=2)
+        configs += (
+            ("int8_gated", "witcert", lambda: WitCertCache(cfg, scheme="int8", gate=gate, tilt_above=tau,
+                                                           max_tokens=n + 64)),
+            ("kivi2_gated", "witcert", lambda: WitCertCache(cfg, scheme="kivi2", gate=gate)),
+        )
+    if args.configs:
+        if args.gated:
+            raise SystemExit("--configs: not with --gated")
+        keep = set(args.configs.split(","))
+        configs = tuple(c for c in configs if c[0] in keep)
+        row = {c: float("nan") for c in ("stock", "stock_nocudnn", "int8", "fp8", "int8_graph", "none",
+                                         "none_nocudnn")}
+    return configs, row
+
+
+def _run_configs(args, model, ids, configs, row, device, shape, Bsz, n):
+    """Time every column into ``row``; returns the gated columns' audited steps."""
+    from witcert.cache import use_witcert
+
+    extra = {}
+    for i, (key, attn, make) in enumerate(configs):
+        if attn.startswith("sdpa"):
+            model.set_attn_implementation("sdpa")
+        else:
+            use_witcert(model)
+        # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (the retired bench/stock_probe.py:
+        # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
+        with _cudnn_sdp(not attn.endswith("-nocudnn")):
+            new = args.kivi2_new if key == "kivi2_gated" else args.new
+            if not args.no_warm:
+                decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
+            times, cache = decode_steps(model, ids, make(), new, device)
+        row[key] = statistics.median(times)
+        print(f"# {shape} B {Bsz} n {n} {key}: {row[key]:.2f} ms per step", flush=True)
+        if key in ("int8", "fp8", "int8_graph"):
+            recs = cache.records
+            assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
+        if key.endswith("_gated"):
+            extra[key] = audited_step(model, cache, ids, n)
+        del cache
+        _free(device)
+    return extra
+
+
+def _run_stock_graphed(args, model, cfg, ids, row, device):
+    try:
+        if not args.no_warm:
+            graphed_stock_steps(model, cfg, ids, min(4, args.new), device)  # warmed
+        row["stock_graph"] = statistics.median(graphed_stock_steps(model, cfg, ids, args.new, device))
+    except Exception as e:  # noqa: BLE001 — reported in the table, not fatal to the run
+        print(f"# stock graphed failed: {type(e).__name__}: {e}", flush=True)
+        row["stock_graph"] = float("nan")
+    torch.cuda.empty_cache()
+
+
+def _print_row(args, row, extra, graphed_cols, shape, Bsz, n):
+    s0, s1 = row["stock"], row["stock_nocudnn"]
+    print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {s1:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | "
+          f"{row['int8'] / s1:.2f} | {row['fp8']:.2f} | "
+          f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} | {row['none_nocudnn']:.2f} | "
+          f"{row['none_nocudnn'] / s1:.2f} | {row['int8_graph']:.2f} | {row['int8_graph'] / s0:.2f} | "
+          f"{row['int8_graph'] / s1:.2f}"
+          + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
+             + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
+             f"{'yes' if extra['int8_gated'][2] and extra['kivi2_gated'][2] else 'NO'}"
+             if args.gated else "")
+          + (f" | {row['stock_graph']:.2f} | {row['int8_graph'] / row['stock_graph']:.2f}" if graphed_cols else "")
+          + " |", flush=True)
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke or device == "cpu":
+        args.shapes, args.prompts, args.new, args.batches = "tiny", "40", 3, "1,2"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gated_cols, graphed_cols = _print_header(args, device, dtype)
     for shape in args.shapes.split(","):
         cfg, model = build(shape, device, dtype)
         for Bsz in map(int, args.batches.split(",")):
             for n in map(int, args.prompts.split(",")):
                 ids = torch.randint(10, cfg.vocab_size, (Bsz, n), device=device)
-                row = {}
-                tau = args.tau
-                configs = (
-                    ("stock", "sdpa", lambda: DynamicCache(config=cfg)),
-                    ("stock_nocudnn", "sdpa-nocudnn", lambda: DynamicCache(config=cfg)),
-                    ("int8", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel", max_tokens=n + 64,
-                                                             tilt_above=tau)),
-                    ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
-                                                            tilt_above=tau)),
-                    ("int8_graph", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel",
-                                                                   max_tokens=n + 64, tilt_above=tau, cuda_graph=True)),
-                    ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
-                    ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
-                )
-                if args.gated:
-                    gate = Gate("certified", tau=args.gate_tau, max_pagein_blocks=2)
-                    configs += (
-                        ("int8_gated", "witcert", lambda: WitCertCache(cfg, scheme="int8", gate=gate, tilt_above=tau,
-                                                                       max_tokens=n + 64)),
-                        ("kivi2_gated", "witcert", lambda: WitCertCache(cfg, scheme="kivi2", gate=gate)),
-                    )
-                if args.configs:
-                    if args.gated:
-                        raise SystemExit("--configs: not with --gated")
-                    keep = set(args.configs.split(","))
-                    configs = tuple(c for c in configs if c[0] in keep)
-                    row = {c: float("nan") for c in ("stock", "stock_nocudnn", "int8", "fp8", "int8_graph", "none",
-                                                     "none_nocudnn")}
-                extra = {}
-                for i, (key, attn, make) in enumerate(configs):
-                    if attn.startswith("sdpa"):
-                        model.set_attn_implementation("sdpa")
-                    else:
-                        use_witcert(model)
-                    # stock_nocudnn: the same stock model with PyTorch's cuDNN SDPA backend off (bench/stock_probe.py:
-                    # on the H200 the cuDNN backend costs ~1.5 ms of host time per stock decode call)
-                    with _cudnn_sdp(not attn.endswith("-nocudnn")):
-                        new = args.kivi2_new if key == "kivi2_gated" else args.new
-                        if not args.no_warm:
-                            decode_steps(model, ids, make(), min(4, new), device)  # warmed (compiles, allocator, clocks)
-                        times, cache = decode_steps(model, ids, make(), new, device)
-                    row[key] = statistics.median(times)
-                    print(f"# {shape} B {Bsz} n {n} {key}: {row[key]:.2f} ms per step", flush=True)
-                    if key in ("int8", "fp8", "int8_graph"):
-                        recs = cache.records
-                        assert recs and max(float(r.tv_a.max()) for r in recs) <= 1.0
-                    if key.endswith("_gated"):
-                        extra[key] = audited_step(model, cache, ids, n)
-                    del cache
-                    _free(device)
+                configs, row = _configs(args, cfg, n)
+                extra = _run_configs(args, model, ids, configs, row, device, shape, Bsz, n)
                 if graphed_cols:
-                    try:
-                        if not args.no_warm:
-                            graphed_stock_steps(model, cfg, ids, min(4, args.new), device)  # warmed
-                        row["stock_graph"] = statistics.median(graphed_stock_steps(model, cfg, ids, args.new, device))
-                    except Exception as e:  # noqa: BLE001 — reported in the table, not fatal to the run
-                        print(f"# stock graphed failed: {type(e).__name__}: {e}", flush=True)
-                        row["stock_graph"] = float("nan")
-                    torch.cuda.empty_cache()
-                s0, s1 = row["stock"], row["stock_nocudnn"]
-                print(f"| {shape} | {Bsz} | {n} | {s0:.2f} | {s1:.2f} | {row['int8']:.2f} | {row['int8'] / s0:.2f} | "
-                      f"{row['int8'] / s1:.2f} | {row['fp8']:.2f} | "
-                      f"{row['fp8'] / s0:.2f} | {row['none']:.2f} | {row['none'] / s0:.2f} | {row['none_nocudnn']:.2f} | "
-                      f"{row['none_nocudnn'] / s1:.2f} | {row['int8_graph']:.2f} | {row['int8_graph'] / s0:.2f} | "
-                      f"{row['int8_graph'] / s1:.2f}"
-                      + ("".join(f" | {row[k]:.2f} | {row[k] / s0:.2f} | {extra[k][0]}" for k in ("int8_gated", "kivi2_gated"))
-                         + f" | {extra['int8_gated'][1] + extra['kivi2_gated'][1]} | "
-                         f"{'yes' if extra['int8_gated'][2] and extra['kivi2_gated'][2] else 'NO'}"
-                         if args.gated else "")
-                      + (f" | {row['stock_graph']:.2f} | {row['int8_graph'] / row['stock_graph']:.2f}" if graphed_cols else "")
-                      + " |", flush=True)
+                    _run_stock_graphed(args, model, cfg, ids, row, device)
+                _print_row(args, row, extra, graphed_cols, shape, Bsz, n)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()

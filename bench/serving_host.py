@@ -157,7 +157,7 @@ def stock_gpu_bytes(cfg, model_bytes: int, B: int, tokens: int) -> int:
     return model_bytes + kv + act
 
 
-def main(argv=None) -> int:
+def _parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompts", default="4096,32768")
@@ -171,7 +171,24 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=420.0, help="seconds; later columns are skipped after it")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _reserve(args, cfg, cells, cap, dtype, pool):
+    """Reserve the largest fitting request's exact store in the pool before the first cell (off the request
+    path); returns (bytes reserved, seconds)."""
+    fits = [(B, n) for B, n in cells if host_bytes(cfg, B, cap(n), dtype) <= pool.budget]
+    reserve_s, reserved = 0.0, 0
+    if fits and not args.no_reserve:  # the largest request's exact store: every smaller one reuses it
+        B, n = max(fits, key=lambda c: host_bytes(cfg, c[0], cap(c[1]), dtype))
+        t0 = time.perf_counter()
+        reserved = reserve_host(cfg, B, cap(n), dtype, pool=pool)
+        reserve_s = time.perf_counter() - t0
+    return reserved, reserve_s
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
     t_start = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = "llama8b"
@@ -185,13 +202,7 @@ def main(argv=None) -> int:
     gpu_total = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else float("inf")
     pool = HostPool.configure(budget_bytes=args.pool_budget) if device == "cuda" else HostPool(args.pool_budget, pin=False)
     cap = lambda n: n + args.warm + args.steps + SLACK_TOKENS  # noqa: E731
-    fits = [(B, n) for B, n in cells if host_bytes(cfg, B, cap(n), dtype) <= pool.budget]
-    reserve_s, reserved = 0.0, 0
-    if fits and not args.no_reserve:  # the largest request's exact store: every smaller one reuses it
-        B, n = max(fits, key=lambda c: host_bytes(cfg, c[0], cap(c[1]), dtype))
-        t0 = time.perf_counter()
-        reserved = reserve_host(cfg, B, cap(n), dtype, pool=pool)
-        reserve_s = time.perf_counter() - t0
+    reserved, reserve_s = _reserve(args, cfg, cells, cap, dtype, pool)
 
     def witcert(host_pool):
         def make(n):

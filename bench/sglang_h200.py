@@ -54,6 +54,79 @@ def graph_ms(call, iters: int) -> float:
         return float("nan")
 
 
+def _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D):
+    """fp32 reference for the first and last request (all heads) over the stored values."""
+    refs = {}
+    for b in (0, Bsz - 1):
+        sl_b = loc[b * n:(b + 1) * n]
+        kk = kb[sl_b].float() * s
+        vv = vb[sl_b].float() * s
+        qq = q[b].float().view(Hkv, Hq // Hkv, D)
+        att = torch.softmax(torch.einsum("hgd,nhd->hgn", qq, kk) / math.sqrt(D), -1)
+        refs[b] = torch.einsum("hgn,nhd->hgd", att, vv).reshape(Hq, D)
+        del kk, vv, att
+    return refs
+
+
+def _time_call(fn, q, kb, vb, indptr, loc, s, Bsz, Hq, D, max_splits, iters, dev):
+    """One decode function's eager time (ms) on a cell, its output buffer and the call (to graph-replay)."""
+    o = torch.empty(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
+    lg = torch.empty(Bsz, Hq, max_splits, D, device=dev)
+    lse = torch.empty(Bsz, Hq, max_splits, device=dev)
+    ns = torch.full((Bsz,), max_splits, device=dev, dtype=torch.int32)
+    call = lambda: fn(q, kb, vb, o, indptr, loc.int(), lg, lse, ns, max_splits,  # noqa: E731
+                      1 / math.sqrt(D), s, s)
+    call()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(iters):
+        call()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / iters, o, call
+
+
+def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits):
+    """One table row: SGLang's decode against the metered one on a random cache of Bsz requests of n tokens."""
+    size = Bsz * n
+    dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+    scale = None if kv == "bf16" else 0.5
+    kb = torch.zeros(size, Hkv, D, dtype=dtype, device=dev)
+    vb = torch.zeros_like(kb)
+    k = torch.randn(size, Hkv, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    loc = torch.randperm(size, device=dev)
+    s = 1.0 if scale is None else scale
+    kb[loc] = (k.float() / s).to(dtype)
+    vb[loc] = (v.float() / s).to(dtype)
+    ws.record_write(kb, vb, 0, loc, k, v, scale, scale, dtype)
+    indptr = torch.arange(0, size + 1, n, device=dev, dtype=torch.int32)
+    q = torch.randn(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
+    # fp32 reference for the first and last request (all heads) over the stored values
+    refs = _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D)
+    outs, times, gtimes, errs = [], [], [], []
+    for fn in (patched, orig):  # ours first: a crash in SGLang's kernel leaves our row printed
+        t, o, call = _time_call(fn, q, kb, vb, indptr, loc, s, Bsz, Hq, D, max_splits, args.iters, dev)
+        times.append(t)
+        outs.append(o.float().clone())
+        errs.append(max(float((o[b].float() - r).abs().max() / r.abs().max()) for b, r in refs.items()))
+        gtimes.append(graph_ms(call, args.iters))
+        print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
+              f"max|o − ref|/max|ref| {errs[-1]:.2e} (first and last request)", flush=True)
+    t1, t0 = times
+    g1, g0 = gtimes
+    e1, e0 = errs
+    err = float((outs[0] - outs[1]).abs().max() / outs[1].abs().max())
+    gr = f"{g1 / g0:.2f}" if g0 == g0 and g1 == g1 else "—"
+    print(f"| {kv} | {Bsz} | {n} | {t0:.3f} | {t1:.3f} | {t1 / t0:.2f} "
+          f"| {g0:.3f} | {g1:.3f} | {gr} | {err:.2e} | {e0:.1e} | {e1:.1e} |", flush=True)
+    del kb, vb, k, v, call  # (the last call holds the buffers too)
+    ws.STATE.layers.clear()
+    ws.STATE.by_buffer.clear()
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sglang-root", default=os.environ.get("WITCERT_SGLANG_ROOT"))
@@ -80,63 +153,7 @@ def main():
     for kv in args.kv.split(","):
         for Bsz in map(int, args.batches.split(",")):
             for n in map(int, args.lens.split(",")):
-                size = Bsz * n
-                dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
-                scale = None if kv == "bf16" else 0.5
-                kb = torch.zeros(size, Hkv, D, dtype=dtype, device=dev)
-                vb = torch.zeros_like(kb)
-                k = torch.randn(size, Hkv, D, device=dev, dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                loc = torch.randperm(size, device=dev)
-                s = 1.0 if scale is None else scale
-                kb[loc] = (k.float() / s).to(dtype)
-                vb[loc] = (v.float() / s).to(dtype)
-                ws.record_write(kb, vb, 0, loc, k, v, scale, scale, dtype)
-                indptr = torch.arange(0, size + 1, n, device=dev, dtype=torch.int32)
-                q = torch.randn(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
-                # fp32 reference for the first and last request (all heads) over the stored values
-                refs = {}
-                for b in (0, Bsz - 1):
-                    sl_b = loc[b * n:(b + 1) * n]
-                    kk = kb[sl_b].float() * s
-                    vv = vb[sl_b].float() * s
-                    qq = q[b].float().view(Hkv, Hq // Hkv, D)
-                    att = torch.softmax(torch.einsum("hgd,nhd->hgn", qq, kk) / math.sqrt(D), -1)
-                    refs[b] = torch.einsum("hgn,nhd->hgd", att, vv).reshape(Hq, D)
-                    del kk, vv, att
-                outs, times, gtimes, errs = [], [], [], []
-                for fn in (patched, orig):  # ours first: a crash in SGLang's kernel leaves our row printed
-                    o = torch.empty(Bsz, Hq, D, device=dev, dtype=torch.bfloat16)
-                    lg = torch.empty(Bsz, Hq, max_splits, D, device=dev)
-                    lse = torch.empty(Bsz, Hq, max_splits, device=dev)
-                    ns = torch.full((Bsz,), max_splits, device=dev, dtype=torch.int32)
-                    call = lambda: fn(q, kb, vb, o, indptr, loc.int(), lg, lse, ns, max_splits,  # noqa: E731
-                                      1 / math.sqrt(D), s, s)
-                    call()
-                    torch.cuda.synchronize()
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    for _ in range(args.iters):
-                        call()
-                    e1.record()
-                    torch.cuda.synchronize()
-                    times.append(e0.elapsed_time(e1) / args.iters)
-                    outs.append(o.float().clone())
-                    errs.append(max(float((o[b].float() - r).abs().max() / r.abs().max()) for b, r in refs.items()))
-                    gtimes.append(graph_ms(call, args.iters))
-                    print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
-                          f"max|o − ref|/max|ref| {errs[-1]:.2e} (first and last request)", flush=True)
-                t1, t0 = times
-                g1, g0 = gtimes
-                e1, e0 = errs
-                err = float((outs[0] - outs[1]).abs().max() / outs[1].abs().max())
-                gr = f"{g1 / g0:.2f}" if g0 == g0 and g1 == g1 else "—"
-                print(f"| {kv} | {Bsz} | {n} | {t0:.3f} | {t1:.3f} | {t1 / t0:.2f} "
-                      f"| {g0:.3f} | {g1:.3f} | {gr} | {err:.2e} | {e0:.1e} | {e1:.1e} |", flush=True)
-                del kb, vb, k, v
-                ws.STATE.layers.clear()
-                ws.STATE.by_buffer.clear()
-                torch.cuda.empty_cache()
+                _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
     print("unmetered calls:", dict(ws.STATE.unmetered))
 
 

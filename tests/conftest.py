@@ -10,6 +10,9 @@ if os.environ.get("WITCERT_DEVICE", "cpu") != "cuda":
 import pytest
 from hypothesis import HealthCheck, settings
 
+# the shared helpers' asserts (tests.helpers.conformance.check_case, ...) report as the test modules' do
+pytest.register_assert_rewrite("tests.helpers")
+
 settings.register_profile(
     "ci", max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -113,7 +113,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
     and ``summary()``."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
-    #: batch; the same rows either way, bit-identical in the interpreter: tests/test_kernel_gate.py,
+    #: batch; the same rows either way, bit-identical in the interpreter: tests/kernels/test_kernel_gate_cache.py,
     #: ``DecodeOutput.with_rows``)
     REDECODE_ROWS = True
 

@@ -2,7 +2,7 @@
 
 Model-free: it sees per-block risks, whether the bounds hold, and a page-in callback. The cache
 (``witcert.cache``) supplies them per (step, layer) from its meter; tests drive it with
-synthetic risks and a fake store (``tests/test_gate.py``).
+synthetic risks and a fake store (``tests/cache/test_gate.py``).
 
 Per (step, layer, sequence, kv head), after the meter:
 

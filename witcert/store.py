@@ -17,7 +17,7 @@ at least what the append needs, ``INITIAL_CAPACITY`` tokens, and a quarter of th
 many tokens (a prefill) reserves an eighth more for the decode steps after it. PyTorch's pinned
 allocator rounds every allocation up to a power of two bytes, so pinned chunks are sized to fill
 their rounded allocation or split below it (``_chunk_tokens``): by that policy's arithmetic (modelled
-in tests/test_cache_edges.py, not measured on a GPU) memory stays within ~1.4× of the tokens written
+in tests/cache/test_cache_edges.py, not measured on a GPU) memory stays within ~1.4× of the tokens written
 (1.02–1.34× over the shapes there), where the previous single buffer, 1.5× the prefill and then
 rounded up, came to ~64 GB of pinned memory for 34 GB of K / V (arithmetic; bench/SERVING.md, run I5).
 

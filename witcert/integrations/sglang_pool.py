@@ -27,7 +27,7 @@ tightness, never soundness. Per pool method of the pinned SGLang (``POOL_API``):
 * ``unregistered``: a pool class whose buffers no recorded write registers (other dtypes,
   layouts, MLA, quantized): its decode falls back to SGLang's kernel, unmetered and counted.
 
-``tests/test_sglang_pool.py`` enumerates the pinned SGLang's pool classes and fails when a public
+``tests/integrations/test_sglang_pool_api.py`` enumerates the pinned SGLang's pool classes and fails when a public
 method whose name suggests a KV write is in none of these lists.
 """
 

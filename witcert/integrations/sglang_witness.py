@@ -31,7 +31,7 @@ def kernel_scale(scale) -> float:
     """The scale as the metered kernel applies it: rounded to float32 (``paged_view`` hands the
     kernel a float32 tensor). Witnesses are taken against this value, not the float64 one: the
     kernel's k̂ is code · fp32(k_scale), so a float64-scale witness can undershoot (issue 36;
-    ``tests/test_sglang_pool.py::test_witness_uses_the_kernels_fp32_scale``)."""
+    ``tests/integrations/test_sglang_pool.py::test_witness_uses_the_kernels_fp32_scale``)."""
     if scale is None:
         return 1.0
     if isinstance(scale, torch.Tensor):

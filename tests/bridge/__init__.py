@@ -1,0 +1,1 @@
+"""Tests of the Lean <-> code bridge (``proofs_bridge``)."""

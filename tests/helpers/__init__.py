@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules: tiny models, recorded meter configurations."""

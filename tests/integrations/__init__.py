@@ -1,0 +1,1 @@
+"""Tests of the serving-engine integrations (``witcert.integrations``: SGLang)."""

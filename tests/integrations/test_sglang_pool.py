@@ -1,0 +1,259 @@
+"""Issue 36: the SGLang meter against the real ``sglang==0.5.23`` pool classes on the CPU.
+
+The pool modules need SGLang's server stack (torchvision, tvm_ffi, …); ``real_pool_modules``
+imports them without it: a few third-party packages and two vision-config modules are stubbed
+(``_Stub``: attribute access gives a placeholder), ``sglang.srt.configs`` is entered without its
+``__init__`` and ``sglang.srt.model_executor.runner`` (the CUDA-graph runner) is a one-function
+stand-in (``get_is_capture_mode() -> False``). The pool classes themselves, their
+``set_kv_buffer`` / ``move_kv_cache`` / masked-write Triton kernel, are SGLang's own code.
+
+Each hole of the issue has a test that measures the realised TV of what the decode served
+(float64 softmax over the exact K/V the model handed the pool vs over the stored values) against
+the record's TV⁺; each failed on the code before the fix (numbers in the docstrings).
+
+The pool API enumerated and the allocators: ``test_sglang_pool_api.py``; the stubbed import and the
+shared helpers: ``tests.helpers.sglang_pool``.
+"""
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+
+import pytest
+import torch
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)
+
+import witcert.integrations.sglang as ws  # noqa: E402
+from tests.helpers.sglang_pool import (  # noqa: E402
+    HKV,
+    HQ,
+    MP,
+    SIZE,
+    SW,
+    D,
+    Exact,
+    _clean,  # noqa: E402, F401  (the autouse fixture)
+    _Layer,
+    check,
+    decode,
+    install,
+    kv,
+    mha,
+    query,
+    served,
+    write,
+)
+
+# ---------------------------------------------------------------- hole 2: move_kv_cache
+
+
+def test_move_kv_cache_carries_witnesses():
+    """Issue 36 (2): before the fix the moved tokens kept the target slots' old witnesses (0 here):
+    realised TV 0.0092 against TV⁺ 0.00021 on this input (after: TV⁺ 0.12)."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    src, tgt = torch.arange(0, 8), torch.arange(20, 28)
+    ka, va = kv(8, 1)  # lossy in fp8
+    kb_, vb_ = kv(8, 2, exact=True)  # exact in fp8: witness 0
+    write(pool, 0, src, ka, va, ex)
+    write(pool, 0, tgt, kb_, vb_, ex)
+    pool.move_kv_cache(tgt, src)
+    ex.move(tgt, src)
+    assert torch.equal(pool.k_buffer[0][tgt], pool.k_buffer[0][src])  # SGLang's own move ran
+    q = query(3, 1, scale=1.0).expand(2, HQ, D).contiguous()
+    rows = [tgt.tolist(), src.tolist()]
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, rows)
+    assert tv[0].max() > 1e-3  # the moved row is lossy
+    assert (tv <= tvp).all(), (tv.max().item(), tvp.min().item())
+    assert torch.allclose(tvp[0], tvp[1], rtol=1e-3)  # the same tokens and witnesses: the same bound
+    assert tvp.max() < 1  # metered, not saturated
+
+
+def test_move_checks_the_moved_bytes():
+    """A move that does not copy what it was asked to (here: SGLang's move replaced by one that
+    writes other bytes) leaves its targets unmetered (TV⁺ 1), never with the sources' witnesses."""
+    pool = mha()
+    recs = install()
+    src, tgt = torch.arange(0, 4), torch.arange(10, 14)
+    write(pool, 0, src, *kv(4, 1))
+    write(pool, 0, tgt, *kv(4, 2))
+    orig = ws._ORIGINALS["pool:move_kv_cache"][2]
+
+    def wrong(self, tgt_loc, src_loc):
+        orig(self, tgt_loc, src_loc)
+        self.k_buffer[0][tgt_loc[:1]] = 0  # the first target's K is not what was moved
+        self.v_buffer[0][tgt_loc[1:2]] = 0  # nor the second's V
+
+    installed = MP.MHATokenToKVPool.move_kv_cache
+    from witcert.integrations import sglang_pool
+
+    MP.MHATokenToKVPool.move_kv_cache = sglang_pool.wrap_move_kv_cache(wrong)
+    try:
+        pool.move_kv_cache(tgt, src)
+    finally:
+        MP.MHATokenToKVPool.move_kv_cache = installed
+    q = query(4, 4, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [tgt[:1].tolist(), tgt[1:2].tolist(), tgt[2:].tolist(), src.tolist()])
+    tvp = recs[-1][1].tv_upper_a
+    assert (tvp[:2] == 1).all() and (tvp[2:] < 1).all()
+    assert recs[-1][1].flag[:2].all()
+
+
+# ---------------------------------------------------------------- hole 1: hybrid (SWA) pools
+
+
+def test_swa_and_full_layers_do_not_share_witnesses():
+    """Issue 36 (1): SWAKVPool writes its sub-pools with ``layer_id_override`` = the pool-local id,
+    so the full layer 1 and the SWA layer 0 were both "layer 0": the SWA write (exact values,
+    witness 0) overwrote the full layer's witnesses. Before the fix: realised TV 0.0092 against
+    TV⁺ 0.00021 on the full layer."""
+    pool = SW.SWAKVPool(size=SIZE, size_swa=SIZE, page_size=1, dtype=torch.float8_e4m3fn, head_num=HKV, head_dim=D,
+                        swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                        enable_memory_saver=False, enable_alt_stream=False)
+    recs = install()
+    full_ex, swa_ex = Exact(), Exact()
+    loc = torch.arange(5, 13)
+    kf, vf = kv(8, 1)  # lossy
+    ks_, vs_ = kv(8, 2, exact=True)
+    pool.set_kv_buffer(_Layer(1), loc, kf.clone(), vf.clone())  # the full layer
+    full_ex.write(loc, kf)
+    pool.set_kv_buffer(_Layer(0), MP.KVWriteLoc(loc=loc, swa_loc=loc), ks_.clone(), vs_.clone())  # the SWA layer
+    swa_ex.write(loc, ks_)
+    q = query(3, 1, scale=1.0)
+    fk, fv = pool.full_kv_pool.k_buffer[0], pool.full_kv_pool.v_buffer[0]
+    decode(fk, fv, q, [loc.tolist()])
+    tv, tvp = check(recs, q, fk, full_ex, [loc.tolist()])
+    assert tv.max() > 1e-3 and (tv <= tvp).all(), (tv.max().item(), tvp.min().item())
+    assert recs[-1][0] == 1  # the model's layer id, not the sub-pool's
+    sk, sv = pool.swa_kv_pool.k_buffer[0], pool.swa_kv_pool.v_buffer[0]
+    decode(sk, sv, q, [loc.tolist()])
+    tv, tvp = check(recs, q, sk, swa_ex, [loc.tolist()])
+    assert recs[-1][0] == 0 and (tv == 0).all() and (tvp < 1e-3).all()
+
+
+# ---------------------------------------------------------------- hole 3: dcp_kv_mask
+
+
+def test_masked_dcp_write_is_recorded():
+    """Issue 36 (3): a write through ``dcp_kv_mask`` (SGLang's masked Triton kernel) was not
+    recorded: the slots kept the witnesses of what they held before (0: exact values). Before
+    the fix: realised TV 0.0083 against TV⁺ 0.00021."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    loc = torch.arange(0, 8)
+    write(pool, 0, loc, *kv(8, 2, exact=True), ex)
+    k, v = kv(8, 1)
+    mask = torch.tensor([1, 1, 1, 1, 1, 1, 0, 1], dtype=torch.int32)  # slot 6 belongs to another rank
+    pool.set_kv_buffer(_Layer(0), loc, k.clone(), v.clone(), dcp_kv_mask=mask)
+    ex.write(loc[mask.bool()], k[mask.bool()])
+    kept = kv(8, 2, exact=True)[0][6]
+    assert torch.equal(served(pool.k_buffer[0])[6].float(), kept)  # SGLang did not write slot 6
+    q = query(3, 1, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [loc.tolist()])
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, [loc.tolist()])
+    assert tv.max() > 1e-3 and (tv <= tvp).all() and (tvp < 1).all(), (tv.max().item(), tvp.min().item())
+
+
+# ---------------------------------------------------------------- hole 4: a failing recorder
+
+
+def test_failing_recorder_leaves_unmetered_slots(monkeypatch):
+    """Issue 36 (4): an exception in the recorder dropped the layer; the next write made a new
+    side with zero witnesses for every older slot. Before the fix: realised TV 0.0176 against
+    TV⁺ 0.00011 (the failed write's slots; 0.0092 against 0.00011 on the older ones). Now the failed write's slots are
+    unmetered (TV⁺ 1) and the
+    older slots keep their witnesses."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    old, failed, new = torch.arange(0, 8), torch.arange(8, 12), torch.arange(12, 16)
+    write(pool, 0, old, *kv(8, 1), ex)
+    real = ws.record_write
+    monkeypatch.setattr(ws, "record_write", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("injected")))
+    write(pool, 0, failed, *kv(4, 4), ex)
+    monkeypatch.setattr(ws, "record_write", real)
+    write(pool, 0, new, *kv(4, 5), ex)
+    assert any("injected" in w for w in ws.STATE.unmetered)
+    q = query(3, 1, scale=1.0).expand(3, HQ, D).contiguous()
+    rows = [old.tolist(), failed.tolist(), new.tolist()]
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, rows)
+    assert tv[0].max() > 1e-3 and (tv <= tvp).all(), (tv.max().item(), tvp.min().item())
+    assert (tvp[0] < 1).all() and (tvp[1] == 1).all() and (tvp[2] < 1).all()
+
+
+def test_fresh_side_starts_unmetered():
+    """Slots a recorded write has not seen (written before the meter registered the buffer)
+    are unmetered: a side is born with every slot's bit set. Before the fix: TV⁺ 0.0001 on them."""
+    pool = mha()
+    pool.set_kv_buffer(_Layer(0), torch.arange(0, 4), *kv(4, 1))  # before install
+    recs = install()
+    pool.set_kv_buffer(_Layer(0), torch.arange(4, 8), *kv(4, 2))
+    q = query(3, 2, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [[0, 1, 2, 3], [4, 5, 6, 7]])
+    tvp = recs[-1][1].tv_upper_a
+    assert (tvp[0] == 1).all() and (tvp[1] < 1).all()
+
+
+# ---------------------------------------------------------------- a row without tokens; the scale's dtype
+
+
+def test_empty_row_gives_the_references_zero_not_nan():
+    """A request row with no token (SGLang's decode never sends one) and a fully masked row of
+    the kernel: output 0 and TV⁺ / output bound 0, no flag, as ``witcert.meter.softmax``
+    gives (before: NaN output, TV⁺ 1, bound inf, flagged)."""
+    import numpy as np
+
+    from kernels.decode import decode as kdecode
+    from witcert.meter import measure, softmax
+
+    pool = mha()
+    recs = install()
+    write(pool, 0, torch.arange(0, 4), *kv(4, 1))
+    q = query(3, 2, scale=1.0)
+    o = decode(pool.k_buffer[0], pool.v_buffer[0], q, [[], [0, 1, 2, 3]])
+    r = recs[-1][1]
+    assert torch.isfinite(o).all() and (o[0] == 0).all() and (o[1] != 0).any()
+    assert (r.tv_upper_a[0] == 0).all() and (r.out_err_upper[0] == 0).all() and not r.flag[0].any()
+    assert (r.tv_upper_a[1] > 0).all()
+    dead = torch.zeros(1, 4, dtype=torch.bool)
+    p, live = softmax(torch.zeros(1, 4, dtype=torch.float64), dead)
+    assert (p == 0).all() and not live.any()  # the reference's dead row: p̂ = 0 (output 0) …
+    assert float(measure(np.zeros((1, 4)), np.full((1, 4), 0.5), mask=dead.numpy()).tv.max()) == 0  # … and TV⁺ 0
+    # the kernel itself, a fully masked row of a token_mask
+    side = ws.side_of(pool.k_buffer[0])
+    cache = ws.paged_view(side, pool.k_buffer[0], pool.v_buffer[0], 1.0, 1.0)
+    bt = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]], dtype=torch.int32)
+    tm = torch.tensor([[False] * 4, [True] * 4])
+    out = kdecode(cache, q, bt, torch.tensor([4, 4], dtype=torch.int32), token_mask=tm)
+    assert torch.isfinite(out.o).all() and (out.o[0] == 0).all() and torch.isneginf(out.lse[0]).all()
+    assert (out.meter.tv_upper_a[0] == 0).all() and (out.meter.out_err_upper[0] == 0).all()
+    assert not out.meter.flag[0].any() and (out.meter.tv_upper_a[1] > 0).all()
+
+
+def test_witness_uses_the_kernels_fp32_scale():
+    """The kernel applies k_scale as float32 (``paged_view`` hands it a float32 tensor), so its
+    k̂ = code · fp32(k_scale). A witness against the float64 scale can undershoot that residual:
+    k_scale = 2^10 (1 + 2^-25) (fp32: 2^10), k = 2^10 (1 + 2^-23) stored as code 1: ‖k̂ − k‖ is
+    2^-13 per entry against the kernel's k̂ = 2^10, but 3·2^-15 against 2^10 (1 + 2^-25) (the old
+    witness: 0.75x the residual). Pinned: the witness is ≥ the residual against fp32(k_scale) (and equals it,
+    rounded up, within the fp16 rounding)."""
+    ks = 1024 * (1.0 + 2.0**-25)
+    assert ws.kernel_scale(ks) == 1024.0 and ws.kernel_scale(torch.tensor(0.1)) == float(torch.tensor(0.1))
+    pool = mha()
+    install()
+    k = torch.full((1, HKV, D), 1024 * (1.0 + 2.0**-23))
+    v = torch.full((1, HKV, D), 1024.0)
+    pool.set_kv_buffer(_Layer(0), torch.tensor([3]), k.clone(), v.clone(), ks, ks)
+    side = ws.side_of(pool.k_buffer[0])
+    code = pool.k_buffer[0][3].view(torch.float8_e4m3fn).double()
+    assert (code == 1).all()
+    resid32 = (code * ws.kernel_scale(ks) - k[0].double()).norm(dim=-1)  # what the kernel's k̂ misses
+    resid64 = (code * ks - k[0].double()).norm(dim=-1)
+    w = side.k_wit[3, :, 0, 0].double()
+    assert (resid64 < resid32).all()  # the float64 witness would be too small
+    assert (w >= resid32).all() and (w <= resid32 * (1 + 2.0**-9)).all()
+    assert not side.bad[3]

@@ -1,0 +1,1 @@
+"""Tests of the Triton kernels (``kernels/``): conformance to the fp64 reference, the overlay, codegen."""

@@ -1,0 +1,43 @@
+"""The decode kernel's sm_90 code, compiled on the CPU (no GPU): the 8-bit code tiles reach the
+dots' register layout without one- or two-byte shared-memory reads (the transposed loads of
+``kernels.decode``, bench/RESULTS.md run J: 96 such reads per 64-token tile and ~18 % more loop
+instructions without them), and the metered 128-token tile does not spill uncapped (``tile_config``
+caps its registers only on grids of many programs, trading spills for occupancy).
+
+Runs ``bench/sass_probe.py`` in a subprocess without ``TRITON_INTERPRET`` (a jitted function is an
+interpreter object under it); skipped when Triton's bundled ptxas / nvdisasm are absent."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def _probe(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sass_probe.py"), *args], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("meter")][0]
+    regs, spill, n, shared, small = (int(x) for x in re.search(
+        r"(\d+) registers, (\d+) B spilled, loop (\d+) SASS \((\d+) shared loads, (\d+) of them", line).groups())
+    return regs, spill, n, shared, small
+
+
+def _tools():
+    import triton
+    b = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return all(os.path.exists(os.path.join(b, t)) for t in ("ptxas", "nvdisasm"))
+
+
+@pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")
+@pytest.mark.parametrize("meter,tokens", [(0, 64), (1, 128)])
+def test_eight_bit_tiles_skip_bytewise_shared_reads(meter, tokens):
+    regs, spill, n, shared, small = _probe("--meter", str(meter), "--tokens", str(tokens), "--stages", "1")
+    assert n > 100 and shared > 0  # the loop was found
+    assert small == 0, f"{small} one- or two-byte shared-memory loads per tile"
+    if meter:
+        assert spill == 0 and regs <= 255

@@ -1,0 +1,137 @@
+"""Kernel conformance (SPEC §7, §8) under TRITON_INTERPRET=1 against the fp64 reference.
+
+Random paged caches (GQA 1…8, ragged lengths incl. n = 1, shuffled block tables, split counts
+1…8, per-token or per-block witnesses, every kernel scheme). Checks:
+* write path: x̂ and scales bit-identical to ``witcert.schemes``; witnesses ≥ the fp64 norms;
+* decode: o and lse match the fp64 attention over the dequantized cache;
+* meter: TV⁺ ≥ the exact supremum (brute force, n ≤ 12) and ≥ the fractional supremum
+  (fp64 tilt − tol) for every n; TV⁺ ≤ the fp64 level-rounded reference + the epilogue's
+  grid slack; realised TV and output error (vs the exact backing store) ≤ the bounds;
+* split counts give the same result; the meter-off variant gives the same o; NaN saturates.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+# in the device run (WITCERT_DEVICE=cuda, docs/testing.md); the fused Triton merge / epilogue (tests/kernels/conftest.py)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
+if DEV == "cpu":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
+
+from kernels.decode import decode  # noqa: E402
+from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
+from tests.helpers.conformance import build, check_case, to_cpu  # noqa: E402
+
+KSCHEMES = sorted(SCHEME_IDS)
+
+
+@settings(max_examples=int(os.environ.get("WITCERT_CONF_EXAMPLES", "30")))
+@given(
+    scheme=st.sampled_from(KSCHEMES),
+    lens=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+    Hkv=st.sampled_from([1, 2]),
+    GQ=st.sampled_from([1, 2, 4, 8]),
+    D=st.sampled_from([64, 128]),
+    G=st.sampled_from([1, 2, 4]),
+    per_token=st.booleans(),
+    splits=st.integers(1, 8),
+    outliers=st.booleans(),
+    seed=st.integers(0, 10_000),
+    levels=st.sampled_from(["token", "page"]),
+)
+@pytest.mark.skipif(DEV != "cpu", reason="on the GPU each example compiles new variants: the fixed cases run there")
+def test_decode_conformance(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels):
+    check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels)
+
+
+FIXED = [  # scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed
+    ("int8", [1, 37, 300], 2, 4, 128, 1, True, 3, True, 1),
+    ("int8_dither", [70, 5, 513], 2, 4, 128, 1, True, 8, False, 2),
+    ("int8_dither", [9, 200], 1, 8, 64, 4, False, 2, True, 3),
+    ("fp8_e4m3", [33, 128], 2, 2, 128, 1, True, 1, True, 4),
+    ("fp8_e4m3_scaled", [100], 1, 1, 256, 2, True, 5, False, 5),
+    ("fp8_e5m2", [17, 64], 2, 8, 64, 1, False, 4, False, 6),
+    ("none", [50, 3], 2, 4, 128, 1, True, 2, False, 7),
+    ("int8", [1000], 1, 4, 128, 1, True, 7, True, 8),
+    ("int4_group", [77, 1], 2, 4, 128, 2, True, 3, True, 9),
+    ("kivi2", [77, 1, 32], 2, 4, 128, 2, True, 3, True, 10),  # ragged, one token, exactly two pages
+    ("kivi2", [150], 1, 8, 64, 1, False, 2, False, 11),  # per-block witnesses (running max over rewrites)
+]
+
+
+@pytest.mark.parametrize("case", FIXED, ids=[f"{c[0]}-gq{c[3]}-d{c[4]}-s{c[7]}" for c in FIXED])
+def test_decode_conformance_fixed(case):
+    check_case(*case)
+
+
+PAGE_FIXED = [FIXED[i] for i in (0, 1, 2, 3, 8)]
+
+
+@pytest.mark.parametrize("case", PAGE_FIXED, ids=[f"{c[0]}-gq{c[3]}-g{c[5]}-s{c[7]}" for c in PAGE_FIXED])
+def test_decode_conformance_page_levels(case):
+    """levels="page": each token binned at its page's largest radius (sound, looser, cheaper)."""
+    check_case(*case, levels="page")
+
+
+@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 7)], ids=["int8-ragged", "int8-1000"])
+def test_decode_conformance_one_warp_tile(case):
+    """The metered int8 kernel in ``tile_config``'s one-warp programs (32-token tiles under the metered register
+    cap: a grid of many programs per SM picks them, run P), which the fixed cases' small grids do not reach."""
+    from kernels.decode import METERED_REGISTER_CAP
+    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
+
+
+def test_decode_conformance_one_warp_tile_many_splits():
+    """The one-warp tile at the split counts ``choose_splits`` gives a small metered grid (up to
+    SMALL_GRID_MAX_SPLITS, run R): 200 splits of a 63-page sequence, most of them empty, merged from 256 partial
+    slots per row (the merge's next power of two)."""
+    from kernels.decode import METERED_REGISTER_CAP
+    case = list(FIXED[7])
+    case[7] = 200
+    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
+
+
+@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 1, 8)], ids=["int8", "int8_dither", "int4_group"])
+def test_decode_conformance_prefetched_block_table(case):
+    """prefetch_bt=True (the next tile's block-table entries loaded one iteration ahead)."""
+    check_case(*case, prefetch_bt=True)
+
+
+def test_nan_saturates_and_flags():
+    cache, bt, _ = build("int8", [20, 7], 1, 64, seed=3)
+    q = torch.randn(2, 2, 64).bfloat16().float()  # exact in bf16: the GPU path takes it
+    q[1, 0, 5] = float("nan")
+    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
+    assert out.meter.flag[1, 0] and out.meter.tv_upper_a[1, 0] == 1.0
+    assert math.isinf(out.meter.out_err_upper[1, 0].item())
+    assert not out.meter.flag[0].any() and out.meter.tv_upper_a[0].max() < 1.0
+
+
+def test_nan_in_cache_saturates():
+    cache, bt, _ = build("fp8_e4m3", [10], 1, 64, seed=4)
+    cache.k_wit[bt[0, 0].long(), 0, 3, 0] = float("nan")
+    out = to_cpu(decode(cache, torch.randn(1, 1, 64).bfloat16().float().to(DEV), bt.to(DEV), torch.tensor([10]).to(DEV)))
+    assert out.meter.flag.all() and out.meter.tv_upper_a.item() == 1.0
+
+
+def test_bad_inputs():
+    cache, bt, _ = build("int8", [5], 2, 64)
+    bt = bt.to(DEV)
+    with pytest.raises(ValueError, match="GQA"):
+        decode(cache, torch.randn(1, 3, 64, device=DEV), bt, torch.tensor([5], device=DEV))
+    with pytest.raises(ValueError, match="head dim"):
+        decode(cache, torch.randn(1, 2, 32, device=DEV), bt, torch.tensor([5], device=DEV))
+    with pytest.raises(ValueError, match="seq_lens"):
+        decode(cache, torch.randn(1, 2, 64, device=DEV), bt, torch.tensor([0], device=DEV))
+    with pytest.raises(ValueError, match="seq_lens"):
+        decode(cache, torch.randn(1, 2, 64, device=DEV), bt, torch.tensor([17], device=DEV))
+    with pytest.raises(ValueError, match="scheme"):
+        PagedKV.allocate(2, 1, 64, scheme="int3")
+    with pytest.raises(ValueError, match="head_dim"):
+        PagedKV.allocate(2, 1, 96)
