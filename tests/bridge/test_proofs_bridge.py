@@ -452,3 +452,12 @@ def test_drift_in_a_partial_rotary_statement_fails(tmp_path):
         lean = _lean_copy(tmp_path / str(k))
         _edit(lean, file, old, new)
         assert _failed_lean(lean) == [name]
+
+
+def test_falsify_exports_only_names_it_has():
+    """``proofs_bridge.falsify.__all__`` names real attributes (theorems sharing a search are STATEMENTS
+    keys, not attributes: ``from proofs_bridge.falsify import *`` failed when it listed them)."""
+    import proofs_bridge.falsify as falsify
+
+    assert [n for n in falsify.__all__ if not hasattr(falsify, n)] == []
+    assert {fn.__name__ for fn in falsify.STATEMENTS.values()} <= set(falsify.__all__)

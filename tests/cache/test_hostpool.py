@@ -288,7 +288,7 @@ def test_a_dropped_cache_gives_its_host_memory_back_at_once_without_the_cycle_co
     ``gc.collect()`` on its path (0.26 s of a B 1 / 4K time to first token on the H200 before:
     bench/SERVING.md, "prefill profile"). With the collector off, the old reference cycle kept the first
     cache alive and the second request could not be served from the pool."""
-    from test_kernel_gate import MODEL_DTYPE
+    from tests.helpers.kernel_gate import MODEL_DTYPE
 
     model = tiny_model() if backend == "reference" else tiny_llama()
     dtype = torch.float32 if backend == "reference" else MODEL_DTYPE
