@@ -216,13 +216,13 @@ def _check_kernel_tier_b(q, sig, want):
 
 
 def check_fp_terms(rng, points: int = 200):
-    """SPEC §7: the epilogue's Ξ and ρ terms (``kernels.epilogue.tv_from_hist_torch``) against
+    """SPEC §7: the epilogue's Ξ and ρ terms (``kernels.epilogue_torch.tv_from_hist_torch``) against
     ``formulas.XI_TERM`` / ``RHO_KERNEL`` / ``TANH_BOUND`` at radii ε + Ξ (lean/WitCert/FloatTV.lean)."""
     out = []
     try:
         import torch
 
-        from kernels.epilogue import tv_from_hist_torch
+        from kernels.epilogue_torch import tv_from_hist_torch
     except ImportError as exc:
         return [("kernel Ξ and ρ terms", False, f"cannot import kernels: {exc}")]
     nb = 9
@@ -293,7 +293,7 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
     """``tilt_tv_le_dual_grid_endpoints``: every interval's upper value is the larger end value of
     t − D(t, λ) (``formulas.DUAL_ITEM`` / ``ENDPOINT_UPPER``) for a λ ≥ 0, on a cover of [0, 1].
 
-    * the epilogue's torch twin ``kernels.epilogue._interval_upper`` (= the kernel's ``_dense_u``) per interval;
+    * the epilogue's torch twin ``kernels.epilogue_torch._interval_upper`` (= the kernel's ``_dense_u``) per interval;
     * the fp64 reference ``witcert.bounds.tv_bound_tilt`` on its first grid (``max_points=33``: 32 intervals,
       λ_i = ``_lambda_at`` at the left end, the right end's D from ``_dual_at``), every λ_i ≥ 0;
     * the kernel (``_tv_row`` through ``tv_from_hist(force_kernel=True)``): its tilt is the maximum over its grid
@@ -319,16 +319,17 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
     try:
         import torch
 
-        from kernels import epilogue as E
+        from kernels import epilogue_jit as J
+        from kernels import epilogue_torch as Et
     except ImportError as exc:
         return out + [("endpoint tilt: kernels", False, f"cannot import kernels: {exc}")]
     # the torch twin, interval by interval (random left ends, two widths)
     ok = True
     for w, x in data:
-        for h in (1.0 / E.COARSE, 1.0 / (E.COARSE * E.REFINE)):
+        for h in (1.0 / J.COARSE, 1.0 / (J.COARSE * J.REFINE)):
             t0 = np.sort(rng.uniform(0.0, 1.0 - h, 24))
             wt, xt = torch.tensor(w[None]), torch.tensor(x[None])
-            got = E._interval_upper(torch.tensor(t0[None]), h, wt, torch.exp(xt), torch.exp(-xt),
+            got = Et._interval_upper(torch.tensor(t0[None]), h, wt, torch.exp(xt), torch.exp(-xt),
                                     (wt * torch.exp(-xt)).sum(-1))[0].numpy()
             ok &= _above(got, _interval_upper_formula(t0, h, w, x), 1e-9)
     out.append(("torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)", ok, ""))
@@ -341,6 +342,7 @@ def _check_kernel_endpoints(data):
     import torch
 
     from kernels import epilogue as E
+    from kernels import epilogue_jit as J
 
     name = "kernel tilt (_dense_u) = max over its grid of min_λ max(g(t0), g(t1)) (formula)"
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
@@ -350,7 +352,7 @@ def _check_kernel_endpoints(data):
     lv = torch.tensor(np.stack([x for _, x in data]))
     rmax = lv[:, -1].clone()  # the last bin is the overflow bin at the row's maximum
     got = E.tv_from_hist(mass.to(dev), lv.to(dev), rmax.to(dev), force_kernel=True)[3].cpu().numpy()
-    N1, RT, NR = E.COARSE, min(E.REFINE_TOP, E.COARSE), E.REFINE
+    N1, RT, NR = J.COARSE, min(J.REFINE_TOP, J.COARSE), J.REFINE
     want = []
     for w, x in data:
         t0 = np.arange(N1) / N1

@@ -26,6 +26,8 @@ if DEV == "cpu":
 
 from contract.schemes import BLOCK_SCHEMES  # noqa: E402
 from kernels import epilogue as E  # noqa: E402
+from kernels import epilogue_jit as EJ  # noqa: E402
+from kernels import epilogue_torch as ET  # noqa: E402
 from kernels import paged as P  # noqa: E402
 from kernels.decode import decode, key_edges  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
@@ -34,7 +36,7 @@ from witcert import bounds as B  # noqa: E402
 from witcert import schemes as S  # noqa: E402
 
 #: the epilogue's grid slack: an unrefined coarse interval may exceed the supremum by its width
-EPILOGUE_SLACK = 1.0 / E.COARSE + E.FP64_SLACK
+EPILOGUE_SLACK = 1.0 / EJ.COARSE + EJ.FP64_SLACK
 #: on these moderate-magnitude cases the decode's fp error bound Ξ (SPEC §7) must stay below
 #: this: the former absolute 2^-9 floor is gone, a regression to it fails here
 XI_MODERATE = 2.0**-8  # the outlier cases (σ‖q‖‖k̂‖ ≈ 100) reach 2.1e-3
@@ -389,7 +391,7 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
     rmax = lv[:, -1] * 1.3
     xi = torch.tensor([0.0, 1e-4, 3e-3, 0.5], dtype=torch.float64).repeat(R // 4)
     lam = torch.tensor([0.0, 1e-30, 0.0, 1e-20], dtype=torch.float64).repeat(R // 4)
-    b = E.tv_from_hist_torch(mass, lv, rmax, xi, lam)
+    b = ET.tv_from_hist_torch(mass, lv, rmax, xi, lam)
     # both forms of the dense D: the [TP, K, K] one (interpreter) and the loop over bins (GPU)
     for dense3d in ((None, True, False) if DEV == "cpu" else (None,)):
         if dense3d is not None:
@@ -460,7 +462,7 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         for mass in ([0.0, 0.0, 0.0, 0.0], [1e-310, 0.0, 1e-310, 0.0], [1.0, math.inf, 0.0, 0.0],
                      [0.5, math.nan, 0.5, 0.0], [1e308, 1e308, 1e308, 0.0]):
             m = torch.tensor([mass], dtype=torch.float64)
-            ref = E.tv_from_hist_torch(m, lv, r)
+            ref = ET.tv_from_hist_torch(m, lv, r)
             for tau in (-1.0, 0.0, 0.5):
                 got = E.tv_from_hist(m.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True, tilt_above=tau)
                 assert got[0].item() >= floor and got[2].item() == 1.0, (mass, tau, got)
@@ -469,9 +471,18 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         got = E.tv_from_hist(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64).to(DEV), lv.to(DEV),
                              torch.tensor([math.nan], dtype=torch.float64).to(DEV), force_kernel=True)
         assert got[0].item() == 1.0
-        ref = E.tv_from_hist_torch(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), lv,
+        ref = ET.tv_from_hist_torch(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), lv,
                                    torch.tensor([math.nan], dtype=torch.float64))
         assert ref[0].item() == 1.0
+
+
+def test_key_level_grid_is_the_decodes():
+    """The epilogue's level grid (``kernels.key_levels``) is the one the decode kernel bins by."""
+    import kernels.decode as kd
+    import kernels.key_levels as kl
+
+    assert (kd.X0, kd.KEY_LEVELS) == (kl.X0, kl.KEY_LEVELS)
+    assert torch.equal(kd.key_edges(), kl.key_edges())
 
 
 def test_merge_warps_rule():
