@@ -70,8 +70,8 @@ from .epilogue_jit import (
     _tv_kernel,
 )
 from .epilogue_torch import tv_from_hist_torch
+from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
-from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 
 
 @functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
@@ -211,7 +211,7 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
 
 @dataclasses.dataclass(frozen=True)
 class MergeConstants:
-    """What the merge needs from the decode launch (SPEC §7 terms of ``kernels.paged``)."""
+    """What the merge needs from the decode launch (SPEC §7 terms of ``kernels.fp_bounds``)."""
 
     D: int
     T: int  # tokens per page
@@ -221,9 +221,9 @@ class MergeConstants:
     sm: float  # σ
     tier_b: bool
     delta_step: float | None
-    gamma: float  # ``paged.dot_gamma``
+    gamma: float  # ``fp_bounds.dot_gamma``
     dither_u: float  # |σ| 2^-19 for the bf16 hi + lo dither split, else 0
-    eta: tuple  # ``paged.mass_eta_terms``
+    eta: tuple  # ``fp_bounds.mass_eta_terms``
     out_rel0: float  # 2^-8 on the GPU (bf16 p̂·s_v), 0 in the interpreter
     #: the sketch radius's channel weights [Hkv, D] (``contract.sketch``): the Tier A head factor is then
     #: |σ|·‖a⊙q_h‖ (kv head h // gq); None: |σ|·‖q_h‖

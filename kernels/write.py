@@ -32,6 +32,7 @@ import triton.language as tl
 from contract.rounding import round_up_to_dtype
 from contract.schemes import SCHEMES
 
+from .fp_bounds import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, sketch_gamma
 from .ids import (
     FP8_E4M3_ID,
     FP8_E4M3_RES_FLOOR,
@@ -50,7 +51,7 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
-from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys, sketch_gamma
+from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared

@@ -75,13 +75,14 @@ def check_constants():
     out.append(("tilt tolerance default = 2^-12", B.TILT_DEFAULT_TOL == 2.0**-12, f"{B.TILT_DEFAULT_TOL}"))
     out.append(("dither grid = 2^23 points", B.DITHER_RESOLUTION_BITS == 23, f"{B.DITHER_RESOLUTION_BITS}"))
     try:
+        from kernels import fp_bounds as FB
         from kernels import paged as P
         from kernels import write as W
 
         out.append(("kernel dither divisor restates 126.5", float(W.KERNEL_DITHER_DIVISOR) == float(F.INT8_DITHER_DIVISOR),
                     f"{W.KERNEL_DITHER_DIVISOR}"))
         out.append(("kernel int8 divisor = 127", float(W.KERNEL_INT8_DIVISOR) == float(S.INT8_DIVISOR), f"{W.KERNEL_INT8_DIVISOR}"))
-        out.append(("kernel witness round-up ≥ 1", P.KERNEL_REL_SLACK > 0, f"{P.KERNEL_REL_SLACK}"))
+        out.append(("kernel witness round-up ≥ 1", FB.KERNEL_REL_SLACK > 0, f"{FB.KERNEL_REL_SLACK}"))
         from kernels import ids as I
 
         kid = {n: int(getattr(I, n.upper() + "_ID").value) for n in P.SCHEME_IDS}
@@ -192,7 +193,7 @@ def _check_kernel_tier_b(q, sig, want):
         return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
     from kernels import epilogue as E
     from kernels.decode import KEY_LEVELS
-    from kernels.paged import dot_gamma, mass_eta_terms
+    from kernels.fp_bounds import dot_gamma, mass_eta_terms
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     pts, d = q.shape
@@ -449,10 +450,11 @@ def check_fp_model(seed: int = 1, points: int = 100):
     want = 0.3 * (m * u / (1 - m * u)) * np.einsum("pd,pnd->pn", np.abs(q), np.abs(k))
     out.append(("dot_rounding_radius = σ γ_{d+2} Σ|q||k̂|", _close_above(B.dot_rounding_radius(q, k, 0.3, u), want, 1e-9), ""))
     try:
-        from kernels import paged as P
+        from kernels import fp_bounds as P
+        from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        ok = all(P.dot_gamma(D) >= (D + 2) * P.KERNEL_UNIT / (1 - (D + 2) * P.KERNEL_UNIT) for D in P.SUPPORTED_HEAD_DIMS)
-        ok &= all(P.dot_gamma(D, split3=True) >= P.dot_gamma(D) for D in P.SUPPORTED_HEAD_DIMS)
+        ok = all(P.dot_gamma(D) >= (D + 2) * P.KERNEL_UNIT / (1 - (D + 2) * P.KERNEL_UNIT) for D in SUPPORTED_HEAD_DIMS)
+        ok &= all(P.dot_gamma(D, split3=True) >= P.dot_gamma(D) for D in SUPPORTED_HEAD_DIMS)
         out.append(("kernel dot_gamma(D) ≥ γ_{D+2}(KERNEL_UNIT)", ok and P.KERNEL_UNIT >= 2.0**-24, f"{P.KERNEL_UNIT}"))
         out.append(("kernel witness floor in (0, 2^-24)", 0 < P.KERNEL_WITNESS_FLOOR < 2.0**-24, f"{P.KERNEL_WITNESS_FLOOR}"))
         out.append(("kernel flush threshold ≥ 2^-126", P.FP32_FLUSH >= 2.0**-126, f"{P.FP32_FLUSH}"))

@@ -37,7 +37,8 @@ if DEV == "cpu":
 from test_kernel_gate import build, dequant, gauss_kv, tiny_llama  # noqa: E402
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 

@@ -26,7 +26,7 @@ def test_bridge_passes():
 
 def test_drift_in_the_fp_rounding_terms_fails(monkeypatch):
     """SPEC §7: dropping or shrinking a rounding term fails the bridge."""
-    from kernels import paged as P
+    from kernels import fp_bounds as P
     from witcert import bounds as B
 
     real = B.dot_rounding_radius
