@@ -9,7 +9,7 @@ captured; then, CUDA-graph replayed (``bench.decode.graphed``, median of ``do_be
 8 warps and with the tilt on every row, and the record with tier A's bins merged a second time from the
 partials (``HA_FROM_MERGED`` off, the code before run M). Also the share of rows whose tilt ran, and the
 record at τ = 1.5 / 0.5 / 0.1 × the median refined TV⁺ (rows that take the tilt; how many stopped refining
-early, certified or not: the lazy refinement of ``epilogue._tv_row``).
+early, certified or not: the lazy refinement of ``epilogue_jit._tv_row``).
 """
 import argparse
 import os
