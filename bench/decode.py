@@ -24,7 +24,8 @@ if not torch.cuda.is_available():  # no GPU: run the kernels in Triton's interpr
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.decode import KEY_LEVELS, choose_splits, decode  # noqa: E402
-from kernels.paged import PagedKV, bytes_per_token  # noqa: E402
+from kernels.memory_accounting import bytes_per_token  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 
 

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from decode import bench, fill_cache, graphed  # noqa: E402
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import ExactWindow, PagedKV  # noqa: E402
+from kernels.exact_window import ExactWindow  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
 
 
 def sketched(c: PagedKV, bits: int, weighted: bool, gen) -> PagedKV:

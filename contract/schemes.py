@@ -1,6 +1,6 @@
 """The scheme table: one row per built-in quantization scheme, the facts that the fp64 reference
 (``witcert.schemes``, ``witcert.cache``), the kernels (``kernels.paged``, ``kernels.write``,
-``kernels.decode``) and the memory accounting (``kernels.paged.bytes_per_token``) read from here
+``kernels.decode``) and the memory accounting (``kernels.memory_accounting.bytes_per_token``) read from here
 instead of restating them.
 
 A row states what a scheme **is** (its code, scale and granularity); how it is computed lives in

@@ -1,6 +1,6 @@
 """The residual sketch and the exact window (SPEC §2 as amended by issue 33): the facts the fp64
 reference (``witcert.bounds``), the kernels (``kernels.write``, ``kernels.decode``) and the memory
-accounting (``kernels.paged.bytes_per_token``) share. Pure data: no torch, no numpy.
+accounting (``kernels.memory_accounting.bytes_per_token``) share. Pure data: no torch, no numpy.
 
 **Residual sketch.** At write time each token's key residual r = k̂ − k (what the cache serves minus
 the exact key) is quantized once more, to ``bits`` bits per coordinate over a range β_i:

@@ -32,6 +32,7 @@ import triton.language as tl
 from contract.rounding import round_up_to_dtype
 from contract.schemes import SCHEMES
 
+from .fp_bounds import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, sketch_gamma
 from .ids import (
     FP8_E4M3_ID,
     FP8_E4M3_RES_FLOOR,
@@ -50,7 +51,7 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
-from .paged import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, SCHEME_IDS, PagedKV, page_scaled_keys, sketch_gamma
+from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -177,6 +178,236 @@ def _asym_codes(x, zb, sb, TOP: tl.constexpr):
 
 
 @triton.jit
+def _int8_codes(x, amax, DIVISOR: tl.constexpr):
+    """int8: s = the smallest fp16 with s·DIVISOR ≥ max|x|, c = x / s rounded half up in [−127, 127] (0 where
+    s = 0). Returns (codes, s [BLOCK_T], x̂ = s·c)."""
+    s = fp16_scale_up(amax, DIVISOR)
+    sf = s.to(tl.float32)[:, None]
+    y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
+    fl = tl.floor(y)
+    c = fl + tl.where(y - fl >= 0.5, 1.0, 0.0)  # round half up, exactly
+    c = tl.clamp(c, -127.0, 127.0)
+    c = tl.where(sf > 0, c, 0.0)
+    code = c.to(tl.int8)
+    xh = sf * c
+    return code, s, xh
+
+
+@triton.jit
+def _dither_codes(x, amax, seed, layer, h, pos, which, d_idx, DIVISOR: tl.constexpr):
+    """int8_dither: c = floor(x / s + u + ½) with the token's counter-based dither u (``token_hash``, stream
+    ``which``). Returns (codes, s [BLOCK_T], x̂ = s·(c − u), the κ / ν magnitude s(‖c‖ + ‖u‖(1 + 2^-7)))."""
+    s = fp16_scale_up(amax, DIVISOR)
+    sf = s.to(tl.float32)[:, None]
+    h_tok = token_hash(seed, layer, h, pos, which)
+    u = dither_from_hash(h_tok[:, None], d_idx[None, :])
+    y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
+    fl = tl.floor(y)
+    c = fl + tl.where(y - fl >= 0.5 - u, 1.0, 0.0)  # floor(y + u + ½), exactly
+    c = tl.where(sf > 0, c, 0.0)
+    code = c.to(tl.int8)
+    xh = sf * (c - u)
+    # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u,
+    # ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8)) separately
+    mag = s.to(tl.float32) * (scaled_norm(c, d_idx[None, :] >= 0) + scaled_norm(u, d_idx[None, :] >= 0) * 1.0078125)
+    return code, s, xh, mag
+
+
+@triton.jit
+def _int4_codes(x, BLOCK_T: tl.constexpr, D: tl.constexpr):
+    """int4_group: per 32-channel group an fp16 zero (down) and scale (up), codes in [0, 15], two per byte
+    (channels i, i + D/2). Returns (packed codes [BLOCK_T, D/2], s, x̂, z [BLOCK_T, D/32], s per channel [BLOCK_T, D])."""
+    NG: tl.constexpr = D // GROUP
+    D2: tl.constexpr = D // 2
+    x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
+    zg = f16_round_down(tl.min(x3, axis=2))
+    zf = zg.to(tl.float32)
+    sgr = fp16_scale_up(tl.max(x3, axis=2) - zf, INT4_DIVISOR)
+    sgf = sgr.to(tl.float32)
+    zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+    sb = tl.reshape(tl.broadcast_to(sgf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+    y = tl.math.div_rn(x - zb, tl.where(sb > 0, sb, 1.0))
+    fl = tl.floor(y)
+    c = tl.clamp(fl + tl.where(y - fl >= 0.5, 1.0, 0.0), 0.0, 15.0)
+    c = tl.where(sb > 0, c, 0.0)
+    xh = zb + sb * c
+    lo, hi = tl.split(tl.permute(tl.reshape(c, [BLOCK_T, 2, D2]), (0, 2, 1)))
+    code = (lo + 16.0 * hi).to(tl.uint8)
+    return code, sgr, xh, zg, sb
+
+
+@triton.jit
+def _kivi2_codes(x, m2, WHICH: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr):
+    """kivi2: 2-bit codes, four per byte (channels i, i + D/4, i + D/2, i + 3D/4); fp16 zero (down) and scale (up)
+    per channel of the page for keys (WHICH 0: over the program's valid rows), per 32 channels of a token for
+    values. Returns (packed codes [BLOCK_T, D/4], s, x̂, z, s per channel [BLOCK_T, D])."""
+    NG: tl.constexpr = D // GROUP
+    D4: tl.constexpr = D // 4
+    if WHICH == 0:  # keys: per channel over the page's tokens (the program's valid rows)
+        zc = f16_round_down(tl.min(tl.where(m2, x, float("inf")), axis=0))  # [D]
+        zf = zc.to(tl.float32)
+        sc = fp16_scale_up(tl.max(tl.where(m2, x, float("-inf")), axis=0) - zf, KIVI2_DIVISOR)
+        zb = tl.broadcast_to(zf[None, :], [BLOCK_T, D])
+        sb = tl.broadcast_to(sc.to(tl.float32)[None, :], [BLOCK_T, D])
+        s = tl.broadcast_to(sc[None, :], [BLOCK_T, D])
+        zg = tl.broadcast_to(zc[None, :], [BLOCK_T, D])
+    else:  # values: per 32 channels of a token (int4_group's groups)
+        x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
+        zg = f16_round_down(tl.min(x3, axis=2))
+        zf = zg.to(tl.float32)
+        s = fp16_scale_up(tl.max(x3, axis=2) - zf, KIVI2_DIVISOR)
+        zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+        sb = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
+    c, xh = _asym_codes(x, zb, sb, KIVI2_DIVISOR)
+    # four codes per byte: byte i holds channels i, i + D/4, i + D/2, i + 3D/4 (bits 0-1 … 6-7)
+    c22 = tl.reshape(tl.permute(tl.reshape(c, [BLOCK_T, 4, D4]), (0, 2, 1)), [BLOCK_T, D4, 2, 2])
+    ev, od = tl.split(c22)  # channel quarters k = 2·k1 + k0: k0 = 0 | 1
+    c0, c2 = tl.split(ev)
+    c1, c3 = tl.split(od)
+    code = (c0 + 4.0 * c1 + 16.0 * c2 + 64.0 * c3).to(tl.uint8)
+    return code, s, xh, zg, sb
+
+
+@triton.jit
+def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr, PRECODED: tl.constexpr):
+    """The fp8 schemes: raw casts into C's dtype, or scaled per token (fp8_e4m3_scaled); PRECODED (the
+    interpreter): the codes torch made, loaded from the pointers PRE. Returns (codes, s [BLOCK_T], x̂ = s·code)."""
+    if SCHEME == FP8_E4M3_SCALED_ID:
+        s = fp16_scale_up(amax, FP8_SCALED_DIVISOR)
+    else:
+        s = tl.full([BLOCK_T], 1.0, tl.float16)
+    sf = s.to(tl.float32)[:, None]
+    if PRECODED:
+        code = tl.load(PRE, mask=m2, other=0.0)
+    else:
+        code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(C.dtype.element_ty)
+    xh = sf * code.to(tl.float32)
+    return code, s, xh
+
+
+@triton.jit
+def _quantize(x, C, PRE, m2, d_idx, seed, layer, h, pos, WHICH: tl.constexpr, DIV_INT8: tl.constexpr,
+              DIV_DITHER: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr, SCHEME: tl.constexpr,
+              PRECODED: tl.constexpr):
+    """One role's (WHICH 0: keys, 1: values) rows ``x`` [BLOCK_T, D] fp32 in the scheme: (codes, scale(s) s, x̂,
+    zeros zg, per-channel scales sb, ‖x̂‖-type magnitude for κ / ν). zg and sb are the asymmetric schemes'
+    (int4_group, kivi2); the others return zg = s, sb = x̂ (unused)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    if SCHEME == NONE_ID:
+        s = tl.full([BLOCK_T], 1.0, tl.float16)
+        code = x.to(C.dtype.element_ty)
+        xh = code.to(tl.float32)
+        zg = s
+        sb = xh
+    elif SCHEME == INT8_ID:
+        code, s, xh = _int8_codes(x, amax, DIV_INT8)
+        zg = s
+        sb = xh
+    elif SCHEME == INT8_DITHER_ID:
+        code, s, xh, mag = _dither_codes(x, amax, seed, layer, h, pos, WHICH, d_idx, DIV_DITHER)
+        zg = s
+        sb = xh
+    elif SCHEME == INT4_GROUP_ID:
+        code, s, xh, zg, sb = _int4_codes(x, BLOCK_T, D)
+    elif SCHEME == KIVI2_ID:
+        code, s, xh, zg, sb = _kivi2_codes(x, m2, WHICH, BLOCK_T, D)
+    else:  # the fp8 schemes: raw casts, or scaled per token
+        code, s, xh = _fp8_codes(x, amax, C, PRE, m2, BLOCK_T, SCHEME, PRECODED)
+        zg = s
+        sb = xh
+    if SCHEME != INT8_DITHER_ID:
+        mag = scaled_norm(xh, d_idx[None, :] >= 0)
+    return code, s, xh, zg, sb, mag
+
+
+@triton.jit
+def _code_addresses(cbase, rbase, off, d_idx, m2, rmask, WHICH: tl.constexpr, D: tl.constexpr, SCHEME: tl.constexpr):
+    """(code addresses [BLOCK_T, bytes per token], scale / zero addresses, their mask) of one role's tile."""
+    NG: tl.constexpr = D // GROUP
+    ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
+    if SCHEME == INT4_GROUP_ID:
+        caddr = cbase[:, None] + tl.arange(0, D // 2)[None, :]
+    elif SCHEME == KIVI2_ID:
+        caddr = cbase[:, None] + tl.arange(0, D // 4)[None, :]
+    else:
+        caddr = cbase[:, None] + d_idx[None, :]
+    if SCHEME == KIVI2_ID and WHICH == 0:  # one scale / zero per channel of the page, from its row 0
+        saddr = rbase[:, None] + d_idx[None, :]
+        smask = m2 & (off == 0)[:, None]
+    elif ASYM:  # one scale / zero per 32 channels of a token
+        saddr = rbase[:, None] + tl.arange(0, NG)[None, :]
+        smask = m2
+    else:
+        saddr = rbase
+        smask = rmask
+    return caddr, saddr, smask
+
+
+@triton.jit
+def _sketch_witness(r, xh, s, sb, h, blk, off, s_skb, s_skh, s_skt, m2, SK, WGT, INFL: tl.constexpr, FLOOR: tl.constexpr,
+                    SK_GAMMA: tl.constexpr, ABS: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr,
+                    SCHEME: tl.constexpr, SKB: tl.constexpr, WEIGHTED: tl.constexpr):
+    """The sketch radius's key witness [BLOCK_T] (``contract.sketch``; G = 1, per token): with SKB > 0 the b-bit
+    codes of r / β are packed and stored in SK (block ``blk``, kv head ``h``, offset ``off``) and W ≥ ‖(r − r̃)/a‖ + SK_GAMMA·‖r̃/a‖, else
+    W ≥ ‖r/a‖; + the asymmetric schemes' 1-ulp term ABS·‖x̂/a‖. Not yet rounded into float16."""
+    ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
+    d_idx = tl.arange(0, D)
+    allc = d_idx[None, :] >= 0
+    if WEIGHTED:
+        ainv = 1.0 / tl.load(WGT + h * D + d_idx)[None, :]  # powers of two: exact
+    else:
+        ainv = tl.full([1, D], 1.0, tl.float32)
+    if SKB > 0:
+        LV: tl.constexpr = 1 << SKB
+        if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
+            beta = sketch_beta(xh, xh, sb, SCHEME)
+        elif SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID or SCHEME == FP8_E4M3_SCALED_ID:
+            beta = sketch_beta(xh, s.to(tl.float32)[:, None], xh, SCHEME)
+        else:
+            beta = sketch_beta(xh, tl.full([BLOCK_T, 1], 1.0, tl.float32), xh, SCHEME)
+        ok = beta > 0
+        yq = tl.floor((tl.math.div_rn(r, tl.where(ok, beta, 1.0)) + 1.0) * (LV / 2))
+        skc = tl.where(ok & (yq == yq), tl.clamp(yq, 0.0, LV - 1.0), 0.0)
+        rt = beta * sketch_value(skc, LV) * (1.0 / LV)
+        e = r - rt
+        CPB: tl.constexpr = 8 // SKB
+        DB: tl.constexpr = D // CPB
+        # byte i holds channels i + k·D/CPB in bits k·SKB … (contract.sketch)
+        c3 = tl.permute(tl.reshape(skc, [BLOCK_T, CPB, DB]), (0, 2, 1))  # [BLOCK_T, DB, CPB]
+        shift = tl.exp2((tl.arange(0, CPB) * SKB).to(tl.float32))
+        packed = tl.sum(c3 * shift[None, None, :], axis=2).to(tl.uint8)
+        skaddr = blk * s_skb + h * s_skh + off * s_skt
+        tl.store(SK + skaddr[:, None] + tl.arange(0, DB)[None, :], packed, mask=m2)
+        ng = scaled_norm(e * ainv, allc) * INFL + SK_GAMMA * scaled_norm(rt * ainv, allc) + FLOOR
+    else:
+        ng = scaled_norm(r * ainv, allc) * INFL + FLOOR
+    if ASYM:
+        ng += ABS * scaled_norm(xh * ainv, allc)
+    return ng
+
+
+@triton.jit
+def _store_up(ADDR, v, mask, PER_TOKEN: tl.constexpr):
+    """A witness / norm ``v`` rounded up into float16 (per token), or merged into the block's float32
+    running max (atomic max)."""
+    if PER_TOKEN:
+        tl.store(ADDR, f16_round_up(v), mask=mask)
+    else:
+        tl.atomic_max(ADDR, v, mask=mask)
+
+
+@triton.jit
+def _group_witnesses(waddr, r, xh, gid, rmask, INFL: tl.constexpr, FLOOR: tl.constexpr, ABS: tl.constexpr,
+                     G: tl.constexpr, ASYM: tl.constexpr, PER_TOKEN: tl.constexpr):
+    """The per-group key witnesses ‖r[g]‖·INFL + FLOOR (+ ABS·‖x̂[g]‖ for the asymmetric schemes) at ``waddr`` + g."""
+    for g in tl.static_range(G):
+        ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
+        if ASYM:
+            ng += ABS * scaled_norm(xh, gid[None, :] == g)
+        _store_up(waddr + g, ng, rmask, PER_TOKEN)
+
+
+@triton.jit
 def _write_kernel(
     K, V, SLOT, POS, GID,
     KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, EK, EV, PK, PV, SK, WGT,
@@ -213,9 +444,6 @@ def _write_kernel(
     sbase = blk * s_sb + h * s_sh + off * s_st  # key scales (kivi2: s_st = 0, + the channel)
     vsbase = blk * s_vsb + h * s_vsh + off * s_vst  # value scales
     ebase = blk * s_eb + h * s_eh + off * s_et
-    NG: tl.constexpr = D // GROUP
-    D2: tl.constexpr = D // 2
-    D4: tl.constexpr = D // 4
     # int4_group, kivi2: z + s·c may be fused into one FMA elsewhere (the decode): cover a 1-ulp difference of x̂
     ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
@@ -223,179 +451,35 @@ def _write_kernel(
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
             x = tl.load(K + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+            pre = PK + i[:, None] * s_kn + h * s_kh + d_idx[None, :]
         else:
             x = tl.load(V + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(x), axis=1)
-        if SCHEME == NONE_ID:
-            s = tl.full([BLOCK_T], 1.0, tl.float16)
-            if which == 0:
-                code = x.to(KC.dtype.element_ty)
-            else:
-                code = x.to(VC.dtype.element_ty)
-            xh = code.to(tl.float32)
-        elif SCHEME == INT8_ID:
-            s = fp16_scale_up(amax, DIV_INT8)
-            sf = s.to(tl.float32)[:, None]
-            y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-            fl = tl.floor(y)
-            c = fl + tl.where(y - fl >= 0.5, 1.0, 0.0)  # round half up, exactly
-            c = tl.clamp(c, -127.0, 127.0)
-            c = tl.where(sf > 0, c, 0.0)
-            code = c.to(tl.int8)
-            xh = sf * c
-        elif SCHEME == INT8_DITHER_ID:
-            s = fp16_scale_up(amax, DIV_DITHER)
-            sf = s.to(tl.float32)[:, None]
-            h_tok = token_hash(seed, layer, h, pos, which)
-            u = dither_from_hash(h_tok[:, None], d_idx[None, :])
-            y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-            fl = tl.floor(y)
-            c = fl + tl.where(y - fl >= 0.5 - u, 1.0, 0.0)  # floor(y + u + ½), exactly
-            c = tl.where(sf > 0, c, 0.0)
-            code = c.to(tl.int8)
-            xh = sf * (c - u)
-            # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u,
-            # ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8)) separately
-            mag = s.to(tl.float32) * (scaled_norm(c, d_idx[None, :] >= 0) + scaled_norm(u, d_idx[None, :] >= 0) * 1.0078125)
-        elif SCHEME == INT4_GROUP_ID:  # per 32-channel group, fp16 zero (down) and scale (up)
-            x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
-            zg = f16_round_down(tl.min(x3, axis=2))
-            zf = zg.to(tl.float32)
-            sgr = fp16_scale_up(tl.max(x3, axis=2) - zf, INT4_DIVISOR)
-            sgf = sgr.to(tl.float32)
-            zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
-            sb = tl.reshape(tl.broadcast_to(sgf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
-            y = tl.math.div_rn(x - zb, tl.where(sb > 0, sb, 1.0))
-            fl = tl.floor(y)
-            c = tl.clamp(fl + tl.where(y - fl >= 0.5, 1.0, 0.0), 0.0, 15.0)
-            c = tl.where(sb > 0, c, 0.0)
-            xh = zb + sb * c
-            lo, hi = tl.split(tl.permute(tl.reshape(c, [BLOCK_T, 2, D2]), (0, 2, 1)))
-            code = (lo + 16.0 * hi).to(tl.uint8)
-            s = sgr
-        elif SCHEME == KIVI2_ID:  # 2-bit, one code per byte; fp16 zero (down) and scale (up)
-            if which == 0:  # keys: per channel over the page's tokens (the program's valid rows)
-                zc = f16_round_down(tl.min(tl.where(m2, x, float("inf")), axis=0))  # [D]
-                zf = zc.to(tl.float32)
-                sc = fp16_scale_up(tl.max(tl.where(m2, x, float("-inf")), axis=0) - zf, KIVI2_DIVISOR)
-                zb = tl.broadcast_to(zf[None, :], [BLOCK_T, D])
-                sb = tl.broadcast_to(sc.to(tl.float32)[None, :], [BLOCK_T, D])
-                s = tl.broadcast_to(sc[None, :], [BLOCK_T, D])
-                zg = tl.broadcast_to(zc[None, :], [BLOCK_T, D])
-            else:  # values: per 32 channels of a token (int4_group's groups)
-                x3 = tl.reshape(x, [BLOCK_T, NG, GROUP])
-                zg = f16_round_down(tl.min(x3, axis=2))
-                zf = zg.to(tl.float32)
-                s = fp16_scale_up(tl.max(x3, axis=2) - zf, KIVI2_DIVISOR)
-                zb = tl.reshape(tl.broadcast_to(zf[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
-                sb = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_T, NG, GROUP]), [BLOCK_T, D])
-            c, xh = _asym_codes(x, zb, sb, KIVI2_DIVISOR)
-            # four codes per byte: byte i holds channels i, i + D/4, i + D/2, i + 3D/4 (bits 0-1 … 6-7)
-            c22 = tl.reshape(tl.permute(tl.reshape(c, [BLOCK_T, 4, D4]), (0, 2, 1)), [BLOCK_T, D4, 2, 2])
-            ev, od = tl.split(c22)  # channel quarters k = 2·k1 + k0: k0 = 0 | 1
-            c0, c2 = tl.split(ev)
-            c1, c3 = tl.split(od)
-            code = (c0 + 4.0 * c1 + 16.0 * c2 + 64.0 * c3).to(tl.uint8)
-        else:  # the fp8 schemes: raw casts, or scaled per token
-            if SCHEME == FP8_E4M3_SCALED_ID:
-                s = fp16_scale_up(amax, FP8_SCALED_DIVISOR)
-            else:
-                s = tl.full([BLOCK_T], 1.0, tl.float16)
-            sf = s.to(tl.float32)[:, None]
-            if PRECODED:
-                if which == 0:
-                    code = tl.load(PK + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0)
-                else:
-                    code = tl.load(PV + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0)
-            else:
-                if which == 0:
-                    code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(KC.dtype.element_ty)
-                else:
-                    code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(VC.dtype.element_ty)
-            xh = sf * code.to(tl.float32)
-        if SCHEME != INT8_DITHER_ID:
-            mag = scaled_norm(xh, d_idx[None, :] >= 0)
+            pre = PV + i[:, None] * s_vn + h * s_vh + d_idx[None, :]
+        code, s, xh, zg, sb, mag = _quantize(x, KC if which == 0 else VC, pre, m2, d_idx, seed, layer, h, pos, which,
+                                             DIV_INT8, DIV_DITHER, BLOCK_T, D, SCHEME, PRECODED)
         r = xh - x
         rbase = sbase if which == 0 else vsbase
-        if SCHEME == INT4_GROUP_ID:
-            caddr = cbase[:, None] + tl.arange(0, D2)[None, :]
-        elif SCHEME == KIVI2_ID:
-            caddr = cbase[:, None] + tl.arange(0, D4)[None, :]
-        else:
-            caddr = cbase[:, None] + d_idx[None, :]
-        if SCHEME == KIVI2_ID and which == 0:  # one scale / zero per channel of the page, from its row 0
-            saddr = rbase[:, None] + d_idx[None, :]
-            smask = m2 & (off == 0)[:, None]
-        elif ASYM:  # one scale / zero per 32 channels of a token
-            saddr = rbase[:, None] + tl.arange(0, NG)[None, :]
-            smask = m2
-        else:
-            saddr = rbase
-            smask = rmask
-            zg = s  # unused: only the asymmetric schemes store zeros
+        caddr, saddr, smask = _code_addresses(cbase, rbase, off, d_idx, m2, rmask, which, D, SCHEME)
         eaddr = ebase[:, None] + d_idx[None, :]
         if which == 0:
             _store_codes(KC, KS, KZ, EK, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             waddr = KW + blk * s_wb + h * s_wh + woff * s_wt
             if SKB > 0 or WEIGHTED:  # the sketch radius's witness (G = 1, per token: the wrapper's contract)
-                allc = d_idx[None, :] >= 0
-                if WEIGHTED:
-                    ainv = 1.0 / tl.load(WGT + h * D + d_idx)[None, :]  # powers of two: exact
-                else:
-                    ainv = tl.full([1, D], 1.0, tl.float32)
-                if SKB > 0:
-                    LV: tl.constexpr = 1 << SKB
-                    if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:
-                        beta = sketch_beta(xh, xh, sb, SCHEME)
-                    elif SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID or SCHEME == FP8_E4M3_SCALED_ID:
-                        beta = sketch_beta(xh, s.to(tl.float32)[:, None], xh, SCHEME)
-                    else:
-                        beta = sketch_beta(xh, tl.full([BLOCK_T, 1], 1.0, tl.float32), xh, SCHEME)
-                    ok = beta > 0
-                    yq = tl.floor((tl.math.div_rn(r, tl.where(ok, beta, 1.0)) + 1.0) * (LV / 2))
-                    skc = tl.where(ok & (yq == yq), tl.clamp(yq, 0.0, LV - 1.0), 0.0)
-                    rt = beta * sketch_value(skc, LV) * (1.0 / LV)
-                    e = r - rt
-                    CPB: tl.constexpr = 8 // SKB
-                    DB: tl.constexpr = D // CPB
-                    # byte i holds channels i + k·D/CPB in bits k·SKB … (contract.sketch)
-                    c3 = tl.permute(tl.reshape(skc, [BLOCK_T, CPB, DB]), (0, 2, 1))  # [BLOCK_T, DB, CPB]
-                    shift = tl.exp2((tl.arange(0, CPB) * SKB).to(tl.float32))
-                    packed = tl.sum(c3 * shift[None, None, :], axis=2).to(tl.uint8)
-                    skaddr = blk * s_skb + h * s_skh + off * s_skt
-                    tl.store(SK + skaddr[:, None] + tl.arange(0, DB)[None, :], packed, mask=m2)
-                    ng = scaled_norm(e * ainv, allc) * INFL + SK_GAMMA * scaled_norm(rt * ainv, allc) + FLOOR
-                else:
-                    ng = scaled_norm(r * ainv, allc) * INFL + FLOOR
-                if ASYM:
-                    ng += ABS * scaled_norm(xh * ainv, allc)
+                ng = _sketch_witness(r, xh, s, sb, h, blk, off, s_skb, s_skh, s_skt, m2, SK, WGT, INFL, FLOOR, SK_GAMMA, ABS,
+                                     BLOCK_T, D, SCHEME, SKB, WEIGHTED)
                 tl.store(waddr, f16_round_up(ng), mask=rmask)
             else:
-                for g in tl.static_range(G):
-                    ng = scaled_norm(r, gid[None, :] == g) * INFL + FLOOR
-                    if ASYM:
-                        ng += ABS * scaled_norm(xh, gid[None, :] == g)
-                    if PER_TOKEN:
-                        tl.store(waddr + g, f16_round_up(ng), mask=rmask)
-                    else:
-                        tl.atomic_max(waddr + g, ng, mask=rmask)
+                _group_witnesses(waddr, r, xh, gid, rmask, INFL, FLOOR, ABS, G, ASYM, PER_TOKEN)
             kap = mag * INFL
             kaddr = blk * s_vwb + h * s_vwh + woff
-            if PER_TOKEN:
-                tl.store(KN + kaddr, f16_round_up(kap), mask=rmask)
-            else:
-                tl.atomic_max(KN + kaddr, kap, mask=rmask)
+            _store_up(KN + kaddr, kap, rmask, PER_TOKEN)
         else:
             _store_codes(VC, VS, VZ, EV, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             phi = scaled_norm(r, d_idx[None, :] >= 0) * INFL + ABS * mag + FLOOR
             nu = mag * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff
-            if PER_TOKEN:
-                tl.store(VW + vaddr, f16_round_up(phi), mask=rmask)
-                tl.store(VN + vaddr, f16_round_up(nu), mask=rmask)
-            else:
-                tl.atomic_max(VW + vaddr, phi, mask=rmask)
-                tl.atomic_max(VN + vaddr, nu, mask=rmask)
+            _store_up(VW + vaddr, phi, rmask, PER_TOKEN)
+            _store_up(VN + vaddr, nu, rmask, PER_TOKEN)
 
 
 def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor,

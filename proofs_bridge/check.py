@@ -75,13 +75,14 @@ def check_constants():
     out.append(("tilt tolerance default = 2^-12", B.TILT_DEFAULT_TOL == 2.0**-12, f"{B.TILT_DEFAULT_TOL}"))
     out.append(("dither grid = 2^23 points", B.DITHER_RESOLUTION_BITS == 23, f"{B.DITHER_RESOLUTION_BITS}"))
     try:
+        from kernels import fp_bounds as FB
         from kernels import paged as P
         from kernels import write as W
 
         out.append(("kernel dither divisor restates 126.5", float(W.KERNEL_DITHER_DIVISOR) == float(F.INT8_DITHER_DIVISOR),
                     f"{W.KERNEL_DITHER_DIVISOR}"))
         out.append(("kernel int8 divisor = 127", float(W.KERNEL_INT8_DIVISOR) == float(S.INT8_DIVISOR), f"{W.KERNEL_INT8_DIVISOR}"))
-        out.append(("kernel witness round-up ≥ 1", P.KERNEL_REL_SLACK > 0, f"{P.KERNEL_REL_SLACK}"))
+        out.append(("kernel witness round-up ≥ 1", FB.KERNEL_REL_SLACK > 0, f"{FB.KERNEL_REL_SLACK}"))
         from kernels import ids as I
 
         kid = {n: int(getattr(I, n.upper() + "_ID").value) for n in P.SCHEME_IDS}
@@ -192,7 +193,7 @@ def _check_kernel_tier_b(q, sig, want):
         return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
     from kernels import epilogue as E
     from kernels.decode import KEY_LEVELS
-    from kernels.paged import dot_gamma, mass_eta_terms
+    from kernels.fp_bounds import dot_gamma, mass_eta_terms
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     pts, d = q.shape
@@ -216,13 +217,13 @@ def _check_kernel_tier_b(q, sig, want):
 
 
 def check_fp_terms(rng, points: int = 200):
-    """SPEC §7: the epilogue's Ξ and ρ terms (``kernels.epilogue.tv_from_hist_torch``) against
+    """SPEC §7: the epilogue's Ξ and ρ terms (``kernels.epilogue_torch.tv_from_hist_torch``) against
     ``formulas.XI_TERM`` / ``RHO_KERNEL`` / ``TANH_BOUND`` at radii ε + Ξ (lean/WitCert/FloatTV.lean)."""
     out = []
     try:
         import torch
 
-        from kernels.epilogue import tv_from_hist_torch
+        from kernels.epilogue_torch import tv_from_hist_torch
     except ImportError as exc:
         return [("kernel Ξ and ρ terms", False, f"cannot import kernels: {exc}")]
     nb = 9
@@ -293,7 +294,7 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
     """``tilt_tv_le_dual_grid_endpoints``: every interval's upper value is the larger end value of
     t − D(t, λ) (``formulas.DUAL_ITEM`` / ``ENDPOINT_UPPER``) for a λ ≥ 0, on a cover of [0, 1].
 
-    * the epilogue's torch twin ``kernels.epilogue._interval_upper`` (= the kernel's ``_dense_u``) per interval;
+    * the epilogue's torch twin ``kernels.epilogue_torch._interval_upper`` (= the kernel's ``_dense_u``) per interval;
     * the fp64 reference ``witcert.bounds.tv_bound_tilt`` on its first grid (``max_points=33``: 32 intervals,
       λ_i = ``dual_grid._lambda_at`` at the left end, the right end's D from ``dual_grid._dual_at``), every λ_i ≥ 0;
     * the kernel (``_tv_row`` through ``tv_from_hist(force_kernel=True)``): its tilt is the maximum over its grid
@@ -320,16 +321,17 @@ def check_tilt_endpoints(rng, rows: int = 12, K: int = 6):
     try:
         import torch
 
-        from kernels import epilogue as E
+        from kernels import epilogue_jit as J
+        from kernels import epilogue_torch as Et
     except ImportError as exc:
         return out + [("endpoint tilt: kernels", False, f"cannot import kernels: {exc}")]
     # the torch twin, interval by interval (random left ends, two widths)
     ok = True
     for w, x in data:
-        for h in (1.0 / E.COARSE, 1.0 / (E.COARSE * E.REFINE)):
+        for h in (1.0 / J.COARSE, 1.0 / (J.COARSE * J.REFINE)):
             t0 = np.sort(rng.uniform(0.0, 1.0 - h, 24))
             wt, xt = torch.tensor(w[None]), torch.tensor(x[None])
-            got = E._interval_upper(torch.tensor(t0[None]), h, wt, torch.exp(xt), torch.exp(-xt),
+            got = Et._interval_upper(torch.tensor(t0[None]), h, wt, torch.exp(xt), torch.exp(-xt),
                                     (wt * torch.exp(-xt)).sum(-1))[0].numpy()
             ok &= _above(got, _interval_upper_formula(t0, h, w, x), 1e-9)
     out.append(("torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)", ok, ""))
@@ -342,6 +344,7 @@ def _check_kernel_endpoints(data):
     import torch
 
     from kernels import epilogue as E
+    from kernels import epilogue_jit as J
 
     name = "kernel tilt (_dense_u) = max over its grid of min_λ max(g(t0), g(t1)) (formula)"
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
@@ -351,7 +354,7 @@ def _check_kernel_endpoints(data):
     lv = torch.tensor(np.stack([x for _, x in data]))
     rmax = lv[:, -1].clone()  # the last bin is the overflow bin at the row's maximum
     got = E.tv_from_hist(mass.to(dev), lv.to(dev), rmax.to(dev), force_kernel=True)[3].cpu().numpy()
-    N1, RT, NR = E.COARSE, min(E.REFINE_TOP, E.COARSE), E.REFINE
+    N1, RT, NR = J.COARSE, min(J.REFINE_TOP, J.COARSE), J.REFINE
     want = []
     for w, x in data:
         t0 = np.arange(N1) / N1
@@ -448,10 +451,11 @@ def check_fp_model(seed: int = 1, points: int = 100):
     want = 0.3 * (m * u / (1 - m * u)) * np.einsum("pd,pnd->pn", np.abs(q), np.abs(k))
     out.append(("dot_rounding_radius = σ γ_{d+2} Σ|q||k̂|", _close_above(B.dot_rounding_radius(q, k, 0.3, u), want, 1e-9), ""))
     try:
-        from kernels import paged as P
+        from kernels import fp_bounds as P
+        from kernels.paged import SUPPORTED_HEAD_DIMS
 
-        ok = all(P.dot_gamma(D) >= (D + 2) * P.KERNEL_UNIT / (1 - (D + 2) * P.KERNEL_UNIT) for D in P.SUPPORTED_HEAD_DIMS)
-        ok &= all(P.dot_gamma(D, split3=True) >= P.dot_gamma(D) for D in P.SUPPORTED_HEAD_DIMS)
+        ok = all(P.dot_gamma(D) >= (D + 2) * P.KERNEL_UNIT / (1 - (D + 2) * P.KERNEL_UNIT) for D in SUPPORTED_HEAD_DIMS)
+        ok &= all(P.dot_gamma(D, split3=True) >= P.dot_gamma(D) for D in SUPPORTED_HEAD_DIMS)
         out.append(("kernel dot_gamma(D) ≥ γ_{D+2}(KERNEL_UNIT)", ok and P.KERNEL_UNIT >= 2.0**-24, f"{P.KERNEL_UNIT}"))
         out.append(("kernel witness floor in (0, 2^-24)", 0 < P.KERNEL_WITNESS_FLOOR < 2.0**-24, f"{P.KERNEL_WITNESS_FLOOR}"))
         out.append(("kernel flush threshold ≥ 2^-126", P.FP32_FLUSH >= 2.0**-126, f"{P.FP32_FLUSH}"))

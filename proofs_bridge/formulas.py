@@ -247,7 +247,7 @@ REBASE_RADIUS = eps(_j) + Xi
 #: SPEC §7 (ρ): tilt_mass_lost_le, p(U) ≤ Σ_U p̂ e^ε / Σ p̂ e^{−ε}
 _U = sp.Symbol("U")
 LOST_MASS_BOUND = Sum(_U, sp.Lambda(_j, phat(_j) * sp.exp(eps(_j)))) / Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(-eps(_j))))
-#: SPEC §7 (ρ): the kernel's ρ = Λ (1 + e^{ε_max + Ξ} / m) (kernels/epilogue.py)
+#: SPEC §7 (ρ): the kernel's ρ = Λ (1 + e^{ε_max + Ξ} / m) (kernels/epilogue_jit.py, kernels/epilogue_torch.py)
 RHO_KERNEL = Lam * (1 + sp.exp(eps_max + Xi) / m)
 #: the kernel's ρ is the Lean bound p̂(U) + LOST_MASS_BOUND with p̂(U) ≤ Λ, Σ_U p̂ e^ε ≤ Λ e^{ε_max+Ξ}
 #: (every radius of p over p̃ is ≤ ε_max + Ξ) and Σ p̂ e^{−ε} ≥ m
@@ -318,7 +318,7 @@ qP_dot, qPc_norm, rPc_norm = sp.symbols("qP_dot qPc_norm rPc_norm", real=True)
 PROJECTED_RADIUS = sp.Abs(sigma) * (sp.Abs(qP_dot) + qPc_norm * rPc_norm)
 #: the exact window: a token served in the model dtype has δ_j = 0, radius 0
 WINDOW_RADIUS = sp.Integer(0)
-#: issue 37 (d): the kernel's key-side level |σ| ‖q‖ ‖(W_g)_g‖₂ (kernels/epilogue.py: `qn · edge`)
+#: issue 37 (d): the kernel's key-side level |σ| ‖q‖ ‖(W_g)_g‖₂ (kernels/epilogue_jit.py: `qn · edge`)
 q_norm, W_norm2 = sp.symbols("q_norm W_norm2", real=True)
 KERNEL_KEY_RADIUS = sp.Abs(sigma) * q_norm * W_norm2
 #: the per-head form is the shared radius when u_j is at least the head's own ratio (equality at u_j = ratio)
@@ -420,8 +420,9 @@ LEAN_DEFS.update({
 # --------------------- SPEC §3(c) with endpoint values (issue 33; lean/WitCert/TiltEndpoints.lean)
 # For λ ≥ 0, t ↦ D(t, λ) is concave (β affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and
 # its maximum on an interval [t₀, t₁] is at an end: any cover of [0, 1] by intervals, each with its own
-# λ_i ≥ 0 and both end values ≤ B, gives TV ≤ B. The epilogue (kernels/epilogue.py: `_dense_u`, its torch
-# twin `_interval_upper`) and the fp64 reference (`witcert.bounds.dual_grid._tilt_row`) take per interval the least,
+# λ_i ≥ 0 and both end values ≤ B, gives TV ≤ B. The epilogue (kernels/epilogue_jit.py: `_dense_u`, its torch
+# twin `_interval_upper` in kernels/epilogue_torch.py) and the fp64 reference
+# (`witcert.bounds.dual_grid._tilt_row`) take per interval the least,
 # over their candidate λ (λ = 0 included: g = t, the cap t₁), of the larger end value.
 #: D(t, λ) = Σ_k w_k DUAL_ITEM(x_k) for a distribution w over the levels x_k (LEAN_DEFS["dualD"] term by term:
 #: λ t Σ_k w_k e^{−x_k} − Σ_k w_k (λ β(t, x_k) − 1)₊)
@@ -448,7 +449,7 @@ LEAN_THEOREMS.update({
 # ------------------------ issue 37 (b), (c): the composed statements (FloatTV.lean, Request.lean)
 # (c) kernel_tv_sound: the decode pass as one statement — TV(p, p̂) ≤ F + tanh(Ξ/2) + ρ with the kernel's
 #     ρ = Λ (1 + e^{ε_max+Ξ}/m), Λ the lost mass relative to the kept one, m ≤ Σ_V p̃ e^{−(lev+Ξ)} / p̃(V)
-#     (kernels/epilogue.py `_tv_row` / `tv_from_hist_torch`: checked by check_fp_terms against RHO_KERNEL,
+#     (kernels/epilogue_jit.py `_tv_row` / epilogue_torch.py `tv_from_hist_torch`: checked by check_fp_terms against RHO_KERNEL,
 #     XI_TERM and TANH_BOUND).
 # (b) step_tv_sound / request_tv_sound(_fixed, _anytime): P(∃ layer, head, step: TV⁺ < TV) ≤ δ_req at the
 #     Tier B radii ditherRadius(V, n, δ_step) + b and the two schedules (witcert.bounds.step_budget,

@@ -19,7 +19,7 @@ Serving semantics (what a paged server does):
   cache with a kernel scheme) the step is one ``kernels.decode.decode`` call per layer on a
   paged copy written by ``kernels.write.write_kv`` (docs/cache.md). Gated, the
   kernel path syncs once per layer step (the gate reads TV⁺ on the host) and, where a row is
-  over τ, pages blocks into the layer's ``kernels.paged.RepairOverlay`` and decodes again
+  over τ, pages blocks into the layer's ``kernels.repair.RepairOverlay`` and decodes again
   (``WitCertCache._kernel_attention``). With ``cuda_graph=True`` (ungated, per-token kernel
   schemes) a decode step is captured once in a CUDA graph and replayed (``witcert.graphs``; the
   layers then write and decode through its static buffers: ``_update_static``,

@@ -248,7 +248,7 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
     dequantized as the kernel does (s·c, s·(c − u) with the regenerated dither, z + s·c for
     int4_group and kivi2) and, where ``repair`` has the page, its exact pool values. For the gate's block
     risks and the audit (O(B'·Hkv·n·D) device work, no kernel). ``cache``: a ``kernels.paged.PagedKV``,
-    ``repair``: a ``kernels.paged.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
+    ``repair``: a ``kernels.repair.RepairOverlay`` (here, not in ``kernels``: it regenerates the dither
     with ``witcert.schemes``, and the kernels never import ``witcert``)."""
     dev = cache.k_codes.device
     bt = block_table.to(dev).long()
@@ -292,7 +292,7 @@ def served_kv(cache, block_table: torch.Tensor, n: int, repair=None,
         o = off[:, None, :].expand_as(sl)
         kh = torch.where(rep[..., None], repair.k[sl, o].double(), kh)
         vh = torch.where(rep[..., None], repair.v[sl, o].double(), vh)
-    if window is not None and window.columns > 0:  # the exact window (kernels.paged.ExactWindow): from its ring
+    if window is not None and window.columns > 0:  # the exact window (kernels.exact_window.ExactWindow): from its ring
         win = torch.as_tensor(B.window_mask(n, (window.sink, window.recent)), device=dev)
         col = window.columns_of(j, n)
         rws = torch.arange(window.k.shape[0], device=dev) if rows is None else rows.to(dev).long()

@@ -99,10 +99,11 @@ class WitCertLayer(CacheLayerMixin):
         self.repaired = torch.zeros(Bsz, H, 0, dtype=torch.bool, device=self.device)
         self.n_quantized = 0
         self.paged = None
-        self.rep = None  # kernel path, gated: the repaired pages (kernels.paged.RepairOverlay)
-        self.win = None  # kernel path: the exact window's rings (kernels.paged.ExactWindow)
+        self.rep = None  # kernel path, gated: the repaired pages (kernels.repair.RepairOverlay)
+        self.win = None  # kernel path: the exact window's rings (kernels.exact_window.ExactWindow)
         if o.use_kernel(self.device, Bsz, self.dtype):
-            from kernels.paged import PagedKV, RepairOverlay
+            from kernels.paged import PagedKV
+            from kernels.repair import RepairOverlay
 
             per_seq = -(-o.max_tokens // o.block_size)
             self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
@@ -114,8 +115,8 @@ class WitCertLayer(CacheLayerMixin):
             if o.gate is not None or o.scheme in BLOCK_SCHEMES:
                 self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
                                                   device=self.device).bind(self.paged)
-            if sum(o.window):  # the exact window's rings (kernels.paged.ExactWindow)
-                from kernels.paged import ExactWindow
+            if sum(o.window):  # the exact window's rings (kernels.exact_window.ExactWindow)
+                from kernels.exact_window import ExactWindow
 
                 self.win = ExactWindow.allocate(Bsz, H, D, self.dtype, *o.window, device=self.device)
         self.is_initialized = True

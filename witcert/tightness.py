@@ -82,8 +82,8 @@ def prompt_ids(tok, prompt, tokens: int):
 
 
 def memory(scheme: str, sketch_bits: int, window, context: int = AMORTISE_CONTEXT, head_dim: int = MEMORY_HEAD_DIM) -> dict:
-    """``kernels.paged.bytes_per_token`` with the sketch and the window amortised at ``context`` tokens."""
-    from kernels.paged import bytes_per_token
+    """``kernels.memory_accounting.bytes_per_token`` with the sketch and the window amortised at ``context`` tokens."""
+    from kernels.memory_accounting import bytes_per_token
 
     return bytes_per_token(scheme, head_dim=head_dim, num_groups=1, sketch_bits=sketch_bits, window=window,
                            context=context)

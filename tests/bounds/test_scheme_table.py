@@ -77,7 +77,7 @@ def test_consumers_read_the_table():
     ("kivi2", (64.0, 2 * 2 * 128 / 16 + 16, 14)),
 ])
 def test_bytes_per_token_pinned(scheme, want):
-    from kernels.paged import bytes_per_token
+    from kernels.memory_accounting import bytes_per_token
 
     r = bytes_per_token(scheme, head_dim=128, num_groups=4)
     assert (r["codes"], r["scales"], r["witnesses"]) == want

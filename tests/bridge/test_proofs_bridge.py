@@ -26,7 +26,7 @@ def test_bridge_passes():
 
 def test_drift_in_the_fp_rounding_terms_fails(monkeypatch):
     """SPEC §7: dropping or shrinking a rounding term fails the bridge."""
-    from kernels import paged as P
+    from kernels import fp_bounds as P
     from witcert import bounds as B
 
     real = B.dot_rounding_radius
@@ -305,7 +305,7 @@ def test_a_false_fp_statement_is_falsified():
 
 
 def test_drift_in_the_kernel_fp_terms_fails(monkeypatch):
-    import kernels.epilogue as E
+    import kernels.epilogue_torch as E
 
     real = E.tv_from_hist_torch
 
@@ -352,17 +352,18 @@ def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
     import numpy as np
 
     import kernels.epilogue as E
+    import kernels.epilogue_torch as Et
     from witcert.bounds import dual_grid as G
 
     def bad():
         return failed(C.check_tilt_endpoints(np.random.default_rng(0)))
 
     assert bad() == []
-    real_u = E._interval_upper
+    real_u = Et._interval_upper
     # the left end only (the interval [t0, t0]): not an upper value of the interval
-    monkeypatch.setattr(E, "_interval_upper", lambda t0, h, w, a, b, m: real_u(t0, 0.0, w, a, b, m))
+    monkeypatch.setattr(Et, "_interval_upper", lambda t0, h, w, a, b, m: real_u(t0, 0.0, w, a, b, m))
     assert bad() == ["torch _interval_upper = min_λ max(g(t0), g(t1)) (formula)"]
-    monkeypatch.setattr(E, "_interval_upper", real_u)
+    monkeypatch.setattr(Et, "_interval_upper", real_u)
     # the reference's right-end D too large (its upper values too small)
     real_d = G._dual_at
     monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(ts, lam, *a) + 1e-3)

@@ -14,7 +14,8 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from contract.schemes import BLOCK_SCHEMES  # noqa: E402
-from kernels import epilogue as E  # noqa: E402
+from kernels import epilogue_jit as EJ  # noqa: E402
+from kernels import fp_bounds as FB  # noqa: E402
 from kernels import paged as P  # noqa: E402
 from kernels.decode import decode, key_edges  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
@@ -23,7 +24,7 @@ from witcert import bounds as B  # noqa: E402
 from witcert import schemes as S  # noqa: E402
 
 #: the epilogue's grid slack: an unrefined coarse interval may exceed the supremum by its width
-EPILOGUE_SLACK = 1.0 / E.COARSE + E.FP64_SLACK
+EPILOGUE_SLACK = 1.0 / EJ.COARSE + EJ.FP64_SLACK
 #: on these moderate-magnitude cases the decode's fp error bound Ξ (SPEC §7) must stay below
 #: this: the former absolute 2^-9 floor is gone, a regression to it fails here
 XI_MODERATE = 2.0**-8  # the outlier cases (σ‖q‖‖k̂‖ ≈ 100) reach 2.1e-3
@@ -193,7 +194,7 @@ def _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, 
     kap = cache.k_norm[bt[b, torch.arange(n) // 16].long(), h,
                        (torch.arange(n) % 16) if cache.per_token_witness else 0].double()
     assert torch.all(kap >= kh.norm(dim=-1))
-    assert xi >= sigma * qq.norm().item() * kap.max().item() * P.dot_gamma(D, split3)
+    assert xi >= sigma * qq.norm().item() * kap.max().item() * FB.dot_gamma(D, split3)
     qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
     eps_k = qn * W.norm(dim=-1) + xi
     if levels == "page":  # each token at its (logical) page's largest radius

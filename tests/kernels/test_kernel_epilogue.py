@@ -16,6 +16,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels import epilogue as E  # noqa: E402
+from kernels import epilogue_torch as ET  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
@@ -43,7 +44,7 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
     rmax = lv[:, -1] * 1.3
     xi = torch.tensor([0.0, 1e-4, 3e-3, 0.5], dtype=torch.float64).repeat(R // 4)
     lam = torch.tensor([0.0, 1e-30, 0.0, 1e-20], dtype=torch.float64).repeat(R // 4)
-    b = E.tv_from_hist_torch(mass, lv, rmax, xi, lam)
+    b = ET.tv_from_hist_torch(mass, lv, rmax, xi, lam)
     # both forms of the dense D: the [TP, K, K] one (interpreter) and the loop over bins (GPU)
     for dense3d in ((None, True, False) if DEV == "cpu" else (None,)):
         if dense3d is not None:
@@ -114,7 +115,7 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         for mass in ([0.0, 0.0, 0.0, 0.0], [1e-310, 0.0, 1e-310, 0.0], [1.0, math.inf, 0.0, 0.0],
                      [0.5, math.nan, 0.5, 0.0], [1e308, 1e308, 1e308, 0.0]):
             m = torch.tensor([mass], dtype=torch.float64)
-            ref = E.tv_from_hist_torch(m, lv, r)
+            ref = ET.tv_from_hist_torch(m, lv, r)
             for tau in (-1.0, 0.0, 0.5):
                 got = E.tv_from_hist(m.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True, tilt_above=tau)
                 assert got[0].item() >= floor and got[2].item() == 1.0, (mass, tau, got)
@@ -123,7 +124,7 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         got = E.tv_from_hist(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64).to(DEV), lv.to(DEV),
                              torch.tensor([math.nan], dtype=torch.float64).to(DEV), force_kernel=True)
         assert got[0].item() == 1.0
-        ref = E.tv_from_hist_torch(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), lv,
+        ref = ET.tv_from_hist_torch(torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), lv,
                                    torch.tensor([math.nan], dtype=torch.float64))
         assert ref[0].item() == 1.0
 
@@ -215,7 +216,7 @@ def test_fused_merge_matches_torch_merge(tier_b):
     (``epilogue.merge_torch``, the former host path) on synthetic split partials: several splits
     (one empty), a single-token row, a NaN radius (flagged), Tier A and Tier B."""
     from kernels.decode import KEY_LEVELS
-    from kernels.paged import dot_gamma, mass_eta_terms
+    from kernels.fp_bounds import dot_gamma, mass_eta_terms
 
     g = torch.Generator().manual_seed(5)
     Bsz, Hq, S, D = 3, 4, 5, 64

@@ -1,5 +1,5 @@
 """Gated caches on the kernel path (SPEC §6, §7): the repaired-page overlay of the decode kernel
-(``kernels.paged.RepairOverlay``, ``decode(..., repair=...)``) and ``WitCertCache(gate=...,
+(``kernels.repair.RepairOverlay``, ``decode(..., repair=...)``) and ``WitCertCache(gate=...,
 backend="kernel")``. Interpreter (TRITON_INTERPRET=1), small shapes.
 
 * an overlay with no repaired page changes nothing (bit-identical to the plain kernel);
@@ -24,7 +24,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import RepairOverlay  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from tests.helpers.kernel_gate import D, T, assert_served, build, dequant, overlay_for  # noqa: E402
 from witcert import bounds as B  # noqa: E402

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
-from kernels import paged as P  # noqa: E402
+from kernels import fp_bounds as FB  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
@@ -378,7 +378,7 @@ def test_packed_histogram_matches_the_unpacked(gq):
     form. In the interpreter the split is inside the fp32 dot and the lo columns carry 0: the packed
     layout (column → head map, the final split / add and store) must reproduce the unpacked call bit
     for bit, for GQ 1, 3 (not a power of two) and 4; GQ 8 fills the columns and is never packed. On
-    the GPU the hi and lo accumulators are separate fp32 sums (``paged.HIST_PACK_REL`` counts the two
+    the GPU the hi and lo accumulators are separate fp32 sums (``fp_bounds.HIST_PACK_REL`` counts the two
     extra roundings) and the two forms count different roundings in η: masses equal to fp32 rounding,
     Ξ apart by exactly the η difference, the bounds by at most that (run L: the bit-for-bit check of
     every record field, stale since η became per form, failed on the H200); both calls' soundness is
@@ -401,8 +401,8 @@ def test_packed_histogram_matches_the_unpacked(gq):
         # 1-Lipschitz in Ξ up to the e-form's A² ≤ 2 here; the output bound scales it by its norms)
         tokens = 128  # the metered tile on the GPU (tile_config)
         packed = kd.packs_histogram(gq, 8)  # GQ 8 fills the columns: both calls run the two-dot form
-        ap, _ = P.mass_eta_terms(tokens, "bf16x2", packed=packed)
-        au, _ = P.mass_eta_terms(tokens, "bf16x2", packed=False)
+        ap, _ = FB.mass_eta_terms(tokens, "bf16x2", packed=packed)
+        au, _ = FB.mass_eta_terms(tokens, "bf16x2", packed=False)
         dxi = 2.1 * (ap - au) * (1 + 2.0**-20)
         assert (dxi < 0) == packed  # the packed form counts fewer roundings
         assert torch.allclose(b.meter.xi - a.meter.xi, torch.full_like(a.meter.xi, dxi), rtol=1e-6, atol=1e-12)
@@ -420,12 +420,12 @@ def test_packed_histogram_roundings_are_counted():
     """The bf16 hi / lo histogram's slack (part of η in Ξ): the operand split |p̂ − p_hi − p_lo| ≤ 2⁻¹⁶ p̂
     and the packed form's two fp32 roundings (hi and lo are accumulated in separate columns; after
     the loop the lo column is rescaled to the hi column's maximum and added: ≤ 2 · KERNEL_UNIT of the
-    mass: ``paged.HIST_PACK_REL``, ``mass_eta_terms(packed=True)``), and the accumulation's growth
-    ``paged.HIST_TERM_GROWTH`` (the sums' rounding is relative to Σ|terms|, with signed lo parts), over
-    ``paged.HIST_CHAINED_TERMS`` products per token (dots chained into one accumulator).
+    mass: ``fp_bounds.HIST_PACK_REL``, ``mass_eta_terms(packed=True)``), and the accumulation's growth
+    ``fp_bounds.HIST_TERM_GROWTH`` (the sums' rounding is relative to Σ|terms|, with signed lo parts), over
+    ``fp_bounds.HIST_CHAINED_TERMS`` products per token (dots chained into one accumulator).
     Fails if any term is dropped; the operand-split term and the growth are also checked on data
     (every p̂ here, hi + lo in bf16 against the fp64 value)."""
-    from kernels.paged import HIST_PACK_REL, HIST_SPLIT_REL, HIST_TERM_GROWTH, KERNEL_EXP_REL, KERNEL_UNIT, mass_eta_terms
+    from kernels.fp_bounds import HIST_PACK_REL, HIST_SPLIT_REL, HIST_TERM_GROWTH, KERNEL_EXP_REL, KERNEL_UNIT, mass_eta_terms
 
     assert HIST_SPLIT_REL["bf16x2"] >= 2.0**-16 and HIST_PACK_REL >= 2 * KERNEL_UNIT
     # the accumulators sum p_hi and p_lo with their signs: their rounding bounds grow with Σ|p_hi| + Σ|p_lo|

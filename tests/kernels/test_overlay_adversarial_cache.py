@@ -28,7 +28,8 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1"
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from tests.helpers.kernel_gate import gauss_kv, tiny_llama  # noqa: E402
 from tests.helpers.overlay_review import SIGMA, TOL, D, T, build_custom, check_sound, overlay, qrand, served  # noqa: E402

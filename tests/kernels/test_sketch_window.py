@@ -27,9 +27,11 @@ DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/testing.md
 
 from contract.sketch import DEFAULT_WINDOW, check_bits, check_window, codes_per_byte  # noqa: E402
-from kernels import paged as P  # noqa: E402
+from kernels import fp_bounds as FB  # noqa: E402
 from kernels.decode import decode, key_edges  # noqa: E402
-from kernels.paged import ExactWindow, PagedKV, bytes_per_token  # noqa: E402
+from kernels.exact_window import ExactWindow  # noqa: E402
+from kernels.memory_accounting import bytes_per_token  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 from witcert.schemes import QuantContext, quantize, residual_range  # noqa: E402
@@ -191,7 +193,7 @@ def _stored(c, bt, n):
 @pytest.mark.parametrize("bits", [1, 2, 4])
 def test_write_kernel_sketch_codes_and_witness(scheme, bits):
     """Codes bit-identical to ``sketch_encode`` over the scheme's β; W ≥ ‖(r − r̃)/a‖ + γ‖r̃/a‖ (γ: the
-    decode's sketch dot, ``paged.sketch_gamma``), within a relative 2^-8 of it (the rounding up)."""
+    decode's sketch dot, ``fp_bounds.sketch_gamma``), within a relative 2^-8 of it (the rounding up)."""
     n, H, D = 40, 2, 64
     c, bt, k, v, w = _cache(scheme, bits, n=n, H=H, D=D)
     kf = k.float().permute(1, 0, 2)
@@ -204,7 +206,7 @@ def test_write_kernel_sketch_codes_and_witness(scheme, bits):
     codes = torch.cat([(packed >> (i * bits)) & (2**bits - 1) for i in range(8 // bits)], dim=-1)
     assert torch.equal(codes, codes_ref)
     rt = B.sketch_decode(codes, beta, bits)
-    gamma = P.sketch_gamma(scheme, D, bits)
+    gamma = FB.sketch_gamma(scheme, D, bits)
     need = B.sketch_witness(r, rt, w.double(), dot_gamma=gamma)
     W = c.k_wit.cpu()[blk, :, off, 0].permute(1, 0).double()
     assert torch.all(W >= need)
@@ -227,7 +229,7 @@ def test_dropping_the_sketch_dot_allowance_fails_the_witness_check(monkeypatch):
     beta = residual_range("int8", kh, meta)
     codes, _ = B.sketch_encode(r, 4, beta)
     rt = B.sketch_decode(codes, beta, 4)
-    need = B.sketch_witness(r, rt, w.double(), dot_gamma=P.sketch_gamma("int8", D, 4))
+    need = B.sketch_witness(r, rt, w.double(), dot_gamma=FB.sketch_gamma("int8", D, 4))
     blk, off = _stored(c, bt, n)
     W = c.k_wit.cpu()[blk, :, off, 0].permute(1, 0).double()
     assert torch.any(W < need)
@@ -299,8 +301,8 @@ def test_decode_meters_the_sketch_radius_and_serves_the_window(monkeypatch, sche
         ch = sig * (qq * w.double()[h]).norm().item() * (1 + 2**-10)
         lv = ch * key_edges().double() + xi
         ref = B.tv_bound_tilt(p_hat, eps * (1 + 2**-10) + xi, levels=lv).item()
-        from kernels import epilogue as E
-        slack = 1.0 / E.COARSE + E.FP64_SLACK + math.tanh(xi / 2) + rho + 4 * xi + 1e-6
+        from kernels import epilogue_jit as EJ
+        slack = 1.0 / EJ.COARSE + EJ.FP64_SLACK + math.tanh(xi / 2) + rho + 4 * xi + 1e-6
         assert tv_k <= min(1.0, ref + slack), (tv_k, ref)
 
 

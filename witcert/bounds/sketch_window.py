@@ -86,7 +86,7 @@ def sketch_witness(r, r_tilde=None, weights=None, dot_gamma: float = 0.0):
     """Key witness of the sketch radius: ``W_j ≥ ‖(r_j − r̃_j)/a‖ + dot_gamma·‖r̃_j/a‖`` ``[..., n]``,
     rounded up (``r_tilde`` None: r̃ = 0, the plain weighted witness ‖r/a‖; ``weights`` a ``[..., d]``,
     None: 1). ``dot_gamma`` is the relative rounding of the decode's fp32 dot ⟨q, r̃⟩ (the kernels pass
-    ``kernels.paged.dot_gamma(D)``; 0 for an exact dot): |fl(⟨q, r̃⟩) − ⟨q, r̃⟩| ≤ γ Σ|q_i||r̃_i| ≤
+    ``kernels.fp_bounds.dot_gamma(D)``; 0 for an exact dot): |fl(⟨q, r̃⟩) − ⟨q, r̃⟩| ≤ γ Σ|q_i||r̃_i| ≤
     γ ‖a⊙q‖ ‖r̃/a‖, so the served u_j may be that much low and W carries it."""
     ra = _as_np(r, "r")
     _need_ndim(ra, 2, "r", "[..., n, d]")

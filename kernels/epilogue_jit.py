@@ -1,0 +1,402 @@
+"""Triton code of the decode epilogue (SPEC §3, §4, §7, §8): TV⁺ of a histogram row and the fused
+split-KV merge + meter record. The bounds it computes are stated in ``kernels.epilogue`` (module doc);
+the launches are there too (``merge``, ``tv_from_hist``), the torch twin in ``kernels.epilogue_torch``.
+
+    _tv_kernel[(R,)]           one program per histogram row (float64)
+        MASS, LV   [R, NB]      p̂ masses per bin, bin levels (the last bin is the overflow bin)
+        RMAX, XI, LAM [R]       the row's maximum radius, Ξ, Λ
+        OUT        [R, 5]       (TV⁺, tanh, e-form, tilt, ρ)
+        SCR        [R, 3·NBP + N1] float64 scratch (``epilogue.scratch_per_tier``)
+
+    _merge_meter_kernel[(B·Hq,)]   one program per (sequence, query head), rows r = b·Hq + h
+        M_IN, L_IN  [B·Hq, S]         fp32 split maxima and denominators
+        ACC_IN      [B·Hq, S, D]      fp32 split outputs
+        HIST_IN     [B·Hq, S, NB]     p̂-mass histograms (tier A bins, tier B bins, Σ p̂ φ last)
+        STAT_IN     [B·Hq, S, 6]      max ‖W‖, max s, max φ, max ν, non-finite count, max κ
+        Q           [B, Hq, D]        the query (strides s_qb, s_qh);  SL [B] int32;  EDGES [KA − 1] float64
+        WGT         [Hkv, D]          the sketch radius's channel weights (WEIGHTED)
+        → O [B·Hq, D] fp32, LSE [B·Hq], HOUT [B·Hq, NB] float64, REC [B·Hq, REC_COLS] float64,
+          FLAG [B·Hq] int8;  SCR [B·Hq, 2·(3·KP + N1)] float64 scratch (one region per tier)
+
+The tilt's grid (``COARSE`` intervals, the ``REFINE_TOP`` largest split into ``REFINE``) and the float64
+slack are defined here: the kernels walk them, the torch twin and the launches read them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
+FP64_SLACK = 2.0**-40
+COARSE = 64
+REFINE_TOP = 8
+REFINE = 32
+FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
+#: points of the tilt's grid evaluated at a time on the GPU (divides COARSE and REFINE): its [TC, bins]
+#: float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole coarse grid
+#: at once, two programs per SM; bench/RESULTS.md run M)
+TILT_CHUNK = 16
+TC: tl.constexpr = tl.constexpr(TILT_CHUNK)
+
+
+@triton.jit
+def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """For each interval [t, t + h] of ``ts`` [TP]: a sound upper value of the tilt bound on it (SPEC §3(c) with
+    endpoints, Lean ``WitCert.tilt_tv_le_dual_grid_endpoints``): for any λ ≥ 0, D(·, λ) is concave in t (β is
+    affine in t, the hinge convex), so g(t) = t − D(t, λ) is convex and its maximum on the interval is at an end:
+    U = min over λ ∈ {1/β_c(t) : w_c > 0} of max(g(t), g(t + h)), each D minus its rounding-error bound, and
+    at most t + h (λ = 0). The width h is not added: the coarse grid's slack is second order (the former form
+    t + h − D(t, λ) carried h itself). ``w`` [NBP] bin weights with ``a``/``b`` their β at t = 0 / 1 (DENSE3D:
+    one [TP, NBP, NBP] broadcast); else the live bins packed at the front of SCR (weights, a, b; ``nl`` of them),
+    walked in a loop that loads bin c + 1 while bin c is used. ``EPSC``: the relative rounding bound of a D."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
+    lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
+    t1 = ts + h
+    tm0 = (ts * m)[:, None]
+    tm1 = (t1 * m)[:, None]
+    if DENSE3D:
+        beta1 = (1.0 - t1)[:, None] * a[None, :] + t1[:, None] * b[None, :]
+        x0 = lam[:, :, None] * beta[:, None, :]
+        x1 = lam[:, :, None] * beta1[:, None, :]
+        act0 = tl.maximum(x0 - 1.0, 0.0)
+        act1 = tl.maximum(x1 - 1.0, 0.0)
+        d0 = tl.sum(w[None, None, :] * act0, axis=2)
+        d1 = tl.sum(w[None, None, :] * act1, axis=2)
+        m0 = tl.sum(tl.where(act0 > 0, w[None, None, :] * (x0 + 1.0), 0.0), axis=2)
+        m1 = tl.sum(tl.where(act1 > 0, w[None, None, :] * (x1 + 1.0), 0.0), axis=2)
+    else:
+        d0 = tl.zeros_like(beta)
+        d1 = tl.zeros_like(beta)
+        m0 = tl.zeros_like(beta)
+        m1 = tl.zeros_like(beta)
+        w2n = tl.load(SCR)
+        a2n = tl.load(SCR + NBP)
+        b2n = tl.load(SCR + 2 * NBP)
+        for c2 in range(nl):
+            w2 = w2n
+            a2 = a2n
+            b2 = b2n
+            nx = tl.minimum(c2 + 1, NBP - 1)
+            w2n = tl.load(SCR + nx)
+            a2n = tl.load(SCR + NBP + nx)
+            b2n = tl.load(SCR + 2 * NBP + nx)
+            x0 = lam * ((1.0 - ts)[:, None] * a2 + ts[:, None] * b2)
+            x1 = lam * ((1.0 - t1)[:, None] * a2 + t1[:, None] * b2)
+            act0 = tl.maximum(x0 - 1.0, 0.0)
+            act1 = tl.maximum(x1 - 1.0, 0.0)
+            d0 += w2 * act0
+            d1 += w2 * act1
+            m0 += tl.where(act0 > 0, w2 * (x0 + 1.0), 0.0)
+            m1 += tl.where(act1 > 0, w2 * (x1 + 1.0), 0.0)
+    g0 = ts[:, None] - (lam * tm0 - d0) + EPSC * (lam * tm0 + m0 + 1.0)
+    g1 = t1[:, None] - (lam * tm1 - d1) + EPSC * (lam * tm1 + m1 + 1.0)
+    u = tl.min(tl.where(w[None, :] > 0, tl.maximum(g0, g1), float("inf")), axis=1)
+    return tl.minimum(u, t1)
+
+
+@triton.jit
+def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
+            NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
+            EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
+    bin levels ``lvl`` [NBP] (the last bin NB − 1 is the overflow bin, its level ``r``), the row's
+    maximum radius ``r``, the decode's Ξ and Λ. Returns (TV⁺, tanh, e-form, tilt, ρ).
+
+    The dual-grid tilt (coarse N1 intervals, then the RT of largest upper value split into NR)
+    is computed only when the closed forms' TV⁺ (min(tanh, e-form) + tanh(Ξ/2) + ρ + slack) is
+    above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
+    otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
+    ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
+    first) once the grid reached certifies TV⁺ ≤ τ, or once the refined intervals alone put TV⁺ above
+    τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c); ≥ the fully refined one up to
+    rounding), and the gate's decision is the fully refined one's. τ arrives as float32 (``tau_bracket``):
+    ``tilt_above`` = τ↓ for the skip and the certified stop, ``tilt_hi`` = τ↑ for the not-certified one.
+    Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
+    k = tl.arange(0, NBP)
+    lv = tl.where(k == NB - 1, r, lvl)
+    lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
+    # masses whose sum is not a positive finite number (all 0, underflowed, overflowed, NaN / inf) carry no
+    # distribution: the e-form and the tilt are then 1 (tanh, from the maximum radius alone, still holds)
+    ws = tl.sum(w, axis=0)
+    okw = (ws >= 1e-300) & (ws < float("inf"))
+    w = w / tl.maximum(ws, 1e-300)  # (not okw: garbage, unused below; a tl.where here broke Triton 3.6's
+    # layout pass at 32+ bins, "operand does not dominate this use", 2026-12-03)
+    live = w > 0
+    lv = tl.where(live, lv, 0.0)
+    a = tl.exp(lv)
+    b = tl.exp(-lv)
+    m = tl.sum(w * b, axis=0)
+    rx = r + xi
+    e2 = tl.exp(-rx)
+    tanh = (1.0 - e2) / (1.0 + e2)  # tanh((r + Ξ)/2)
+    A = tl.sum(w * a, axis=0)
+    eform = tl.minimum(0.5 * (A * A - 1.0) * (1.0 + 8.0 * NBP * 2.220446049250313e-16), 1.0)
+    eform = tl.where((eform == eform) & okw, eform, 1.0)
+    mlo = m * (1.0 - 9.094947017729282e-13)
+    rho = lam * (1.0 + tl.exp(tl.minimum(rx, 700.0)) / tl.maximum(mlo, 1e-300)) * (1.0 + 9.094947017729282e-13)
+    rho = tl.where(lam > 0, rho, 0.0)
+    rho = tl.where(rho == rho, rho, 1.0)
+    lmax = tl.where(okw, tl.max(lv, axis=0), float("inf"))  # (no distribution: neither branch below, tilt 1)
+    cheap = tl.minimum(tanh, eform)
+    e1 = tl.exp(-xi)
+    fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
+    tilt = tl.full([], 1.0, tl.float64)
+    if lmax == 0:
+        tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
+    elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
+        # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_u
+        # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
+        live_i = live.to(tl.int32)
+        pos = tl.cumsum(live_i, axis=0) - 1
+        nl = tl.sum(live_i, axis=0)
+        tl.store(SCR + pos, w, mask=live)
+        tl.store(SCR + NBP + pos, a, mask=live)
+        tl.store(SCR + 2 * NBP + pos, b, mask=live)
+        tl.debug_barrier()
+        i = tl.arange(0, N1)
+        if DENSE3D:
+            U = _dense_u(i.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+        else:  # (GPU) TC points at a time, through SCR: [TC, NBP] float64 tiles fit any warp count's registers
+            for c0 in range(0, N1, TC):
+                ic = c0 + tl.arange(0, TC)
+                tl.store(SCR + 3 * NBP + ic, _dense_u(ic.to(tl.float64) * (1.0 / N1), 1.0 / N1, w, a, b, m, SCR, nl,
+                                                      NB, NBP, EPSC, DENSE3D))
+            tl.debug_barrier()
+            U = tl.load(SCR + 3 * NBP + i)
+        coarse = tl.minimum(tl.maximum(tl.max(U, axis=0), 0.0), 1.0)
+        # lazy (τ ≥ 0): the refinement stops once the gate's question is settled either way. Every interval
+        # keeps a sound upper value (its refined maximum, or its coarse U if not refined), so the reported
+        # tilt — the maximum over all intervals — is sound for whatever grid was reached (SPEC §3(c)):
+        #  * certified: the current tilt already puts TV⁺ ≤ τ (before any refinement: the coarse grid);
+        #  * not certified: the refined intervals' maximum alone puts TV⁺ > τ, and the full refinement's
+        #    tilt is ≥ it (it refines the same intervals to the same values), so its TV⁺ is > τ too.
+        # Non-lazy (τ < 0): all RT intervals, the tight bound.
+        lazy = tilt_above >= 0.0
+        done = (lazy & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above)).to(tl.int32)
+        sel = i < 0
+        best = tl.full([], -1.0, tl.float64)
+        s = tl.arange(0, NR)
+        if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
+            rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
+            idxv = tl.zeros([RT], tl.int32)
+            selv = i < 0
+            for _r in range(RT):
+                um = tl.where(selv, -2.0, U)
+                mx = tl.max(um, axis=0)
+                idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                selv = selv | (i == idx)
+                idxv = tl.where(rr == _r, idx, idxv)
+            ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
+                            + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
+            up = _dense_u(ts, 1.0 / (N1 * NR), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
+            bm = tl.max(tl.reshape(up, [RT, NR]), axis=1)  # each picked interval's refined maximum
+        for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined in that order
+            if done == 0:
+                if DENSE3D:
+                    idx = tl.max(tl.where(rr == _r, idxv, -1), axis=0)
+                    bi = tl.max(tl.where(rr == _r, bm, -2.0), axis=0)
+                else:
+                    um = tl.where(sel, -2.0, U)
+                    mx = tl.max(um, axis=0)
+                    idx = tl.min(tl.where(um == mx, i, N1), axis=0)
+                    t0 = idx.to(tl.float64) * (1.0 / N1)
+                    bi = tl.full([], -2.0, tl.float64)
+                    for s0 in range(0, NR, TC):
+                        sc = s0 + tl.arange(0, TC)
+                        up = _dense_u(t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), 1.0 / (N1 * NR), w, a, b, m, SCR, nl,
+                                      NB, NBP, EPSC, DENSE3D)
+                        bi = tl.maximum(bi, tl.max(up, axis=0))
+                sel = sel | (i == idx)
+                best = tl.maximum(best, bi)
+                cur = tl.minimum(tl.maximum(tl.maximum(best, tl.max(tl.where(sel, -1.0, U), axis=0)), 0.0), 1.0)
+                low = tl.minimum(tl.maximum(best, 0.0), 1.0)
+                done = (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
+                                | (tl.minimum(cheap, low) + fp_terms > tilt_hi))).to(tl.int32)
+        rest = tl.max(tl.where(sel, -1.0, U), axis=0)
+        tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
+        tl.debug_barrier()  # SCR is reused by the next call
+    tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
+    # a NaN radius, Ξ or Λ saturates (the GPU's min / max drop NaN operands, so test the inputs themselves)
+    tv = tl.where((tv == tv) & (r == r) & (xi == xi) & (lam == lam), tv, 1.0)
+    return tv, tanh, eform, tilt, rho
+
+
+@triton.jit
+def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
+               NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
+               EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+    """Program ``row``: ``_tv_row`` on one histogram row; OUT[row] = (TV⁺, tanh, e-form, tilt, ρ)."""
+    row = tl.program_id(0)
+    k = tl.arange(0, NBP)
+    km = k < NB
+    w = tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64)
+    w = tl.where(w == w, tl.maximum(w, 0.0), float("inf"))  # a NaN mass: no distribution (_tv_row saturates)
+    lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
+    r = tl.load(RMAX + row).to(tl.float64)
+    tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
+                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D)
+    o = OUT + row * 5
+    tl.store(o + 0, tv)
+    tl.store(o + 1, tanh)
+    tl.store(o + 2, eform)
+    tl.store(o + 3, tilt)
+    tl.store(o + 4, rho)
+
+
+@triton.jit
+def _expm1_up(y):
+    """An upper bound of e^y − 1 for 0 ≤ y (float64): the series y + y²/2 + y³ below 2^-10 (its
+    tail y³/6 + … ≤ y³ there), else e^y − 1; both with a relative 2^-40 for their rounding."""
+    small = y + 0.5 * y * y + y * y * y
+    big = tl.exp(y) - 1.0
+    return tl.where(y < 0.0009765625, small, big) * (1.0 + 9.094947017729282e-13)
+
+
+@triton.jit
+def _merge_meter_kernel(
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT,
+    Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh,
+    D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
+    NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
+    METER: tl.constexpr, EPI: tl.constexpr, TIER_B: tl.constexpr,
+    GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
+    FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
+    N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
+    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
+):
+    """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
+    float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
+    and, with EPI, the meter record REC[row] (columns ``REC_*``): Ξ, Λ, both tiers' TV⁺ and E⁺.
+    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch."""
+    row = tl.program_id(0)
+    b = row // Hq
+    h = row % Hq
+    s = tl.arange(0, SP)
+    smask = s < S
+    ms = tl.load(M_IN + row * S + s, mask=smask, other=float("-inf"))
+    ls = tl.load(L_IN + row * S + s, mask=smask, other=0.0)
+    mx = tl.max(ms, axis=0)
+    fin = (ms == ms) & (ms != float("inf")) & (ms != float("-inf"))
+    w64 = tl.where(fin, tl.exp((ms - mx).to(tl.float64)), 0.0)
+    w32 = w64.to(tl.float32)
+    L = tl.sum(w32 * ls, axis=0)
+    d = tl.arange(0, D)
+    acc = tl.load(ACC_IN + (row * S + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(w32[:, None] * acc, axis=0) / L
+    tl.store(O + row * D + d, o)
+    tl.store(LSE + row, mx + tl.log(L))
+    if METER:
+        L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
+        c = tl.arange(0, NB)
+        hs = tl.load(HIST_IN + (row * S + s)[:, None] * NB + c[None, :], mask=smask[:, None], other=0.0)
+        hm = tl.sum(w64[:, None] * hs.to(tl.float64), axis=0) / L64
+        tl.store(HOUT + row * NB + c, hm)
+        if EPI:
+            st = STAT_IN + (row * S + s) * 6
+            wmx = tl.max(tl.load(st + 0, mask=smask, other=0.0), axis=0)
+            smx = tl.max(tl.load(st + 1, mask=smask, other=0.0), axis=0)
+            phmx = tl.max(tl.load(st + 2, mask=smask, other=0.0), axis=0)
+            numx = tl.max(tl.load(st + 3, mask=smask, other=0.0), axis=0)
+            kpmx = tl.max(tl.load(st + 5, mask=smask, other=0.0), axis=0)
+            # non-finite: counted radii, the partials' stats (a max may drop a NaN), L, o, the masses
+            bad = tl.sum(tl.load(st + 4, mask=smask, other=0.0), axis=0)
+            for col in tl.static_range(6):
+                sv = tl.load(st + col, mask=smask, other=0.0)
+                bad += tl.sum(((sv != sv) | (sv == float("inf"))).to(tl.float32), axis=0)
+            bad += ((L != L) | (L == float("inf")) | (L == float("-inf"))).to(tl.float32)
+            bad += tl.sum(((o != o) | (o == float("inf")) | (o == float("-inf"))).to(tl.float32), axis=0)
+            bad += tl.sum(((hm != hm) | (hm == float("inf"))).to(tl.float32), axis=0)
+            n = tl.load(SL + b)
+            qv = tl.load(Q + b * s_qb + h * s_qh + d).to(tl.float64)
+            qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
+            qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
+            q1 = tl.sum(tl.abs(qv), axis=0)
+            if WEIGHTED:  # the sketch radius's head factor c_h = |σ| ‖a⊙q_h‖ (contract.sketch), rounded up
+                qa = qv * tl.load(WGT + (h // GQ) * D + d).to(tl.float64)
+                qn_a = tl.sqrt(tl.sum(qa * qa, axis=0)) * qn_infl
+            else:
+                qn_a = qn
+            eps_max = qn_a * wmx.to(tl.float64)
+            n_pages = (n + T - 1) // T
+            tiles = ((n_pages + RING_TILES * PAGES + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
+            eta = ETA0 + ETA1 * tiles.to(tl.float64)
+            # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
+            xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
+            xi = (xi + 2.1 * eta) * (1.0 + 9.5367431640625e-07)
+            lam = (n.to(tl.float64) + NB * tiles.to(tl.float64) * S + 16.0) * FLUSH / tl.maximum(L64, 1.0)
+            bad += ((xi != xi) | (xi == float("inf")) | (eps_max != eps_max) | (eps_max == float("inf"))
+                    | (lam != lam)).to(tl.float32)
+            single = n == 1
+            k = tl.arange(0, KP)
+            km = k < KA
+            edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
+            if HA_HM:  # KP == NB (tier A alone): tier A's bins are the merged row's first KA (the same sums)
+                ha = tl.where(km, hm, 0.0)
+            else:  # tier A's bins, merged again from the partials (a register vector has no slices)
+                ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :], mask=smask[:, None] & km[None, :],
+                             other=0.0)
+                ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
+            ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)
+            pphi = tl.sum(tl.where(c == NB - 1, hm, 0.0), axis=0)
+            out_rel = OUT_REL0 + eta
+            fm = phmx.to(tl.float64)
+            num = numx.to(tl.float64)
+            e1 = tl.exp(-xi)
+            own = num * _expm1_up(tl.minimum(2.0 * xi + out_rel, 700.0))
+            extra = pphi + ((1.0 - e1) / (1.0 + e1) + lam) * fm + own
+            r = REC + row * REC_COLS
+            tva = tl.full([], 1.0, tl.float64)
+            if bad == 0:
+                tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
+                                                      SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                tl.store(r + REC_TANH, tanh)
+                tl.store(r + REC_EFORM, eform)
+                tl.store(r + REC_TILT, tilt)
+                tl.store(r + REC_RHO, rho)
+                if single:
+                    tva = tl.full([], 0.0, tl.float64)
+                ea = (tva * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+                ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
+            else:
+                tl.store(r + REC_TANH, 1.0)
+                tl.store(r + REC_EFORM, 1.0)
+                tl.store(r + REC_TILT, 1.0)
+                tl.store(r + REC_RHO, 1.0)
+                ea = tl.full([], float("inf"), tl.float64)
+            tl.store(r + REC_TVA, tva)
+            tl.store(r + REC_EA, ea)
+            tl.store(r + REC_EPS, eps_max)
+            tl.store(r + REC_XI, xi)
+            tl.store(FLAG + row, (bad > 0).to(tl.int8))  # the record's bool flag (viewed as bool: no launch after)
+            if TIER_B:
+                # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
+                lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
+                cb = (qnorm * lt + q1 * BIAS) * qn_infl
+                tbm = cb * smx.to(tl.float64)
+                tl.store(r + REC_TB, tbm)
+                tvb = tl.full([], 1.0, tl.float64)
+                eb = tl.full([], float("inf"), tl.float64)
+                hb = tl.load(HIST_IN + (row * S + s)[:, None] * NB + KA + k[None, :], mask=smask[:, None] & km[None, :],
+                             other=0.0)
+                hb = tl.sum(w64[:, None] * hb.to(tl.float64), axis=0) / L64
+                hb = tl.maximum(tl.where(hb == hb, hb, 0.0), 0.0)
+                if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
+                    # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
+                    tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
+                                                  SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1, KA, KP, N1, RT, NR, EPSC,
+                                                  DENSE3D)
+                    if single:
+                        tvb = tl.full([], 0.0, tl.float64)
+                    eb = (tvb * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+                    eb = tl.where((eb == eb) & (eb != float("inf")), eb, float("inf"))
+                tl.store(r + REC_TVB, tvb)
+                tl.store(r + REC_EB, eb)
+
+
+#: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``)
+REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO = range(11)
+REC_COLS = 16
+for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
+              "REC_XI", "REC_RHO", "REC_COLS"):
+    globals()[_name] = tl.constexpr(globals()[_name])

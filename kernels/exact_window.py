@@ -1,0 +1,130 @@
+"""The exact window of a batch (``contract.sketch``, SPEC §2 as amended by issue 33): each sequence's first
+``sink`` and last ``recent`` tokens in the model's dtype, served by the decode with radius 0, φ = 0.
+
+    k, v            [B, Hkv, sink + recent + 1, D]  model dtype (the last column a scratch row)
+    k_norm, v_norm  [B, Hkv, sink + recent + 1]     float32 ≥ ‖k_j‖ / ‖v_j‖, rounded up; NaN until written
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from contract.sketch import check_window
+
+from .repair import RepairOverlay
+
+
+@dataclasses.dataclass
+class ExactWindow:
+    """The exact window of a batch (``contract.sketch``): each sequence's first ``sink`` and last
+    ``recent`` tokens, kept in the model's dtype on the device and served by the decode with radius 0,
+    φ = 0 (SPEC §2 as amended by issue 33). A ring per (sequence, kv head):
+
+        k, v            [B, Hkv, sink + recent + 1, D]  model dtype: column j < sink holds token j,
+                                                        column sink + (j mod recent) token j of the recent
+                                                        window; the last column is a scratch row that
+                                                        other tokens' writes land in (never read)
+        k_norm, v_norm  [B, Hkv, sink + recent + 1]     float32 ≥ ‖k_j‖ / ‖v_j‖ (κ, ν of the served tokens),
+                                                        rounded up; NaN until written
+
+    The decode serves token j of a sequence of length n from the ring when j < sink or j ≥ n − recent
+    (one predicate per token lane, no host work); ``write`` puts new tokens there (device index ops: a
+    CUDA graph can capture it). A token written while it is in the recent window stays in its column
+    until the token ``recent`` positions later overwrites it, by which time it has left the window."""
+
+    sink: int
+    recent: int
+    k: torch.Tensor
+    v: torch.Tensor
+    k_norm: torch.Tensor
+    v_norm: torch.Tensor
+
+    @property
+    def columns(self) -> int:
+        return self.sink + self.recent
+
+    @staticmethod
+    def allocate(batch: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, sink: int, recent: int,
+                 device="cpu") -> "ExactWindow":
+        sink, recent = check_window((sink, recent))
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"ExactWindow: the exact values are bf16 / fp16 / fp32, got {dtype}")
+        c = sink + recent + 1
+        kw = dict(device=device)
+        return ExactWindow(sink, recent,
+                           k=torch.zeros(batch, num_kv_heads, c, head_dim, dtype=dtype, **kw),
+                           v=torch.zeros(batch, num_kv_heads, c, head_dim, dtype=dtype, **kw),
+                           k_norm=torch.full((batch, num_kv_heads, c), float("nan"), dtype=torch.float32, **kw),
+                           v_norm=torch.full((batch, num_kv_heads, c), float("nan"), dtype=torch.float32, **kw))
+
+    def columns_of(self, positions: torch.Tensor, n_end) -> torch.Tensor:
+        """The ring column [N] int64 of tokens at ``positions`` [N] of sequences whose length after this
+        write is ``n_end`` (an int or [N]); the scratch column for a token in neither part."""
+        pos = positions.to(torch.int64)
+        scratch = torch.full_like(pos, self.columns)
+        col = scratch
+        if self.recent:
+            col = torch.where(pos >= torch.as_tensor(n_end, device=pos.device) - self.recent,
+                              self.sink + pos % self.recent, scratch)
+        return torch.where(pos < self.sink, pos, col)
+
+    def write(self, seq: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_end) -> None:
+        """Tokens (``seq`` [N], ``positions`` [N]) with exact ``k``, ``v`` [N, Hkv, D] (the ring's dtype)
+        into their ring columns (device gathers and scatters, no host sync)."""
+        if k.dtype != self.k.dtype or v.dtype != self.v.dtype:
+            raise ValueError(f"ExactWindow.write: exact values of the ring's dtype {self.k.dtype} only, got {k.dtype}")
+        if k.shape[0] == 0 or self.columns == 0:
+            return
+        dev = self.k.device
+        col = self.columns_of(positions.to(dev), n_end if isinstance(n_end, int) else n_end.to(dev))
+        b = seq.to(dev, torch.int64)
+        H = self.k.shape[1]
+        bb = b[:, None].expand(-1, H)
+        hh = torch.arange(H, device=dev)[None, :].expand_as(bb)
+        cc = col[:, None].expand_as(bb)
+        kd, vd = k.to(dev), v.to(dev)
+        self.k[bb, hh, cc] = kd
+        self.v[bb, hh, cc] = vd
+        self.k_norm[bb, hh, cc] = RepairOverlay.norms_up(kd)
+        self.v_norm[bb, hh, cc] = RepairOverlay.norms_up(vd)
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor, n: int) -> None:
+        """Refill every sequence's window from its exact tokens ``k``, ``v`` [B, Hkv, n, D] (a crop: the
+        recent window moved back to tokens the ring no longer holds)."""
+        B = k.shape[0]
+        pos = torch.arange(n, device=self.k.device)
+        keep = (pos < self.sink) | (pos >= n - self.recent)
+        idx = pos[keep]
+        if idx.numel() == 0:
+            return
+        seq = torch.arange(B, device=self.k.device).repeat_interleave(idx.numel())
+        p = idx.repeat(B)
+        kk = k.to(self.k.device)[:, :, idx].permute(0, 2, 1, 3).reshape(B * idx.numel(), k.shape[1], k.shape[3])
+        vv = v.to(self.k.device)[:, :, idx].permute(0, 2, 1, 3).reshape(B * idx.numel(), v.shape[1], v.shape[3])
+        self.write(seq, p, kk.to(self.k.dtype), vv.to(self.v.dtype), n)
+
+    def select(self, index: torch.Tensor) -> "ExactWindow":
+        """The rings of sequences ``index`` (copies: beam search reorders, a gate re-decodes some rows)."""
+        index = index.to(self.k.device)
+        return dataclasses.replace(self, k=self.k.index_select(0, index), v=self.v.index_select(0, index),
+                                   k_norm=self.k_norm.index_select(0, index), v_norm=self.v_norm.index_select(0, index))
+
+    def validate(self, cache, batch: int) -> None:
+        """ValueError unless the rings fit ``cache`` (a ``kernels.paged.PagedKV``) and a batch of ``batch`` sequences."""
+        H, D = cache.num_kv_heads, cache.head_dim
+        c = self.columns + 1
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            if t.shape != (batch, H, c, D) or not t.is_contiguous():
+                raise ValueError(f"window.{name}: expected a contiguous [{batch}, {H}, {c}, {D}] tensor, got "
+                                 f"{tuple(t.shape)}")
+            if t.device != cache.k_codes.device:
+                raise ValueError(f"window.{name}: on {t.device}, the cache is on {cache.k_codes.device}")
+        for name in ("k_norm", "v_norm"):
+            t = getattr(self, name)
+            if t.shape != (batch, H, c) or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"window.{name}: expected a contiguous float32 [{batch}, {H}, {c}] tensor")
+        if cache.scheme != "none" and self.k.dtype != cache.exact_k.dtype and cache.exact_k.numel() > 1:
+            raise ValueError(f"window.k: the ring must hold the cache's model dtype {cache.exact_k.dtype}, got {self.k.dtype}")
