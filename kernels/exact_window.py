@@ -66,7 +66,8 @@ class ExactWindow:
         scratch = torch.full_like(pos, self.columns)
         col = scratch
         if self.recent:
-            col = torch.where(pos >= torch.as_tensor(n_end, device=pos.device) - self.recent,
+            # an int n_end stays a Python scalar: a tensor made of it on the host and copied would wait for the GPU
+            col = torch.where(pos >= n_end - self.recent,
                               self.sink + pos % self.recent, scratch)
         return torch.where(pos < self.sink, pos, col)
 

@@ -101,18 +101,32 @@ def _scale_shape(kind: str, shape: tuple) -> tuple:
 
 def _channel_weights(weights, num_kv_heads: int, head_dim: int, device) -> tuple[torch.Tensor, bool]:
     """(weights [Hkv, D] float32 on ``device``, whether one is not 1): the sketch radius's channel weights
-    (None: all 1), checked to be positive, finite powers of two."""
+    (None: all 1), checked to be positive, finite powers of two. The checks run on the host copy before it
+    goes to the device (a check of a device tensor, or a copy from pageable memory, waits for the GPU's
+    queue: at a prefill that is once per layer, bench/SERVING.md "prefill profile"); None is made on the
+    device."""
     if weights is None:
-        weights = torch.ones(num_kv_heads, head_dim)
-    weights = torch.as_tensor(weights, dtype=torch.float32).to(device).contiguous()
-    if tuple(weights.shape) != (num_kv_heads, head_dim):
-        raise ValueError(f"weights: expected [{num_kv_heads}, {head_dim}] channel weights, got {tuple(weights.shape)}")
-    if not bool(torch.all(torch.isfinite(weights) & (weights > 0))):
+        return torch.ones(num_kv_heads, head_dim, dtype=torch.float32, device=device), False
+    w = torch.as_tensor(weights, dtype=torch.float32).detach()
+    w = w.cpu() if w.device.type != "cpu" else w  # a device tensor: one wait, here, at allocation
+    if tuple(w.shape) != (num_kv_heads, head_dim):
+        raise ValueError(f"weights: expected [{num_kv_heads}, {head_dim}] channel weights, got {tuple(w.shape)}")
+    if not bool(torch.all(torch.isfinite(w) & (w > 0))):
         raise ValueError("weights: every channel weight must be positive and finite")
-    mant, _ = torch.frexp(weights)
+    mant, _ = torch.frexp(w)
     if not bool(torch.all(mant == 0.5)):
         raise ValueError("weights: every channel weight must be a power of two (exact products and quotients)")
-    return weights, bool((weights != 1).any())
+    return to_device_async(w, device), bool((w != 1).any())
+
+
+def to_device_async(host: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the GPU: a copy from pageable memory waits for
+    the stream's queue (at a prefill, once per layer: bench/SERVING.md "prefill profile"); from pinned
+    memory it is asynchronous (PyTorch's caching host allocator keeps the pinned copy until it lands)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and host.device.type == "cpu":
+        return host.contiguous().pin_memory().to(dev, non_blocking=True)
+    return host.contiguous().to(dev)
 
 
 @dataclasses.dataclass
@@ -210,7 +224,7 @@ class PagedKV:
             block_size=block_size,
             num_groups=num_groups,
             per_token_witness=per_token_witness,
-            group_id=gid.to(device),
+            group_id=to_device_async(gid, device),
             k_codes=torch.zeros(cshape, dtype=cdt, **kw),
             v_codes=torch.zeros(cshape, dtype=cdt, **kw),
             k_scale=torch.ones(ksshape, dtype=torch.float16, **kw),
