@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from bench.decode import bench, graphed, int8_shape  # noqa: E402
-from kernels.decode import choose_splits, decode, tile_config  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.plan import choose_splits, tile_config  # noqa: E402
 
 
 def main(argv=None):

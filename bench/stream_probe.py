@@ -2,7 +2,7 @@
 SDPA reads 2.7-4.7, and whether loading the next tile's codes before computing the current one
 (register double-buffering of the raw int8 bytes) closes it.
 
-The production loop (kernels/decode.py) loads a tile's K̂ and V̂ᵀ codes at the top of an iteration
+The production loop (kernels/decode_kernel.py) loads a tile's K̂ and V̂ᵀ codes at the top of an iteration
 and converts them at once: the A operands of the transposed dots live in registers, so Triton's
 pipeliner does not stage them through shared memory, and a program has no load in flight while it
 converts, dots and exponentiates. Variants timed side by side on the same caches (kernel only,
@@ -30,7 +30,9 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kernels.decode import KEY_LEVELS, X0, _key_level, decode  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.decode_steps import _key_level  # noqa: E402
+from kernels.levels import KEY_LEVELS, X0  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
 
 #: int8 → bf16 without the conversion pipe (exact): for two's-complement x, y = 0x4300 | (x & 0x7F)
@@ -250,9 +252,9 @@ def check():
 
 def production(shapes):
     """The production kernel (whole decode() minus the epilogue) at its defaults and with the tile
-    size, pipeline stages and block-table prefetch forced: an A/B of ``decode.tile_config``."""
+    size, pipeline stages and block-table prefetch forced: an A/B of ``kernels.plan.tile_config``."""
     from bench.decode import bench, graphed, int8_shape
-    from kernels.decode import tile_config
+    from kernels.plan import tile_config
 
     dev = "cuda"
     Hq, Hkv, D = 32, 8, 128
@@ -279,7 +281,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--production", action="store_true",
-                    help="time kernels.decode.decode (kernel only) at its default tile_config and at alternatives")
+                    help="time kernels.decode.decode (kernel only) at its default tile_config (kernels.plan) and at alternatives")
     ap.add_argument("--shapes", default="1:32768,8:32768,32:32768,8:131072")
     args = ap.parse_args(argv)
     if args.check:

@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
-from kernels.decode import choose_splits, decode  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.plan import choose_splits  # noqa: E402
 
 
 def main(argv=None):
@@ -27,7 +28,6 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="1:32768,8:32768,8:131072,32:32768")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--final", action="store_true", help="block-table prefetch x tile x warps x bins, whole call, tau 0.1")
     args = ap.parse_args(argv)
     dev = "cuda"
@@ -44,10 +44,11 @@ def main(argv=None):
         print(f"# B={B} n={n} sdpa {t_sdpa:.4f} ms ({B * n * Hkv * D * 4 / t_sdpa / 1e9:.2f} TB/s)", flush=True)
         splits = sorted({min(64, s) for s in (s0, 2 * s0, 4 * s0, 8 * s0, 16) if s <= max(1, pages_total // 8)})
 
+        # magic: the former diagnosis switch's column of the JSON (always 0: the ablations left the kernel, issue 34)
         def t(meter, S, pages, stages, magic, hist="bf16x2", warps=4, epi=True, tilt_above=-1.0, levels="token",
               pf=False):
             kw = dict(meter=meter, num_splits=S, pages_per_tile=pages, num_warps=warps, num_stages=stages,
-                      validate=False, epilogue=epi, hist_split=hist, _ablate=magic, tilt_above=tilt_above,
+                      validate=False, epilogue=epi, hist_split=hist, tilt_above=tilt_above,
                       levels=levels, prefetch_bt=pf)
 
             def one(c, bt):
@@ -79,16 +80,6 @@ def main(argv=None):
                 t(True, S, 8, 2, 0, tilt_above=0.1, pf=pf)
                 for pages in (4, 8):
                     t(True, S, pages, 2, 0, tilt_above=0.1, levels="page", pf=pf)
-            continue
-        if args.ablate:  # kernel only (no record): what each part of the meter costs ("magic" = _ablate bits)
-            S = choose_splits(B, Hkv, n, 16, sms)
-            t(False, S, 4, 2, 0)
-            t(False, S, 8, 2, 0)
-            for ab in (0, 1, 2, 3, 4, 7):
-                t(True, S, 8, 2, ab, epi=False)
-            t(True, S, 8, 2, 0, epi=False, hist="tf32x3")
-            t(True, S, 8, 2, 0)
-            t(True, S, 8, 2, 0, tilt_above=0.1)
             continue
         # correctness of the variants on this shape: hist splits close
         base = decode(caches[0][0], q, caches[0][1], sl, num_splits=s0, validate=False, hist_split="tf32x3")

@@ -44,6 +44,7 @@ import triton.language as tl
 
 from contract.constants import DITHER_BIAS_FACTOR
 
+from .levels import key_edges
 from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
@@ -731,8 +732,6 @@ HA_FROM_MERGED = True
 
 
 def _edges(dev, ka: int) -> torch.Tensor:
-    from .decode import key_edges  # the decode's level grid (cached per device: no per-call kernels)
-
     key = (str(dev), ka)
     if key not in _EDGES:
         e = key_edges(dev)

@@ -25,6 +25,7 @@ if DEV == "cpu":
 
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
+from kernels.plan import plan_call, tile_config  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 from witcert import schemes as S  # noqa: E402
@@ -131,7 +132,7 @@ def test_overlay_without_repaired_pages_is_bit_identical(scheme, meter):
         # the interpreter's dots are numpy float32 matmuls, whose rounding at 8 columns depends on the
         # operands' memory order (a loaded-and-transposed tile vs the overlay's selected one; equal at
         # 16): the overlay logic is compared bit for bit at 16 head columns there, at 8 on the GPU
-        kw["_head_columns"] = 16
+        kw["tile"] = dataclasses.replace(tile_config(meter, scheme), head_columns=16)
     plain = decode(cache, q, bt.to(DEV), sl, **kw)
     empty = RepairOverlay.allocate(cache.k_codes.shape[0], 2, T, D, torch.bfloat16, device=DEV).bind(cache)
     with_empty = decode(cache, q, bt.to(DEV), sl, repair=empty, **kw)
@@ -211,10 +212,10 @@ def test_repaired_pages_in_the_one_warp_tile(monkeypatch):
     """The same, int8, in the one-warp metered tile (``tile_config`` on grids of many programs per SM, run P):
     a one-"SM" device makes the test's grid a many-program one (on the GPU; the interpreter's default path keeps
     128-token tiles)."""
-    from kernels import decode as kd
+    from kernels import plan as kp
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
-    assert kd.tile_config(True, "int8", 12.0).warps == 1
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)
+    assert kp.tile_config(True, "int8", 12.0).warps == 1
     test_repaired_pages_are_served_exact_and_metered_soundly("int8")
 
 
@@ -480,8 +481,11 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant,
 
     def counted(*a, **k):
         batches.append(a[1].shape[0])
-        if exact:
-            k.update(_head_columns=16, _pack_hist=False)
+        if exact:  # the whole batch's tile at 16 head columns, unpacked
+            tile = dataclasses.replace(k.pop("tile"), head_columns=16)
+            plan = plan_call(a[0], a[1], a[2], meter=k.get("meter", True), delta_step=k.get("delta_step"),
+                             repair=k.get("repair"), window=k.get("window"), num_splits=k.pop("num_splits"), tile=tile)
+            k["plan"] = dataclasses.replace(plan, pack_hist=False)
         return orig(*a, **k)
 
     monkeypatch.setattr(kd, "decode", counted)
@@ -532,9 +536,10 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
     single repaired row falls under MANY_PROGRAMS_PER_SM), and so other sums: the cache passes the whole batch's
     tile to every call of the step (from helper-18's review, 2026-12-03)."""
     import kernels.decode as kd
+    import kernels.plan as kp
     from witcert.cache import Gate, WitCertCache
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)
     monkeypatch.setattr(WitCertCache, "REDECODE_ROWS", True)
     model = tiny_llama(3)
     ids = torch.randint(1, 128, (3, 36), generator=torch.Generator().manual_seed(8))
@@ -545,7 +550,7 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
 
     def spied(*a, **k):
         out = orig(*a, **k)
-        calls.append((a[1].shape[0], out.tile))  # the tile each call ran
+        calls.append((a[1].shape[0], out.plan.tile))  # the tile each call ran
         return out
 
     monkeypatch.setattr(kd, "decode", spied)
@@ -561,8 +566,8 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
     calls.clear()
     tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
     cache = run(Gate("certified", tau=tau, max_pagein_blocks=2))
-    whole = kd.tile_config(True, "int8", 3 * 2 * 1 / 1)
-    assert whole.warps == 1 and kd.tile_config(True, "int8", 1 * 2 * 1 / 1).warps == 4  # the grids differ
+    whole = kp.tile_config(True, "int8", 3 * 2 * 1 / 1)
+    assert whole.warps == 1 and kp.tile_config(True, "int8", 1 * 2 * 1 / 1).warps == 4  # the grids differ
     assert any(b < 3 for b, _ in calls) and int(cache.pagein_blocks.sum()) > 0  # some rows were decoded again
     assert all(t == whole for _, t in calls), calls
 

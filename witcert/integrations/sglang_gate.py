@@ -47,7 +47,6 @@ overlay would need a dequantizer of our codes), and so is Tier B.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import torch
@@ -240,7 +239,7 @@ def gate_call(args, side, cache, out):
     gate = STATE.gate
     rec = out.meter
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
-    max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
+    sm_scale, k_scale, v_scale = args[10:13]
     Bsz, Hq, D = q.shape
     layer_id = side.layer_id
     H = cache.num_kv_heads
@@ -271,7 +270,9 @@ def gate_call(args, side, cache, out):
     bt = torch.where(j[None] < len_t[:, None], off_t[:, None] + j[None], torch.zeros_like(j)[None]).to(torch.int32)
     q_rows = q[rows].contiguous()
     sm = float(sm_scale)
-    splits = max(1, min(int(max_kv_splits), math.ceil(nmax / 256)))
+    # the re-decode runs the batch's split count (out.plan; the bound is sound at any split count). Not its
+    # tile: the overlay is another kernel variant (scheme none, q's dtype), whose tile is its own (tile_config)
+    splits = out.plan.num_splits
     repaired = torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device)  # paged in, or refused
     cur = {"rec": None}
     over_rows = over0[rows].view(R, H, GQ)
