@@ -30,7 +30,7 @@ if has tiles; then
   done
 fi
 if has ab; then
-  # the production A/B of decode.tile_config (kernel only) against the older tile / stage choices
+  # the production A/B of kernels.plan.tile_config (kernel only) against the older tile / stage choices
   timeout "${AB_TIMEOUT:-240}" python3 bench/stream_probe.py --production 2>&1 | tee "$OUT/tile_ab.txt"
 fi
 if has serving; then

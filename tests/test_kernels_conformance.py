@@ -777,7 +777,7 @@ def test_prefetch_changes_no_value(monkeypatch, layout):
 
 
 def test_tile_config_and_its_overrides():
-    """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
+    """``kernels.plan.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
     8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two), int8 32-token one-warp
     programs on a grid of ≥ 4 programs per SM (run P) where a page fits in them; meter off with 8-bit codes, one
     stage, 64-token tiles on a grid of ≥ 4 programs per SM and 128-token tiles with 8 warps below;

@@ -21,7 +21,8 @@ the whole cache in the model dtype; a reused slot is overwritten). Per metered c
    construction; else the page-in is refused and counted in ``STATE.gate_rejected``), writes
    the exact K/V into the overlay in q's dtype and sets that token's witnesses to the fp64
    residual of what was written (0 when the exact value is representable, as a bf16 model's K/V
-   are); every round that paged in re-runs the metered kernel on the overlay rows.
+   are); every round that paged in re-runs the metered kernel on the overlay rows, at the first
+   pass's split count (``DecodeOutput.plan``; the overlay's own tile, scheme none).
 4. The rows that paged in get the overlay's output in SGLang's ``o`` / ``attn_lse`` and its
    meter rows in the record (``tv_pre`` keeps the first pass); the others keep the first pass.
    A certified gate flags (``budget_spent``) the rows still over τ. ``STATE.gate_log`` keeps a
