@@ -443,6 +443,15 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     assert sum(r.audit_violations for r in ker + ref) == 0
 
 
+def _sixteen_columns_unpacked(a, k):
+    """A kernel path decode's arguments with its plan forced: the whole batch's tile at 16 head columns, the
+    histogram unpacked (what the former ``_head_columns`` / ``_pack_hist`` knobs did)."""
+    tile = dataclasses.replace(k.pop("tile"), head_columns=16)
+    plan = plan_call(a[0], a[1], a[2], meter=k.get("meter", True), delta_step=k.get("delta_step"),
+                     repair=k.get("repair"), window=k.get("window"), num_splits=k.pop("num_splits"), tile=tile)
+    return dict(k, plan=dataclasses.replace(plan, pack_hist=False))
+
+
 @pytest.mark.parametrize("columns", ["16", "default"])
 @pytest.mark.parametrize("variant", ["int8", "int8_dither-tier_b-padded-audited"])
 def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant, columns):
@@ -481,12 +490,7 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant,
 
     def counted(*a, **k):
         batches.append(a[1].shape[0])
-        if exact:  # the whole batch's tile at 16 head columns, unpacked
-            tile = dataclasses.replace(k.pop("tile"), head_columns=16)
-            plan = plan_call(a[0], a[1], a[2], meter=k.get("meter", True), delta_step=k.get("delta_step"),
-                             repair=k.get("repair"), window=k.get("window"), num_splits=k.pop("num_splits"), tile=tile)
-            k["plan"] = dataclasses.replace(plan, pack_hist=False)
-        return orig(*a, **k)
+        return orig(*a, **(_sixteen_columns_unpacked(a, k) if exact else k))
 
     monkeypatch.setattr(kd, "decode", counted)
 
