@@ -24,7 +24,7 @@ if not torch.cuda.is_available():  # no GPU: run the kernels in Triton's interpr
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.decode import decode  # noqa: E402
-from kernels.levels import KEY_LEVELS  # noqa: E402
+from kernels.key_levels import KEY_LEVELS  # noqa: E402
 from kernels.paged import PagedKV, bytes_per_token  # noqa: E402
 from kernels.plan import choose_splits  # noqa: E402
 from kernels.write import write_kv  # noqa: E402

@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import kernels.decode_kernel as kk  # noqa: E402
-import kernels.levels as kl  # noqa: E402
+import kernels.key_levels as kl  # noqa: E402
 import kernels.plan as kp  # noqa: E402
 from kernels.paged import SCHEME_IDS  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kernels.decode import decode  # noqa: E402
 from kernels.decode_steps import _key_level  # noqa: E402
-from kernels.levels import KEY_LEVELS, X0  # noqa: E402
+from kernels.key_levels import KEY_LEVELS, X0  # noqa: E402
 from kernels.write import INTERPRET  # noqa: E402
 
 #: int8 → bf16 without the conversion pipe (exact): for two's-complement x, y = 0x4300 | (x & 0x7F)

@@ -83,7 +83,7 @@ from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
 from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
-from .levels import KEY_LEVELS, X0
+from .key_levels import KEY_LEVELS, X0
 from .paged import (
     KERNEL_REL_SLACK,
     SCHEME_IDS,

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from contract.constants import DITHER_BIAS_FACTOR
 
-from .levels import key_edges
+from .key_levels import key_edges
 from .paged import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)

@@ -25,7 +25,7 @@ import triton
 
 from contract.schemes import SCHEMES
 
-from .levels import KEY_LEVELS
+from .key_levels import KEY_LEVELS
 from .paged import SCHEME_IDS, ExactWindow, PagedKV, RepairOverlay
 from .write import INTERPRET
 

@@ -191,7 +191,7 @@ def _check_kernel_tier_b(q, sig, want):
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
     from kernels import epilogue as E
-    from kernels.levels import KEY_LEVELS
+    from kernels.key_levels import KEY_LEVELS
     from kernels.paged import dot_gamma, mass_eta_terms
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

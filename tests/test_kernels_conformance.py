@@ -28,7 +28,7 @@ from contract.schemes import BLOCK_SCHEMES  # noqa: E402
 from kernels import epilogue as E  # noqa: E402
 from kernels import paged as P  # noqa: E402
 from kernels.decode import decode  # noqa: E402
-from kernels.levels import key_edges  # noqa: E402
+from kernels.key_levels import key_edges  # noqa: E402
 from kernels.paged import SCHEME_IDS, PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
@@ -562,7 +562,7 @@ def test_fused_merge_matches_torch_merge(tier_b):
     """The one-launch merge + meter epilogue (``epilogue.merge``) against its torch reference
     (``epilogue.merge_torch``, the former host path) on synthetic split partials: several splits
     (one empty), a single-token row, a NaN radius (flagged), Tier A and Tier B."""
-    from kernels.levels import KEY_LEVELS
+    from kernels.key_levels import KEY_LEVELS
     from kernels.paged import dot_gamma, mass_eta_terms
 
     g = torch.Generator().manual_seed(5)

@@ -28,7 +28,7 @@ DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 from contract.sketch import DEFAULT_WINDOW, check_bits, check_window, codes_per_byte  # noqa: E402
 from kernels import paged as P  # noqa: E402
 from kernels.decode import decode  # noqa: E402
-from kernels.levels import key_edges  # noqa: E402
+from kernels.key_levels import key_edges  # noqa: E402
 from kernels.paged import ExactWindow, PagedKV, bytes_per_token  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
