@@ -26,7 +26,7 @@ def cases():
         if m or e:
             out.append(f"mid-int8-m{m}-p{p}-s{s}-f{m}-e{e}")
     # the fp32-dequantizing schemes (int4_group; kivi2 since 2026-12-02) at the production tiles
-    # (kernels.decode.tile_config: metered 128 tokens / one stage with table prefetch; unmetered two stages)
+    # (kernels.plan.tile_config: metered 128 tokens / one stage with table prefetch; unmetered two stages)
     for sch, (m, s, f) in itertools.product(("int4_group", "kivi2"), ((1, 1, 1), (1, 1, 0), (0, 2, 0), (1, 2, 1))):
         out.append(f"small-{sch}-m{m}-p8-s{s}-f{f}-e1")
     # the one-stage tiles of the transposed 8-bit loads (2026-12-02, run J)

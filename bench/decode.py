@@ -23,9 +23,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if not torch.cuda.is_available():  # no GPU: run the kernels in Triton's interpreter (smoke only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.decode import KEY_LEVELS, choose_splits, decode  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.key_levels import KEY_LEVELS  # noqa: E402
 from kernels.memory_accounting import bytes_per_token  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
+from kernels.plan import choose_splits  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The decode kernel's sm_90 code without a GPU: registers, spills and the main loop's SASS
-instruction mix of ``kernels.decode._decode_kernel`` for a configuration (bench/RESULTS.md run J).
+instruction mix of ``kernels.decode_kernel._decode_kernel`` for a configuration (bench/RESULTS.md run J).
 
     python3 bench/sass_probe.py                       # the tile_config configurations, int8
     python3 bench/sass_probe.py --meter 1 --tokens 64 --stages 1 --warps 4 --maxnreg 168
@@ -27,7 +27,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-import kernels.decode as kd  # noqa: E402
+import kernels.decode_kernel as kk  # noqa: E402
+import kernels.key_levels as kl  # noqa: E402
+import kernels.plan as kp  # noqa: E402
 from kernels.paged import SCHEME_IDS  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -47,15 +49,15 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                    maxnreg: int | None = None, head_columns: int = 8, prefetch: int = 0, **constexprs):
     """The compiled kernel (``.asm["ptx"]`` etc.) of one configuration, for sm_90 (GQ 4; the histogram
     packed as ``decode`` packs it unless PACK_HIST is given; ``prefetch``: ``Tile.prefetch``, the L2 prefetch)."""
-    fn = kd._decode_kernel
+    fn = kk._decode_kernel
     names = fn.arg_names
-    const = dict(INFL=1.0, X0=kd.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kd.KEY_LEVELS,
+    const = dict(INFL=1.0, X0=kl.X0, GQ=4, BLOCK_H=head_columns, D=128, T=16, G=1, PAGES=tokens // 16, K=kl.KEY_LEVELS,
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
-                 PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, ABLATE=0, PAGE_LEVELS=False, HAS_MASK=False,
+                 PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
                  HAS_WIN=False, MAGIC_BF16=False)
     const.update(constexprs)
-    const.setdefault("PACK_HIST", meter and kd.packs_histogram(const["GQ"], const["BLOCK_H"]))
+    const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
                          {"KC": "*fp8e4nv", "VC": "*fp8e4nv"} if scheme.startswith("fp8_e4m3") else
                          {"KC": "*fp8e5", "VC": "*fp8e5"} if scheme == "fp8_e5m2" else {}))
@@ -131,7 +133,7 @@ def main(argv=None):
     if args.meter is None:
         configs = []
         for m, p in ((True, 8.0), (True, 2.0), (False, 8.0), (False, 2.0)):
-            t = kd.tile_config(m, args.scheme, p)
+            t = kp.tile_config(m, args.scheme, p)
             c = (m, t.tokens, t.stages, t.warps, t.max_registers, t.head_columns, t.prefetch)
             if c not in configs:
                 configs.append(c)

@@ -26,6 +26,7 @@ from decode import bench, fill_cache, graphed  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
+from kernels.plan import plan_call  # noqa: E402
 
 
 def sketched(c: PagedKV, bits: int, weighted: bool, gen) -> PagedKV:
@@ -88,10 +89,15 @@ def main(argv=None):
                 t = {}
                 regs = {}
                 for name, (cs, meter, w, cap) in variants.items():
-                    def one(c, bt, meter=meter, w=w, cap=cap):
-                        return lambda: decode(c, q, bt, sl, meter=meter, validate=False, window=w, _maxnreg=cap)
+                    def run(c, bt, meter=meter, w=w, cap=cap):  # cap: a forced register cap (0: none), None: the plan's
+                        plan = None if cap is None else plan_call(c, q, bt, meter=meter, window=w,
+                                                                  force=dict(max_registers=cap or None))
+                        return decode(c, q, bt, sl, meter=meter, validate=False, window=w, plan=plan)
+
+                    def one(c, bt, run=run):
+                        return lambda: run(c, bt)
                     try:
-                        k = decode(cs[0][0], q, cs[0][1], sl, meter=meter, validate=False, window=w, _maxnreg=cap).compiled
+                        k = run(cs[0][0], cs[0][1]).compiled
                         regs[name] = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
                         t[name] = bench(graphed([one(c, bt) for c, bt in cs]), False)
                     except Exception as exc:  # a variant that fails to build is reported, not fatal

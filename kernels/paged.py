@@ -41,11 +41,6 @@ from contract.bands import group_slices
 from contract.schemes import INT4_GROUP, KERNEL_SCHEME_IDS, SCHEMES
 from contract.sketch import check_bits
 
-# re-exported for kernels.decode, which imports them from here (to import them from their own modules)
-from .exact_window import ExactWindow  # noqa: F401
-from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms  # noqa: F401
-from .repair import RepairOverlay  # noqa: F401
-
 #: scheme ids shared by the kernels (constexpr SCHEME), from the scheme table (re-exported)
 SCHEME_IDS = dict(KERNEL_SCHEME_IDS)
 #: the storage dtype of each kernel scheme's codes ("none" stores the model dtype)

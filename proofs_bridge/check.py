@@ -192,8 +192,8 @@ def _check_kernel_tier_b(q, sig, want):
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
     from kernels import epilogue as E
-    from kernels.decode import KEY_LEVELS
     from kernels.fp_bounds import dot_gamma, mass_eta_terms
+    from kernels.key_levels import KEY_LEVELS
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     pts, d = q.shape

@@ -82,6 +82,7 @@ from .cache_reference import (  # noqa: F401
     _softmax,
 )
 from .gate import Gate, block_risk, exceeds, repair  # noqa: F401
+from .graphs import install
 from .hostcost import HostCost, HostReport  # noqa: F401
 from .hostpool import HostPool, align, store_bytes  # noqa: F401
 from .model import _model_dims, check_supported_config
@@ -513,6 +514,4 @@ def use_witcert(model, base: str = "sdpa"):
     if getattr(model, "_witcert_reuse_hook", None) is None:
         model._witcert_reuse_hook = model.register_forward_pre_hook(_check_new_request, with_kwargs=True)
     _accept_cache_implementation(model)
-    from .graphs import install
-
-    return install(model)  # WitCertCache(cuda_graph=True): decode steps captured and replayed
+    return install(model, WitCertCache)  # WitCertCache(cuda_graph=True): decode steps captured and replayed

@@ -56,7 +56,8 @@ class KernelPath:
         pages), pages the chosen ones into the layer's overlay (``WitCertLayer.page_in``) and runs
         the decode again, so the output and the record reflect the repair (certified: up to
         ``max_pagein_blocks`` rounds, one decode each)."""
-        from kernels.decode import _sm_count, choose_splits, decode
+        from kernels.decode import decode
+        from kernels.plan import plan_decode
 
         Bsz, Hq, Lq, D = query.shape
         if Lq != 1 or (allowed is not None and allowed.shape[1] != 1):
@@ -76,65 +77,29 @@ class KernelPath:
         if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
-        splits = choose_splits(Bsz, self.num_kv_heads, n, layer.paged.block_size, _sm_count(query.device), self.meter,
-                               layer.paged.scheme, head_dim=layer.paged.head_dim)
+        # the whole batch's split count and tile, from its length n (every decode of this step runs them)
+        plan = plan_decode(layer.paged, Bsz, Hq, q1.dtype, q1.device, n, self.meter, delta_step=ds,
+                           repair=layer.rep, window=layer.win)
 
         def run(rows=None):
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
             # rows: only these sequences, at the whole batch's split count and tile (its smaller grid would
             # pick another tile), so the rows are the whole batch's sums
             q, bt, lens, tm, win = q1, layer.block_table, sl, token_mask, layer.win
-            tile = None
             if rows is not None:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
                 tm = None if token_mask is None else token_mask[rows]
                 win = None if win is None else win.select(rows)
-                tile = out.tile
-            return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=splits,
-                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, tile=tile,
-                          window=win)
+            return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=plan.num_splits,
+                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep,
+                          tile=plan.tile, window=win)
 
         out = run()
         if not self.meter:
             return out.o[:, None].to(query.dtype), None
         pre, pagein, flag = out.meter, None, None
         if gate is not None:
-            Hkv = self.num_kv_heads
-            GQ = Hq // Hkv
-            cur = {"out": out}
-
-            def over_rows(rec):  # [B, Hq] bool, on the device
-                return exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)
-
-            def over():  # the gate's one host sync per round
-                self.host_cost.sync("gate")
-                cur["over"] = over_rows(cur["out"].meter).view(Bsz, Hkv, GQ).any(-1).cpu().numpy()
-                return cur["over"]
-
-            touched: set = set()  # sequences with a page-in since the last decode
-
-            def page_in(b, h, blk):
-                nbytes = self._page_in_counted(layer, b, h, blk)
-                if nbytes:
-                    touched.add(b)
-                return nbytes
-
-            def remeasure():  # decode again only the sequences whose pages changed
-                rows = sorted(touched)
-                touched.clear()
-                if len(rows) == Bsz or not self.REDECODE_ROWS:
-                    cur["out"] = run()
-                elif rows:
-                    idx = torch.tensor(rows, device=q1.device)
-                    cur["out"] = cur["out"].with_rows(idx, run(idx))
-
-            pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
-            if gate.max_pagein_blocks > 0:
-                pagein = repair(gate, over=over, risk=lambda: self._kernel_block_risk(layer, q1, token_mask, sm, cur["over"]),
-                                page_in=page_in, remeasure=remeasure).pagein
-            out = cur["out"]
-            if gate.policy == "certified":  # still over after the budget: flagged
-                flag = over_rows(out.meter)
+            out, pagein, flag = self._kernel_gate(layer, q1, token_mask, sm, out, run)
         args = (self.step, layer.layer_idx, out.meter, ds, Bsz, pre, pagein, flag)
         if self.audit:
             self.host_cost.sync("records")
@@ -145,6 +110,49 @@ class KernelPath:
             self.host_cost.sync("records")
             self._emit(self._kernel_record(*args))
         return out.o[:, None].to(query.dtype), None
+
+    def _kernel_gate(self, layer, q1, token_mask, sm, out, run):
+        """The gate's repair loop on a kernel step's decode ``out`` (``run(rows)`` decodes again, all
+        sequences or only ``rows``). Returns (the decode after repair, pagein [B, Hkv], the certified
+        policy's flag [B, Hq] or None)."""
+        gate = self.gate
+        Bsz, Hq = q1.shape[:2]
+        Hkv = self.num_kv_heads
+        GQ = Hq // Hkv
+        cur = {"out": out}
+
+        def over_rows(rec):  # [B, Hq] bool, on the device
+            return exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)
+
+        def over():  # the gate's one host sync per round
+            self.host_cost.sync("gate")
+            cur["over"] = over_rows(cur["out"].meter).view(Bsz, Hkv, GQ).any(-1).cpu().numpy()
+            return cur["over"]
+
+        touched: set = set()  # sequences with a page-in since the last decode
+
+        def page_in(b, h, blk):
+            nbytes = self._page_in_counted(layer, b, h, blk)
+            if nbytes:
+                touched.add(b)
+            return nbytes
+
+        def remeasure():  # decode again only the sequences whose pages changed
+            rows = sorted(touched)
+            touched.clear()
+            if len(rows) == Bsz or not self.REDECODE_ROWS:
+                cur["out"] = run()
+            elif rows:
+                idx = torch.tensor(rows, device=q1.device)
+                cur["out"] = cur["out"].with_rows(idx, run(idx))
+
+        pagein = np.zeros((Bsz, Hkv), dtype=np.int64)
+        if gate.max_pagein_blocks > 0:
+            pagein = repair(gate, over=over, risk=lambda: self._kernel_block_risk(layer, q1, token_mask, sm, cur["over"]),
+                            page_in=page_in, remeasure=remeasure).pagein
+        out = cur["out"]
+        flag = over_rows(out.meter) if gate.policy == "certified" else None  # still over after the budget: flagged
+        return out, pagein, flag
 
     def _static_attention(self, layer, q1, sm, dtype):
         """A graphed decode step's attention (``witcert.graphs``): the metered decode over the

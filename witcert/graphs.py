@@ -221,7 +221,7 @@ def step(orig, cache, args, kwargs):
 
 
 def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
-    from kernels.decode import _sm_count, choose_splits
+    from kernels.plan import plan_decode
 
     layer = cache.layers[0]
     dev = layer.device
@@ -233,8 +233,7 @@ def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
         n0=n0, seq=torch.arange(B, device=dev), pos=torch.empty(B, dtype=torch.int32, device=dev),
         slots=torch.empty(B, dtype=torch.int64, device=dev), lens=torch.empty(B, dtype=torch.int32, device=dev),
         mask=mask, has_mask=has_mask,
-        splits=choose_splits(B, cache.num_kv_heads, capacity, cache.block_size, _sm_count(dev), True, layer.paged.scheme,
-                             head_dim=cache.head_dim),
+        splits=plan_decode(layer.paged, B, cache.num_q_heads, layer.dtype, dev, capacity).num_splits,
         stage=torch.zeros(len(cache.layers), 2, B, cache.num_kv_heads, cache.head_dim, dtype=layer.dtype, device=dev),
         rec=torch.zeros(len(cache.layers), len(GraphedRecords.FIELDS), B, cache.num_q_heads, dtype=torch.float64,
                         device=dev),
@@ -304,19 +303,19 @@ def _after_step(cache, st: StaticStep) -> None:
             cache._emit(rec)
 
 
-def install(model):
-    """Route ``model``'s forward through ``step`` when its cache is a ``WitCertCache(cuda_graph=True)``
-    (an instance attribute wrapping the class's forward; its signature is kept, so ``generate``
-    validates its arguments as before). Idempotent."""
+def install(model, cache_type: type):
+    """Route ``model``'s forward through ``step`` when its cache is a ``cache_type`` (``WitCertCache``,
+    passed by ``witcert.cache.use_witcert``: this module sits below it) with ``cuda_graph=True`` (an
+    instance attribute wrapping the class's forward; its signature is kept, so ``generate`` validates
+    its arguments as before). Idempotent."""
     if getattr(model.forward, "_witcert_graphs", False):
         return model
     orig = model.forward
-    from .cache import WitCertCache
 
     @functools.wraps(orig)
     def forward(*args, **kwargs):
         cache = kwargs.get("past_key_values")
-        if isinstance(cache, WitCertCache) and cache.cuda_graph and cache._graph_off is None:
+        if isinstance(cache, cache_type) and cache.cuda_graph and cache._graph_off is None:
             return step(orig, cache, args, kwargs)
         return orig(*args, **kwargs)
 

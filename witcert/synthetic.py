@@ -21,7 +21,7 @@ from .schemes import QuantContext, quantize
 
 #: radius levels for the level-rounded tilt bound of the reference tables: 0 plus a geometric
 #: ladder (ratio ≈ 1.35). This is not the decode kernel's grid, which bins ‖W_j‖ and s_j on the
-#: key side with ratio √2 (kernels/decode.py).
+#: key side with ratio √2 (kernels/key_levels.py).
 DEFAULT_LEVELS = np.concatenate([[0.0], np.geomspace(2.0**-10, 8.0, 31)])
 
 

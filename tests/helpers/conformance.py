@@ -17,7 +17,8 @@ from contract.schemes import BLOCK_SCHEMES  # noqa: E402
 from kernels import epilogue_jit as EJ  # noqa: E402
 from kernels import fp_bounds as FB  # noqa: E402
 from kernels import paged as P  # noqa: E402
-from kernels.decode import decode, key_edges  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.key_levels import key_edges  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import bounds as B  # noqa: E402
@@ -127,10 +128,12 @@ def _decode_variants(cache, qd, btd, sld, scheme, splits, delta, levels, prefetc
     # the metered tile, for bit-identity in the interpreter; on the GPU the default tile (kivi2 meter-off
     # at 128 tokens and two stages needs 262,144 B of shared memory: decode retries it at 64, H200 run I)
     # (and its head columns: the interpreter's fp32 dot rounds an 8- and a 16-column product differently)
-    from kernels.decode import tile_config
-    off = decode(cache, qd, btd, sld, num_splits=splits, meter=False,
-                 pages_per_tile=tile_kw.get("pages_per_tile", 128 // cache.block_size) if DEV == "cpu" else None,
-                 _head_columns=tile_config(True, scheme, 0.0, levels).head_columns)
+    from kernels.plan import plan_call, tile_config
+    gq = qd.shape[1] // cache.num_kv_heads
+    columns = max(tile_config(True, scheme, 0.0, levels).head_columns, 1 << (gq - 1).bit_length())
+    off = decode(cache, qd, btd, sld, meter=False, plan=plan_call(
+        cache, qd, btd, meter=False, num_splits=splits, force=dict(head_columns=columns),
+        pages_per_tile=tile_kw.get("pages_per_tile", 128 // cache.block_size) if DEV == "cpu" else None))
     off_default = to_cpu(decode(cache, qd, btd, sld, num_splits=splits, meter=False))
     one = decode(cache, qd, btd, sld, num_splits=1, delta_step=delta, levels=levels, **tile_kw)
     return out, off, off_default, one

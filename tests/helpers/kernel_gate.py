@@ -14,7 +14,8 @@ DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
-from kernels.paged import PagedKV, RepairOverlay  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from witcert import schemes as S  # noqa: E402
 

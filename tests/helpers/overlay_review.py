@@ -12,7 +12,7 @@ DEV = os.environ.get("WITCERT_DEVICE", "cpu")
 if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1"
 
-from kernels.paged import RepairOverlay  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from tests.helpers.kernel_gate import build, dequant  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 

@@ -21,7 +21,7 @@ if importlib.util.find_spec("sglang") is None:  # not importorskip: sglang/__ini
     pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)
 
 import witcert.integrations.sglang as ws  # noqa: E402
-from kernels.decode import key_edges  # noqa: E402
+from kernels.key_levels import key_edges  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 
 SGL = ws.import_bare(ws.DECODE_MODULE)

@@ -215,8 +215,8 @@ def test_fused_merge_matches_torch_merge(tier_b):
     """The one-launch merge + meter epilogue (``epilogue.merge``) against its torch reference
     (``epilogue.merge_torch``, the former host path) on synthetic split partials: several splits
     (one empty), a single-token row, a NaN radius (flagged), Tier A and Tier B."""
-    from kernels.decode import KEY_LEVELS
     from kernels.fp_bounds import dot_gamma, mass_eta_terms
+    from kernels.key_levels import KEY_LEVELS
 
     g = torch.Generator().manual_seed(5)
     Bsz, Hq, S, D = 3, 4, 5, 64

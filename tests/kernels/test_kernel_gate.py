@@ -24,6 +24,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels.decode import decode  # noqa: E402
+from kernels.plan import tile_config  # noqa: E402
 from kernels.repair import RepairOverlay  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from tests.helpers.kernel_gate import D, T, assert_served, build, dequant, overlay_for  # noqa: E402
@@ -44,7 +45,7 @@ def test_overlay_without_repaired_pages_is_bit_identical(scheme, meter):
         # the interpreter's dots are numpy float32 matmuls, whose rounding at 8 columns depends on the
         # operands' memory order (a loaded-and-transposed tile vs the overlay's selected one; equal at
         # 16): the overlay logic is compared bit for bit at 16 head columns there, at 8 on the GPU
-        kw["_head_columns"] = 16
+        kw["tile"] = dataclasses.replace(tile_config(meter, scheme), head_columns=16)
     plain = decode(cache, q, bt.to(DEV), sl, **kw)
     empty = RepairOverlay.allocate(cache.k_codes.shape[0], 2, T, D, torch.bfloat16, device=DEV).bind(cache)
     with_empty = decode(cache, q, bt.to(DEV), sl, repair=empty, **kw)
@@ -124,10 +125,10 @@ def test_repaired_pages_in_the_one_warp_tile(monkeypatch):
     """The same, int8, in the one-warp metered tile (``tile_config`` on grids of many programs per SM, run P):
     a one-"SM" device makes the test's grid a many-program one (on the GPU; the interpreter's default path keeps
     128-token tiles)."""
-    from kernels import decode as kd
+    from kernels import plan as kp
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
-    assert kd.tile_config(True, "int8", 12.0).warps == 1
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)
+    assert kp.tile_config(True, "int8", 12.0).warps == 1
     test_repaired_pages_are_served_exact_and_metered_soundly("int8")
 
 

@@ -4,6 +4,7 @@ repair) cover the float64 realised TV of every row (audit), the exact store is u
 only the sequences it repaired, repairs persist and tokens written into a repaired page are served exact; the
 ``auto`` backend's choices. The overlay itself: ``test_kernel_gate.py``; helpers: ``tests.helpers.kernel_gate``."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -16,6 +17,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels.decode import decode  # noqa: E402
+from kernels.plan import plan_call  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from tests.helpers.kernel_gate import ESIZE, D, build, guard_store, overlay_for, tiny_llama  # noqa: E402
 
@@ -100,6 +102,15 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     assert sum(r.audit_violations for r in ker + ref) == 0
 
 
+def _sixteen_columns_unpacked(a, k):
+    """A kernel path decode's arguments with its plan forced: the whole batch's tile at 16 head columns, the
+    histogram unpacked (what the former ``_head_columns`` / ``_pack_hist`` knobs did)."""
+    tile = dataclasses.replace(k.pop("tile"), head_columns=16)
+    plan = plan_call(a[0], a[1], a[2], meter=k.get("meter", True), delta_step=k.get("delta_step"),
+                     repair=k.get("repair"), window=k.get("window"), num_splits=k.pop("num_splits"), tile=tile)
+    return dict(k, plan=dataclasses.replace(plan, pack_hist=False))
+
+
 @pytest.mark.parametrize("columns", ["16", "default"])
 @pytest.mark.parametrize("variant", ["int8", "int8_dither-tier_b-padded-audited"])
 def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant, columns):
@@ -138,9 +149,7 @@ def test_gate_decodes_again_only_the_sequences_it_repaired(monkeypatch, variant,
 
     def counted(*a, **k):
         batches.append(a[1].shape[0])
-        if exact:
-            k.update(_head_columns=16, _pack_hist=False)
-        return orig(*a, **k)
+        return orig(*a, **(_sixteen_columns_unpacked(a, k) if exact else k))
 
     monkeypatch.setattr(kd, "decode", counted)
 
@@ -190,9 +199,10 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
     single repaired row falls under MANY_PROGRAMS_PER_SM), and so other sums: the cache passes the whole batch's
     tile to every call of the step (from helper-18's review, 2026-12-03)."""
     import kernels.decode as kd
+    import kernels.plan as kp
     from witcert.cache import Gate, WitCertCache
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)
     monkeypatch.setattr(WitCertCache, "REDECODE_ROWS", True)
     model = tiny_llama(3)
     ids = torch.randint(1, 128, (3, 36), generator=torch.Generator().manual_seed(8))
@@ -203,7 +213,7 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
 
     def spied(*a, **k):
         out = orig(*a, **k)
-        calls.append((a[1].shape[0], out.tile))  # the tile each call ran
+        calls.append((a[1].shape[0], out.plan.tile))  # the tile each call ran
         return out
 
     monkeypatch.setattr(kd, "decode", spied)
@@ -219,8 +229,8 @@ def test_gate_redecode_keeps_the_whole_batch_tile(monkeypatch):
     calls.clear()
     tau = float(np.sort(per_seq)[1]) * 0.999  # between the sequences: some go over, not all
     cache = run(Gate("certified", tau=tau, max_pagein_blocks=2))
-    whole = kd.tile_config(True, "int8", 3 * 2 * 1 / 1)
-    assert whole.warps == 1 and kd.tile_config(True, "int8", 1 * 2 * 1 / 1).warps == 4  # the grids differ
+    whole = kp.tile_config(True, "int8", 3 * 2 * 1 / 1)
+    assert whole.warps == 1 and kp.tile_config(True, "int8", 1 * 2 * 1 / 1).warps == 4  # the grids differ
     assert any(b < 3 for b, _ in calls) and int(cache.pagein_blocks.sum()) > 0  # some rows were decoded again
     assert all(t == whole for _, t in calls), calls
 

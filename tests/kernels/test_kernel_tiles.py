@@ -77,7 +77,7 @@ def test_token_mask_is_left_padding(levels, shape):
         torch.testing.assert_close(a.meter.tv_upper_a, b.meter.tv_upper_a, rtol=0, atol=1e-3)
     with pytest.raises(ValueError, match="token_mask"):
         decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), token_mask=mask.int().to(DEV))
-    with pytest.raises(ValueError, match="tile: expected a kernels.decode.Tile"):
+    with pytest.raises(ValueError, match="tile: expected a kernels.plan.Tile"):
         decode(full, q.to(DEV), bt_full.to(DEV), torch.tensor(lens).to(DEV), tile=(32, 1, 1))
 
 
@@ -122,11 +122,11 @@ def test_one_warp_tile_serves_masks_and_the_csr_layout(monkeypatch, shape):
     SGLang's CSR layout (block size 1: 32 one-token pages per tile). A one-"SM" device makes the tests'
     small grids many-program ones, so their own assertions run on that tile on the GPU (the interpreter's
     default path keeps 128-token tiles: decode's INTERPRET branch)."""
-    from kernels import decode as kd
+    from kernels import plan as kp
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)
-    assert kd.tile_config(True, "int8", 8.0) == kd.tile_config(True, "int8", 8.0, "token", 1) == kd.Tile(
-        32, 1, 1, kd.METERED_REGISTER_CAP, prefetch=kd.METERED_ONE_WARP_PREFETCH)
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)
+    assert kp.tile_config(True, "int8", 8.0) == kp.tile_config(True, "int8", 8.0, "token", 1) == kp.Tile(
+        32, 1, 1, kp.METERED_REGISTER_CAP, prefetch=kp.METERED_ONE_WARP_PREFETCH)
     test_token_mask_is_left_padding("token", shape)
     if shape == "short":
         test_csr_layout_matches_block_table()
@@ -137,9 +137,9 @@ def test_one_warp_tile_serves_masks_and_the_csr_layout(monkeypatch, shape):
 def test_prefetch_changes_no_value(monkeypatch, layout):
     """``Tile.prefetch`` (the one-warp metered tile prefetches the next tile into the L2, run Q): no value changes,
     bit for bit, on ragged lengths, a token mask and SGLang's CSR layout."""
-    from kernels import decode as kd
+    from kernels import plan as kp
 
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # the tests' small grids take the one-warp tile
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)  # the tests' small grids take the one-warp tile
     lens = [1, 37, 300]
     T = 1 if layout == "csr" else 16
     cache, bt, _ = build("int8", lens, 2, 128, T=T, G=1, seed=5)
@@ -158,7 +158,10 @@ def test_prefetch_changes_no_value(monkeypatch, layout):
         mask[2, :40] = False
         mask[1, 5] = False
         kw["token_mask"] = mask.to(DEV)
-    outs = [to_cpu(decode(cache, q, *args, _prefetch=pf, **kw)) for pf in (0, 1)]
+    plan = kp.plan_call(cache, q, args[0], layout == "csr", **kw)
+    assert plan.prefetch == 1  # the one-warp tile's
+    kw.pop("num_splits")
+    outs = [to_cpu(decode(cache, q, *args, plan=dataclasses.replace(plan, prefetch=pf), **kw)) for pf in (0, 1)]
     assert outs[1].compiled is not None
     for o in outs[1:]:
         assert torch.equal(o.o, outs[0].o) and torch.equal(o.lse, outs[0].lse)
@@ -167,14 +170,14 @@ def test_prefetch_changes_no_value(monkeypatch, layout):
 
 
 def test_tile_config_and_its_overrides():
-    """``decode.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
+    """``kernels.plan.tile_config`` (the measured tile / stage / warp defaults, bench/RESULTS.md runs J, K):
     8 head columns (none: 16); the meter gets 128-token tiles and one stage (none: two), int8 32-token one-warp
     programs on a grid of ≥ 4 programs per SM (run P) where a page fits in them; meter off with 8-bit codes, one
     stage, 64-token tiles on a grid of ≥ 4 programs per SM and 128-token tiles with 8 warps below;
     none / int4_group / kivi2 unmetered keep two stages. A caller's explicit ``pages_per_tile``
     overrides it and gives the same output as the default tiling up to fp32 summation order (the
     unmetered kernel's tile is a scheduling choice)."""
-    from kernels.decode import (
+    from kernels.plan import (
         CAP_REGISTERS,
         CAPPED_SCHEMES,
         EIGHT_BIT_SCHEMES,
@@ -220,7 +223,7 @@ def test_tile_config_and_its_overrides():
 def _check_the_tile_and_whole_waves(sms):
     """Over batch sizes, metered or not: the tile never changes but for a small grid that takes the
     many-program tile on one wave, and a grid of few waves is sized to whole waves."""
-    from kernels.decode import FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MIN_SPLIT_TOKENS, choose_splits, tile_config
+    from kernels.plan import FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MIN_SPLIT_TOKENS, choose_splits, tile_config
 
     many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
     assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
@@ -248,7 +251,7 @@ def test_choose_splits_fills_whole_waves():
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
     the tile keep the base rule; and a small int8 grid (run R) takes the many-program tile on one wave of it
     where the sequence is long enough. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
-    from kernels.decode import (
+    from kernels.plan import (
         FEW_WAVES,
         SMALL_GRID_MAX_PARTIALS,
         SMALL_GRID_MAX_SPLITS,
@@ -312,13 +315,14 @@ def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, sch
     one-stage tile (timed for int8 only, run J): its output is the metered call's (whose output the
     conformance cases check against the fp64 reference) up to summation order."""
     from kernels import decode as kd
+    from kernels import plan as kp
 
     cache, bt, _ = build(scheme, [300, 170], 2, 128, seed=6)
     bt, sl = bt.to(DEV), torch.tensor([300, 170], dtype=torch.int32).to(DEV)
     q = (torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(3)) * 1.5).bfloat16().float().to(DEV)
     on = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2))
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 2 × 2 × 2 = 8 programs per "SM"
-    assert kd.tile_config(False, scheme, 8).tokens == 64
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)  # 2 × 2 × 2 = 8 programs per "SM"
+    assert kp.tile_config(False, scheme, 8).tokens == 64
     off = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False))
     tol = (1e-5 if DEV == "cpu" else 1e-2) * float(on.o.abs().max())
     assert torch.allclose(off.o, on.o, rtol=0, atol=tol) and torch.allclose(off.lse, on.lse, rtol=0, atol=1e-4)
@@ -327,14 +331,15 @@ def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, sch
 @pytest.mark.skipif(DEV == "cpu", reason="the interpreter ignores the register cap (trivially equal; ~150 s of CI)")
 @pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled", "fp8_e5m2"])
 def test_register_cap_changes_no_value(monkeypatch, scheme):
-    """A register cap (``decode(_maxnreg=...)``; ``tile_config``'s on grids of many programs while
+    """A register cap (a ``Tile``'s ``max_registers``; ``tile_config``'s on grids of many programs while
     ``CAP_REGISTERS`` is on, for the ``CAPPED_SCHEMES``: spills, no other instruction changes) serves the
     same output and meter record bit for bit as the uncapped kernel. Metered: for int8 at each padding
-    of the query heads (``_head_columns`` 8 and 16), 64- and 128-token tiles and both caps measured
+    of the query heads (``Tile.head_columns`` 8 and 16), 64- and 128-token tiles and both caps measured
     (``METERED_REGISTER_CAP``, 128; passed on the H200, run K), for the fp8 schemes at the default
     tile; unmetered: the 64-token tile at ``UNMETERED_REGISTER_CAP`` and 72. On the CPU the interpreter
     ignores the cap (trivially equal)."""
     from kernels import decode as kd
+    from kernels import plan as kp
 
     cache, bt, _ = build(scheme, [300, 170, 90], 2, 128, seed=5)
     bt, sl = bt.to(DEV), torch.tensor([300, 170, 90], dtype=torch.int32).to(DEV)
@@ -346,26 +351,28 @@ def test_register_cap_changes_no_value(monkeypatch, scheme):
             a, b = getattr(r.meter, f.name), getattr(ref.meter, f.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
 
-    grid = [(hc, tokens, 4, (0, kd.METERED_REGISTER_CAP, 128)) for hc in (8, 16) for tokens in (64, 128)] \
-        + [(8, 32, 1, (0, kd.METERED_REGISTER_CAP))] if scheme == "int8" else [(8, 128, 4, (0, kd.METERED_REGISTER_CAP))]
+    grid = [(hc, tokens, 4, (0, kp.METERED_REGISTER_CAP, 128)) for hc in (8, 16) for tokens in (64, 128)] \
+        + [(8, 32, 1, (0, kp.METERED_REGISTER_CAP))] if scheme == "int8" else [(8, 128, 4, (0, kp.METERED_REGISTER_CAP))]
     for hc, tokens, warps, caps in grid:
-        runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=cap, _head_columns=hc,
+        runs = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, tile=kp.Tile(tokens, 1, warps, cap or None, hc),
                                  pages_per_tile=tokens // 16, num_warps=warps)) for cap in caps]
         for r in runs[1:]:
             same(r, runs[0])
-    off = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False, _maxnreg=cap, pages_per_tile=4, num_warps=4))
-           for cap in (0, kd.UNMETERED_REGISTER_CAP, 72)]
+    off = [to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False, tile=kp.Tile(64, 1, 4, cap or None),
+                            pages_per_tile=4, num_warps=4))
+           for cap in (0, kp.UNMETERED_REGISTER_CAP, 72)]
     for r in off[1:]:
         assert torch.equal(r.o, off[0].o) and torch.equal(r.lse, off[0].lse)
-    monkeypatch.setattr(kd, "CAP_REGISTERS", True)
-    monkeypatch.setattr(kd, "_sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
-    t = kd.tile_config(True, scheme, 12)
-    assert t.max_registers == kd.METERED_REGISTER_CAP and (t.warps == 1) == (scheme == "int8")
+    monkeypatch.setattr(kp, "CAP_REGISTERS", True)
+    monkeypatch.setattr(kp, "sm_count", lambda dev: 1)  # 3 × 2 × 2 = 12 programs per "SM": the capped tile
+    t = kp.tile_config(True, scheme, 12)
+    assert t.max_registers == kp.METERED_REGISTER_CAP and (t.warps == 1) == (scheme == "int8")
     # (the interpreter's default path keeps 128-token tiles where the GPU takes the one-warp tile: decode's INTERPRET)
     pages = (128 if DEV == "cpu" else t.tokens) // 16
-    ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _maxnreg=0, pages_per_tile=pages, num_warps=t.warps))
+    ref = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, tile=dataclasses.replace(t, max_registers=None),
+                           pages_per_tile=pages, num_warps=t.warps))
     same(to_cpu(kd.decode(cache, q, bt, sl, num_splits=2)), ref)
-    assert kd.tile_config(False, scheme, 12) == kd.Tile(64, 1, 4, kd.UNMETERED_REGISTER_CAP)
+    assert kp.tile_config(False, scheme, 12) == kp.Tile(64, 1, 4, kp.UNMETERED_REGISTER_CAP)
     r = to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, meter=False))
     assert torch.equal(r.o, off[0].o) and torch.equal(r.lse, off[0].lse)
 
@@ -384,11 +391,14 @@ def test_packed_histogram_matches_the_unpacked(gq):
     every record field, stale since η became per form, failed on the H200); both calls' soundness is
     the conformance cases' (the packed form is the default there)."""
     from kernels import decode as kd
+    from kernels import plan as kp
 
     cache, bt, _ = build("int8", [300, 170, 41], 2, 64, seed=5)
     bt, sl = bt.to(DEV), torch.tensor([300, 170, 41], dtype=torch.int32).to(DEV)
     q = (torch.randn(3, 2 * gq, 64, generator=torch.Generator().manual_seed(2)) * 1.5).bfloat16().float().to(DEV)
-    a, b = (to_cpu(kd.decode(cache, q, bt, sl, num_splits=2, _pack_hist=pack)) for pack in (False, True))
+    plan = kp.plan_call(cache, q, bt, num_splits=2)
+    a, b = (to_cpu(kd.decode(cache, q, bt, sl, plan=dataclasses.replace(
+        plan, pack_hist=pack and kp.packs_histogram(gq, plan.head_columns)))) for pack in (False, True))
     assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
     if DEV == "cpu":
         for f in dataclasses.fields(a.meter):
@@ -400,7 +410,7 @@ def test_packed_histogram_matches_the_unpacked(gq):
         # per-tile term is the same), and every bound that reads Ξ by at most that much (TV⁺ is
         # 1-Lipschitz in Ξ up to the e-form's A² ≤ 2 here; the output bound scales it by its norms)
         tokens = 128  # the metered tile on the GPU (tile_config)
-        packed = kd.packs_histogram(gq, 8)  # GQ 8 fills the columns: both calls run the two-dot form
+        packed = kp.packs_histogram(gq, 8)  # GQ 8 fills the columns: both calls run the two-dot form
         ap, _ = FB.mass_eta_terms(tokens, "bf16x2", packed=packed)
         au, _ = FB.mass_eta_terms(tokens, "bf16x2", packed=False)
         dxi = 2.1 * (ap - au) * (1 + 2.0**-20)

@@ -83,18 +83,18 @@ def test_decode_conformance_page_levels(case):
 def test_decode_conformance_one_warp_tile(case):
     """The metered int8 kernel in ``tile_config``'s one-warp programs (32-token tiles under the metered register
     cap: a grid of many programs per SM picks them, run P), which the fixed cases' small grids do not reach."""
-    from kernels.decode import METERED_REGISTER_CAP
-    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
+    from kernels.plan import METERED_REGISTER_CAP, Tile
+    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, tile=Tile(32, 1, 1, METERED_REGISTER_CAP)))
 
 
 def test_decode_conformance_one_warp_tile_many_splits():
     """The one-warp tile at the split counts ``choose_splits`` gives a small metered grid (up to
     SMALL_GRID_MAX_SPLITS, run R): 200 splits of a 63-page sequence, most of them empty, merged from 256 partial
     slots per row (the merge's next power of two)."""
-    from kernels.decode import METERED_REGISTER_CAP
+    from kernels.plan import METERED_REGISTER_CAP, Tile
     case = list(FIXED[7])
     case[7] = 200
-    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, _maxnreg=METERED_REGISTER_CAP))
+    check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, tile=Tile(32, 1, 1, METERED_REGISTER_CAP)))
 
 
 @pytest.mark.parametrize("case", [FIXED[i] for i in (0, 1, 8)], ids=["int8", "int8_dither", "int4_group"])

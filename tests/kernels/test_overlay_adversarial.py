@@ -25,7 +25,7 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1"
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import RepairOverlay  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from tests.helpers.kernel_gate import gauss_kv  # noqa: E402
 from tests.helpers.overlay_review import SIGMA, TOL, D, build_custom, check_sound, overlay, qrand  # noqa: E402
 from witcert import bounds as B  # noqa: E402

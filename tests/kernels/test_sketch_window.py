@@ -28,8 +28,9 @@ pytestmark = pytest.mark.gpu  # in the device run (WITCERT_DEVICE=cuda): docs/te
 
 from contract.sketch import DEFAULT_WINDOW, check_bits, check_window, codes_per_byte  # noqa: E402
 from kernels import fp_bounds as FB  # noqa: E402
-from kernels.decode import decode, key_edges  # noqa: E402
+from kernels.decode import decode  # noqa: E402
 from kernels.exact_window import ExactWindow  # noqa: E402
+from kernels.key_levels import key_edges  # noqa: E402
 from kernels.memory_accounting import bytes_per_token  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402

@@ -116,7 +116,7 @@ def metered_decode(args, kwargs, num_splits=None):
     if Bsz == 0:
         raise _Skip("an empty batch")
     # SGLang's CSR rows read by the kernel directly (no [B, max_len] table); no host sync: the
-    # split count from the mean length (kernels.decode.choose_splits); an empty row (which SGLang's
+    # split count from the mean length (kernels.plan.plan_decode); an empty row (which SGLang's
     # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
     indptr = kv_indptr[: Bsz + 1]
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,

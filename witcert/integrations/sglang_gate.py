@@ -21,7 +21,8 @@ the whole cache in the model dtype; a reused slot is overwritten). Per metered c
    construction; else the page-in is refused and counted in ``STATE.gate_rejected``), writes
    the exact K/V into the overlay in q's dtype and sets that token's witnesses to the fp64
    residual of what was written (0 when the exact value is representable, as a bf16 model's K/V
-   are); every round that paged in re-runs the metered kernel on the overlay rows.
+   are); every round that paged in re-runs the metered kernel on the overlay rows, at the first
+   pass's split count (``DecodeOutput.plan``; the overlay's own tile, scheme none).
 4. The rows that paged in get the overlay's output in SGLang's ``o`` / ``attn_lse`` and its
    meter rows in the record (``tv_pre`` keeps the first pass); the others keep the first pass.
    A certified gate flags (``budget_spent``) the rows still over τ. ``STATE.gate_log`` keeps a
@@ -47,7 +48,6 @@ overlay would need a dequantizer of our codes), and so is Tier B.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import torch
@@ -384,7 +384,7 @@ def gate_call(args, side, cache, out):
     gate = STATE.gate
     rec = out.meter
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
-    max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
+    sm_scale, k_scale, v_scale = args[10:13]
     Bsz, Hq, D = q.shape
     layer_id = side.layer_id
     H = cache.num_kv_heads
@@ -403,7 +403,9 @@ def gate_call(args, side, cache, out):
     nmax, bt, len_t = _block_table(offs, lens, q.device)
     q_rows = q[rows].contiguous()
     sm = float(sm_scale)
-    splits = max(1, min(int(max_kv_splits), math.ceil(nmax / 256)))
+    # the re-decode runs the batch's split count (out.plan; the bound is sound at any split count). Not its
+    # tile: the overlay is another kernel variant (scheme none, q's dtype), whose tile is its own (tile_config)
+    splits = out.plan.num_splits
     loop = _RepairLoop(gate, side, q, rows, kbl, vbl, ks, vs, slots_r, offs, lens, ov, bt, len_t, q_rows, sm, splits,
                        repaired=torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device),
                        over_rows=over0[rows].view(R, H, GQ))

@@ -1,0 +1,431 @@
+"""Decode as plan + run: everything a decode launch fixes from the shape before it runs.
+
+    plan = plan_decode(cache, batch, q_heads, q_dtype, device, capacity, meter=True, ...)
+    out = kernels.decode.decode(cache, q, block_table, seq_lens, plan=plan)   # the run
+
+``DecodePlan`` holds the split count (``choose_splits``: the one split heuristic of the library), the
+loop tile (``Tile``, ``tile_config``: measured on the H200, bench/RESULTS.md), and what the launch derives
+from them and from the cache / query / overlays: pages per tile, warps, stages, the register cap, the
+head columns, the histogram's operand split and packing, the prefetches, and the kernel variant's
+switches (tensor-core operands, fp32 PV, sketch, weights, Tier B). ``decode`` plans itself when given no
+plan (the same plan as ``plan_decode`` with its arguments); a caller that plans once (the cache's kernel
+path, the SGLang gate's re-decode) passes the plan or its split count and tile. A benchmark forces a
+configuration by planning with its own ``Tile`` (``plan_decode(tile=...)``) or by ``dataclasses.replace``
+on the plan; ``decode`` checks a given plan against its launch (a plan for another kernel variant is
+refused: the meter's constants must be those of the kernel that ran).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import triton
+
+from contract.schemes import SCHEMES
+
+from .exact_window import ExactWindow
+from .key_levels import KEY_LEVELS
+from .paged import SCHEME_IDS, PagedKV
+from .repair import RepairOverlay
+from .write import INTERPRET
+
+log = logging.getLogger("witcert.kernels")
+_LOGGED: dict = {}
+
+#: transposed loads, one stage; run J timed int8, the others share its loop but were not timed)
+EIGHT_BIT_SCHEMES = tuple(name for name in SCHEME_IDS if SCHEMES[name].code_bits == 8)
+#: 64-token unmetered tiles and their register cap apply from this many programs per SM
+MANY_PROGRAMS_PER_SM = 4
+#: register caps per thread for the 8-bit kernels. Metered (128-token tiles, every grid): three programs
+#: per SM instead of two; with 8 head columns and the packed histogram no spill (sm_90 SASS), 0.77-0.82×
+#: the uncapped time at B ≥ 8 (run K, bench/tile_ab.py); at B 1 the same time on run K's 33 splits and,
+#: with ``choose_splits`` filling one wave of three programs per SM (49 splits; since run R long B 1 sequences
+#: take the one-warp tile instead), 0.88× at 32K, 0.77× at 128K (run L). Unmetered (64-token tiles, on grids of ≥
+#: MANY_PROGRAMS_PER_SM programs per SM): six
+#: programs per SM instead of four (24 B of spill), 0.84-0.97× the
+#: uncapped time at B ≥ 8 (runs K3, K4; 64 registers: better at B 8, worse at B 32). ``test_register_
+#: cap_changes_no_value`` checks capped = uncapped bit for bit: passed on the H200 for both caps
+#: (bench/results/2026-12-02/cap_test_2026-12-02_K.log, bench/results/2026-12-02/cuda_subset_2026-12-02_K4.log).
+#: ``CAP_REGISTERS`` False turns
+#: both off (a benchmark forces a cap for one call with its own ``Tile`` or a replaced ``DecodePlan.max_registers``)
+METERED_REGISTER_CAP = 168
+UNMETERED_REGISTER_CAP = 80
+#: the cap of a capped metered tile that reads the key sketch or the channel weights (its codes, its chunked dot
+#: and the weighted head factor): no spill at 232 (58 B of spill under ``METERED_REGISTER_CAP``), 0.85-1.0x
+#: the 168-register time at every shape of bench/sketch_speed.py (run S2, bench/TIGHTNESS.md), on the grid
+#: ``choose_splits`` sized for the 168-register tile
+SKETCH_REGISTER_CAP = 232
+CAP_REGISTERS = True
+#: the register file, the most resident threads and the most resident programs (thread blocks) of a
+#: multiprocessor (sm_80 / sm_89 / sm_90)
+SM_REGISTERS = 65536
+SM_THREADS = 2048
+SM_PROGRAMS = 32
+#: the schemes whose metered kernel takes one-warp programs of 32 tokens on grids of ≥ MANY_PROGRAMS_PER_SM
+#: programs per SM (run P, 2026-12-03, bench/results/2026-12-03/tile_ab_waves_2026-12-03_P.log, kernel + merge: 0.90× the
+#: 128-token / 4-warp time at B 8 / 32K, 0.91× at B 8 / 128K, 0.92× at B 32 / 32K (12 splits); 1.5× slower at B 1
+#: at ≤ 64 splits, where the grid is small: run R's ``choose_splits`` gives long B 1-4 sequences a wave of them). A one-warp
+#: program exchanges nothing between warps per tile (the 4-warp
+#: tile's p̂, one-hot and row maxima pass through shared memory behind 24 barriers per tile, sm_90 SASS);
+#: under METERED_REGISTER_CAP twelve fit per SM (spills: Triton's n_spills 28 on the H200, 140 B of spill stores in
+#: offline sm_90 ptxas, bench/sass_probe.py). Only int8 was timed: the other 8-bit
+#: schemes keep the 4-warp tile
+ONE_WARP_METERED_SCHEMES = ("int8",)
+#: the one-warp metered tile prefetches the next tile into the L2 (``Tile.prefetch``; run Q, 2026-12-03,
+#: bench/results/2026-12-03/tile_ab_prefetch_2026-12-03_Q.log, kernel + merge: 0.955-0.981× the time at B 8 and 32, outputs
+#: bit-identical; into the L1 no better). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits
+#: for the tile's code and scale loads, at 2.8 active warps per scheduler. The unmetered 64-token tile spilled
+#: under its cap with it (1.2× slower; uncapped, at 96 registers or in one-warp programs 7-35 % slower than the
+#: capped default), and the B 1 4-warp metered tile was 5 % slower: neither prefetches
+METERED_ONE_WARP_PREFETCH = 1
+#: the fewest tokens per split ``choose_splits`` gives a small grid that it puts on one wave of the many-program
+#: tile (run R, 2026-12-03, bench/b1_probe.py, Hq 32, whole call, ms; bench/results/2026-12-03/b1_probe_2026-12-03_R.log and _R2 / _R3):
+#: metered B 1, one-warp tile: at 32K 128 splits (256 tokens a split) 0.0595 against 0.0647 for the 4-warp tile at
+#: 49 and 0.0635 at 192 splits; at 128K 198 splits 0.146 (192), 128 splits 0.153, 4-warp 0.157; B 2 / 4: 3-12 %
+#: less time. Unmetered, the capped 64-token tile against the 128-token / 8-warp one: B 1 32K 0.0442 / 0.0483,
+#: 128K 0.113 / 0.139; B 2 0.068 / 0.116, 0.209 / 0.418; B 4 8K 0.043 / 0.050, 32K 0.116 / 0.142
+SMALL_GRID_MIN_SPLIT_TOKENS = 256
+#: the schemes whose small grids ``choose_splits`` puts on one wave of the many-program tile (only int8 was timed)
+SMALL_GRID_SCHEMES = ("int8",)
+#: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
+#: d 128; a grid of one or two kv heads would otherwise take a thousand)
+SMALL_GRID_MAX_SPLITS = 256
+#: the most partial-output floats per row (the merge's next power of two of the split count times d) a small grid
+#: is given: 256 × 128, the largest measured (run R, d 128); d 256 then takes at most 128 splits
+SMALL_GRID_MAX_PARTIALS = 256 * 128
+#: the smallest share of a wave that count must fill (run R, metered B 1: 0.65 of a wave (128 splits) was the best
+#: measured at 32K; 0.48 (96 splits) no better than the 4-warp tile at 32K and 19 % slower at 128K)
+SMALL_GRID_MIN_WAVE = 0.6
+#: ``choose_splits`` sizes grids of fewer waves than this to whole waves (run L: 12 vs 16 splits at B 32,
+#: 10 waves, measured no better; at 0.7-2.6 waves 3-22 % faster)
+FEW_WAVES = 4
+#: the 8-bit schemes the caps apply to: not the position-keyed (dithered) ones, whose in-kernel dither
+#: generation spills 1.5 KB under the metered cap (sm_90 SASS, bench/sass_probe.py --scheme int8_dither)
+CAPPED_SCHEMES = tuple(name for name in EIGHT_BIT_SCHEMES if not SCHEMES[name].position_keyed)
+
+
+def packs_histogram(gq: int, head_columns: int) -> bool:
+    """Whether the padding columns can carry the histogram's lo parts (PACK_HIST): GQ ≤ half the columns."""
+    return 2 * gq <= head_columns
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A decode launch's loop configuration (``tile_config``)."""
+    tokens: int  # tokens per tile (a multiple of the block size)
+    stages: int  # software-pipeline stages
+    warps: int
+    max_registers: int | None = None  # per-thread register cap (Triton's ``maxnreg``), None: the compiler's
+    # the fewest query-head columns a program's tiles are padded to (BLOCK_H ≥ GQ; the tensor-core dots take
+    # 8 columns as mma.sync n8 where 16 went to wgmma: 2-10 % less time at GQ 4-8, run K)
+    head_columns: int = 8
+    # 1: the next tile's code rows, scales and witnesses are prefetched into the L2 while a tile computes
+    # (prefetch.global.L2, block ids two tiles ahead; on the GPU); 0: none
+    prefetch: int = 0
+
+    def resident_programs(self) -> int | None:
+        """Programs that fit on one multiprocessor under the register cap (None without a cap: the
+        compiler's count is known only after the launch). Shared memory does not bind these tiles
+        (the 8-bit one-stage ones; run L's split A/B timed the waves this predicts)."""
+        if self.max_registers is None:
+            return None
+        regs = -(-self.max_registers // 8) * 8  # allocated per warp in units of 8 per thread
+        return max(1, min(SM_REGISTERS // (regs * 32 * self.warps), SM_THREADS // (32 * self.warps), SM_PROGRAMS))
+
+
+def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0, levels: str = "token",
+                block_size: int = 16) -> Tile:
+    """The decode loop's tile on the H200 for a grid of ``programs_per_sm`` programs per
+    multiprocessor (bench/tile_ab.py, bench/RESULTS.md runs J, K and L, 2026-12-02). The 8-bit code tiles are
+    loaded in the other orientation and transposed before their cast, so Triton moves them into
+    the dots' register layout with 16-byte shared-memory accesses (sm_90 SASS: no byte loads,
+    15-18 % fewer instructions per tile, no spills); every 8-bit configuration takes one stage (with two,
+    cp.async stages the transposed tiles without bytewise reads now, sm_90 SASS, but every two-stage tile
+    was slower on the H200: run M, bench/tile_ab.py --pipe).
+
+    * meter on, 8-bit codes: 128-token tiles, one stage, 4 warps (211 registers with 8 head
+      columns and the packed histogram; capped at ``METERED_REGISTER_CAP``, no spill, three programs
+      per SM, on every grid while ``CAP_REGISTERS``, for the ``CAPPED_SCHEMES``: not int8_dither);
+      for the ``ONE_WARP_METERED_SCHEMES`` (int8) on grids of ≥ ``MANY_PROGRAMS_PER_SM`` programs per
+      SM, 32-token tiles in one-warp programs under the same cap (twelve per SM; run P: 7-10 % faster
+      at B 8 and 32, and ``choose_splits`` sizes their grid to whole waves of twelve), where a page
+      (``block_size`` tokens) fits in such a tile, each prefetching its next tile into the L2
+      (``METERED_ONE_WARP_PREFETCH``, run Q: 2-5 % faster);
+    * meter off, 8-bit codes: 64-token tiles, one stage, 4 warps (116 registers; capped at
+      ``UNMETERED_REGISTER_CAP`` for the ``CAPPED_SCHEMES``: six programs per SM) on grids of ≥
+      ``MANY_PROGRAMS_PER_SM`` programs per SM, else 128-token tiles, one stage, 8 warps (fewer, longer
+      programs: short sequences at small B; ``choose_splits`` gives int8's long small-B grids enough splits
+      for the 64-token tile, run R);
+    * the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage with the meter,
+      else two; 4 warps; scheme none: two stages and 16 head columns (unchanged: Triton 3.6 emits an
+      out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py,
+      and its 8-column code has not been through that probe).
+
+    Every tile pads the GQ query heads of a kv head to ``head_columns`` (8; the dots run as mma.sync
+    n8 instead of wgmma n16: 2-10 % less time, fewer registers, run K), except the metered page-level
+    bins (``levels="page"``), which keep run J's tile (16 columns, no cap: under the cap they spill
+    184 B, and they were 14-30 % slower with 8 columns in run K).
+
+    The unmetered 64-token one-stage kernel faulted once under graph replay with the older
+    untransposed loads (run G, never reproduced under memcheck); the transposed kernel is clean
+    under memcheck (every tensor its own allocation), racecheck and synccheck (run J)."""
+    many = programs_per_sm >= MANY_PROGRAMS_PER_SM
+    capped = CAP_REGISTERS and scheme in CAPPED_SCHEMES
+    if meter and levels == "page" and scheme != "none":
+        return Tile(128, 1, 4, head_columns=16)
+    if scheme in EIGHT_BIT_SCHEMES:
+        if meter:
+            if many and capped and scheme in ONE_WARP_METERED_SCHEMES and levels == "token" and block_size <= 32:
+                return Tile(32, 1, 1, METERED_REGISTER_CAP, prefetch=METERED_ONE_WARP_PREFETCH)
+            return Tile(128, 1, 4, METERED_REGISTER_CAP if capped else None)
+        return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
+    if scheme == "none":
+        return Tile(128, 2, 4, head_columns=16)
+    return Tile(128, 1, 4) if meter else Tile(128, 2, 4)
+
+
+
+def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms: int, meter: bool | None = None,
+                  scheme: str = "int8", levels: str = "token", head_dim: int = 128) -> int:
+    """Split-KV count for a decode launch of ``batch × kv_heads`` (sequence, kv head) pairs over at
+    most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
+    multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
+    bench/RESULTS.md: more, shorter splits keep more bytes in flight than a few long ones), at
+    most 64, and no split shorter than 8 pages: the base count, which the two rules below may replace.
+    The one split heuristic of the library.
+
+    With ``meter`` (True / False: the launch's kernel) and a tile whose register cap fixes how many
+    programs fit on a multiprocessor (``Tile.resident_programs``), a grid of fewer than ``FEW_WAVES``
+    waves is sized to whole waves instead: the largest split count whose grid fills ⌊waves⌋ (at
+    least one) waves of that many programs per SM (bench/RESULTS.md run L: one wave two thirds full cost
+    the metered B 1 call 12-22 %, a second wave under a third full the unmetered B 8 call 10 %). A count
+    that would change the tile is not taken.
+
+    A grid too small for the many-program tiles at those counts (B 1-4 at 8 kv heads; ``SMALL_GRID_SCHEMES``:
+    int8, pages no larger than those tiles) takes them anyway where the sequence is long enough: as many
+    splits as fill one wave of their programs (metered: one warp, 32 tokens, twelve per SM; unmetered: 64
+    tokens under the cap, six per SM), but no split shorter than ``SMALL_GRID_MIN_SPLIT_TOKENS`` tokens or
+    one page, at most ``SMALL_GRID_MAX_SPLITS`` (past 64), nor more than the merge's measured partials per
+    row allow at ``head_dim`` (``SMALL_GRID_MAX_PARTIALS``: the next power of two of the count times d); a
+    count that fills less than ``SMALL_GRID_MIN_WAVE`` of the wave keeps the rules above. bench/RESULTS.md
+    run R: a program's chain of tiles on a wave of small programs is shorter than a 4- or 8-warp program's
+    chain of 128-token ones, and the unmetered B 2 call had run a second wave of eight programs; past 128
+    splits at 32K the merge of 256 partials per row costs more than the shorter chains save."""
+    pages = max(1, -(-max_len // block_size))
+    pairs = max(1, batch * kv_heads)
+    s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
+    if meter is None:
+        return s
+    tile = tile_config(meter, scheme, pairs * s / sms, levels, block_size)
+    many = tile_config(meter, scheme, float(MANY_PROGRAMS_PER_SM), levels, block_size)
+    if (scheme in SMALL_GRID_SCHEMES and many != tile and many.resident_programs() is not None
+            and block_size <= many.tokens):
+        # a small grid (too few pairs for MANY_PROGRAMS_PER_SM programs per SM at these counts): the
+        # many-program tile (metered: one warp, 32 tokens; unmetered: 64 tokens, capped) on one wave of its
+        # resident programs, at least SMALL_GRID_MIN_SPLIT_TOKENS tokens a split, where that grid takes it and
+        # fills at least SMALL_GRID_MIN_WAVE of the wave (run R)
+        wave = many.resident_programs() * sms
+        s1 = min(wave // pairs, max_len // SMALL_GRID_MIN_SPLIT_TOKENS, pages, SMALL_GRID_MAX_SPLITS,
+                 SMALL_GRID_MAX_PARTIALS // max(1, head_dim))
+        if (s1 >= 1 and pairs * s1 >= SMALL_GRID_MIN_WAVE * wave
+                and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many):
+            return s1
+    per_sm = tile.resident_programs()
+    if per_sm is None:
+        return s
+    slots = per_sm * sms
+    waves = pairs * s / slots
+    if waves >= FEW_WAVES:
+        return s
+    whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
+    if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) != tile:
+        return s
+    return whole
+
+
+_SMS: dict = {}
+
+
+_SMS: dict = {}
+
+
+def sm_count(dev) -> int:
+    """Multiprocessors of a device (cached; 4 off the GPU, where only the interpreter runs)."""
+    if dev.type != "cuda":
+        return 4
+    if dev not in _SMS:
+        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SMS[dev]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """A decode launch's configuration, fixed from the shape before it runs (``plan_decode``)."""
+    num_splits: int  # split-KV programs per (sequence, kv head): the grid's third axis
+    tile: Tile  # the loop configuration the plan was derived from (``tile_config`` for the grid, or the caller's)
+    pages_per_tile: int  # pages per loop iteration (PAGES)
+    auto_tile: bool  # pages_per_tile is the tile's: halved and retried on OutOfResources (a caller's is kept)
+    num_warps: int
+    num_stages: int | None  # None: Triton's default (the interpreter)
+    max_registers: int | None  # Triton's maxnreg (GPU only), None: the compiler's choice
+    head_columns: int  # BLOCK_H: the query-head columns a program's tiles are padded to (≥ GQ)
+    hist_split: str  # the histogram dot's operands: "bf16x2", "tf32x3" (fp32 in the interpreter) or "page"
+    pack_hist: bool  # PACK_HIST: the bf16 hi / lo histogram operands in one dot (GQ ≤ head_columns / 2)
+    prefetch: int  # PF_AHEAD: the next tile's codes, scales and witnesses prefetched into the L2 (GPU only)
+    prefetch_bt: bool  # PREFETCH_BT: the next tile's block-table entries loaded one iteration ahead
+    hist_columns: int  # NB: histogram columns per head (the tiers' bins + the Σ p̂ φ column, a power of two)
+    # the kernel variant (``launch_variant``; ``decode`` refuses a plan made for another one)
+    meter: bool
+    levels: str  # "token" or "page" (PAGE_LEVELS)
+    csr: bool  # SGLang's CSR rows (kv_indptr)
+    lowp: bool  # tensor-core dots in q's dtype (the GPU); False: fp32 throughout (the interpreter)
+    pv_f32: bool  # PV_F32: fp32 (tf32x3) PV operands for exact fp16 values that bf16 would round
+    sketch_bits: int  # SKB: the key sketch's bits, 0 when not read
+    weighted: bool  # the channel weights read
+    tier_b: bool  # the Tier B bins (int8_dither with a delta_step)
+
+
+def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = True, levels: str = "token",
+                   delta_step: float | None = None, repair: RepairOverlay | None = None,
+                   window: ExactWindow | None = None, csr: bool = False) -> dict:
+    """The kernel variant a launch needs (the ``DecodePlan`` fields below ``hist_columns``)."""
+    lowp = not INTERPRET and torch.device(device).type == "cuda"
+    has_rep = repair is not None and repair.count > 0
+    has_win = window is not None and window.columns > 0
+    fp16 = q_dtype == torch.float16
+    return dict(
+        meter=meter, levels=levels, csr=csr, lowp=lowp,
+        # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
+        # fp32 (tf32x3) where the values are exact fp16 that bf16 would round (scheme none, a repaired pool)
+        pv_f32=lowp and fp16 and (cache.scheme == "none" or has_rep or has_win),
+        sketch_bits=cache.sketch_bits if (meter and cache.scheme != "none") else 0,
+        weighted=bool(meter and cache.has_weights),
+        tier_b=meter and cache.scheme == "int8_dither" and delta_step is not None,
+    )
+
+
+def _plan_tile(tile: Tile | None, meter: bool, scheme: str, programs_per_sm: float, levels: str,
+               block_size: int) -> Tile:
+    if tile is None:
+        return tile_config(meter, scheme, programs_per_sm, levels, block_size)
+    if not isinstance(tile, Tile):
+        raise ValueError(f"tile: expected a kernels.plan.Tile, got {type(tile).__name__}")
+    return tile
+
+
+def _tile_pages(tile: Tile, block_size: int) -> int:
+    """Pages per tile for ``tile``'s tokens (the interpreter keeps 128 tokens for the one-warp tile)."""
+    tokens = tile.tokens
+    if INTERPRET and tile.warps == 1:
+        # a tile is a GPU scheduling choice (the same sums in another order), and the interpreter's time grows
+        # with the tile count: its default path keeps the 4-warp tile's 128 tokens. The one-warp tiling runs
+        # in the interpreter through an explicit pages_per_tile (test_decode_conformance_one_warp_tile)
+        tokens = 128
+        if not _LOGGED.get("one_warp"):
+            log.info("decode in the interpreter: 128-token tiles where the GPU takes one-warp 32-token programs")
+            _LOGGED["one_warp"] = True
+    return max(1, tokens // block_size)
+
+
+def _hist_split(hist_split: str | None, variant: dict) -> str:
+    if hist_split is None:
+        hist_split = "bf16x2"
+    if hist_split not in ("bf16x2", "tf32x3"):
+        raise ValueError(f"hist_split: expected 'bf16x2' or 'tf32x3', got {hist_split!r}")
+    if not variant["lowp"]:
+        hist_split = "tf32x3"  # the interpreter's fp32 (ieee) dot: no bf16 in kernels there
+    if variant["meter"] and variant["levels"] == "page":
+        hist_split = "page"  # fp32 sums, no operand split
+    return hist_split
+
+
+def _register_cap(tile: Tile, variant: dict) -> int | None:
+    """The tile's register cap, raised for the sketch / weights, none for fp32 PV operands."""
+    cap = tile.max_registers
+    if (variant["sketch_bits"] or variant["weighted"]) and cap is not None:
+        cap = max(cap, SKETCH_REGISTER_CAP)
+    if variant["pv_f32"]:
+        cap = None  # tf32x3 PV operands spill 0.6-1.3 KB under the 8-bit register caps (sm_90 SASS)
+    return cap
+
+
+def plan_decode(cache: PagedKV, batch: int, q_heads: int, q_dtype: torch.dtype, device, capacity: int,
+                meter: bool = True, levels: str = "token", hist_split: str | None = None,
+                delta_step: float | None = None, repair: RepairOverlay | None = None,
+                window: ExactWindow | None = None, csr: bool = False, num_splits: int | None = None,
+                tile: Tile | None = None, pages_per_tile: int | None = None, num_warps: int | None = None,
+                num_stages: int | None = None, prefetch_bt: bool | None = None) -> DecodePlan:
+    """The plan of a decode of ``batch`` sequences of at most ``capacity`` tokens (the table's capacity,
+    or any bound on the lengths; CSR: the mean length) with ``q_heads`` query heads of ``q_dtype`` on
+    ``device``; the other arguments are ``decode``'s. ``num_splits`` None: ``choose_splits``; ``tile``
+    None: ``tile_config`` for this grid; ``pages_per_tile`` / ``num_warps`` / ``num_stages`` None: the
+    tile's."""
+    if levels not in ("token", "page"):
+        raise ValueError(f"levels: expected 'token' or 'page', got {levels!r}")
+    variant = launch_variant(cache, q_dtype, device, meter, levels, delta_step, repair, window, csr)
+    hist_split = _hist_split(hist_split, variant)
+    dev = torch.device(device)
+    Hkv, T = cache.num_kv_heads, cache.block_size
+    if num_splits is None:
+        num_splits = choose_splits(batch, Hkv, capacity, T, sm_count(dev), meter, cache.scheme, levels,
+                                   cache.head_dim)
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: expected a positive int, got {num_splits!r}")
+    tile = _plan_tile(tile, meter, cache.scheme, batch * Hkv * num_splits / sm_count(dev), levels, T)
+    if num_stages is None and not INTERPRET:
+        num_stages = tile.stages
+    head_columns = max(tile.head_columns, triton.next_power_of_2(q_heads // Hkv))
+    # the bf16 hi / lo histogram operands packed into one dot where the padding columns can hold the lo parts
+    pack = meter and hist_split == "bf16x2" and packs_histogram(q_heads // Hkv, head_columns)
+    KA = KEY_LEVELS + 2
+    return DecodePlan(
+        num_splits=num_splits, tile=tile, auto_tile=pages_per_tile is None,
+        pages_per_tile=_tile_pages(tile, T) if pages_per_tile is None else pages_per_tile,
+        num_warps=tile.warps if num_warps is None else num_warps, num_stages=num_stages,
+        max_registers=_register_cap(tile, variant), head_columns=head_columns, hist_split=hist_split,
+        pack_hist=pack,
+        # the next tile's codes, scales and witnesses prefetched into the L2 while a tile computes (GPU only:
+        # inline PTX; run Q also timed the L1: no better)
+        prefetch=tile.prefetch if variant["lowp"] else 0,
+        prefetch_bt=meter if prefetch_bt is None else bool(prefetch_bt),
+        hist_columns=triton.next_power_of_2((2 * KA if variant["tier_b"] else KA) + 1),  # + the Σ p̂ φ column
+        **variant,
+    )
+
+
+def plan_call(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, csr: bool = False,
+              force: dict | None = None, **kw) -> DecodePlan:
+    """The plan ``decode`` makes for a call on ``q`` [B, Hq, D] and ``block_table`` (its capacity rule: the
+    table's capacity, CSR: the flat table's mean row; no device sync), ``kw`` as for ``plan_decode``, then
+    ``force``'s ``DecodePlan`` fields replaced (a benchmark's or a test's forced configuration: the
+    register cap, the head columns, the packing, the prefetch)."""
+    B = q.shape[0]
+    cap = max(1, block_table.shape[0] // max(B, 1)) if csr else block_table.shape[1] * cache.block_size
+    plan = plan_decode(cache, B, q.shape[1], q.dtype, q.device, cap, csr=csr, **kw)
+    return dataclasses.replace(plan, **force) if force else plan
+
+
+def check_plan(plan: DecodePlan, variant: dict, gq: int) -> None:
+    """Refuse a plan made for another launch: the kernel variant, the head columns, the packing and the
+    histogram split must be this launch's (the meter's constants are those of the kernel that ran)."""
+    if not isinstance(plan, DecodePlan):
+        raise ValueError(f"plan: expected a kernels.plan.DecodePlan, got {type(plan).__name__}")
+    other = {k: (getattr(plan, k), v) for k, v in variant.items() if getattr(plan, k) != v}
+    if other:
+        raise ValueError(f"plan: made for another kernel variant (plan, launch): {other}")
+    if plan.head_columns < triton.next_power_of_2(gq) or plan.head_columns & (plan.head_columns - 1):
+        raise ValueError(f"plan: head_columns {plan.head_columns} cannot hold GQ {gq} query heads")
+    if plan.pack_hist and not (plan.meter and plan.hist_split != "page" and packs_histogram(gq, plan.head_columns)):
+        raise ValueError("plan: pack_hist needs the metered token-level histogram and GQ ≤ head_columns / 2")
+    splits = {"page"} if plan.meter and plan.levels == "page" else {"bf16x2", "tf32x3"} if plan.lowp else {"tf32x3"}
+    if plan.hist_split not in splits:
+        raise ValueError(f"plan: hist_split {plan.hist_split!r} is not this launch's ({sorted(splits)})")
+    if plan.prefetch not in (0, 1) or (plan.prefetch and not plan.lowp):
+        raise ValueError(f"plan: prefetch {plan.prefetch!r}: 0, or 1 on the GPU")
+    if not isinstance(plan.num_splits, int) or plan.num_splits < 1 or plan.pages_per_tile < 1:
+        raise ValueError("plan: num_splits and pages_per_tile must be positive")
+    KA = KEY_LEVELS + 2
+    if plan.hist_columns != triton.next_power_of_2((2 * KA if plan.tier_b else KA) + 1):
+        raise ValueError("plan: hist_columns is not the tiers' bins + 1, rounded up to a power of two")
