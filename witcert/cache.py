@@ -82,6 +82,7 @@ from .cache_reference import (  # noqa: F401
     _softmax,
 )
 from .gate import Gate, block_risk, exceeds, repair  # noqa: F401
+from .graph_pool import Holder
 from .graphs import install
 from .hostcost import HostCost, HostReport  # noqa: F401
 from .hostpool import HostPool, align, store_bytes  # noqa: F401
@@ -188,6 +189,11 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         self._static = None  # witcert.graphs.StaticStep while a graphed step runs (or is captured)
         self._graph = None  # witcert.graphs: the captured step and its static buffers
         self._graph_off = None  # why this request's steps are not graphed (None: they are)
+        # the kernel path's device storage (witcert.graph_pool): a graphed cache takes it from the process's
+        # pool and gives it back when freed or reset, so the next request of its shape replays the same capture
+        self._storage = Holder()
+        if cuda_graph:
+            weakref.finalize(self, self._storage.release)
         super().__init__(layers=[WitCertLayer(self, i) if compress_layers is None or i in compress_layers
                                  else _ExactLayer() for i in range(L)])
 
@@ -246,6 +252,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         self._static = None
         self._graph = None  # a captured step reads the old layers' tensors: dropped
         self._graph_off = None
+        self._storage.release()  # (the layers were reset above: the next request takes a storage again)
         self.pagein_blocks = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.pagein_bytes = np.zeros((self.num_layers, 0), dtype=np.int64)
         self.host_cost.new_request()  # (the layers gave their exact stores back to the pool above)

@@ -102,24 +102,47 @@ class WitCertLayer(CacheLayerMixin):
         self.rep = None  # kernel path, gated: the repaired pages (kernels.repair.RepairOverlay)
         self.win = None  # kernel path: the exact window's rings (kernels.exact_window.ExactWindow)
         if o.use_kernel(self.device, Bsz, self.dtype):
-            from kernels.paged import PagedKV
-            from kernels.repair import RepairOverlay
-
             per_seq = -(-o.max_tokens // o.block_size)
-            self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
-                                          per_token_witness=True, model_dtype=self.dtype, device=self.device,
-                                          seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
-                                          weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]))
-            self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
-            # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
-            if o.gate is not None or o.scheme in BLOCK_SCHEMES:
-                self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
-                                                  device=self.device).bind(self.paged)
-            if sum(o.window):  # the exact window's rings (kernels.exact_window.ExactWindow)
-                from kernels.exact_window import ExactWindow
-
-                self.win = ExactWindow.allocate(Bsz, H, D, self.dtype, *o.window, device=self.device)
+            kept = self._pooled_storage(Bsz, per_seq) if o.cuda_graph else None
+            if kept is not None:  # an earlier request's tensors (witcert.graph_pool: never read before written)
+                self.paged, self.block_table, self.win = kept
+            else:
+                self._allocate_kernel_storage(Bsz, per_seq, H, D)
         self.is_initialized = True
+
+    def _pooled_storage(self, Bsz: int, per_seq: int):
+        """This layer's tensors from the cache's pooled storage (taken at the request's first layer), or None
+        (a new storage: this layer allocates and records its tensors there)."""
+        from .graph_pool import POOL, storage_key
+
+        holder = self.owner._storage
+        if holder.storage is None:
+            holder.storage = POOL.take(storage_key(self.owner, Bsz, per_seq, self.dtype, self.device))
+        return holder.storage.layers[self.layer_idx]
+
+    def _allocate_kernel_storage(self, Bsz: int, per_seq: int, H: int, D: int) -> None:
+        """The kernel path's paged K / V, block table, overlay and window rings of this layer (recorded in the
+        cache's pooled storage when it has one)."""
+        from kernels.paged import PagedKV
+        from kernels.repair import RepairOverlay
+
+        o = self.owner
+        self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
+                                      per_token_witness=True, model_dtype=self.dtype, device=self.device,
+                                      seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
+                                      weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]))
+        self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
+        # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
+        if o.gate is not None or o.scheme in BLOCK_SCHEMES:
+            self.rep = RepairOverlay.allocate(Bsz * per_seq, H, o.block_size, D, self.dtype,
+                                              device=self.device).bind(self.paged)
+        if sum(o.window):  # the exact window's rings (kernels.exact_window.ExactWindow)
+            from kernels.exact_window import ExactWindow
+
+            self.win = ExactWindow.allocate(Bsz, H, D, self.dtype, *o.window, device=self.device)
+        held = o._storage.storage
+        if o.cuda_graph and held is not None and held.layers[self.layer_idx] is None:
+            held.layers[self.layer_idx] = (self.paged, self.block_table, self.win)
 
     @property
     def exact_k(self) -> torch.Tensor:

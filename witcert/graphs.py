@@ -98,6 +98,7 @@ class _Graph:
     graph: object  # torch.cuda.CUDAGraph, or None off CUDA (the static code then runs eagerly)
     out: object  # the captured step's output (its logits tensor is static)
     refs: tuple  # the layers' tensors the capture read (kept alive: their ids are in the key)
+    request: int = 0  # the pooled storage's request count it last served (witcert.graph_pool; 0: the cache's own)
 
 
 def _layers(cache):
@@ -185,9 +186,14 @@ def step(orig, cache, args, kwargs):
     # the padding mask: read by the kernel whenever the caller passes one (all ones costs a byte per
     # token; deciding "no padding" once would miss a later masked column without a host sync per step)
     has_mask = am is not None
-    g = cache._graph
+    store = cache._storage.storage  # the pooled storage (witcert.graph_pool) when every layer's tensors are its
+    store = store if store is not None and store.complete(layers) else None
+    g = cache._graph if store is None else store.graph
     if g is not None and g.key == _key(cache, B, kwargs, has_mask, orig):
         st = g.st
+        if store is not None and g.request != store.requests:  # captured by an earlier request: no capture now
+            _reused(store, g, B, capacity)
+            cache._graph = g
         if st.n0 != n0:  # a crop moved the length
             st.fill(n0, layers[0])
         if am is not None:  # the whole mask (a device copy, no sync): the caller may change earlier columns,
@@ -200,6 +206,8 @@ def step(orig, cache, args, kwargs):
             out = _run(orig, cache, st, kwargs)
     else:
         cache._graph = None  # the old capture's memory goes first
+        if store is not None:
+            store.graph = None
         st = _static(cache, B, capacity, n0, am, has_mask, kwargs)
         _inputs(st, kwargs)
         out = _run(orig, cache, st, kwargs)  # a real step (eager): compiles what the capture will launch
@@ -214,10 +222,26 @@ def step(orig, cache, args, kwargs):
             gout = out
             _log_once("eager", "WitCertCache(cuda_graph=True) off CUDA: the static decode step runs eagerly "
                       "(no graph)")
-        cache._graph = _Graph(key=_key(cache, B, kwargs, has_mask, orig), st=st, graph=graph, out=gout,
-                              refs=(orig, *((layer.paged, layer.block_table) for layer in layers)))
+        # the output without its past_key_values (the cache: held here it would keep the cache alive, and a pooled
+        # step's would be an earlier request's); its logits tensor is the captured step's static one
+        g = _Graph(key=_key(cache, B, kwargs, has_mask, orig), st=st, graph=graph, out=type(gout)(logits=gout.logits),
+                   refs=(orig, *((layer.paged, layer.block_table) for layer in layers)))
+        cache._graph = g
+        if store is not None:  # kept with the storage too: the next request of this shape replays it
+            g.request = store.requests
+            store.graph = g
     _after_step(cache, st)
     return type(out)(logits=out.logits.clone(), past_key_values=cache)
+
+
+def _reused(store, g, B: int, capacity: int) -> None:
+    """Count (once per request) a replay of a step an earlier request captured on this pooled storage."""
+    from .graph_pool import POOL
+
+    g.request = store.requests
+    POOL.reused_captures += 1
+    log.info("WitCertCache(cuda_graph=True): replaying the decode step an earlier request captured (batch %d, "
+             "capacity %d tokens): no capture on this request's path", B, capacity)
 
 
 def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:

@@ -171,7 +171,8 @@ def test_beam_search_falls_back_to_eager_steps_and_stays_metered():
 
 def test_a_finished_cache_is_freed():
     """Nothing keeps a dropped cache alive (its exact store is pinned host memory: a reference held
-    by the attention dispatch kept a 64 GB store alive on the H200, run I5)."""
+    by the attention dispatch kept a 64 GB store alive on the H200, run I5), not even a reference cycle: it
+    is freed when its last reference goes, without the cycle collector."""
     import gc
     import weakref
 
@@ -180,9 +181,15 @@ def test_a_finished_cache_is_freed():
         c = WitCertCache(model.config, scheme="int8", backend="kernel", seed=1, max_tokens=64, cuda_graph=graph)
         _gen(model, c, _ids(1, 20), new=2)
         r = weakref.ref(c)
-        del c
         gc.collect()
-        assert r() is None
+        enabled = gc.isenabled()
+        gc.disable()  # freed by reference counting, at once: no cycle (the captured step keeps no output's cache)
+        try:
+            del c
+            assert r() is None
+        finally:
+            if enabled:
+                gc.enable()
 
 
 def test_a_traced_graphed_cache_traces_what_the_kernel_path_traces():
@@ -316,3 +323,72 @@ def test_an_audit_switched_on_mid_request_runs_eagerly_and_is_audited():
         model(_ids(1, 1), past_key_values=c, use_cache=True)
     last = [r for r in c.records if r.step == c.step]
     assert last and all(r.tv_real is not None and r.audit_violations == 0 for r in last)
+
+
+def _graphed(model, scheme="int8", seed=3, max_tokens=64, window=(2, 5)):
+    return WitCertCache(model.config, scheme=scheme, backend="kernel", seed=seed, max_tokens=max_tokens,
+                        cuda_graph=True, window=window)
+
+
+def test_a_later_request_replays_the_storage_and_capture_of_an_earlier_one():
+    """Capture once (issue 35, ``witcert.graph_pool``): a dropped graphed cache's device storage and captured
+    step go back to the pool; the next request of its shape adopts the same tensors (no allocation, no
+    capture) and returns the tokens, logits and records a request on fresh storage returns, bit for bit, though
+    the earlier request was longer and left its values in the tensors."""
+    from witcert.graph_pool import POOL
+
+    POOL.clear()
+    model = tiny_llama()
+    before = POOL.stats()
+    a = _graphed(model)
+    _gen(model, a, _ids(2, 48, seed=5), new=6)
+    ptr = a.layers[0].paged.k_codes.data_ptr()
+    del a  # freed at once (no reference cycle): its storage is in the pool
+    assert POOL.stats().free == 1
+    b = _graphed(model)
+    tb, lb = _gen(model, b, _ids(2, 30, seed=7), scores=True)
+    assert b.layers[0].paged.k_codes.data_ptr() == ptr  # adopted
+    s = POOL.stats()
+    assert (s.takes - before.takes, s.fresh - before.fresh) == (1, 1)
+    assert s.replays_of_earlier_captures - before.replays_of_earlier_captures == 1
+    assert b.summary()["host"]["syncs"].get("graph_capture", 0) == 0  # nothing captured on its path
+    rec_b = b.records
+    del b
+    POOL.clear()
+    c = _graphed(model)  # fresh storage
+    tc, lc = _gen(model, c, _ids(2, 30, seed=7), scores=True)
+    assert POOL.stats().fresh - before.fresh == 2
+    assert torch.equal(tb, tc) and torch.equal(lb, lc)
+    _same_records(rec_b, c.records, exact=True)
+
+
+def test_the_pool_never_shares_a_storage_and_keys_it_by_shape_and_dither_seed():
+    """A live cache keeps its storage (a second live cache gets another); another batch, capacity or window,
+    or a dithered scheme's other seed (the kernels take it as a launch argument a graph would replay), takes
+    another storage; a reset gives the storage back and takes it again."""
+    from witcert.graph_pool import POOL
+
+    POOL.clear()
+    model = tiny_llama()
+    a, b = _graphed(model), _graphed(model)
+    _gen(model, a, _ids(2, 20), new=2)
+    _gen(model, b, _ids(2, 20), new=2)
+    assert a.layers[0].paged.k_codes.data_ptr() != b.layers[0].paged.k_codes.data_ptr()
+    ptr = a.layers[0].paged.k_codes.data_ptr()
+    a.reset()
+    _gen(model, a, _ids(2, 24, seed=4), new=2)
+    assert a.layers[0].paged.k_codes.data_ptr() == ptr  # its own storage, given back and taken again
+    del a, b
+    for other in (dict(window=(1, 3)), dict(max_tokens=128)):
+        c = _graphed(model, **other)
+        _gen(model, c, _ids(2, 20), new=2)
+        assert c.layers[0].paged.k_codes.data_ptr() != ptr
+        del c
+    d = _graphed(model, scheme="int8_dither", seed=11)
+    _gen(model, d, _ids(2, 20), new=2)
+    pd = d.layers[0].paged.k_codes.data_ptr()
+    del d
+    e = _graphed(model, scheme="int8_dither", seed=12)
+    _gen(model, e, _ids(2, 20), new=2)
+    assert e.layers[0].paged.seed == 12 and e.layers[0].paged.k_codes.data_ptr() != pd
+    assert POOL.stats().free <= POOL.max_free
