@@ -1,0 +1,152 @@
+"""A decode program's frame (``@triton.jit`` helpers of ``kernels.decode_kernel._decode_kernel``, inlined by
+Triton): its share of the sequence's pages, its query columns, the exact window's ring pass and the partial-result
+stores that the merge reads."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .decode_steps import _softmax_step
+
+
+@triton.jit
+def _split_pages(BT, SL, b, sp, num_splits, sink, recent, s_btb,
+                 T: tl.constexpr, PAGES: tl.constexpr, CSR: tl.constexpr, HAS_WIN: tl.constexpr):
+    """Sequence ``b``'s block-table row, its length and split ``sp``'s pages [p_start, p_end); ``ring_here``: this
+    split runs the exact window's ring pass (HAS_WIN; else an unused alias)."""
+    if CSR:  # SL is kv_indptr [B + 1], T = 1: sequence b's token slots are BT[SL[b] : SL[b + 1]]
+        row0 = tl.load(SL + b)
+        seq_len = tl.load(SL + b + 1) - row0
+        BT += row0.to(tl.int64)
+    else:
+        BT += b * s_btb
+        seq_len = tl.load(SL + b)
+    n_pages = tl.cdiv(seq_len, T)
+    if HAS_WIN:
+        # the exact window's ring pass counts as RP virtual pages after the sequence's last, so the splits share it
+        # out like any pages (the split owning virtual page n_pages runs it); the paged loop skips the pages that lie
+        # wholly inside the window (the sinks' full pages, the recent window's)
+        RP = tl.cdiv(sink + recent, PAGES * T) * PAGES
+        per_split = tl.cdiv(n_pages + RP, num_splits)
+        p_start = sp * per_split
+        p_virt = p_start + per_split
+        ring_here = (p_start <= n_pages) & (n_pages < p_virt)
+        p_end = tl.minimum(p_virt, tl.cdiv(tl.maximum(seq_len - recent, 0), T))
+        p_start = tl.maximum(p_start, sink // T)
+    else:
+        per_split = tl.cdiv(n_pages, num_splits)
+        p_start = sp * per_split
+        p_end = tl.minimum(p_start + per_split, n_pages)
+        ring_here = p_end
+    return BT, seq_len, p_start, p_end, ring_here
+
+
+@triton.jit
+def _query_columns(Q, b, kvh, s_qb, s_qh, GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+                   PACK_HIST: tl.constexpr, LOWP: tl.constexpr):
+    """The program's head columns (``heads_i``, their mask and global heads, ``hcol``: the query head a column
+    serves), the channels ``d`` and qᵀ [D, H] (in q's dtype under LOWP) and its fp32 copy."""
+    heads_i = tl.arange(0, BLOCK_H)
+    hmask = heads_i < GQ
+    heads = kvh * GQ + heads_i
+    HALF: tl.constexpr = BLOCK_H // 2
+    if PACK_HIST:
+        # GQ ≤ BLOCK_H / 2: column c serves head c mod HALF, so the upper half of the (padding) columns
+        # repeats the lower half's logits and softmax; the histogram dot then takes p̂'s bf16 hi part in
+        # the lower columns and its lo part in the upper ones: one dot instead of two (summed after the loop)
+        hcol = heads_i % HALF
+    else:
+        hcol = heads_i
+    d = tl.arange(0, D)
+    qT = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + d[:, None], mask=(hcol < GQ)[None, :],
+                 other=0.0)  # [D, H]
+    q32T = qT.to(tl.float32)
+    if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
+        qT = q32T
+    return heads_i, hmask, heads, hcol, d, qT, q32T
+
+
+@triton.jit
+def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, ring_here,
+                  b, kvh, seq_len, sink, recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, METER: tl.constexpr,
+                  TIER_B: tl.constexpr, HAS_MASK: tl.constexpr, LOWP: tl.constexpr, PV_F32: tl.constexpr,
+                  PACK_HIST: tl.constexpr, PREC32: tl.constexpr):
+    """The exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the paged
+    loop, served from the ring by the split that owns its virtual pages: exact K / V (scale 1, no dither), radius 0
+    (bin 0), φ = 0, ν / κ from the ring's norms. Returns the updated running state."""
+    HALF: tl.constexpr = BLOCK_H // 2
+    KA: tl.constexpr = K + 2
+    if ring_here:
+        for w0 in range(0, sink + recent, BLOCK_N):
+            wi = w0 + n_idx
+            wtok = tl.where(wi < sink, wi, seq_len - recent + (wi - sink))
+            wok = (wi < sink + recent) & (wtok >= 0) & (wtok < seq_len) & ((wi < sink) | (wtok >= sink))
+            if HAS_MASK:
+                wok = wok & (tl.load(TM + b * s_tmb + wtok, mask=wok, other=0) != 0)
+            wno = b * s_wnb + kvh * s_wnh + tl.where(wtok < sink, wtok, sink + wtok % tl.maximum(recent, 1))
+            wk = tl.load(WK + wno[:, None] * D + d[None, :], mask=wok[:, None], other=0.0)  # [N, D]
+            wvT = tl.load(WV + wno[None, :] * D + d[:, None], mask=wok[None, :], other=0.0)  # [D, N]
+            if LOWP:
+                sT = tl.dot(wk.to(Q.dtype.element_ty), qT) * sm_scale
+            else:
+                sT = tl.dot(wk.to(tl.float32), q32T) * sm_scale
+            sT = tl.where(wok[:, None], sT, float("-inf"))
+            m_new, alpha, pT, l = _softmax_step(m, l, sT)
+            if LOWP and not PV_F32:
+                accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
+            else:
+                accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.float32), pT, input_precision=PREC32)
+            if METER:
+                psum = tl.sum(pT, axis=0)  # [H]: every window token is at level 0 (radius 0)
+                if PACK_HIST:  # the lo columns repeat the heads: the sum goes to the hi ones
+                    psum = tl.where(heads_i < HALF, psum, 0.0)
+                row0 = col == 0
+                if TIER_B:
+                    row0 = row0 | (col == KA)
+                histT = histT * alpha[None, :] + tl.where(row0[:, None], psum[None, :], 0.0)
+                nu = tl.load(WVN + wno, mask=wok, other=0.0)
+                kap = tl.load(WKN + wno, mask=wok, other=0.0)
+                bad += (wok & ((nu != nu) | (nu == float("inf")) | (kap != kap) | (kap == float("inf")))).to(tl.float32)
+                numax = tl.maximum(numax, tl.where(wok, nu, 0.0))
+                kapmax = tl.maximum(kapmax, tl.where(wok, kap, 0.0))
+            m = m_new
+    return m, l, accT, histT, numax, kapmax, bad
+
+
+@triton.jit
+def _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT,
+                    wmax, smax, phimax, numax, bad, kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits,
+                    GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr,
+                    METER: tl.constexpr, PACK_HIST: tl.constexpr):
+    """The split's partial results for the merge: running max, sum and accumulator per head, and with the meter its
+    histogram (the packed one's hi and lo columns summed) and the six statistics (max radius, max s, max φ, max ν,
+    the non-finite count, max κ)."""
+    HALF: tl.constexpr = BLOCK_H // 2
+    o_idx = (b * Hq + heads) * num_splits + sp
+    tl.store(M_OUT + o_idx, m, mask=hmask)
+    tl.store(L_OUT + o_idx, l, mask=hmask)
+    tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
+    if METER:
+        if PACK_HIST:
+            # head h's masses: its hi column plus its lo column, the latter taken to the hi column's running
+            # max (the two columns compute the same logits, so the factor is exactly 1; kept for rigour)
+            hi_lo = tl.permute(tl.reshape(histT, [NB, 2, HALF]), (0, 2, 1))
+            hist_hi, hist_lo = tl.split(hi_lo)  # [NB, HALF] each
+            m_hi, m_lo = tl.split(tl.permute(tl.reshape(m, [2, HALF]), (1, 0)))
+            lo_f = tl.where(m_lo == m_hi, 1.0, tl.exp(m_lo - m_hi))
+            hh = tl.arange(0, HALF)
+            h_idx = (b * Hq + kvh * GQ + hh) * num_splits + sp
+            tl.store(HIST_OUT + h_idx[None, :] * NB + col[:, None], hist_hi + hist_lo * lo_f[None, :],
+                     mask=(hh < GQ)[None, :])
+        else:
+            tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
+        st = STAT_OUT + o_idx * 6
+        zero = tl.zeros([BLOCK_H], tl.float32)
+        tl.store(st + 0, zero + tl.max(wmax, axis=0), mask=hmask)
+        tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask)
+        tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask)
+        tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask)
+        tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask)
+        tl.store(st + 5, zero + tl.max(kapmax, axis=0), mask=hmask)
