@@ -30,6 +30,9 @@ host depends on the data):
   signature change. The first step of each capture runs eagerly through the same static code (it
   is a real step: it compiles the kernels' variants and is what the step returns), then the graph
   is captured and serves the steps that follow.
+* capture once (issue 35): the layers' tensors and the capture are kept with the cache's pooled storage
+  (``witcert.graph_pool``): when the cache is freed or reset they go back to the process's pool and the
+  next request of the same shape adopts them, replaying the capture without making one.
 
 Not graphed (refused at construction, ``WitCertCache``): gates (host decisions every step),
 Tier B (its budget changes every step), block schemes (kivi2), audits, exact layers. A trace sink
