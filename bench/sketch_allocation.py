@@ -28,7 +28,7 @@ import torch
 
 from contract.bands import _bands
 from witcert import bounds as B
-from witcert.calibrate import CALIBRATION_TEXT, CALIBRATION_TOKENS, band_weights, capture
+from witcert.calibrate import CALIBRATION_TEXT, CALIBRATION_TOKENS, band_weights, capture, capture_ids
 from witcert.model import _model_dims, load_model
 from witcert.schemes import QuantContext, quantize, residual_range
 from witcert.tightness import PROMPTS, memory, prompt_ids
@@ -51,27 +51,6 @@ ALLOCATIONS = {
 WINDOW = (4, 64)
 
 
-def _capture_ids(model, ids) -> dict:
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    store: dict = {}
-
-    def attn(module, query, key, value, attention_mask, scaling=None, **kw):
-        store[module.layer_idx] = (query[0].detach().double(), key[0].detach().double(), scaling)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
-
-    AttentionInterface.register("witcert_alloc_capture", attn)
-    prev = model.config._attn_implementation
-    model.set_attn_implementation("witcert_alloc_capture")
-    try:
-        with torch.no_grad():
-            model(input_ids=ids)
-    finally:
-        model.set_attn_implementation(prev)
-    return store
-
-
 class Experiment:
     def __init__(self, scheme: str, tokens: int = 1024):
         self.scheme = scheme
@@ -79,7 +58,7 @@ class Experiment:
         _, self.L, self.Hq, self.Hkv, self.D, rot = _model_dims(model.config)
         self.bands = _bands(self.D, rot, "half")
         self.cal = capture(model, tok, CALIBRATION_TEXT, CALIBRATION_TOKENS)
-        self.caps = [_capture_ids(model, prompt_ids(tok, p, tokens)) for p in PROMPTS]
+        self.caps = [capture_ids(model, prompt_ids(tok, p, tokens)) for p in PROMPTS]
         gq = self.Hq // self.Hkv
         self.cal_q = {layer: (q.numpy().reshape(self.Hkv, gq, q.shape[1], self.D) ** 2).mean((1, 2))
                       for layer, (q, _, _) in self.cal.items()}

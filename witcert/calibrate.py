@@ -106,7 +106,14 @@ def band_weights(q_energy: np.ndarray, r_energy: np.ndarray, head_dim: int, rota
 
 def capture(model, tok, text: str, n_tokens: int) -> dict:
     """Post-RoPE queries and keys of every layer for ``n_tokens`` tokens of ``text`` (repeated as
-    needed): {layer: (q [Hq, n, D], k [Hkv, n, D], scaling)} float64 CPU tensors, batch 1."""
+    needed): ``capture_ids`` of its token ids."""
+    reps = max(1, math.ceil(n_tokens / max(1, len(tok(text)["input_ids"]))) + 1)
+    return capture_ids(model, tok(text * reps, return_tensors="pt")["input_ids"][:, :n_tokens])
+
+
+def capture_ids(model, ids) -> dict:
+    """Post-RoPE queries and keys of every layer in one forward pass over ``ids`` [1, n]:
+    {layer: (q [Hq, n, D], k [Hkv, n, D], scaling)} float64 CPU tensors."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -120,8 +127,6 @@ def capture(model, tok, text: str, n_tokens: int) -> dict:
     prev = model.config._attn_implementation
     model.set_attn_implementation("witcert_capture")
     try:
-        reps = max(1, math.ceil(n_tokens / max(1, len(tok(text)["input_ids"]))) + 1)
-        ids = tok(text * reps, return_tensors="pt")["input_ids"][:, :n_tokens]
         with torch.no_grad():
             model(input_ids=ids.to(model.device))
     finally:
