@@ -147,26 +147,7 @@ def graphed_stock_steps(model, cfg, ids, new, device):
     with torch.no_grad():
         out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
                     **({"cache_position": torch.arange(n, device=device)} if cpos else {}))
-        s_ids = out.logits[:, -1:].argmax(-1)
-        s_pos = torch.full((B, 1), n, device=device, dtype=torch.long)
-        s_cpos = torch.full((1,), n, device=device, dtype=torch.long)
-
-        def fwd():
-            o = model(s_ids, position_ids=s_pos, past_key_values=cache, use_cache=True,
-                      **({"cache_position": s_cpos} if cpos else {}))
-            s_pos.add_(1)
-            s_cpos.add_(1)
-            return o
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # two eager steps (workspaces, kernels) before the capture
-            for _ in range(2):
-                s_ids.copy_(fwd().logits[:, -1:].argmax(-1))
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            gout = fwd()
+        graph, s_ids, gout = capture_stock_step(model, cache, out.logits[:, -1:].argmax(-1), n, cpos, device)
         times = []
         for _ in range(new):
             t = _Timer(device)
@@ -175,6 +156,34 @@ def graphed_stock_steps(model, cfg, ids, new, device):
             s_ids.copy_(gout.logits[:, -1:].argmax(-1))
             times.append(t)
         return [t.elapsed() for t in times]
+
+
+def capture_stock_step(model, cache, nxt, n: int, cpos: bool, device: str):
+    """Stock's one-token decode step on a ``StaticCache`` holding ``n`` tokens, captured in a CUDA graph after two
+    eager steps on a side stream (workspaces, kernels): (graph, its static input ids [B, 1] — ``nxt`` copied,
+    its output). A replay decodes ``s_ids`` and advances the static positions by one."""
+    B = nxt.shape[0]
+    s_ids = nxt.clone()
+    s_pos = torch.full((B, 1), n, device=device, dtype=torch.long)
+    s_cpos = torch.full((1,), n, device=device, dtype=torch.long)
+
+    def fwd():
+        o = model(s_ids, position_ids=s_pos, past_key_values=cache, use_cache=True,
+                  **({"cache_position": s_cpos} if cpos else {}))
+        s_pos.add_(1)
+        s_cpos.add_(1)
+        return o
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            s_ids.copy_(fwd().logits[:, -1:].argmax(-1))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gout = fwd()
+    return graph, s_ids, gout
 
 
 def audited_step(model, cache, ids, n):

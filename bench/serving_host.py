@@ -41,7 +41,7 @@ import traceback
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from serving import _Timer, build  # noqa: E402  (bench/serving.py: the model shapes and the timer)
+from serving import _Timer, build, capture_stock_step  # noqa: E402  (bench/serving.py: shapes, timer, stock graph)
 from transformers import DynamicCache, StaticCache  # noqa: E402
 
 from witcert.cache import WitCertCache, host_bytes, reserve_host, use_witcert  # noqa: E402
@@ -118,28 +118,9 @@ def request(model, ids, cache, steps: int, warm: int, device: str, stock_graph: 
 
 
 def graphed_stock(model, cache, nxt, n: int, cpos: bool, device: str):
-    """Stock's decode step on a StaticCache captured in a CUDA graph (two eager steps on a side stream
-    first, as bench/serving.py's ``graphed_stock_steps``); a step function replaying it."""
-    B = nxt.shape[0]
-    s_ids, s_pos = nxt.clone(), torch.full((B, 1), n, device=device, dtype=torch.long)
-    s_cpos = torch.full((1,), n, device=device, dtype=torch.long)
-
-    def fwd():
-        o = model(s_ids, position_ids=s_pos, past_key_values=cache, use_cache=True,
-                  **({"cache_position": s_cpos} if cpos else {}))
-        s_pos.add_(1)
-        s_cpos.add_(1)
-        return o
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            s_ids.copy_(fwd().logits[:, -1:].argmax(-1))
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gout = fwd()
+    """Stock's decode step on a StaticCache captured in a CUDA graph (bench/serving.py's ``capture_stock_step``);
+    a step function replaying it."""
+    graph, s_ids, gout = capture_stock_step(model, cache, nxt, n, cpos, device)
 
     def step(_):
         graph.replay()
