@@ -32,6 +32,7 @@ from contract.schemes import BLOCK_SCHEMES
 
 from . import bounds as B
 from . import schemes as S
+from .graph_pool import POOL, storage_key
 from .schemes import QuantContext, quantize
 from .store import append_pair
 
@@ -113,8 +114,6 @@ class WitCertLayer(CacheLayerMixin):
     def _pooled_storage(self, Bsz: int, per_seq: int):
         """This layer's tensors from the cache's pooled storage (taken at the request's first layer), or None
         (a new storage: this layer allocates and records its tensors there)."""
-        from .graph_pool import POOL, storage_key
-
         holder = self.owner._storage
         if holder.storage is None:
             holder.storage = POOL.take(storage_key(self.owner, Bsz, per_seq, self.dtype, self.device))

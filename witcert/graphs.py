@@ -52,6 +52,7 @@ import torch
 
 from contract.schemes import BLOCK_SCHEMES
 
+from .graph_pool import POOL
 from .records import GraphedRecords
 from .store import append_group
 
@@ -239,8 +240,6 @@ def step(orig, cache, args, kwargs):
 
 def _reused(store, g, B: int, capacity: int) -> None:
     """Count (once per request) a replay of a step an earlier request captured on this pooled storage."""
-    from .graph_pool import POOL
-
     g.request = store.requests
     POOL.reused_captures += 1
     log.info("WitCertCache(cuda_graph=True): replaying the decode step an earlier request captured (batch %d, "
