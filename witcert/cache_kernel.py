@@ -77,7 +77,8 @@ class KernelPath:
         if self._lens_memo is None or self._lens_memo[0] != (Bsz, n, query.device):  # one per step, not per layer
             self._lens_memo = ((Bsz, n, query.device), torch.full((Bsz,), n, dtype=torch.int32, device=query.device))
         sl = self._lens_memo[1]  # read-only: decode() and the gate never write seq_lens
-        # the whole batch's split count and tile, from its length n (every decode of this step runs them)
+        # the whole batch's plan (split count, tile), from its length n: every decode of this step runs it (decode
+        # does not plan again)
         plan = plan_decode(layer.paged, Bsz, Hq, q1.dtype, q1.device, n, self.meter, delta_step=ds,
                            repair=layer.rep, window=layer.win)
 
@@ -90,9 +91,8 @@ class KernelPath:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
                 tm = None if token_mask is None else token_mask[rows]
                 win = None if win is None else win.select(rows)
-            return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, num_splits=plan.num_splits,
-                          delta_step=ds, validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep,
-                          tile=plan.tile, window=win)
+            return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, plan=plan, delta_step=ds,
+                          validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win)
 
         out = run()
         if not self.meter:

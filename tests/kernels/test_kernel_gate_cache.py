@@ -105,9 +105,10 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
 def _sixteen_columns_unpacked(a, k):
     """A kernel path decode's arguments with its plan forced: the whole batch's tile at 16 head columns, the
     histogram unpacked (what the former ``_head_columns`` / ``_pack_hist`` knobs did)."""
-    tile = dataclasses.replace(k.pop("tile"), head_columns=16)
+    batch = k.pop("plan")
+    tile = dataclasses.replace(batch.tile, head_columns=16)
     plan = plan_call(a[0], a[1], a[2], meter=k.get("meter", True), delta_step=k.get("delta_step"),
-                     repair=k.get("repair"), window=k.get("window"), num_splits=k.pop("num_splits"), tile=tile)
+                     repair=k.get("repair"), window=k.get("window"), num_splits=batch.num_splits, tile=tile)
     return dict(k, plan=dataclasses.replace(plan, pack_hist=False))
 
 
