@@ -10,8 +10,9 @@ exactly as to per-token radii rounded up onto levels:
 * e-form: ``½ (A² − 1)``, ``A = Σ_k w_k e^{L_k}``;
 * dual-grid tilt: ``max_i min_λ max(g_λ(t_i), g_λ(t_{i+1}))``, g_λ(t) = t − D(t, λ) (convex in t:
   its maximum on an interval is at an end; Lean ``tilt_tv_le_dual_grid_endpoints``), on a uniform grid
-  of ``COARSE`` intervals, then the ``REFINE_TOP`` intervals with the largest upper value are split into
-  ``REFINE`` sub-intervals. Every interval keeps its own (sound) upper value, so the maximum over the
+  of ``COARSE`` intervals, then the intervals with the largest upper value are split into ``REFINE``
+  sub-intervals one by one, at most ``REFINE_TOP``, until no unrefined interval is above the refined maximum
+  (refining on could not lower the tilt). Every interval keeps its own (sound) upper value, so the maximum over the
   refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ ranges over the knapsack's
   breakpoints at the interval's left end, and the float error of each D is bounded and subtracted.
 
@@ -66,6 +67,7 @@ from .epilogue_jit import (
     REC_XI,
     REFINE,
     REFINE_TOP,
+    TILT_CHUNK,
     _merge_meter_kernel,
     _tv_kernel,
 )
@@ -124,9 +126,30 @@ def _dense3d(dev) -> bool:
     return (torch.device(dev).type != "cuda") if DENSE3D_OVERRIDE is None else DENSE3D_OVERRIDE
 
 
+#: tilt grid points per step by the program's warps (``tilt_chunk``); None: TILT_CHUNK at every count
+TILT_CHUNK_BY_WARPS: dict[int, int] = {}
+#: a bench's forced chunk (bench/tilt_cost.py); None: TILT_CHUNK_BY_WARPS
+TILT_CHUNK_OVERRIDE: int | None = None
+
+
+def tilt_chunk(num_warps: int) -> int:
+    """Grid points of the tilt per [TC, bins] step (``_tv_row``'s TC) for a program of ``num_warps`` warps:
+    a power of two dividing COARSE and REFINE (the refinement walks one interval at a time). The bound does
+    not depend on it."""
+    tc = TILT_CHUNK_OVERRIDE or TILT_CHUNK_BY_WARPS.get(num_warps, TILT_CHUNK)
+    tc = min(triton.next_power_of_2(tc), COARSE, REFINE)
+    if COARSE % tc or REFINE % tc:
+        raise ValueError(f"tilt chunk {tc}: must divide COARSE {COARSE} and REFINE {REFINE}")
+    return tc
+
+
 def _epsc(nbp: int) -> float:
     """Relative rounding-error coefficient of one float64 D(t, λ) evaluation over nbp bins."""
     return (4.0 * nbp + 16.0) * 2.0**-52
+
+
+#: warps of ``tv_from_hist``'s program per row (Triton's default)
+TV_KERNEL_WARPS = 4
 
 
 def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False,
@@ -160,7 +183,8 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     scr = torch.empty(Rn, scratch_per_tier(NBP), dtype=torch.float64, device=dev)
     _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), *tau_bracket(tilt_above),
                       NB=nb, NBP=NBP, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(NBP),
-                      DENSE3D=_dense3d(dev))
+                      DENSE3D=_dense3d(dev), TC=tilt_chunk(TV_KERNEL_WARPS),
+                      num_warps=TV_KERNEL_WARPS)
     return tuple(t.reshape(shp) for t in out.unbind(-1))
 
 
@@ -303,6 +327,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
+    warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev))
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         flag, c.weights if c.weights is not None else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
@@ -312,9 +337,10 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
-        HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b, WEIGHTED=c.weights is not None, GQ=c.gq,
+        TC=tilt_chunk(warps), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
+        WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles,
-        num_warps=num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev)),
+        num_warps=warps,
     )
     record = None
     if meter and epilogue:

@@ -33,11 +33,12 @@ COARSE = 64
 REFINE_TOP = 8
 REFINE = 32
 FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
-#: points of the tilt's grid evaluated at a time on the GPU (divides COARSE and REFINE): its [TC, bins]
-#: float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole coarse grid
-#: at once, two programs per SM; bench/RESULTS.md run M)
+#: points of the tilt's grid evaluated at a time on the GPU (``epilogue.tilt_chunk``: by the program's warps;
+#: a power of two dividing COARSE and REFINE): its
+#: [TC, bins] float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole
+#: coarse grid at once, two programs per SM; bench/RESULTS.md run M). The values do not depend on it (every
+#: point's U is computed alone; the maxima are exact).
 TILT_CHUNK = 16
-TC: tl.constexpr = tl.constexpr(TILT_CHUNK)
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EP
 @triton.jit
 def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
             NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
-            EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+            EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
     """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
     bin levels ``lvl`` [NBP] (the last bin NB − 1 is the overflow bin, its level ``r``), the row's
     maximum radius ``r``, the decode's Ξ and Λ. Returns (TV⁺, tanh, e-form, tilt, ρ).
@@ -109,9 +110,13 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
     ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
     first) once the grid reached certifies TV⁺ ≤ τ, or once the refined intervals alone put TV⁺ above
-    τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c); ≥ the fully refined one up to
-    rounding), and the gate's decision is the fully refined one's. τ arrives as float32 (``tau_bracket``):
+    τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c)), and the gate's decision is the
+    non-lazy one's where the refined values do not exceed their coarse ones (the usual case). τ arrives as float32 (``tau_bracket``):
     ``tilt_above`` = τ↓ for the skip and the certified stop, ``tilt_hi`` = τ↑ for the not-certified one.
+    Every mode stops refining once no unrefined interval's upper value is above the refined maximum: refining
+    on could not lower the tilt, and the grid reached is sound (the same argument); the tilt is then ≤ the one
+    of refining all RT (bench/RESULTS.md, run T). ``TC``: grid points per [TC, NBP] step on the GPU (divides N1
+    and NR; the values do not depend on it).
     Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)
@@ -171,7 +176,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         #  * certified: the current tilt already puts TV⁺ ≤ τ (before any refinement: the coarse grid);
         #  * not certified: the refined intervals' maximum alone puts TV⁺ > τ, and the full refinement's
         #    tilt is ≥ it (it refines the same intervals to the same values), so its TV⁺ is > τ too.
-        # Non-lazy (τ < 0): all RT intervals, the tight bound.
+        # Non-lazy (τ < 0): until no unrefined interval is above the refined maximum (at most RT intervals).
         lazy = tilt_above >= 0.0
         done = (lazy & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above)).to(tl.int32)
         sel = i < 0
@@ -209,10 +214,13 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                         bi = tl.maximum(bi, tl.max(up, axis=0))
                 sel = sel | (i == idx)
                 best = tl.maximum(best, bi)
-                cur = tl.minimum(tl.maximum(tl.maximum(best, tl.max(tl.where(sel, -1.0, U), axis=0)), 0.0), 1.0)
+                rest_now = tl.max(tl.where(sel, -1.0, U), axis=0)
+                cur = tl.minimum(tl.maximum(tl.maximum(best, rest_now), 0.0), 1.0)
                 low = tl.minimum(tl.maximum(best, 0.0), 1.0)
-                done = (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
-                                | (tl.minimum(cheap, low) + fp_terms > tilt_hi))).to(tl.int32)
+                # settled (any τ): no unrefined interval is above the refined maximum, so refining on cannot
+                # lower the tilt (the maximum stays ≥ best); lazy: τ is settled either way (above)
+                done = ((best >= rest_now) | (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
+                                                      | (tl.minimum(cheap, low) + fp_terms > tilt_hi)))).to(tl.int32)
         rest = tl.max(tl.where(sel, -1.0, U), axis=0)
         tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
@@ -225,7 +233,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
 @triton.jit
 def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
                NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
-               EPSC: tl.constexpr, DENSE3D: tl.constexpr):
+               EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
     """Program ``row``: ``_tv_row`` on one histogram row; OUT[row] = (TV⁺, tanh, e-form, tilt, ρ)."""
     row = tl.program_id(0)
     k = tl.arange(0, NBP)
@@ -235,7 +243,8 @@ def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
     lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     r = tl.load(RMAX + row).to(tl.float64)
     tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
-                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D)
+                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D,
+                                         TC)
     o = OUT + row * 5
     tl.store(o + 0, tv)
     tl.store(o + 1, tanh)
@@ -263,7 +272,7 @@ def _merge_meter_kernel(
     GAMMA: tl.constexpr, EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
-    HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
+    TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -349,7 +358,8 @@ def _merge_meter_kernel(
             tva = tl.full([], 1.0, tl.float64)
             if bad == 0:
                 tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
-                                                      SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D)
+                                                      SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D,
+                                                      TC)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
                 tl.store(r + REC_TILT, tilt)
@@ -385,7 +395,7 @@ def _merge_meter_kernel(
                     # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
                     tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
                                                   SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1, KA, KP, N1, RT, NR, EPSC,
-                                                  DENSE3D)
+                                                  DENSE3D, TC)
                     if single:
                         tvb = tl.full([], 0.0, tl.float64)
                     eb = (tvb * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C

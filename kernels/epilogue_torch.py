@@ -65,8 +65,8 @@ def _interval_upper(t0: torch.Tensor, h: float, w: torch.Tensor, a: torch.Tensor
 
 def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid. The kernel's
-    grid and choices: COARSE intervals with endpoint upper values (``_interval_upper``), the REFINE_TOP largest
-    split into REFINE."""
+    grid and choices: COARSE intervals with endpoint upper values (``_interval_upper``); at most the REFINE_TOP
+    largest split into REFINE, largest first, until no unrefined interval is above the refined maximum."""
     R = w.shape[0]
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     w = torch.where(w > 0, w, torch.zeros_like(w))
@@ -76,15 +76,23 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     dev = w.device
     ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev)[:-1].expand(R, -1)
     upper = _interval_upper(ts, 1.0 / COARSE, w, a, b, m)  # [R, COARSE]
-    top = torch.topk(upper, min(REFINE_TOP, COARSE), dim=-1).indices  # intervals to refine
+    rt = min(REFINE_TOP, COARSE)
+    order = torch.sort(upper, dim=-1, descending=True, stable=True).indices  # largest first (ties: lowest index)
+    top = order[:, :rt]
     lo = torch.gather(ts, 1, top)
     frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
     sub = lo[..., None] + frac  # [R, TOP, REFINE]
-    sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).amax(-1)
-    keep = torch.ones_like(upper, dtype=torch.bool)
-    keep.scatter_(1, top, False)
-    rest = torch.where(keep, upper, torch.full_like(upper, -1.0)).amax(-1)
-    out = torch.maximum(sub_upper, rest).clamp(0.0, 1.0)
+    sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).reshape(R, rt, REFINE).amax(-1)
+    # refined in that order until no unrefined interval is above the refined maximum (the kernel's stop):
+    # after k + 1 intervals the tilt is max(best_k, the (k + 2)-th largest coarse value)
+    best = torch.cummax(sub_upper, dim=-1).values  # [R, TOP]
+    nxt = torch.gather(upper, 1, order[:, 1 : rt + 1]) if COARSE > rt else torch.full_like(best, -1.0)
+    if nxt.shape[-1] < rt:
+        nxt = torch.cat([nxt, torch.full_like(best[:, :1], -1.0)], dim=-1)
+    stop = best >= nxt
+    stop[:, -1] = True
+    k = stop.int().argmax(-1, keepdim=True)  # the first interval after which the refinement stops
+    out = torch.maximum(torch.gather(best, 1, k), torch.gather(nxt, 1, k))[:, 0].clamp(0.0, 1.0)
     # all radii 0 ⇒ TV = 0. (One non-empty bin is NOT one token: a bin holds many tokens of
     # equal level, whose fractional supremum is tanh(L/2) > 0 -- no shortcut for it.)
     out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)

@@ -129,6 +129,83 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         assert ref[0].item() == 1.0
 
 
+def test_tilt_chunk_does_not_change_the_bound(monkeypatch):
+    """The tilt's grid points per step (``epilogue.tilt_chunk``, the kernels' TC) change the speed only: every
+    grid point's upper value is computed alone and the maxima are exact, so any chunk gives bit-identical
+    records, non-lazy and lazy; and the chunk is always a power of two dividing the grids."""
+    g = torch.Generator().manual_seed(5)
+    R, nb = 4 if DEV == "cpu" else 64, 32
+    mass = torch.rand(R, nb, generator=g, dtype=torch.float64) ** 6
+    mass[1, 3:] = 0
+    lv = torch.sort(torch.rand(R, nb - 1, generator=g, dtype=torch.float64), dim=-1).values
+    lv = lv * torch.tensor([0.02, 0.4, 2.0, 0.1], dtype=torch.float64).repeat(R // 4)[:, None]
+    rmax = lv[:, -1] * 1.2
+    args = [x.to(DEV) for x in (mass, lv, rmax)]
+    if DEV == "cpu":
+        monkeypatch.setattr(E, "DENSE3D_OVERRIDE", False)  # the GPU's form, in the interpreter
+    ref = ET.tv_from_hist_torch(mass, lv, rmax)
+    base = {}
+    for tau in (-1.0, 0.02):
+        for tc in (4, 16, 32, 64, 256):
+            monkeypatch.setattr(E, "TILT_CHUNK_OVERRIDE", tc)
+            got = torch.stack([x.cpu() for x in E.tv_from_hist(*args, force_kernel=True, tilt_above=tau)])
+            if tau not in base:
+                base[tau] = got
+            assert torch.equal(got, base[tau]), (tau, tc)
+    torch.testing.assert_close(base[-1.0], torch.stack(ref), rtol=0, atol=1e-12)  # non-lazy: the twin's
+    monkeypatch.setattr(E, "TILT_CHUNK_OVERRIDE", None)
+    assert E.tilt_chunk(4) == E.TILT_CHUNK_BY_WARPS.get(4, E.TILT_CHUNK)
+    for w in (1, 2, 4, 8, 16):
+        tc = E.tilt_chunk(w)
+        assert tc & (tc - 1) == 0 and E.COARSE % tc == 0 and E.REFINE % tc == 0
+
+
+def _refinements(w, lv):
+    """(intervals refined until the stop, the stopped tilt, the tilt of refining all REFINE_TOP) per row, from the
+    torch twin's interval values (``epilogue_torch._interval_upper``): the kernels' grid, by hand."""
+    R = w.shape[0]
+    w = w / w.sum(-1, keepdim=True)
+    a, b = torch.exp(lv), torch.exp(-lv)
+    m = (w * b).sum(-1)
+    ts = torch.linspace(0, 1, E.COARSE + 1, dtype=torch.float64)[:-1].expand(R, -1)
+    U = ET._interval_upper(ts, 1 / E.COARSE, w, a, b, m)
+    order = torch.sort(U, dim=-1, descending=True, stable=True).indices
+    sub = torch.gather(ts, 1, order[:, : E.REFINE_TOP])[..., None] + torch.arange(E.REFINE) / (E.COARSE * E.REFINE)
+    su = ET._interval_upper(sub.reshape(R, -1), 1 / (E.COARSE * E.REFINE), w, a, b, m).reshape(R, E.REFINE_TOP, -1)
+    best = torch.cummax(su.amax(-1), -1).values
+    nxt = torch.gather(U, 1, order[:, 1 : E.REFINE_TOP + 1])
+    stop = best >= nxt
+    stop[:, -1] = True
+    k = stop.int().argmax(-1)
+    early = torch.maximum(best.gather(1, k[:, None]), nxt.gather(1, k[:, None]))[:, 0].clamp(0, 1)
+    return k + 1, early, torch.maximum(best[:, -1], nxt[:, -1]).clamp(0, 1)
+
+
+def test_tilt_refinement_stops_once_it_cannot_lower_the_tilt(monkeypatch):
+    """The tilt's refinement (``_tv_row``, every mode) takes the largest coarse intervals one by one and stops once
+    no unrefined interval's upper value is above the refined maximum: refining on cannot lower the tilt, and the
+    grid reached is sound (SPEC §3(c)). So it refines fewer intervals (here ~3-5 of REFINE_TOP on average) and its
+    tilt is ≤ refining all; below only where a later interval's refined values exceed its coarse one. Pinned on a
+    row where the two differ (found among random rows): the kernel (both forms of D) and the twin give the stopped
+    value, not the all-refined one."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.rand(300, 32, generator=g, dtype=torch.float64) ** 6  # (row 263 is one where the two differ)
+    lv = torch.sort(torch.rand(300, 32, generator=g, dtype=torch.float64) * 3, dim=-1).values
+    k, early, full = (torch.cat(x) for x in zip(*(_refinements(w[i : i + 100], lv[i : i + 100]) for i in range(0, 300, 100))))
+    assert (early <= full).all() and k.double().mean() < 0.75 * E.REFINE_TOP
+    row = int(torch.nonzero(early < full * (1 - 1e-9))[0])
+    mass, lvr = w[row : row + 1], lv[row : row + 1]
+    rmax = lvr[:, -1].clone()
+    twin = ET.tv_from_hist_torch(mass, lvr, rmax)[3]
+    torch.testing.assert_close(twin, early[row : row + 1], rtol=0, atol=1e-13)
+    for dense3d in ((True, False) if DEV == "cpu" else (None,)):
+        if dense3d is not None:
+            monkeypatch.setattr(E, "DENSE3D_OVERRIDE", dense3d)
+        got = E.tv_from_hist(mass.to(DEV), lvr.to(DEV), rmax.to(DEV), force_kernel=True)[3].cpu()
+        torch.testing.assert_close(got, twin, rtol=0, atol=1e-12)
+        assert got.item() < full[row].item() - 1e-12
+
+
 def test_merge_warps_rule():
     """The fused merge's warps (``epilogue.merge_warps``, measured in run N2): the record takes four warps per
     row, one on grids of ≥ MERGE_RECORD_ONE_WARP_ROWS_PER_SM rows per SM or off the GPU's count (0 SMs:

@@ -1,0 +1,120 @@
+"""Where the fused merge's record spends its time on the GPU: the tilt, by warps, grid points per step and grid.
+
+    python3 bench/tilt_cost.py --out DIR        # B 1 / 8 / 32 at 32K, Hq 32, int8 (bench.decode's data)
+    python3 bench/tilt_cost.py --grids 64:8:32,64:4:32,64:8:16,32:8:32 --out DIR
+
+For each shape the metered decode runs once and the partials its merge reads are captured. Then,
+CUDA-graph replayed (median of ``do_bench``), ``kernels.epilogue.merge`` alone: without the record, the
+record with no row tilted (τ 0.1 on this data), and the record with the tilt on every row, fully refined
+(τ −1) and lazily (τ half the median TV⁺), for each warp count (``--warps``) and grid points per step
+(``--chunks``, ``epilogue.TILT_CHUNK_OVERRIDE``; the records must be bit-identical to the default's: counted
+in ``records_differing_from_the_default``). ``--grids`` times the fully refined record for other tilt grids
+(COARSE:REFINE_TOP:REFINE; production 64:8:32): a coarser grid is looser (still sound), so these are timed
+to see what the production grid's time is made of, with each grid's median tilt. Also: live bins per row
+(the histogram bins with mass, the tilt's inner loop count).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch  # noqa: E402
+
+import kernels.decode as kd  # noqa: E402
+import kernels.epilogue as ke  # noqa: E402
+from bench.decode import bench, graphed, int8_shape  # noqa: E402
+
+
+def capture(cache, q, bt, sl):
+    """(args, kwargs) of the merge call a metered decode makes."""
+    seen = {}
+    real = kd.merge
+
+    def spy(*a, **k):
+        seen["call"] = (a, k)
+        return real(*a, **k)
+
+    kd.merge = spy
+    try:
+        kd.decode(cache, q, bt, sl, meter=True, validate=False, tilt_above=0.1)
+    finally:
+        kd.merge = real
+    return seen["call"]
+
+
+GRID = (ke.COARSE, ke.REFINE_TOP, ke.REFINE)
+
+
+def shape_rows(B, n, heads, sms, chunks, warps, grids=()):
+    _, caches, q, sl, _ = int8_shape(B, n, heads, 8, 128, "cuda", sms)
+    (m_out, l_out, acc, hist, stat, qq, sll, consts), _kw = capture(caches[0][0], q, caches[0][1], sl)
+    out = {"B": B, "n": n, "rows": m_out.shape[0] * m_out.shape[1], "S": m_out.shape[2],
+           "plan_warps": ke.merge_warps(m_out.shape[2], 128, True, m_out.shape[0] * m_out.shape[1], sms)}
+
+    def call(tau, epi=True, w=None, h=hist, st=stat):
+        return ke.merge(m_out, l_out, acc, h, st, qq, sll, consts, epilogue=epi, tilt_above=tau, num_warps=w)
+
+    def t(name, **k):
+        out[name + "_us"] = round(bench(graphed([lambda: call(**k)]), False) * 1e3, 2)
+
+    full = call(-1.0)[2]
+    live = (full.hist > 0).sum(-1).double()
+    out["live_bins_median"] = float(live.median())
+    out["live_bins_max"] = float(live.max())
+    med = float(full.tv_upper_a.median())
+    t("merge_off", tau=0.1, epi=False, h=None, st=None)
+    t("record_no_tilt", tau=0.1)
+    mismatch = 0
+    for tau, tag in ((-1.0, "full"), (0.5 * med, "lazy")):
+        ref = call(tau)[2]
+        for w in warps:
+            for tc in chunks:
+                ke.TILT_CHUNK_OVERRIDE = tc
+                try:
+                    rec = call(tau, w=w)[2]
+                    same = all(torch.equal(getattr(rec, f), getattr(ref, f)) for f in ("tv_upper_a", "tilt", "out_err_upper"))
+                    mismatch += not same
+                    t(f"{tag}_w{w}_tc{ke.tilt_chunk(w)}", tau=tau, w=w)
+                except Exception as e:  # noqa: BLE001 (a configuration that fails to build is reported)
+                    out[f"error_{tag}_w{w}_tc{tc}"] = f"{type(e).__name__}: {e}"[:300]
+                finally:
+                    ke.TILT_CHUNK_OVERRIDE = None
+    out["records_differing_from_the_default"] = mismatch
+    for n1, rt, nr in grids:
+        ke.COARSE, ke.REFINE_TOP, ke.REFINE = n1, rt, nr
+        try:
+            out[f"tilt_median_{n1}_{rt}_{nr}"] = float(call(-1.0)[2].tilt.median())
+            t(f"full_{n1}_{rt}_{nr}", tau=-1.0)
+        except Exception as e:  # noqa: BLE001
+            out[f"error_{n1}_{rt}_{nr}"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            ke.COARSE, ke.REFINE_TOP, ke.REFINE = GRID
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1:32768,8:32768,32:32768")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--chunks", default="16,32,64")
+    ap.add_argument("--warps", default="1,2,4,8")
+    ap.add_argument("--grids", default="", help="COARSE:REFINE_TOP:REFINE,… (REFINE_TOP ≥ 1)")
+    args = ap.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = []
+    for shp in args.shapes.split(","):
+        B, n = (int(x) for x in shp.split(":"))
+        r = shape_rows(B, n, args.heads, sms, [int(x) for x in args.chunks.split(",")],
+                       [int(x) for x in args.warps.split(",")],
+                       [tuple(int(v) for v in g.split(":")) for g in args.grids.split(",") if g])
+        print(json.dumps(r), flush=True)
+        res.append(r)
+    if args.out:
+        with open(os.path.join(args.out, "tilt_cost.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
