@@ -15,14 +15,16 @@ def round_up_f32(t: torch.Tensor) -> torch.Tensor:
     return torch.where(low, torch.nextafter(f, torch.full_like(f, float("inf"))), f)
 
 
-def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype, check: bool = True) -> torch.Tensor:
     """Round non-negative values **up** into ``dtype`` (float32/float16/bfloat16/fp8 e4m3fn/e5m2).
 
     Values above the dtype's largest finite number become +inf (fp8 e4m3fn, which has no inf,
-    stores NaN): both saturate the bounds downstream, never under-state them.
+    stores NaN): both saturate the bounds downstream, never under-state them. ``check``: raise on a
+    negative value (a host synchronisation on a GPU tensor; a caller whose values are norms, non-negative
+    by construction, passes False to stay sync-free, e.g. SGLang's record step inside a CUDA graph).
     """
     t64 = t.to(torch.float64)
-    if torch.any(t64 < 0):
+    if check and torch.any(t64 < 0):
         raise ValueError("round_up_to_dtype: witnesses are non-negative")
     if dtype == torch.float32:
         return round_up_f32(t64)

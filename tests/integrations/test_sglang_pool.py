@@ -257,3 +257,77 @@ def test_witness_uses_the_kernels_fp32_scale():
     assert (resid64 < resid32).all()  # the float64 witness would be too small
     assert (w >= resid32).all() and (w <= resid32 * (1 + 2.0**-9)).all()
     assert not side.bad[3]
+
+
+# ---------------------------------------------------------------- the record step inside CUDA graphs
+
+
+class _NoHostSync(torch.overrides.TorchFunctionMode):
+    """Raises on the torch calls that synchronise a GPU stream with the host (a CUDA graph cannot capture
+    them): a tensor read into Python (``item``, ``bool``, ``int``, ``float``, ``tolist``…), a data-dependent
+    shape (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``), a copy to the host, and a
+    tensor made from Python data (``torch.tensor``: a host-to-device copy on the GPU)."""
+
+    SYNC = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "masked_select", "unique",
+            "cpu", "numpy", "tensor", "as_tensor", "argwhere"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in self.SYNC:
+            raise AssertionError(f"host synchronisation in the record step: {name}")
+        if name in ("__getitem__", "__setitem__", "index_put_", "index_put"):
+            idx = args[1] if len(args) > 1 else None
+            for t in idx if isinstance(idx, (tuple, list)) else (idx,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() > 0:
+                    raise AssertionError(f"boolean-mask indexing in the record step: {name}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_record_step_makes_no_host_sync(monkeypatch):
+    """Issue 36: the record step (``record_write``) is device operations only after a buffer's first write (which
+    allocates its side), so SGLang's CUDA-graph capture can take it with the meter on: tensor scales (SGLang's
+    ``layer.k_scale``) stay on the device, a ``dcp_kv_mask`` sends the masked-out rows to the side's trash row
+    instead of selecting the others, the scale check and the unmetered bits are device ops. Before: ``.item()``
+    on the scale, a boolean index on the mask, a Python comparison of the scales, ``torch.any`` in the fp16
+    round-up. The detector itself is pinned (a boolean index and ``.item()`` inside it raise). And what it wrote
+    is what the eager path of the earlier code wrote: the masked write's slots, the kept slot 6 untouched."""
+    with pytest.raises(AssertionError), _NoHostSync():
+        torch.ones(3)[torch.tensor([True, False, True])]
+    with pytest.raises(AssertionError), _NoHostSync():
+        torch.ones(()).item()
+    pool = mha()
+    recs = install()
+    loc = torch.arange(0, 8)
+    ks = torch.tensor(0.5)
+    write(pool, 0, loc, *kv(8, 2), k_scale=ks, v_scale=ks)  # the first write: allocates the side (not captured)
+    real = ws.record_write
+
+    def guarded(*a, **k):
+        with _NoHostSync():
+            return real(*a, **k)
+
+    monkeypatch.setattr(ws, "record_write", guarded)
+    k, v = kv(8, 3)
+    mask = torch.tensor([1, 1, 1, 1, 1, 1, 0, 1], dtype=torch.int32)
+    side = ws.side_of(pool.k_buffer[0])
+    before6 = side.k_wit[6].clone()
+    write(pool, 0, loc, k, v, k_scale=ks, v_scale=ks, dcp_kv_mask=mask)
+    write(pool, 0, torch.arange(8, 12), *kv(4, 4), k_scale=0.5, v_scale=0.5)  # Python scales too
+    assert not ws.STATE.unmetered, dict(ws.STATE.unmetered)  # (an exception would have been counted here)
+    monkeypatch.setattr(ws, "record_write", real)
+    assert torch.equal(side.k_wit[6], before6) and not side.bad[:12].any()
+    kh = served(pool.k_buffer[0], 0.5)[:6]
+    resid = (kh - (k[:6] / 0.5).to(torch.float8_e4m3fn).double() * 0.5).norm(dim=-1)
+    assert torch.equal(resid, torch.zeros_like(resid))  # (the stored codes are what the model's k rounds to)
+    want = (kh - k[:6].double()).norm(dim=-1)
+    w = side.k_wit[:6, :, 0, 0].double()
+    assert (w >= want).all() and (w <= want * (1 + 2.0**-9) + 2.0**-90).all()
+    # a write with other scales: its slots stay unmetered, counted on the device
+    write(pool, 0, torch.arange(12, 14), *kv(2, 5), k_scale=0.25, v_scale=0.25)
+    assert side.bad[12:14].all() and not side.bad[:12].any()
+    assert ws.STATE.unmetered_counts()["write: k_scale/v_scale differ from the buffer's earlier writes"] == 1
+    q = query(3, 1, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [list(range(12))], ks=0.5, vs=0.5)
+    assert (recs[-1][1].tv_upper_a < 1).all()
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [list(range(12))], ks=0.25, vs=0.25)  # not the witnesses' scales
+    assert (recs[-1][1].tv_upper_a == 1).all() and recs[-1][1].flag.all()

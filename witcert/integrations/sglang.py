@@ -107,7 +107,13 @@ from witcert.integrations.sglang_pool import (
 )
 from witcert.integrations.sglang_state import DECODE_PARAMS, POOL_PARAMS, STATE, LayerSide, State, _Skip, log  # noqa: F401
 from witcert.integrations.sglang_trace import PAGEIN_LAYERS, SGLangStepRecord, TraceSource, flush  # noqa: F401
-from witcert.integrations.sglang_witness import _as_logical, _group_norms64, _round_up_f16, kernel_scale
+from witcert.integrations.sglang_witness import (  # noqa: F401 (kernel_scale: re-exported)
+    _as_logical,
+    _group_norms64,
+    _round_up_f16,
+    kernel_scale,
+    kernel_scale_tensor,
+)
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 ENV = "WITCERT_SGLANG"
@@ -291,13 +297,17 @@ def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype)
         for g, idx in enumerate(B.group_slices(D, STATE.num_groups)):
             gid[torch.from_numpy(idx)] = g
         f16 = dict(dtype=torch.float16, device=dev)
-        side = LayerSide(layer_id, torch.zeros(size, H, 1, STATE.num_groups, **f16), torch.zeros(size, H, 1, **f16),
-                         torch.zeros(size, H, 1, **f16), torch.zeros(size, H, 1, **f16), gid.to(dev), dtype,
-                         bad=torch.ones(size, dtype=torch.bool, device=dev), buffer=pool_like_buffer)
+        # one row more than the pool: the record step's trash row for masked-out writes (LayerSide.rows)
+        rows = (torch.zeros(size + 1, H, 1, STATE.num_groups, **f16), torch.zeros(size + 1, H, 1, **f16),
+                torch.zeros(size + 1, H, 1, **f16), torch.zeros(size + 1, H, 1, **f16),
+                torch.ones(size + 1, dtype=torch.bool, device=dev))
+        side = LayerSide(layer_id, *(r[:size] for r in rows[:4]), gid.to(dev), dtype, bad=rows[4][:size],
+                         buffer=pool_like_buffer, rows=rows, trash=size,
+                         mismatched=torch.zeros((), dtype=torch.int64, device=dev))
         if STATE.scheme != "sglang":
             from kernels.paged import PagedKV
 
-            side.ours = PagedKV.allocate(size, H, D, scheme=STATE.scheme, block_size=1, num_groups=STATE.num_groups,
+            side.ours = PagedKV.allocate(size + 1, H, D, scheme=STATE.scheme, block_size=1, num_groups=STATE.num_groups,
                                          model_dtype=dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16,
                                          device=dev, layer=layer_id)
         STATE.layers[key] = side
@@ -314,40 +324,48 @@ def side_of(k_buffer: torch.Tensor) -> LayerSide | None:
 RECORD_CHUNK = 1 << 18
 
 
-def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=None, v_scale=None, dtype=None):
+def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=None, v_scale=None, dtype=None,
+                 sel=None):
     """Witnesses of the tokens just written at ``loc`` (SGLang's stored values vs the exact K/V);
-    clears their unmetered bits (sets them when the write's scales are not the side's)."""
+    clears their unmetered bits (leaves them set when the write's scales are not the side's).
+    ``sel`` [n] bool (a ``dcp_kv_mask``): only those rows were written; the others' witnesses go to the
+    side's trash row. Device operations only, for any write after a buffer's first (which allocates its
+    side): no host synchronisation, so SGLang's CUDA graphs can capture it."""
     dtype = dtype or k_buffer.dtype
     side = _side_for(k_buffer, layer_id, dtype)
     loc = loc.long()
+    dst = loc if sel is None else torch.where(sel, loc, side.trash)  # where each row's witnesses go
     kb, vb = _as_logical(k_buffer, dtype), _as_logical(v_buffer, dtype)
-    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
-    if side.scales is None:
-        side.scales = (ks, vs)
-    G = side.k_wit.shape[-1]
-    side.bad[loc] = True  # until the witnesses below are all in place
+    dev = side.bad.device
+    scales = torch.stack([kernel_scale_tensor(k_scale, dev), kernel_scale_tensor(v_scale, dev)])
+    if side.scale_t is None:  # the buffer's first recorded write fixes the scales its decode meters
+        side.scale_t = scales.clone()
+    ks, vs = scales[0].double(), scales[1].double()
+    k_wit, v_wit, v_norm, k_norm, bad = side.rows
+    G = k_wit.shape[-1]
+    bad[dst] = True  # until the witnesses below are all in place
     for c0 in range(0, loc.numel(), RECORD_CHUNK):  # float64 copies: bounded memory for long prefills
-        lc = loc[c0 : c0 + RECORD_CHUNK]
+        lc, dc = loc[c0 : c0 + RECORD_CHUNK], dst[c0 : c0 + RECORD_CHUNK]
         kh = kb[lc].double() * ks
         vh = vb[lc].double() * vs
         rk = kh - k_exact[c0 : c0 + RECORD_CHUNK].double()
         rv = vh - v_exact[c0 : c0 + RECORD_CHUNK].double()
-        side.k_wit[lc, :, 0] = _round_up_f16(_group_norms64(rk, side.group_id, G), (rk != 0).any(-1, keepdim=True))
-        side.v_wit[lc, :, 0] = _round_up_f16(rv.norm(dim=-1), (rv != 0).any(-1))
-        side.v_norm[lc, :, 0] = _round_up_f16(vh.norm(dim=-1), False)
-        side.k_norm[lc, :, 0] = _round_up_f16(kh.norm(dim=-1), False)
+        k_wit[dc, :, 0] = _round_up_f16(_group_norms64(rk, side.group_id, G), (rk != 0).any(-1, keepdim=True))
+        v_wit[dc, :, 0] = _round_up_f16(rv.norm(dim=-1), (rv != 0).any(-1))
+        v_norm[dc, :, 0] = _round_up_f16(vh.norm(dim=-1), False)
+        k_norm[dc, :, 0] = _round_up_f16(kh.norm(dim=-1), False)
     if side.ours is not None:
         from kernels.write import write_kv
 
         n = loc.numel()
         # the exact K/V as SGLang gave them (write_kv meters against these, in any float dtype)
         write_kv(side.ours, k_exact, v_exact,
-                 loc.to(torch.int32)[:, None], torch.arange(n, device=loc.device),
+                 dst.to(torch.int32)[:, None], torch.arange(n, device=loc.device),
                  torch.zeros(n, dtype=torch.long, device=loc.device))
-    if side.scales == (ks, vs):  # a decode meters one scale per buffer: other writes stay unmetered
-        side.bad[loc] = False
-    else:
-        STATE.unmetered["write: k_scale/v_scale differ from the buffer's earlier writes"] += 1
+    # a decode meters one scale per buffer: a write with other scales stays unmetered (counted on the device)
+    differ = (scales != side.scale_t).any()
+    bad[dst] = differ
+    side.mismatched += differ
     return side
 
 
@@ -412,16 +430,16 @@ def wrap_set_kv_buffer(orig):
             gid = _global_layer_id(self, layer, layer_id)
             k_exact, v_exact = k_exact.reshape((-1,) + kb.shape[1:]), v_exact.reshape((-1,) + vb.shape[1:])
             loc = loc.reshape(-1)
+            sel = None
             if mask is not None:  # decode-context parallel: SGLang's kernel writes the masked-in rows only
                 sel = mask.reshape(-1).to(loc.device) != 0
-                loc, k_exact, v_exact = loc[sel], k_exact[sel], v_exact[sel]
             store = STATE.exact_store
             if store is not None and hasattr(store, "write"):  # a HostExactStore keeps its copy current
-                try:
-                    store.write(gid, loc, k_exact, v_exact)
+                try:  # (a host copy: the gate's exact store is not graph-capturable anyway)
+                    store.write(gid, *((loc, k_exact, v_exact) if sel is None else (loc[sel], k_exact[sel], v_exact[sel])))
                 except Exception as e:  # the slots it missed are refused at page-in (never unsound)
                     STATE.unmetered[f"exact store write: {type(e).__name__}: {e}"] += 1
-            record_write(kb, vb, gid, loc, k_exact, v_exact, k_scale, v_scale, getattr(self, "dtype", None))
+            record_write(kb, vb, gid, loc, k_exact, v_exact, k_scale, v_scale, getattr(self, "dtype", None), sel=sel)
         except Exception as e:  # the meter never breaks a write; the written slots become unmetered
             STATE.unmetered[f"write: {e}" if isinstance(e, _Skip) else f"write: {type(e).__name__}: {e}"] += 1
             if side is None and kb is not None:

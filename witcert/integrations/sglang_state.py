@@ -40,11 +40,22 @@ class LayerSide:
     #: rebuilt only when one changes (no per-call allocation / host transfer)
     view: object = None
     view_key: tuple | None = None
+    view_scales: torch.Tensor | None = None  # [2] float32: the view's (k_scale, v_scale) on the device
     #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
     #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
     bad: torch.Tensor | None = None
     buffer: torch.Tensor | None = None  # the K buffer this side describes (kept alive: its address is the key)
-    scales: tuple | None = None  # the fp32 (k_scale, v_scale) the witnesses were taken against
+    #: [2] float32 on the device: the (k_scale, v_scale) the witnesses were taken against (the first
+    #: recorded write's); a write with other scales leaves its slots unmetered, a decode with other
+    #: scales saturates its rows (both compared on the device: no host synchronisation)
+    scale_t: torch.Tensor | None = None
+    #: 0-dim int64 on the device: recorded writes whose scales were not ``scale_t`` (``State.unmetered_counts``)
+    mismatched: torch.Tensor | None = None
+    #: (k_wit, v_wit, v_norm, k_norm, bad) with one more row than the pool (the last, ``trash``): the record
+    #: step sends the rows a ``dcp_kv_mask`` masks out there instead of selecting the others (a boolean index
+    #: is a host synchronisation); the fields above are views of their first ``trash`` rows
+    rows: tuple | None = None
+    trash: int = 0
 
 
 @dataclasses.dataclass
@@ -68,6 +79,15 @@ class State:
     exact_store: object = None
     gate_log: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
     gate_rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def unmetered_counts(self) -> collections.Counter:
+        """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
+        (counted on the device by the record step: reading them here synchronises)."""
+        out = collections.Counter(self.unmetered)
+        n = sum(int(side.mismatched) for side in self.layers.values() if side.mismatched is not None)
+        if n:
+            out["write: k_scale/v_scale differ from the buffer's earlier writes"] += n
+        return out
 
     def emit(self, layer_id, rec):
         if self.on_record is not None:

@@ -5,6 +5,7 @@ pool buffer read in its logical dtype."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from witcert import schemes as S
@@ -16,9 +17,14 @@ WITNESS_FLOOR = 2.0**-100
 
 
 def _round_up_f16(x64: torch.Tensor, lossy: torch.Tensor | bool) -> torch.Tensor:
+    """A norm (≥ 0 by construction) rounded up into float16 with the witness slack, plus the floor where
+    ``lossy``; device ops only (no host synchronisation: the record step runs inside CUDA graphs)."""
     w = x64 * (1.0 + WITNESS_SLACK)
-    w = torch.where(torch.as_tensor(lossy, device=w.device), w + WITNESS_FLOOR, w)
-    return S.round_up_to_dtype(w, torch.float16)
+    if isinstance(lossy, torch.Tensor):
+        w = torch.where(lossy, w + WITNESS_FLOOR, w)
+    elif lossy:
+        w = w + WITNESS_FLOOR
+    return S.round_up_to_dtype(w, torch.float16, check=False)
 
 
 def _group_norms64(x: torch.Tensor, gid: torch.Tensor, G: int) -> torch.Tensor:
@@ -38,7 +44,20 @@ def kernel_scale(scale) -> float:
         if scale.numel() != 1:
             raise ValueError(f"k_scale/v_scale: expected a scalar, got shape {tuple(scale.shape)}")
         scale = scale.reshape(()).item()
-    return float(torch.tensor(float(scale), dtype=torch.float32))
+    with np.errstate(over="ignore"):  # (numpy, not a torch tensor: no tensor op for a Python number)
+        return float(np.float32(float(scale)))
+
+
+def kernel_scale_tensor(scale, device) -> torch.Tensor:
+    """``kernel_scale`` as a 0-dim float32 tensor on ``device``, without a host synchronisation: a tensor
+    scale (SGLang's ``layer.k_scale``) is rounded to float32 on its device, a Python number (or None: 1)
+    is filled in by a kernel, which a CUDA graph captures. The same float32 value as ``kernel_scale``
+    (round to nearest either way)."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"k_scale/v_scale: expected a scalar, got shape {tuple(scale.shape)}")
+        return scale.reshape(()).to(device=device, dtype=torch.float32)
+    return torch.full((), kernel_scale(scale), dtype=torch.float32, device=device)
 
 
 def _as_logical(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
