@@ -331,3 +331,36 @@ def test_record_step_makes_no_host_sync(monkeypatch):
     assert (recs[-1][1].tv_upper_a < 1).all()
     decode(pool.k_buffer[0], pool.v_buffer[0], q, [list(range(12))], ks=0.25, vs=0.25)  # not the witnesses' scales
     assert (recs[-1][1].tv_upper_a == 1).all() and recs[-1][1].flag.all()
+
+
+def test_captured_decode_keeps_static_records_and_the_gate_refuses(monkeypatch):
+    """Issue 36: a metered decode captured in a CUDA graph (SGLang's decode graphs) hands its record to no
+    callback (a callback would run once, at capture, and never for the replays: records silently missing);
+    it is kept as that batch size's static record (``static_records``: the graph's outputs, rewritten by each
+    replay), here equal to the eager call's. The gate syncs with the host: inside a capture it raises
+    ``GraphCaptureUnsupported`` with what to do, instead of breaking the capture. (The capture is simulated:
+    ``_capturing`` answers True; a real capture needs a GPU.)"""
+    import witcert.integrations.sglang_decode as sd
+    from witcert.gate import Gate
+
+    pool, ex = mha(), Exact()
+    recs = install()
+    loc = torch.arange(0, 8)
+    write(pool, 0, loc, *kv(8, 2), ex)
+    q = query(3, 2, scale=1.0)
+    rows = [loc.tolist(), loc[:5].tolist()]
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert len(recs) == 1 and ws.static_records(2) == []
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert len(recs) == 1  # no callback for a captured call
+    (layer, rec), = ws.static_records(2)
+    assert layer == 0 and torch.equal(rec.tv_upper_a, recs[0][1].tv_upper_a) and ws.static_records(1) == []
+    tv, _ = check(recs, q, pool.k_buffer[0], ex, rows)
+    assert (tv <= rec.tv_upper_a.double()).all()
+    ws.uninstall()
+    ws.install(force=True, bare=True, on_record=lambda *a: None, gate=Gate("certified", tau=0.1),
+               exact_store=ws.HostExactStore())
+    write(pool, 0, loc, *kv(8, 2), ex)
+    with pytest.raises(ws.GraphCaptureUnsupported, match="disable-cuda-graph"):
+        decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)

@@ -67,8 +67,11 @@ Gate (``install(..., gate=witcert.gate.Gate(...), exact_store=...)``; scheme "sg
 supplies the exact K/V; rows over τ are repaired on a per-call overlay (``witcert.integrations.sglang_gate``'s
 module doc: the steps, their soundness and their costs).
 
-Not here: CUDA graphs (the metered decode syncs with the host), and a test of the real server
-path (see docs/sglang.md).
+CUDA graphs: the record step (``record_write``) and the metered decode are device operations only, so
+SGLang's decode-graph capture takes them; a captured call's record is a static tensor set rewritten by each
+replay, read with ``static_records(batch_size)`` (``on_record`` and the trace are not called for replays). The
+gate synchronises with the host and raises ``GraphCaptureUnsupported`` inside a capture. Not run here: a real
+capture of SGLang's graph runner, and the real server path (see docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ from contract.schemes import SCHEMES
 # (the F401 exemptions: names of the modules below this one, reachable as ``witcert.integrations.sglang.NAME``
 # as before the split: the documented ``ws.flush()``, ``ws.HostExactStore()``, ``ws.STATE``, ...)
 from witcert.integrations.sglang_decode import (  # noqa: F401
+    GraphCaptureUnsupported,
     _wrap_decode,
     block_table_from_indptr,
     metered_decode,
@@ -263,6 +267,15 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
                        if isinstance(owner, type) else f"{owner.__name__}.{name}")
     log.warning("WitCert meter installed in SGLang %s: %s (scheme %s)", ver, ", ".join(patched), scheme)
     return patched
+
+
+def static_records(batch_size: int) -> list:
+    """The records of the metered decode calls captured in the CUDA graph of ``batch_size`` rows, in call order:
+    [(layer id, ``MeterRecord``)]. Their tensors are the graph's outputs: after each replay of that graph they
+    hold that step's records (rows past the step's real batch are the graph's padding); read or copy them
+    before the next replay. Empty without a capture. Under CUDA graphs ``on_record`` and the trace see only
+    eager (uncaptured) calls."""
+    return list(STATE.static.get(batch_size, ()))
 
 
 def uninstall():

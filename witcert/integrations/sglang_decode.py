@@ -130,6 +130,26 @@ def metered_decode(args, kwargs, num_splits=None):
     return side, out, cache, bad
 
 
+class GraphCaptureUnsupported(RuntimeError):
+    """A part of the SGLang patch that synchronises with the host was reached inside a CUDA-graph capture."""
+
+
+def _capturing(q: torch.Tensor) -> bool:
+    """Is this call being captured into a CUDA graph (SGLang's decode graphs)?"""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _captured(layer_id: int, rec, batch: int) -> None:
+    """A metered call inside a CUDA-graph capture: its record's tensors are the graph's outputs, rewritten by
+    every replay, so they are kept as that batch size's static records (``static_records``) instead of being
+    handed to ``on_record`` / the trace once, at capture, and never again."""
+    if not STATE.static:
+        log.warning("WitCert: metered decode captured in a CUDA graph: records are static tensors rewritten by "
+                    "every replay (read them after a replay with witcert.integrations.sglang.static_records(bs)); "
+                    "on_record and the trace are not called for graph replays")
+    STATE.static.setdefault(batch, []).append((layer_id, rec))
+
+
 def _wrap_decode(orig):
     def decode_attention_fwd(*args, **kwargs):
         # normalise to positional (the first 13) + keywords
@@ -141,6 +161,12 @@ def _wrap_decode(orig):
         for i, a in enumerate(args[13:], start=13):
             kw[names[i]] = a
         why = _unmeterable(args, kw)
+        capturing = why is None and _capturing(args[0])
+        if capturing and STATE.gate is not None:  # its host syncs would break the capture: say so instead
+            raise GraphCaptureUnsupported(
+                "WitCert's gate repairs rows on the host (device-to-host reads of the records, page-in) and "
+                "cannot run inside a CUDA graph: serve the gate with --disable-cuda-graph, or install the meter "
+                "without gate= (the metered decode and its record step capture)")
         if why is None:
             try:
                 side, out, cache, bad = metered_decode(args[:13], kw)
@@ -148,6 +174,9 @@ def _wrap_decode(orig):
                 why = str(e)
             else:
                 layer_id = side.layer_id
+                if capturing:
+                    _captured(layer_id, out.meter, args[0].shape[0])
+                    return None
                 rec, report = out.meter, None
                 if STATE.gate is not None:
                     try:

@@ -79,6 +79,8 @@ class State:
     exact_store: object = None
     gate_log: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
     gate_rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    #: batch size → [(layer id, MeterRecord)] of the metered calls captured in CUDA graphs (``static_records``)
+    static: dict = dataclasses.field(default_factory=dict)
 
     def unmetered_counts(self) -> collections.Counter:
         """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
