@@ -154,7 +154,7 @@ def main():
         for Bsz in map(int, args.batches.split(",")):
             for n in map(int, args.lens.split(",")):
                 _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
-    print("unmetered calls:", dict(ws.STATE.unmetered))
+    print("unmetered calls:", dict(ws.STATE.unmetered_counts()))
 
 
 if __name__ == "__main__":
