@@ -11,8 +11,9 @@ exactly as to per-token radii rounded up onto levels:
 * dual-grid tilt: ``max_i min_λ max(g_λ(t_i), g_λ(t_{i+1}))``, g_λ(t) = t − D(t, λ) (convex in t:
   its maximum on an interval is at an end; Lean ``tilt_tv_le_dual_grid_endpoints``), on a uniform grid
   of ``COARSE`` intervals, then the intervals with the largest upper value are split into ``REFINE``
-  sub-intervals one by one, at most ``REFINE_TOP``, until no unrefined interval is above the refined maximum
-  (refining on could not lower the tilt). Every interval keeps its own (sound) upper value, so the maximum over the
+  sub-intervals one by one, at most ``REFINE_TOP``, each valued at the smaller of its coarse value and its
+  sub-intervals' maximum, until no unrefined interval is above the refined maximum (refining on could not
+  change the tilt). Every interval keeps its own (sound) upper value, so the maximum over the
   refined and unrefined intervals is sound for any grid (SPEC §3(c)); λ ranges over the knapsack's
   breakpoints at the interval's left end, and the float error of each D is bounded and subtracted.
 

@@ -111,11 +111,13 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
     first) once the grid reached certifies TV⁺ ≤ τ, or once the refined intervals alone put TV⁺ above
     τ; ``tilt`` is then that grid's bound (sound for any grid, SPEC §3(c)), and the gate's decision is the
-    non-lazy one's where the refined values do not exceed their coarse ones (the usual case). τ arrives as float32 (``tau_bracket``):
+    non-lazy one's. τ arrives as float32 (``tau_bracket``):
     ``tilt_above`` = τ↓ for the skip and the certified stop, ``tilt_hi`` = τ↑ for the not-certified one.
-    Every mode stops refining once no unrefined interval's upper value is above the refined maximum: refining
-    on could not lower the tilt, and the grid reached is sound (the same argument); the tilt is then ≤ the one
-    of refining all RT (bench/RESULTS.md, run T). ``TC``: grid points per [TC, NBP] step on the GPU (divides N1
+    A refined interval's value is the smaller of its coarse value and its sub-intervals' maximum (both are
+    sound on it), so refining never raises an interval's value; every mode then stops refining once no
+    unrefined interval's value is above the refined maximum: refining on could not change the tilt, which is
+    exactly the one of refining all RT (bench/RESULTS.md, run T; an adversarial review found the stop's
+    boundary discontinuous before the smaller-of-two rule). ``TC``: grid points per [TC, NBP] step on the GPU (divides N1
     and NR; the values do not depend on it).
     Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
     k = tl.arange(0, NBP)
@@ -185,6 +187,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
             rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
             idxv = tl.zeros([RT], tl.int32)
+            uv = tl.zeros([RT], tl.float64)  # their coarse values
             selv = i < 0
             for _r in range(RT):
                 um = tl.where(selv, -2.0, U)
@@ -192,10 +195,11 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                 idx = tl.min(tl.where(um == mx, i, N1), axis=0)
                 selv = selv | (i == idx)
                 idxv = tl.where(rr == _r, idx, idxv)
+                uv = tl.where(rr == _r, mx, uv)
             ts = tl.reshape(idxv.to(tl.float64)[:, None] * (1.0 / N1)
                             + s.to(tl.float64)[None, :] * (1.0 / (N1 * NR)), [RT * NR])
             up = _dense_u(ts, 1.0 / (N1 * NR), w, a, b, m, SCR, nl, NB, NBP, EPSC, DENSE3D)
-            bm = tl.max(tl.reshape(up, [RT, NR]), axis=1)  # each picked interval's refined maximum
+            bm = tl.minimum(tl.max(tl.reshape(up, [RT, NR]), axis=1), uv)  # each picked interval's refined value
         for _r in range(RT):  # the RT largest upper values (ties: the lowest index), refined in that order
             if done == 0:
                 if DENSE3D:
@@ -212,13 +216,14 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
                         up = _dense_u(t0 + sc.to(tl.float64) * (1.0 / (N1 * NR)), 1.0 / (N1 * NR), w, a, b, m, SCR, nl,
                                       NB, NBP, EPSC, DENSE3D)
                         bi = tl.maximum(bi, tl.max(up, axis=0))
+                    bi = tl.minimum(bi, mx)  # its coarse value bounds it too: the smaller of two sound values
                 sel = sel | (i == idx)
                 best = tl.maximum(best, bi)
                 rest_now = tl.max(tl.where(sel, -1.0, U), axis=0)
                 cur = tl.minimum(tl.maximum(tl.maximum(best, rest_now), 0.0), 1.0)
                 low = tl.minimum(tl.maximum(best, 0.0), 1.0)
                 # settled (any τ): no unrefined interval is above the refined maximum, so refining on cannot
-                # lower the tilt (the maximum stays ≥ best); lazy: τ is settled either way (above)
+                # change the tilt (a refined value is ≤ its coarse one, here ≤ best); lazy: τ settled either way
                 done = ((best >= rest_now) | (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
                                                       | (tl.minimum(cheap, low) + fp_terms > tilt_hi)))).to(tl.int32)
         rest = tl.max(tl.where(sel, -1.0, U), axis=0)
@@ -226,7 +231,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         tl.debug_barrier()  # SCR is reused by the next call
     tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
     # a NaN radius, Ξ or Λ saturates (the GPU's min / max drop NaN operands, so test the inputs themselves)
-    tv = tl.where((tv == tv) & (r == r) & (xi == xi) & (lam == lam), tv, 1.0)
+    # (and a negative one: no radius, Ξ or Λ is below 0; a negative one would lower tanh below 0, review of run T)
+    tv = tl.where((tv == tv) & (r >= 0.0) & (xi >= 0.0) & (lam >= 0.0), tv, 1.0)
     return tv, tanh, eform, tilt, rho
 
 
@@ -239,7 +245,7 @@ def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
     k = tl.arange(0, NBP)
     km = k < NB
     w = tl.load(MASS + row * s_m + k, mask=km, other=0.0).to(tl.float64)
-    w = tl.where(w == w, tl.maximum(w, 0.0), float("inf"))  # a NaN mass: no distribution (_tv_row saturates)
+    w = tl.where(w >= 0.0, w, float("inf"))  # a NaN or negative mass: no distribution (_tv_row saturates)
     lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     r = tl.load(RMAX + row).to(tl.float64)
     tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),

@@ -66,7 +66,8 @@ def _interval_upper(t0: torch.Tensor, h: float, w: torch.Tensor, a: torch.Tensor
 def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     """Dual-grid tilt bound for rows of (mass w [R, K], level lv [R, K]); sound for any grid. The kernel's
     grid and choices: COARSE intervals with endpoint upper values (``_interval_upper``); at most the REFINE_TOP
-    largest split into REFINE, largest first, until no unrefined interval is above the refined maximum."""
+    largest split into REFINE, largest first, each then valued at the smaller of its coarse value and its
+    sub-intervals' maximum, until no unrefined interval is above the refined maximum."""
     R = w.shape[0]
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-300)
     w = torch.where(w > 0, w, torch.zeros_like(w))
@@ -83,8 +84,9 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
     sub = lo[..., None] + frac  # [R, TOP, REFINE]
     sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).reshape(R, rt, REFINE).amax(-1)
+    sub_upper = torch.minimum(sub_upper, torch.gather(upper, 1, top))  # ≤ its coarse value (both sound)
     # refined in that order until no unrefined interval is above the refined maximum (the kernel's stop):
-    # after k + 1 intervals the tilt is max(best_k, the (k + 2)-th largest coarse value)
+    # after k + 1 intervals the tilt is max(best_k, the (k + 2)-th largest coarse value), the all-refined one
     best = torch.cummax(sub_upper, dim=-1).values  # [R, TOP]
     nxt = torch.gather(upper, 1, order[:, 1 : rt + 1]) if COARSE > rt else torch.full_like(best, -1.0)
     if nxt.shape[-1] < rt:
@@ -109,7 +111,8 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
     tanh(Ξ/2) is added); ``lam`` [...]: the lost mass Λ (ρ = Λ(1 + e^{rmax+Ξ}/m) is added)."""
     shp = mass.shape[:-1]
     nb = mass.shape[-1]
-    w = mass.double().reshape(-1, nb).clamp_min(0.0)
+    w = mass.double().reshape(-1, nb)
+    w = torch.where(w >= 0, w, torch.full_like(w, float("inf")))  # a NaN or negative mass: no distribution
     r = rmax.double().reshape(-1)
     x = torch.zeros_like(r) if xi is None else xi.double().reshape(-1).expand_as(r)
     la = torch.zeros_like(r) if lam is None else lam.double().reshape(-1).expand_as(r)
@@ -131,5 +134,7 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
                       torch.zeros_like(la))
     rho = torch.where(torch.isfinite(rho), rho, torch.ones_like(rho))
     tv = (torch.minimum(torch.minimum(tanh, eform), tilt) + torch.tanh(x / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
-    tv = torch.where(torch.isnan(tv), torch.ones_like(tv), tv)  # (a NaN radius, Ξ or Λ: saturated)
+    # a NaN or negative radius, Ξ or Λ: saturated (a negative radius would put tanh below 0)
+    ok = (rmax.double().reshape(-1) >= 0) & (x >= 0) & (la >= 0) & ~torch.isnan(tv)
+    tv = torch.where(ok, tv, torch.ones_like(tv))
     return tuple(t.reshape(shp) for t in (tv, tanh, eform, tilt, rho))

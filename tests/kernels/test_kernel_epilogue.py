@@ -160,9 +160,36 @@ def test_tilt_chunk_does_not_change_the_bound(monkeypatch):
         assert tc & (tc - 1) == 0 and E.COARSE % tc == 0 and E.REFINE % tc == 0
 
 
+def test_negative_inputs_saturate(monkeypatch):
+    """``tv_from_hist`` on what no decode produces (an adversarial review of run T): a negative maximum radius,
+    Ξ or Λ gave TV⁺ < 0 (rmax = −1: −0.46, kernel and twin); a negative or −inf mass was clamped to 0 and the
+    row metered as if it were not there. Now a negative or NaN radius, Ξ or Λ saturates TV⁺ to 1, and a negative
+    mass, like a NaN one, is no distribution: e-form = tilt = 1 (TV⁺ ≥ tanh of the radius)."""
+    lv = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)
+    mass = torch.tensor([[0.5, 0.3, 0.2, 0.0]], dtype=torch.float64)
+    one = torch.tensor([0.5], dtype=torch.float64)
+    bad_r = [torch.tensor([v], dtype=torch.float64) for v in (-1.0, -math.inf, -1e-300)]
+    for dense3d in ((True, False) if DEV == "cpu" else (None,)):
+        if dense3d is not None:
+            monkeypatch.setattr(E, "DENSE3D_OVERRIDE", dense3d)
+        for r in bad_r:
+            got = E.tv_from_hist(mass.to(DEV), lv.to(DEV), r.to(DEV), force_kernel=True)[0].item()
+            assert got == 1.0 and ET.tv_from_hist_torch(mass, lv, r)[0].item() == 1.0, (r, got)
+        for xi, lam in ((-0.1, 0.0), (0.0, -1e-3)):
+            x, la = torch.tensor([xi], dtype=torch.float64), torch.tensor([lam], dtype=torch.float64)
+            got = E.tv_from_hist(mass.to(DEV), lv.to(DEV), one.to(DEV), x.to(DEV), la.to(DEV), force_kernel=True)[0]
+            assert got.item() == 1.0 and ET.tv_from_hist_torch(mass, lv, one, x, la)[0].item() == 1.0
+        for m in ([0.5, -math.inf, 0.5, 0.0], [0.6, -0.1, 0.5, 0.0]):
+            mm = torch.tensor([m], dtype=torch.float64)
+            for out in (E.tv_from_hist(mm.to(DEV), lv.to(DEV), one.to(DEV), force_kernel=True),
+                        ET.tv_from_hist_torch(mm, lv, one)):
+                assert out[2].item() == 1.0 and out[3].item() == 1.0 and out[0].item() >= math.tanh(0.25), (m, out)
+
+
 def _refinements(w, lv):
-    """(intervals refined until the stop, the stopped tilt, the tilt of refining all REFINE_TOP) per row, from the
-    torch twin's interval values (``epilogue_torch._interval_upper``): the kernels' grid, by hand."""
+    """Per row, from the torch twin's interval values (``epilogue_torch._interval_upper``) on the kernels' grid, by
+    hand: (intervals refined until the stop, the stopped tilt, the tilt of refining all REFINE_TOP with each
+    refined interval at min(coarse, refined), the same with the refined maximum alone as before)."""
     R = w.shape[0]
     w = w / w.sum(-1, keepdim=True)
     a, b = torch.exp(lv), torch.exp(-lv)
@@ -171,39 +198,45 @@ def _refinements(w, lv):
     U = ET._interval_upper(ts, 1 / E.COARSE, w, a, b, m)
     order = torch.sort(U, dim=-1, descending=True, stable=True).indices
     sub = torch.gather(ts, 1, order[:, : E.REFINE_TOP])[..., None] + torch.arange(E.REFINE) / (E.COARSE * E.REFINE)
-    su = ET._interval_upper(sub.reshape(R, -1), 1 / (E.COARSE * E.REFINE), w, a, b, m).reshape(R, E.REFINE_TOP, -1)
-    best = torch.cummax(su.amax(-1), -1).values
+    raw = ET._interval_upper(sub.reshape(R, -1), 1 / (E.COARSE * E.REFINE), w, a, b, m).reshape(R, E.REFINE_TOP, -1)
+    raw = raw.amax(-1)
+    su = torch.minimum(raw, torch.gather(U, 1, order[:, : E.REFINE_TOP]))
     nxt = torch.gather(U, 1, order[:, 1 : E.REFINE_TOP + 1])
+    best = torch.cummax(su, -1).values
     stop = best >= nxt
     stop[:, -1] = True
     k = stop.int().argmax(-1)
     early = torch.maximum(best.gather(1, k[:, None]), nxt.gather(1, k[:, None]))[:, 0].clamp(0, 1)
-    return k + 1, early, torch.maximum(best[:, -1], nxt[:, -1]).clamp(0, 1)
+    every = torch.maximum(best[:, -1], nxt[:, -1]).clamp(0, 1)
+    before = torch.maximum(raw.amax(-1), nxt[:, -1]).clamp(0, 1)
+    return k + 1, early, every, before
 
 
 def test_tilt_refinement_stops_once_it_cannot_lower_the_tilt(monkeypatch):
-    """The tilt's refinement (``_tv_row``, every mode) takes the largest coarse intervals one by one and stops once
-    no unrefined interval's upper value is above the refined maximum: refining on cannot lower the tilt, and the
-    grid reached is sound (SPEC §3(c)). So it refines fewer intervals (here ~3-5 of REFINE_TOP on average) and its
-    tilt is ≤ refining all; below only where a later interval's refined values exceed its coarse one. Pinned on a
-    row where the two differ (found among random rows): the kernel (both forms of D) and the twin give the stopped
-    value, not the all-refined one."""
+    """The tilt's refinement (``_tv_row``, every mode) takes the largest coarse intervals one by one, values each
+    at the smaller of its coarse value and its sub-intervals' maximum (both sound on it), and stops once no
+    unrefined interval's value is above the refined maximum: refining on cannot change the tilt. So it refines
+    fewer intervals (here ~3 of REFINE_TOP on average) for exactly the tilt of refining all, which is ≤ the former
+    rule's (the refined maximum alone, which can exceed the coarse value: an adversarial review found the stop's
+    boundary discontinuous under it). Pinned on a row where the former rule gives more: the kernel (both forms
+    of D) and the twin give the new value."""
     g = torch.Generator().manual_seed(7)
-    w = torch.rand(300, 32, generator=g, dtype=torch.float64) ** 6  # (row 263 is one where the two differ)
+    w = torch.rand(300, 32, generator=g, dtype=torch.float64) ** 6
     lv = torch.sort(torch.rand(300, 32, generator=g, dtype=torch.float64) * 3, dim=-1).values
-    k, early, full = (torch.cat(x) for x in zip(*(_refinements(w[i : i + 100], lv[i : i + 100]) for i in range(0, 300, 100))))
-    assert (early <= full).all() and k.double().mean() < 0.75 * E.REFINE_TOP
-    row = int(torch.nonzero(early < full * (1 - 1e-9))[0])
+    k, early, every, before = (torch.cat(x) for x in zip(*(_refinements(w[i : i + 100], lv[i : i + 100])
+                                                             for i in range(0, 300, 100))))
+    assert torch.equal(early, every) and (every <= before).all() and k.double().mean() < 0.75 * E.REFINE_TOP
+    row = int(torch.nonzero(every < before * (1 - 1e-9))[0])
     mass, lvr = w[row : row + 1], lv[row : row + 1]
     rmax = lvr[:, -1].clone()
     twin = ET.tv_from_hist_torch(mass, lvr, rmax)[3]
-    torch.testing.assert_close(twin, early[row : row + 1], rtol=0, atol=1e-13)
+    torch.testing.assert_close(twin, every[row : row + 1], rtol=0, atol=1e-13)
     for dense3d in ((True, False) if DEV == "cpu" else (None,)):
         if dense3d is not None:
             monkeypatch.setattr(E, "DENSE3D_OVERRIDE", dense3d)
         got = E.tv_from_hist(mass.to(DEV), lvr.to(DEV), rmax.to(DEV), force_kernel=True)[3].cpu()
         torch.testing.assert_close(got, twin, rtol=0, atol=1e-12)
-        assert got.item() < full[row].item() - 1e-12
+        assert got.item() < before[row].item() - 1e-12
 
 
 def test_merge_warps_rule():
