@@ -129,6 +129,7 @@ def tv_from_hist_torch(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor,
     eform = (0.5 * (A * A - 1.0) * (1.0 + 8 * nb * _EPS)).clamp(max=1.0)
     eform = torch.where(torch.isfinite(eform) & okw, eform, torch.ones_like(eform))
     tilt = torch.where(okw, tilt_from_hist(torch.where(okw[:, None], w, torch.ones_like(w)), lvr), torch.ones_like(r))
+    tilt = torch.where(torch.isnan(tilt), torch.ones_like(tilt), tilt)  # a NaN level: the trivial tilt (as the kernel)
     m = (wn * torch.exp(-torch.where(live, lvr, torch.zeros_like(lvr)))).sum(-1) * (1.0 - 2.0**-40)
     rho = torch.where(la > 0, la * (1.0 + torch.exp(r.clamp(max=700.0)) / m.clamp_min(1e-300)) * (1.0 + 2.0**-40),
                       torch.zeros_like(la))

@@ -164,7 +164,8 @@ def test_negative_inputs_saturate(monkeypatch):
     """``tv_from_hist`` on what no decode produces (an adversarial review of run T): a negative maximum radius,
     Ξ or Λ gave TV⁺ < 0 (rmax = −1: −0.46, kernel and twin); a negative or −inf mass was clamped to 0 and the
     row metered as if it were not there. Now a negative or NaN radius, Ξ or Λ saturates TV⁺ to 1, and a negative
-    mass, like a NaN one, is no distribution: e-form = tilt = 1 (TV⁺ ≥ tanh of the radius)."""
+    mass, like a NaN one, is no distribution: e-form = tilt = 1 (TV⁺ ≥ tanh of the radius). A NaN level leaves
+    no NaN in the record (the twin's tilt was NaN)."""
     lv = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)
     mass = torch.tensor([[0.5, 0.3, 0.2, 0.0]], dtype=torch.float64)
     one = torch.tensor([0.5], dtype=torch.float64)
@@ -179,6 +180,10 @@ def test_negative_inputs_saturate(monkeypatch):
             x, la = torch.tensor([xi], dtype=torch.float64), torch.tensor([lam], dtype=torch.float64)
             got = E.tv_from_hist(mass.to(DEV), lv.to(DEV), one.to(DEV), x.to(DEV), la.to(DEV), force_kernel=True)[0]
             assert got.item() == 1.0 and ET.tv_from_hist_torch(mass, lv, one, x, la)[0].item() == 1.0
+        nan_lv = torch.tensor([[0.1, math.nan, 0.3]], dtype=torch.float64)  # a NaN level: tanh of rmax still holds
+        for out in (E.tv_from_hist(mass.to(DEV), nan_lv.to(DEV), one.to(DEV), force_kernel=True),
+                    ET.tv_from_hist_torch(mass, nan_lv, one)):
+            assert not any(math.isnan(t.item()) for t in out) and out[0].item() >= math.tanh(0.25), out
         for m in ([0.5, -math.inf, 0.5, 0.0], [0.6, -0.1, 0.5, 0.0]):
             mm = torch.tensor([m], dtype=torch.float64)
             for out in (E.tv_from_hist(mm.to(DEV), lv.to(DEV), one.to(DEV), force_kernel=True),
