@@ -75,7 +75,7 @@ def shape_rows(B, n, heads, sms, chunks, warps, grids=()):
                     rec = call(tau, w=w)[2]
                     same = all(torch.equal(getattr(rec, f), getattr(ref, f)) for f in ("tv_upper_a", "tilt", "out_err_upper"))
                     mismatch += not same
-                    t(f"{tag}_w{w}_tc{ke.tilt_chunk(w)}", tau=tau, w=w)
+                    t(f"{tag}_w{w}_tc{ke.tilt_chunk()}", tau=tau, w=w)
                 except Exception as e:  # noqa: BLE001 (a configuration that fails to build is reported)
                     out[f"error_{tag}_w{w}_tc{tc}"] = f"{type(e).__name__}: {e}"[:300]
                 finally:

@@ -127,18 +127,14 @@ def _dense3d(dev) -> bool:
     return (torch.device(dev).type != "cuda") if DENSE3D_OVERRIDE is None else DENSE3D_OVERRIDE
 
 
-#: tilt grid points per step by the program's warps (``tilt_chunk``); None: TILT_CHUNK at every count
-TILT_CHUNK_BY_WARPS: dict[int, int] = {}
-#: a bench's forced chunk (bench/tilt_cost.py); None: TILT_CHUNK_BY_WARPS
+#: a bench's forced chunk (bench/tilt_cost.py); None: TILT_CHUNK
 TILT_CHUNK_OVERRIDE: int | None = None
 
 
-def tilt_chunk(num_warps: int) -> int:
-    """Grid points of the tilt per [TC, bins] step (``_tv_row``'s TC) for a program of ``num_warps`` warps:
-    a power of two dividing COARSE and REFINE (the refinement walks one interval at a time). The bound does
-    not depend on it."""
-    tc = TILT_CHUNK_OVERRIDE or TILT_CHUNK_BY_WARPS.get(num_warps, TILT_CHUNK)
-    tc = min(triton.next_power_of_2(tc), COARSE, REFINE)
+def tilt_chunk() -> int:
+    """Grid points of the tilt per [TC, bins] step (``_tv_row``'s TC): a power of two dividing COARSE and
+    REFINE (the refinement walks one interval at a time). The bound does not depend on it."""
+    tc = min(triton.next_power_of_2(TILT_CHUNK_OVERRIDE or TILT_CHUNK), COARSE, REFINE)
     if COARSE % tc or REFINE % tc:
         raise ValueError(f"tilt chunk {tc}: must divide COARSE {COARSE} and REFINE {REFINE}")
     return tc
@@ -147,10 +143,6 @@ def tilt_chunk(num_warps: int) -> int:
 def _epsc(nbp: int) -> float:
     """Relative rounding-error coefficient of one float64 D(t, λ) evaluation over nbp bins."""
     return (4.0 * nbp + 16.0) * 2.0**-52
-
-
-#: warps of ``tv_from_hist``'s program per row (Triton's default)
-TV_KERNEL_WARPS = 4
 
 
 def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=None, lam=None, force_kernel: bool = False,
@@ -184,8 +176,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     scr = torch.empty(Rn, scratch_per_tier(NBP), dtype=torch.float64, device=dev)
     _tv_kernel[(Rn,)](w, lvr, r, x, la, out, scr, w.stride(0), lvr.stride(0), *tau_bracket(tilt_above),
                       NB=nb, NBP=NBP, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(NBP),
-                      DENSE3D=_dense3d(dev), TC=tilt_chunk(TV_KERNEL_WARPS),
-                      num_warps=TV_KERNEL_WARPS)
+                      DENSE3D=_dense3d(dev), TC=tilt_chunk())
     return tuple(t.reshape(shp) for t in out.unbind(-1))
 
 
@@ -338,7 +329,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
         FLUSH=FP32_FLUSH, OUT_REL0=c.out_rel0, BIAS=DITHER_BIAS_FACTOR,
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
-        TC=tilt_chunk(warps), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
+        TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles,
         num_warps=warps,

@@ -33,9 +33,8 @@ COARSE = 64
 REFINE_TOP = 8
 REFINE = 32
 FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
-#: points of the tilt's grid evaluated at a time on the GPU (``epilogue.tilt_chunk``: by the program's warps;
-#: a power of two dividing COARSE and REFINE): its
-#: [TC, bins] float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole
+#: points of the tilt's grid evaluated at a time on the GPU (``epilogue.tilt_chunk``; a power of two dividing
+#: COARSE and REFINE): its [TC, bins] float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole
 #: coarse grid at once, two programs per SM; bench/RESULTS.md run M). The values do not depend on it (every
 #: point's U is computed alone; the maxima are exact).
 TILT_CHUNK = 16
@@ -117,8 +116,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     sound on it), so refining never raises an interval's value; every mode then stops refining once no
     unrefined interval's value is above the refined maximum: refining on could not change the tilt, which is
     exactly the one of refining all RT (bench/RESULTS.md, run T; an adversarial review found the stop's
-    boundary discontinuous before the smaller-of-two rule). ``TC``: grid points per [TC, NBP] step on the GPU (divides N1
-    and NR; the values do not depend on it).
+    boundary discontinuous before the smaller-of-two rule). ``TC``: grid points per [TC, NBP] step on the GPU
+    (divides N1 and NR; the values do not depend on it).
     Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)

@@ -85,16 +85,10 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     sub = lo[..., None] + frac  # [R, TOP, REFINE]
     sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).reshape(R, rt, REFINE).amax(-1)
     sub_upper = torch.minimum(sub_upper, torch.gather(upper, 1, top))  # ≤ its coarse value (both sound)
-    # refined in that order until no unrefined interval is above the refined maximum (the kernel's stop):
-    # after k + 1 intervals the tilt is max(best_k, the (k + 2)-th largest coarse value), the all-refined one
-    best = torch.cummax(sub_upper, dim=-1).values  # [R, TOP]
-    nxt = torch.gather(upper, 1, order[:, 1 : rt + 1]) if COARSE > rt else torch.full_like(best, -1.0)
-    if nxt.shape[-1] < rt:
-        nxt = torch.cat([nxt, torch.full_like(best[:, :1], -1.0)], dim=-1)
-    stop = best >= nxt
-    stop[:, -1] = True
-    k = stop.int().argmax(-1, keepdim=True)  # the first interval after which the refinement stops
-    out = torch.maximum(torch.gather(best, 1, k), torch.gather(nxt, 1, k))[:, 0].clamp(0.0, 1.0)
+    # the kernel stops refining once no unrefined interval is above the refined maximum; with refined values
+    # ≤ coarse ones that is exactly the tilt of refining all of them, computed here
+    rest = torch.gather(upper, 1, order[:, rt : rt + 1])[:, 0] if COARSE > rt else torch.full_like(upper[:, 0], -1.0)
+    out = torch.maximum(sub_upper.amax(-1), rest).clamp(0.0, 1.0)
     # all radii 0 ⇒ TV = 0. (One non-empty bin is NOT one token: a bin holds many tokens of
     # equal level, whose fractional supremum is tanh(L/2) > 0 -- no shortcut for it.)
     out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)

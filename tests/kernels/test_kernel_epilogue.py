@@ -154,9 +154,10 @@ def test_tilt_chunk_does_not_change_the_bound(monkeypatch):
             assert torch.equal(got, base[tau]), (tau, tc)
     torch.testing.assert_close(base[-1.0], torch.stack(ref), rtol=0, atol=1e-12)  # non-lazy: the twin's
     monkeypatch.setattr(E, "TILT_CHUNK_OVERRIDE", None)
-    assert E.tilt_chunk(4) == E.TILT_CHUNK_BY_WARPS.get(4, E.TILT_CHUNK)
-    for w in (1, 2, 4, 8, 16):
-        tc = E.tilt_chunk(w)
+    assert E.tilt_chunk() == E.TILT_CHUNK
+    for forced in (1, 3, 16, 33, 1024):
+        monkeypatch.setattr(E, "TILT_CHUNK_OVERRIDE", forced)
+        tc = E.tilt_chunk()
         assert tc & (tc - 1) == 0 and E.COARSE % tc == 0 and E.REFINE % tc == 0
 
 

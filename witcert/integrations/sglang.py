@@ -353,6 +353,7 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
     scales = torch.stack([kernel_scale_tensor(k_scale, dev), kernel_scale_tensor(v_scale, dev)])
     if side.scale_t is None:  # the buffer's first recorded write fixes the scales its decode meters
         side.scale_t = scales.clone()
+        side.view_key = None  # (the decode's view compares its scales with these when it is built)
     ks, vs = scales[0].double(), scales[1].double()
     k_wit, v_wit, v_norm, k_norm, bad = side.rows
     G = k_wit.shape[-1]

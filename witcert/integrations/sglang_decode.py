@@ -83,7 +83,9 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
     vs = torch.tensor([vs32], **f32).view(1, 1, 1).expand(size, H, 1)
     z = torch.zeros(1, dtype=torch.float16, device=kb.device)
     side.view_key = key
-    side.view_scales = torch.tensor([ks32, vs32], **f32)  # compared with the witnesses' on the device
+    # the view's scales against the witnesses' (on the device, once per view: record_write drops the view when
+    # it first sets the witnesses' scales); True saturates every row the view serves
+    side.view_scale_bad = None if side.scale_t is None else (side.scale_t != torch.tensor([ks32, vs32], **f32)).any()
     side.view = PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
                    group_id=side.group_id, k_codes=kb.unsqueeze(2), v_codes=vb.unsqueeze(2), k_scale=ks, v_scale=vs,
                    k_zero=z, v_zero=z, k_wit=side.k_wit, v_wit=side.v_wit, v_norm=side.v_norm, k_norm=side.k_norm,
@@ -121,8 +123,8 @@ def metered_decode(args, kwargs, num_splits=None):
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
                  delta_step=STATE.delta_step, validate=False)
     bad = bad_rows(side, indptr, kv_indices, Bsz)
-    if side.ours is None and side.scale_t is not None:  # scales other than the witnesses': every row unmetered
-        bad = bad | (side.scale_t != side.view_scales).any()
+    if side.ours is None and side.view_scale_bad is not None:  # scales other than the witnesses': rows unmetered
+        bad = bad | side.view_scale_bad
     _saturate_rows(out.meter, bad)
     o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
     attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)

@@ -40,7 +40,9 @@ class LayerSide:
     #: rebuilt only when one changes (no per-call allocation / host transfer)
     view: object = None
     view_key: tuple | None = None
-    view_scales: torch.Tensor | None = None  # [2] float32: the view's (k_scale, v_scale) on the device
+    #: 0-dim bool on the device: the view's (k_scale, v_scale) are not the witnesses' (``scale_t``); None: no
+    #: recorded write yet (every slot unmetered anyway)
+    view_scale_bad: torch.Tensor | None = None
     #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
     #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
     bad: torch.Tensor | None = None
