@@ -57,9 +57,10 @@ from .dual_grid import TILT_DEFAULT_TOL
 from .inputs import PROB_SUM_TOL
 from .output_error import output_error_bound
 from .rounding import FP64_ABS_SLACK, FP64_REL_SLACK
-from .sketch_window import sketch_decode, sketch_encode, sketch_radius, sketch_witness, window_mask
+from .sketch_window import sketch_center, sketch_decode, sketch_encode, sketch_radius, sketch_witness, window_mask
 from .tier_b import dither_bias_bound, dither_radius, dither_variance_proxy, step_budget
 from .tv_bounds import (
+    box_levels,
     round_levels,
     tv,
     tv_bound,
@@ -98,6 +99,7 @@ __all__ = [
     "sketch_encode",
     "sketch_decode",
     "sketch_witness",
+    "sketch_center",
     "sketch_radius",
     "window_mask",
     "output_error_bound",
@@ -105,5 +107,6 @@ __all__ = [
     "dither_bias_bound",
     "dither_radius",
     "step_budget",
+    "box_levels",
     "round_levels",
 ]

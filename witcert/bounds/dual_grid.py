@@ -72,7 +72,40 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
     w = w / w.sum()
     eu, inv = np.unique(eps, return_inverse=True)
     wu = np.bincount(inv.reshape(-1), weights=w, minlength=eu.size)
-    a, b = np.exp(eu), np.exp(-eu)
+    return _branch_and_bound(wu, np.exp(eu), np.exp(-eu), tol, max_points)
+
+
+def _tilt_row_box(w: np.ndarray, up: np.ndarray, down: np.ndarray, tol: float, max_points: int) -> float:
+    """The centred (box) form of §3(c) for one row (Lean ``tilt_tv_le_dual_grid_box_endpoints``): the exact
+    distribution is p ∝ p̂·e^{η} with every η_j in [down_j, up_j] (δ = −η: a box |δ_j − c_j| ≤ ε_j has
+    up = −c + ε, down = −c − ε). The knapsack items are a_j = e^{up_j}, b_j = e^{down_j}, m = Σ p̂ b; the
+    same branch and bound as ``_tilt_row`` (which is the case up = ε = −down).
+
+    The box is shifted by M = max up (the bound is invariant under a common shift of η) and the shifted ends
+    are rounded outward (one ulp), so a, b carry only exp's rounding, as in the symmetric case. A spread
+    max up − min down above 700 saturates (1)."""
+    keep = w > 0
+    w, up, down = w[keep], up[keep], down[keep]
+    if w.size <= 1:
+        return 0.0
+    if not (np.all(np.isfinite(up)) and np.all(np.isfinite(down))) or np.any(down > up):
+        return 1.0
+    M = float(up.max())
+    if M - float(down.min()) > 700.0:  # e^{up − down} overflows: the bound is saturated
+        return 1.0
+    if float(down.min()) == M:  # every η_j is the same constant: p = p̂
+        return 0.0
+    w = w / w.sum()
+    xu = np.nextafter(up - M, np.inf)
+    xd = np.nextafter(down - M, -np.inf)
+    pairs, inv = np.unique(np.stack([xu, xd], axis=1), axis=0, return_inverse=True)
+    wu = np.bincount(inv.reshape(-1), weights=w, minlength=pairs.shape[0])
+    return _branch_and_bound(wu, np.exp(pairs[:, 0]), np.exp(pairs[:, 1]), tol, max_points)
+
+
+def _branch_and_bound(wu: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float, max_points: int) -> float:
+    """max over a refined grid of t of the intervals' endpoint upper values (``_tilt_row``), for items of mass
+    ``wu`` (a distribution) with a_k = e^{up_k} ≥ b_k = e^{down_k}, m = Σ wu b."""
     m = float(np.dot(wu, b))
     ts = np.linspace(0.0, 1.0, 33)
     dsafe, dval = _dual_values(ts, wu, a, b, m)

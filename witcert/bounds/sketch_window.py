@@ -103,7 +103,25 @@ def sketch_witness(r, r_tilde=None, weights=None, dot_gamma: float = 0.0):
     return _wrap(_round_up_rel(np.where(np.isnan(w), np.nan, w)), r, r_tilde)
 
 
-def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True):
+def sketch_center(q, r_tilde, scale):
+    """The centre of the centred sketch box (SPEC §3(c) as amended): ``c_hj = σ⟨q_h, r̃_j⟩`` ``[..., GQ, n]``
+    in fp64, for q ``[..., GQ, d]`` and r̃ ``[..., n, d]``. With ``sketch_radius(..., centered=True)`` (whose
+    witness carries this dot's rounding), ``|δ_hj − c_hj| ≤ ε_hj`` for δ = σ⟨q_h, r_j⟩ = served − exact logit."""
+    qa = _as_np(q, "q")
+    _need_ndim(qa, 2, "q", "[..., GQ, d]")
+    rt = _as_np(r_tilde, "r_tilde")
+    _need_ndim(rt, 2, "r_tilde", "[..., n, d]")
+    if rt.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"r_tilde: feature axis {rt.shape[-1]} does not match q's {qa.shape[-1]}")
+    sc = _as_np(scale, "scale")
+    if sc.ndim != 0:
+        raise ValueError("scale: expected a scalar softmax scale")
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = float(sc) * np.einsum("...hd,...nd->...hn", qa, rt)
+    return _wrap(c, q, r_tilde)
+
+
+def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True, centered: bool = False):
     """Tier A radius of the residual sketch (SPEC §2 as amended by issue 33; Lean
     ``WitCert.sketch_shared_radius_le``): for the query heads of one kv head, q ``[..., GQ, d]``, the
     tokens' sketches r̃ ``[..., n, d]`` (None: 0) and witnesses W ``[..., n]`` (``sketch_witness``),
@@ -112,7 +130,9 @@ def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True)
         c_h = |σ| ‖a⊙q_h‖,   u_j = max_h |σ⟨q_h, r̃_j⟩| / c_h,   ε_hj = c_h (W_j + u_j)   ≥ |σ⟨q_h, r_j⟩|
 
     (``shared=False``: u_hj = |σ⟨q_h, r̃_j⟩| / c_h per head, the tighter form; the kernels bin the shared
-    one, one level per token for all the heads of a kv head). The fp64 dot ⟨q, r̃⟩ is covered
+    one, one level per token for all the heads of a kv head). ``centered=True``: u = 0, ε_hj = c_h W_j, the
+    radius of the centred box ``|δ_hj − σ⟨q_h, r̃_j⟩| ≤ ε_hj`` (centre: ``sketch_center``; TV bound:
+    ``tv_bound_parts_logits(..., center=)``). The fp64 dot ⟨q, r̃⟩ is covered
     explicitly (γ_{d+2}·‖r̃/a‖ added to W), c_h and ε are rounded up. Returns ε ``[..., GQ, n]``; NaN /
     Inf anywhere give +inf radii."""
     qa = _as_np(q, "q")
@@ -136,7 +156,7 @@ def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True)
         dots = sig * np.einsum("...hd,...nd->...hn", qa, rt)  # [..., GQ, n]
         ratio = np.where(c[..., None] > 0, np.abs(dots) / np.where(c[..., None] > 0, c[..., None], 1.0), 0.0)
         ratio = _round_up_rel(ratio)
-        u = np.max(ratio, axis=-2, keepdims=True) if shared else ratio
+        u = 0.0 * ratio if centered else np.max(ratio, axis=-2, keepdims=True) if shared else ratio
         wfull = wa + gamma * _round_up_rel(_safe_norm(rt / a[..., None, :], axis=-1))
         eps = c[..., None] * (wfull[..., None, :] + u)
         pos = (c[..., None] > 0) & ((wfull[..., None, :] + u) > 0)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .dual_grid import TILT_DEFAULT_TOL, _tilt_row
+from .dual_grid import TILT_DEFAULT_TOL, _tilt_row, _tilt_row_box
 from .inputs import _as_np, _broadcast, _check_nonneg, _check_prob, _mask_np, _wrap
 from .rounding import _EPS64, FP64_ABS_SLACK
 
@@ -85,26 +85,83 @@ def round_levels(radius, levels):
     return _wrap(out, radius)
 
 
-def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15, mask=None):
+#: the centred box's centre grid: g = the largest power of two ≤ L₀ / BOX_CENTER_STEPS (``box_levels``)
+BOX_CENTER_STEPS = 16
+
+
+def box_levels(center, radius, levels, center_steps: int = BOX_CENTER_STEPS):
+    """Widen centred boxes ``|δ_j − c_j| ≤ ε_j`` onto ``levels`` (the centred tilt's histogram, SPEC §3(c) as
+    amended): returns ``(c̄, L)`` with ``[c̄ − L, c̄ + L] ⊇ [c − ε, c + ε]`` and L on the levels
+    (``round_levels``). The centre is rounded to a multiple of g, the largest power of two ≤ L₀/``center_steps``
+    (L₀ = ε rounded onto the levels; L₀ = 0 keeps c), which is exact, and the radius grows by |c − c̄| ≤ g/2
+    (rounded up) before it is rounded onto the levels: tokens then share few (c̄, L) pairs."""
+    if not isinstance(center_steps, (int, np.integer)) or isinstance(center_steps, bool) or center_steps < 1:
+        raise ValueError(f"center_steps: expected a positive int, got {center_steps!r}")
+    ca, ea = _as_np(center, "center"), _as_np(radius, "radius")
+    ca, ea = _broadcast("center", ca, "radius", ea)
+    L0 = _as_np(round_levels(ea, levels), "radius")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        _, ex = np.frexp(L0 / float(center_steps))
+        g = np.ldexp(1.0, ex - 1)
+        qc = ca / g
+        cb = np.where((L0 > 0) & np.isfinite(qc), g * np.round(qc), ca)
+        e1 = np.nextafter(ea + np.abs(ca - cb), np.inf)
+    eb = _as_np(round_levels(e1, levels), "radius")
+    return _wrap(cb, center, radius), _wrap(eb, center, radius)
+
+
+def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max_points: int = 1 << 15, mask=None,
+                  center=None):
     """SPEC §3(c): the dual-grid tilt bound, refined by branch and bound to within ``tol``.
 
     ``p_hat``, ``radius``: ``[..., n]``. With ``levels`` the radii are first rounded up onto
     them (``round_levels``) and p̂ mass is summed per level, exactly as a K-bin histogram.
     Sound for any grid; ``tol`` only controls tightness (the result is within ``tol`` of the
     fractional-relaxation supremum unless ``max_points`` grid points were not enough).
+    ``center`` c (None: 0): the centred box ``|δ_j − c_j| ≤ ε_j`` (``dual_grid._tilt_row_box``; with
+    ``levels``, widened onto them by ``box_levels``).
     """
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
-    pa, ea, ok, _ = _prep_bound(p_hat, radius, mask=mask)
+    pa, ea, ok, live = _prep_bound(p_hat, radius, mask=mask)
+    ca = _center_np(center, pa.shape, live)
+    if ca is not None:
+        ok = ok & np.all(np.isfinite(ca), axis=-1)
+        ca = np.where(np.isfinite(ca), ca, 0.0)
+    ea = np.where(np.isfinite(ea), ea, 0.0)
     if levels is not None:
-        ea = _as_np(round_levels(np.where(np.isfinite(ea), ea, 0.0), levels), "radius")
+        if ca is None:
+            ea = _as_np(round_levels(ea, levels), "radius")
+        else:
+            ca, ea = (_as_np(x, "radius") for x in box_levels(ca, ea, levels))
     flat_p = pa.reshape(-1, pa.shape[-1])
     flat_e = ea.reshape(-1, ea.shape[-1])
+    flat_c = None if ca is None else ca.reshape(-1, ca.shape[-1])
     flat_ok = ok.reshape(-1)
     out = np.ones(flat_ok.shape)
     for i in np.nonzero(flat_ok)[0]:
-        out[i] = _tilt_row(flat_p[i], flat_e[i], float(tol), int(max_points))
+        if flat_c is None:
+            out[i] = _tilt_row(flat_p[i], flat_e[i], float(tol), int(max_points))
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                up = np.nextafter(-flat_c[i] + flat_e[i], np.inf)
+                down = np.nextafter(-flat_c[i] - flat_e[i], -np.inf)
+            out[i] = _tilt_row_box(flat_p[i], up, down, float(tol), int(max_points))
     return _wrap(out.reshape(ok.shape), p_hat, radius)
+
+
+def _center_np(center, shape, live):
+    """The centres as float64 broadcast to ``shape`` (0 at masked tokens), or None."""
+    if center is None:
+        return None
+    ca = _as_np(center, "center")
+    if ca.shape[-1:] != shape[-1:]:
+        raise ValueError(f"center: last axis {ca.shape[-1:]} must equal the token axis {shape[-1:]}")
+    try:
+        ca = np.broadcast_to(ca, shape)
+    except ValueError:
+        raise ValueError(f"center: shape {ca.shape} does not broadcast to {shape}") from None
+    return np.where(live, ca, 0.0)
 
 
 def tv_bound_parts(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, mask=None):
@@ -124,10 +181,16 @@ def tv_bound(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, mask=Non
     return _wrap(np.minimum(np.minimum(a, b), c), p_hat, radius)
 
 
-def tv_sup_bruteforce(p_hat, radius, mask=None):
+def tv_sup_bruteforce(p_hat, radius, mask=None, center=None):
     """Exact ``sup TV(p, p̂)`` over the radius box by subset enumeration (n ≤ 16):
-    ``max_S A_S / (A_S + C_S) − p̂(S)``, ``A_S = Σ_S p̂ e^{ε}``, ``C_S = Σ_{S^c} p̂ e^{−ε}``."""
-    pa, ea, ok, _ = _prep_bound(p_hat, radius, mask=mask)
+    ``max_S A_S / (A_S + C_S) − p̂(S)``, ``A_S = Σ_S p̂ e^{ε}``, ``C_S = Σ_{S^c} p̂ e^{−ε}``; with ``center`` c
+    the box ``|δ_j − c_j| ≤ ε_j``: ``A_S = Σ_S p̂ e^{−c+ε}``, ``C_S = Σ_{S^c} p̂ e^{−c−ε}`` (p(S) is largest
+    with δ at the box's lower end on S and its upper end off S)."""
+    pa, ea, ok, live = _prep_bound(p_hat, radius, mask=mask)
+    ca = _center_np(center, pa.shape, live)
+    if ca is not None:
+        ok = ok & np.all(np.isfinite(ca), axis=-1)
+        ca = np.where(np.isfinite(ca), ca, 0.0)
     n = pa.shape[-1]
     if n > 16:
         raise ValueError(f"p_hat: brute force enumerates 2^n subsets and supports n <= 16, got n = {n}")
@@ -136,7 +199,13 @@ def tv_sup_bruteforce(p_hat, radius, mask=None):
         e = np.where(ok[..., None], ea, 0.0)
         p = np.where(ok[..., None], pa, 0.0)
         p = p / np.maximum(p.sum(axis=-1, keepdims=True), 1e-300)
-        up, dn = p * np.exp(e), p * np.exp(-e)
+        if ca is None:
+            up, dn = p * np.exp(e), p * np.exp(-e)
+        else:  # shifted by the row's largest upper end (a common factor cancels in A / (A + C))
+            hi, lo = -ca + e, -ca - e
+            sh = np.max(np.where(p > 0, hi, -np.inf), axis=-1, keepdims=True)
+            sh = np.where(np.isfinite(sh), sh, 0.0)
+            up, dn = p * np.exp(hi - sh), p * np.exp(lo - sh)
         A = up @ masks.T
         C = dn @ (1.0 - masks).T
         P = p @ masks.T

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from .dual_grid import TILT_DEFAULT_TOL, _tilt_row
+from .dual_grid import TILT_DEFAULT_TOL, _tilt_row, _tilt_row_box
 from .inputs import _as_np, _broadcast, _check_nonneg, _mask_np, _wrap
 from .rounding import _EPS64, FP64_ABS_SLACK
-from .tv_bounds import round_levels
+from .tv_bounds import box_levels, round_levels
 
 #: log p̂ below which a token's mass is not represented in the tilt's linear arithmetic: it is
 #: accounted for by the underflow term of ``tv_bound_parts_logits`` instead (SPEC §7)
@@ -29,7 +29,8 @@ def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.squeeze(out, axis=axis)
 
 
-def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, tilt: bool = True):
+def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, tilt: bool = True,
+                          center=None):
     """The three §3 bounds ``(tanh, e-form, tilt)`` from served **logits** ŝ (SPEC §3, §7).
 
     ``logits``, ``radius``, ``mask``: ``[..., n]`` (mask True = attended; None: all). p̂ =
@@ -45,6 +46,12 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
 
     Non-finite attended logits or radii saturate (1). A row with no attended token gives 0.
     ``tilt=False`` skips (c) (reported as 1): the closed forms only, for long prefill chunks.
+
+    ``center`` c ``[..., n]`` (None: 0) makes the box centred: ``|δ_j − c_j| ≤ ε_j`` (δ = served − exact
+    logits; c from the residual sketch, ``sketch_center``). Then (a) is ``tanh(osc/4)`` with osc = max(c + ε)
+    − min(c − ε) (Lean ``tilt_tv_le_tanh_osc``), (b) the e-form at |c| + ε (⊇ the box), (c) the centred tilt
+    (``dual_grid._tilt_row_box``, Lean ``tilt_tv_le_dual_grid_box_endpoints``; with ``levels`` the box is
+    first widened onto them, ``box_levels``), and the underflow term uses the box's ends.
     """
     la = _as_np(logits, "logits")
     ea = _as_np(radius, "radius")
@@ -54,35 +61,67 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
         raise ValueError(f"radius: last axis {ea.shape[-1:]} must equal the logits' token axis {la.shape[-1:]}")
     _check_nonneg(ea, "radius")
     la, ea = _broadcast("logits", la, "radius", ea)
+    ca = None
+    if center is not None:
+        ca = _as_np(center, "center")
+        if ca.shape[-1:] != la.shape[-1:]:
+            raise ValueError(f"center: last axis {ca.shape[-1:]} must equal the logits' token axis {la.shape[-1:]}")
+        la, ca = _broadcast("logits", la, "center", ca)
+        ea = np.broadcast_to(ea, la.shape)
     live = _mask_np(mask, la.shape)
     n = la.shape[-1]
     fl_l, fl_e, fl_live = la.reshape(-1, n), ea.reshape(-1, n), live.reshape(-1, n)
+    fl_c = None if ca is None else ca.reshape(-1, n)
     out = np.ones((3, fl_l.shape[0]))
     for i in range(fl_l.shape[0]):
-        out[:, i] = _parts_logits_row(fl_l[i], fl_e[i], fl_live[i], levels, float(tol), bool(tilt))
+        out[:, i] = _parts_logits_row(fl_l[i], fl_e[i], fl_live[i], levels, float(tol), bool(tilt),
+                                      None if fl_c is None else fl_c[i])
     shp = la.shape[:-1]
     return tuple(_wrap(out[k].reshape(shp), logits, radius) for k in range(3))
 
 
-def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL):
+def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, center=None):
     """``min(tanh, e-form, tilt)`` of ``tv_bound_parts_logits``."""
-    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts_logits(logits, radius, mask=mask, levels=levels, tol=tol))
+    a, b, c = (_as_np(x, "bound") for x in tv_bound_parts_logits(logits, radius, mask=mask, levels=levels, tol=tol,
+                                                                  center=center))
     return _wrap(np.minimum(np.minimum(a, b), c), logits, radius)
 
 
-def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, tol: float, tilt: bool = True) -> np.ndarray:
+def _box_ends(c: np.ndarray, e: np.ndarray):
+    """The exponent box of the tilt, η = −δ ∈ [down, up]: up = −c + ε, down = −c − ε, rounded outward."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        up = np.nextafter(-c + e, np.inf)
+        down = np.nextafter(-c - e, -np.inf)
+    return up, down
+
+
+def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, tol: float, tilt: bool = True,
+                      c: np.ndarray | None = None) -> np.ndarray:
     if not live.any():
         return np.zeros(3)
     s, e = s[live], e[live]
+    if c is not None:
+        c = c[live]
+        if not np.all(np.isfinite(c)):
+            return np.ones(3)
     if not (np.all(np.isfinite(s)) and np.all(np.isfinite(e))):
         return np.ones(3)
-    emax = float(e.max())
-    tanh = min(math.tanh(emax / 2.0) + FP64_ABS_SLACK, 1.0)
+    if c is None:
+        esym = e
+        tanh = min(math.tanh(float(e.max()) / 2.0) + FP64_ABS_SLACK, 1.0)
+    else:  # tanh(osc/4), osc = max(c + ε) − min(c − ε) (δ's range), rounded up
+        up, down = _box_ends(c, e)
+        osc = float(np.nextafter(float(up.max()) - float(down.min()), np.inf))
+        tanh = min(math.tanh(osc / 4.0) + FP64_ABS_SLACK, 1.0) if math.isfinite(osc) else 1.0
+        with np.errstate(over="ignore"):
+            esym = np.nextafter(np.abs(c) + e, np.inf)  # the symmetric radius |c| + ε ⊇ the box: the e-form's
+        if not np.all(np.isfinite(esym)):
+            return np.array([tanh, 1.0, 1.0])
     if s.size == 1:
         return np.array([tanh, 0.0, 0.0])  # one token: p = p̂ = 1
     lp = s - _logsumexp(s)
     # e-form in the log domain; the rounding of logsumexp is bounded explicitly
-    x = lp + e
+    x = lp + esym
     logA = float(_logsumexp(x))
     errA = (4.0 * s.size + 8.0 + 2.0 * float(np.max(np.abs(x))) + 2.0 * float(np.max(np.abs(s)))) * _EPS64
     with np.errstate(over="ignore"):
@@ -91,14 +130,21 @@ def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, to
     if not tilt:
         return np.array([tanh, eform, 1.0])
     # tilt on the represented tokens V, plus the underflow term for U
-    if levels is not None:
-        e = _as_np(round_levels(e, levels), "radius")
     V = lp >= LOG_MASS_FLOOR
     w = np.exp(lp[V])
     eta = (float(np.max(np.abs(lp[V]))) + 4.0 + 2.0 * float(np.max(np.abs(s)))) * _EPS64
-    tilt = _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta
+    if c is None:
+        if levels is not None:
+            e = _as_np(round_levels(e, levels), "radius")
+        up, down = e, -e
+        tilt = _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta
+    else:
+        if levels is not None:
+            cb, eb = box_levels(c, e, levels)
+            up, down = _box_ends(cb, eb)
+        tilt = _tilt_row_box(w, up[V], down[V], tol, 1 << 15) + 2.0 * eta
     if not V.all():
-        logm = float(_logsumexp(lp[V] - e[V]))
-        log_rho = np.logaddexp(float(_logsumexp(lp[~V])), float(_logsumexp(lp[~V] + e[~V])) - logm)
+        logm = float(_logsumexp(lp[V] + down[V]))
+        log_rho = np.logaddexp(float(_logsumexp(lp[~V])), float(_logsumexp(lp[~V] + up[~V])) - logm)
         tilt += math.exp(min(float(log_rho) + 1e-12, 10.0))
     return np.array([tanh, eform, min(tilt, 1.0)])
