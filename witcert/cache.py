@@ -65,6 +65,7 @@ from .cache_args import (
     check_host_pool,
     check_request_args,
     check_seed,
+    check_sketch_box,
     check_sketch_layout,
     check_tilt_above,
     default_sketch_bits,
@@ -112,7 +113,10 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
     for ``int8_dither``: every metered query row spends its own budget δ_step(row), so a
     request spends ≤ δ_req however its rows are chunked. ``seed`` keys the dither; None (the
     default) draws a fresh one per request (``reset()`` draws again), recorded in ``seed``
-    and ``summary()``."""
+    and ``summary()``. ``sketch_box``: how the reference path meters the sketch radius,
+    "centred" (|δ_j − σ⟨q, r̃_j⟩| ≤ c_h W_j, the centred tilt; reference path only), "symmetric"
+    (|δ_j| ≤ c_h (W_j + u_j), the kernels' bins) or "auto" (each path its own: centred on the
+    reference path, symmetric on the kernel path)."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
     #: batch; the same rows either way, bit-identical in the interpreter: tests/kernels/test_kernel_gate_cache.py,
@@ -144,6 +148,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         window="default",
         weights=None,
         host_pool=None,
+        sketch_box: str = "auto",
     ):
         scheme = resolve_scheme(scheme)  # an alias of the scheme table (fp8, int4, kivi, auto) → its scheme
         get_scheme(scheme)  # ValueError naming the known schemes
@@ -165,6 +170,10 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
         check_backend(backend, scheme, D, num_groups, witness, block_size, Hq, Hkv)
         self.backend = backend
+        # sketch_box: how the reference path meters the sketch radius: "centred" (|δ − σ⟨q, r̃⟩| ≤ c_h W, the
+        # centred tilt: tighter), "symmetric" (|δ| ≤ c_h (W + u), the kernels' form), "auto" (centred where the
+        # reference path meters, the kernels' symmetric form where they do)
+        self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits)
         self.tilt_above = check_tilt_above(tilt_above)
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)

@@ -90,6 +90,24 @@ def check_sketch_layout(sketch: bool, num_groups: int, witness: str) -> None:
                          "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
 
 
+SKETCH_BOXES = ("auto", "centred", "symmetric")
+
+
+def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
+    """``sketch_box`` (``WitCertCache``): "centred" needs the reference path (the kernels bin the symmetric
+    box) and a sketch (without one the centre is 0: the same bound); "auto" is logged when it matters."""
+    if sketch_box not in SKETCH_BOXES:
+        raise ValueError(f"sketch_box: expected one of {SKETCH_BOXES}, got {sketch_box!r}")
+    if sketch_box == "centred" and backend != "reference":
+        raise ValueError("sketch_box='centred': the kernels bin the symmetric sketch box |δ| ≤ c_h (W + u); the "
+                         "centred box is metered on the reference path only (backend='reference'), or pass "
+                         "sketch_box='auto'")
+    if sketch_box == "auto" and sketch_bits and backend != "reference":
+        log.info("sketch_box auto: the reference path meters the centred sketch box, the kernel path the "
+                 "symmetric one (its bins); the bounds differ between the backends")
+    return sketch_box
+
+
 def check_backend(backend, scheme: str, D: int, num_groups: int, witness: str, block_size: int, Hq: int, Hkv: int):
     """``backend``: "auto", "reference" or "kernel"; "kernel" only where the kernels serve this cache (a
     device or the interpreter, a kernel scheme, the head dim, G = 1 per-token witnesses, T = 16, the GQA

@@ -126,20 +126,25 @@ def tier_b_radius(q, scales, scale, n: int, delta_step):
     return B.dither_radius(V, n, delta_step, bias=bias)
 
 
-def _tv_parts(logits: np.ndarray, radius: np.ndarray, mask: np.ndarray, live: np.ndarray, levels, tilt: bool):
-    """[3, rows] parts and [rows] bad for flat [rows, n] inputs."""
+def _tv_parts(logits: np.ndarray, radius: np.ndarray, mask: np.ndarray, live: np.ndarray, levels, tilt: bool,
+              center: np.ndarray | None = None):
+    """[3, rows] parts and [rows] bad for flat [rows, n] inputs (``center``: the centred box, or None)."""
     finite = ~(mask & ~np.isfinite(logits)).any(-1) & ~(mask & np.isnan(radius)).any(-1)
+    if center is not None:
+        finite &= ~(mask & ~np.isfinite(center)).any(-1)
     ok = live & finite
     parts = np.ones((3, logits.shape[0]))
     if ok.any():
         parts[:, ok] = np.stack(B.tv_bound_parts_logits(logits[ok], np.where(mask[ok], radius[ok], 0.0), mask=mask[ok],
-                                                        levels=levels, tilt=tilt))
+                                                        levels=levels, tilt=tilt,
+                                                        center=None if center is None else
+                                                        np.where(mask[ok], center[ok], 0.0)))
     bad = live & ~finite
     return np.where(bad, 1.0, np.where(live, parts, 0.0)), bad
 
 
 def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness=None, radius_b=None, levels=None,
-            tilt: bool = True, risk: bool = False, tau_v: float | None = None) -> MeterResult:
+            tilt: bool = True, risk: bool = False, tau_v: float | None = None, center=None) -> MeterResult:
     """One meter step (module doc).
 
     ``logits`` ŝ, ``radius`` ε, ``mask`` (True = attended; None: all), ``radius_b`` (Tier B t):
@@ -147,7 +152,8 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
     ``logits``; E⁺ and the risk read it). ``values`` v̂ [..., n, d_v] and ``value_witness`` φ
     [..., n] (broadcastable): E⁺. ``levels``: the tilt's radius levels (``bounds.round_levels``);
     ``tilt=False``: the closed forms only (tilt reported as 1). ``risk``: also the per-token risk
-    (``token_risk``, with φ / τ_v when ``tau_v`` is given)."""
+    (``token_risk``, with φ / τ_v when ``tau_v`` is given). ``center`` c (broadcast to [..., n]; None: 0):
+    Tier A's box is centred, |δ_j − c_j| ≤ ε_j (``bounds.tv_bound_parts_logits``); the risk reads |c| + ε."""
     is_t = isinstance(logits, torch.Tensor)
     dev = logits.device if is_t else None
     ln_full = _np(logits, np.float64)
@@ -158,7 +164,8 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
     n = ln_full.shape[-1]
     live_full = mk_full.any(-1)
     ln_, en, mk, lv = ln_full.reshape(-1, n), en_full.reshape(-1, n), mk_full.reshape(-1, n), live_full.reshape(-1)
-    parts, bad = _tv_parts(ln_, en, mk, lv, levels, tilt)
+    cn_full = None if center is None else np.broadcast_to(_np(center, np.float64), ln_full.shape)
+    parts, bad = _tv_parts(ln_, en, mk, lv, levels, tilt, None if cn_full is None else cn_full.reshape(-1, n))
     tv = parts.min(0)
 
     def out(x):  # [k, rows] -> [k, ...], [rows] -> [...], in the library type of ``logits``
@@ -193,7 +200,8 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
     if risk:
         tdev = dev if is_t else None
         pt = _torch(p, tdev)
-        rt = token_risk(pt, _torch(ln_full, tdev), _torch(mk_full, tdev), _torch(live_full, tdev), _torch(en_full, tdev),
+        esym = en_full if cn_full is None else np.abs(cn_full) + en_full  # the box ⊆ |δ| ≤ |c| + ε
+        rt = token_risk(pt, _torch(ln_full, tdev), _torch(mk_full, tdev), _torch(live_full, tdev), _torch(esym, tdev),
                         None if tau_v is None else _torch(_np(value_witness, np.float64), tdev), tau_v)
         res.risk = rt if is_t else rt.numpy()
     return res

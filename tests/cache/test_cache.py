@@ -186,7 +186,8 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     use_witcert(model)
     enc = _batch(tok, [PROMPTS[1]])
     kw = dict(delta_req=1e-3, seed=0) if scheme == "int8_dither" else {}
-    ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, **kw)
+    # the kernels' formula on both paths (sketch_box="symmetric"); the centred box is the reference path's own
+    ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, sketch_box="symmetric", **kw)
     ker = WitCertCache(model.config, scheme=scheme, backend="kernel", **kw)
     a = _gen(model, enc, past_key_values=ref)
     b = _gen(model, enc, past_key_values=ker)
@@ -208,6 +209,34 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     assert WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked")).gate is not None
     with pytest.raises(ValueError, match="G = 1"):
         WitCertCache(model.config, scheme="int8", backend="kernel", gate=Gate("risk-ranked"), num_groups=2)
+
+
+def test_centred_sketch_box_on_the_reference_path(smollm2):
+    """The reference path's default ("auto": centred) against the kernels' symmetric form on the same request:
+    both cover the realised TV (audit), the centred one is tighter; "centred" is refused off the reference
+    path, and an unknown box is refused."""
+    model, tok = smollm2
+    use_witcert(model)
+    enc = _batch(tok, [PROMPTS[1]])
+    kw = dict(scheme="int8", backend="reference", audit=True, window=None)  # no window: every token metered
+    cen = WitCertCache(model.config, **kw)
+    sym = WitCertCache(model.config, sketch_box="symmetric", **kw)
+    assert cen.sketch_box == "auto" and cen.sketch_bits == 2
+    a = _gen(model, enc, past_key_values=cen)
+    b = _gen(model, enc, past_key_values=sym)
+    assert torch.equal(a.sequences, b.sequences)
+    tv_c = np.stack([r.tv_a for r in cen.records])
+    tv_s = np.stack([r.tv_a for r in sym.records])
+    real = np.stack([r.tv_real for r in cen.records])
+    assert sum(r.audit_violations for r in cen.records) == 0
+    assert np.all(tv_c >= real) and np.all(tv_s >= real)
+    assert np.median(tv_c) < 0.85 * np.median(tv_s)
+    with pytest.raises(ValueError, match="reference path only"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", sketch_box="centred")
+    with pytest.raises(ValueError, match="reference path only"):
+        WitCertCache(model.config, scheme="int8", sketch_box="centred")  # auto may pick the kernel path
+    with pytest.raises(ValueError, match="sketch_box"):
+        WitCertCache(model.config, scheme="int8", sketch_box="centered")
 
 
 def test_kernel_backend_refuses_unsupported_head_dim():

@@ -458,11 +458,13 @@ def tightness_results():
 
 @_NO_MODEL
 def test_tightness_targets_of_issue_33(tightness_results):
-    """``witcert tightness`` defaults on the embedded model (reference path): issue 33's targets that the
-    defaults meet (the ratio ≤ 4 and the 1.7× memory targets are not: bench/TIGHTNESS.md)."""
+    """``witcert tightness`` defaults on the embedded model (reference path, the centred sketch box): issue 33's
+    targets that the defaults meet there (median TV⁺/TV 3.70; the kernel path's symmetric box is 6.3, and the
+    1.7× memory target is not met: bench/TIGHTNESS.md)."""
     r = tightness_results["int8"]
     assert r.rows >= 1000 and r.prompts >= 2 and r.violations == 0
     assert r.cov_05 >= 0.90 and r.median_bound <= 0.02
+    assert r.median_ratio <= 4.0, r.median_ratio  # 5.57 with the symmetric box
     for s in ("int4_group", "kivi2"):
         t = tightness_results[s]
         assert t.violations == 0 and t.median_bound <= 0.3, (s, t.median_bound)
