@@ -2,6 +2,7 @@ import WitCert.Bands
 import WitCert.Radius
 import WitCert.TiltTV
 import WitCert.TiltEndpoints
+import WitCert.TiltBox
 import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget

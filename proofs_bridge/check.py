@@ -16,6 +16,9 @@ line counting all three, and exits non-zero if any fails. What is checked:
   grid and the fp64 reference's ``tv_bound_tilt`` on a fixed grid, against t − D(t, λ) at both ends of every
   interval; the residual-sketch radius (``_check_sketch_radius``, Lean ``sketch_shared_radius_le`` /
   ``sketch_logit_error_le``) against ``formulas.SKETCH_RADIUS`` / ``SKETCH_PER_HEAD``;
+* the §3(c) tilt of the centred box (``check_tilt_box``, Lean ``tilt_tv_le_dual_grid_box_endpoints``): the fp64
+  reference's ``dual_grid._tilt_row_box`` on a fixed grid against t − dualDBox(t, λ) at both ends of every interval
+  (``formulas.DUAL_ITEM_BOX``), and, with ``tv_bound_parts_logits(center=…)``, never below the brute-force supremum;
 * falsification: every §9 statement on random instances in 50-digit arithmetic (``falsify``);
 * Lean statements: every §9 theorem (and ``tail_at_radius``) is parsed from ``lean/`` by
   ``lean_parse`` and its conclusion and defining hypotheses must equal ``formulas.LEAN_THEOREMS``;
@@ -148,6 +151,7 @@ def check_formulas(seed: int = 0, points: int = 200):
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
     out += check_tilt_endpoints(rng)
+    out += check_tilt_box(rng)
     return out
 
 
@@ -368,6 +372,146 @@ def _check_kernel_endpoints(data):
         rest = np.delete(U, top).max() if N1 > RT else -1.0
         want.append(min(1.0, max(0.0, refined, rest)))
     return (name, _above(got, np.array(want), 1e-9), "")
+
+
+# ------------------------------------------- SPEC §3(c), the centred box (lean/WitCert/TiltBox.lean)
+_DUAL_ITEM_BOX = sp.lambdify((F.lam, F.t, F.c_box, F.x), F.DUAL_ITEM_BOX, "numpy")
+_BOX_UP = sp.lambdify((F.c_box, F.x), F.BOX_UP, "numpy")
+_BOX_DOWN = sp.lambdify((F.c_box, F.x), F.BOX_DOWN, "numpy")
+
+
+def _g_box_formula(t, lam, w, c, x):
+    """g(t) = t − D(t, λ) from ``formulas.DUAL_ITEM_BOX`` (D = dualDBox w c x = Σ_k w_k item(c_k, x_k)); t, lam
+    broadcast, w, c, x [K]."""
+    t, lam = np.broadcast_arrays(np.asarray(t, float), np.asarray(lam, float))
+    return t - np.sum(w * _DUAL_ITEM_BOX(lam[..., None], t[..., None], c, x), axis=-1)
+
+
+def _box_centres(rng, K):
+    """Centres of both signs, magnitudes log-uniform in [0.01, 3]."""
+    return rng.choice([-1.0, 1.0], K) * 10.0 ** rng.uniform(-2.0, np.log10(3.0), K)
+
+
+def _box_rows(rng, rows, K):
+    """Histogram rows of the centred box: masses w (a distribution, some bins empty), centres c, radii ε ≥ 0 (all 0
+    on every fifth row: the tilt is known exactly; on every third row two bins share their box)."""
+    out = []
+    for r in range(rows):
+        w = rng.dirichlet(np.ones(K)) * (rng.random(K) < 0.8)
+        w[r % K] = max(w[r % K], 1e-3)
+        w = w / w.sum()
+        c = _box_centres(rng, K)
+        e = rng.exponential([0.02, 0.3, 1.0, 3.0][r % 4], K)
+        if r % 5 == 4:
+            e[:] = 0.0
+        if r % 3 == 2:
+            c[1], e[1] = c[0], e[0]
+        out.append((w, c, e))
+    return out
+
+
+def _corner_sup(p, c, e):
+    """max_S A_S/(A_S + C_S) − p̂(S), A_S = Σ_S p̂ e^{−c+ε}, C_S = Σ_{Sᶜ} p̂ e^{−c−ε} (Lean ``tilt_mass_le_box``), and
+    the TV of the corner tilt δ = c − ε on the maximising S, c + ε off it (which attains it)."""
+    n = p.size
+    best, arg = -1.0, 0
+    for S in range(1 << n):
+        ins = (S >> np.arange(n)) & 1 == 1
+        A = float(np.sum(p[ins] * np.exp(_BOX_UP(c[ins], e[ins]))))
+        Cc = float(np.sum(p[~ins] * np.exp(_BOX_DOWN(c[~ins], e[~ins]))))
+        v = A / (A + Cc) - float(np.sum(p[ins]))
+        if v > best:
+            best, arg = v, S
+    ins = (arg >> np.arange(n)) & 1 == 1
+    d = np.where(ins, c - e, c + e)
+    q = p * np.exp(-d)
+    return best, 0.5 * float(np.sum(np.abs(q / q.sum() - p)))
+
+
+def check_tilt_box(rng, rows: int = 12, K: int = 6):
+    """``tilt_tv_le_dual_grid_box_endpoints`` (the centred box |δ_j − c_j| ≤ ε_j): the fp64 reference's box tilt
+    ``witcert.bounds.dual_grid._tilt_row_box(w, up, down, …)`` (p ∝ p̂ e^{η}, η_j ∈ [down_j, up_j], i.e. up = −c + ε,
+    down = −c − ε: ``formulas.BOX_UP`` / ``BOX_DOWN``):
+
+    * on its first grid (``max_points=33``: 32 intervals) it is max_i min(max(g(t_i), g(t_{i+1})), t_{i+1}),
+      g(t) = t − dualDBox(t, λ_i) from ``formulas.DUAL_ITEM_BOX`` at c = −(up + down)/2, ε = (up − down)/2, with λ_i
+      tight at t_i (``dual_grid._lambda_at`` on a = e^{up}, b = e^{down}, m = Σ w b), every λ_i ≥ 0;
+    * on random token rows (n ≤ 9) the brute force ``tv_sup_bruteforce(p̂, ε, center=c)`` is max_S A_S/(A_S+C_S) −
+      p̂(S) (``tilt_mass_le_box``) and a corner tilt attains it; the box tilt and the three parts of
+      ``tv_bound_parts_logits(log p̂, ε, center=c)``, without and with ``levels`` (``tilt_tv_le_hist_box_endpoints``),
+      are at least it;
+    * ``box_levels`` (the histogram's boxes) contains every token's box (``_check_box_levels``)."""
+    try:
+        from witcert import bounds as B
+        from witcert.bounds import dual_grid
+    except ImportError as exc:
+        return [("box tilt: reference", False, f"cannot import witcert.bounds: {exc}")]
+    names = ("reference box tilt (fixed grid) = max_i max(g(t_i), g(t_i+1)), g = t − dualDBox(t, λ_i)",
+             "reference box tilt: every λ_i ≥ 0",
+             "brute force (center) = max_S A_S/(A_S+C_S) − p̂(S), attained at a corner",
+             "reference box tilt and tv_bound_parts_logits(center=c) ≥ brute-force supremum")
+    if not hasattr(dual_grid, "_tilt_row_box"):
+        return [(n, False, "witcert.bounds.dual_grid._tilt_row_box is missing") for n in names]
+    out = []
+    ts = np.linspace(0.0, 1.0, 33)
+    ok_ref, ok_lam, worst = True, True, 0.0
+    for w, c, e in _box_rows(rng, rows, K):
+        up, down = _BOX_UP(c, e), _BOX_DOWN(c, e)
+        got = float(dual_grid._tilt_row_box(w, up, down, B.TILT_DEFAULT_TOL, 33))
+        live = w > 0
+        wl, cl, el = w[live], -(up[live] + down[live]) / 2, (up[live] - down[live]) / 2
+        a, b = np.exp(up[live]), np.exp(down[live])
+        lam = dual_grid._lambda_at(ts, wl, a, b, float(np.dot(wl, b)))
+        ok_lam &= bool(np.all(lam >= 0))  # hlam
+        g0 = _g_box_formula(ts[:-1], lam[:-1], wl, cl, el)
+        g1 = _g_box_formula(ts[1:], lam[:-1], wl, cl, el)
+        want = min(1.0, max(0.0, float(np.minimum(np.maximum(g0, g1), ts[1:]).max())))
+        ok_ref &= _above(got, want, B.FP64_ABS_SLACK + 1e-9)
+        worst = max(worst, abs(got - want))
+    out.append((names[0], ok_ref, f"largest |got − formula| {worst:.2e}"))
+    out.append((names[1], ok_lam, ""))
+    ok_bf, ok_sound, detail = True, True, ""
+    levels = np.cumsum(rng.exponential(0.1, 16))  # the histogram's levels (box_levels) for the second evaluation
+    for r in range(2 * rows):
+        n = 2 + r % 8
+        p = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
+        p = np.maximum(p, 1e-6)
+        p = p / p.sum()
+        c = _box_centres(rng, n)
+        e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)  # every fourth row: ε = 0
+        brute = float(B.tv_sup_bruteforce(p[None], e[None], center=c[None])[0])
+        sup, attained = _corner_sup(p, c, e)
+        ok_bf &= abs(brute - sup) <= 1e-12 and abs(attained - sup) <= 1e-12
+        tilt = float(dual_grid._tilt_row_box(p, _BOX_UP(c, e), _BOX_DOWN(c, e), B.TILT_DEFAULT_TOL, 1 << 15))
+        parts = [float(np.asarray(x).reshape(-1)[0]) for lv in (None, levels) for x in B.tv_bound_parts_logits(
+            np.log(p)[None], e[None], levels=lv, center=c[None])]
+        if min([tilt] + parts) < sup - 1e-12:
+            ok_sound, detail = False, f"row {r}: sup {sup:.6g}, box tilt {tilt:.6g}, parts {parts}"
+    out.append((names[2], ok_bf, ""))
+    out.append((names[3], ok_sound, detail))
+    out.append(_check_box_levels(B, rng))
+    return out
+
+
+def _check_box_levels(B, rng):
+    """``witcert.bounds.box_levels`` widens each box onto the levels: [c̄ − L, c̄ + L] ⊇ [c − ε, c + ε] (exactly, in
+    the floats' real values), the hypothesis ``hbox`` of ``tilt_tv_le_hist_box_endpoints`` for the histogram over
+    the (c̄, L) pairs; L ≥ ε's level (``round_levels``), radii above the top level included."""
+    name = "box_levels: [c̄ − L, c̄ + L] ⊇ [c − ε, c + ε] (hbox of tilt_tv_le_hist_box_endpoints)"
+    if not hasattr(B, "box_levels"):
+        return (name, False, "witcert.bounds.box_levels is missing")
+    from fractions import Fraction
+
+    levels = np.cumsum(rng.exponential(0.05, 24))
+    c = np.concatenate([_box_centres(rng, 64), [0.0, 1e-3, -2.5]])
+    e = np.concatenate([rng.exponential(0.3, 64) * (rng.random(64) < 0.9), [0.0, 5.0, 0.7]])  # 5.0: over the top
+    cb, L = (np.asarray(v, float) for v in B.box_levels(c[None], e[None], levels))
+    cb, L = cb[0], L[0]
+    ok = bool(np.all(L >= np.asarray(B.round_levels(e[None], levels), float)[0]))
+    for cj, ej, cbj, Lj in zip(c, e, cb, L):
+        cj, ej, cbj, Lj = (Fraction(float(v)) for v in (cj, ej, cbj, Lj))
+        ok &= cbj - Lj <= cj - ej and cj + ej <= cbj + Lj
+    return (name, ok, "")
 
 
 def check_falsification(trials: int = 2000, seed: int = 0):

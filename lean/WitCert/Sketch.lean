@@ -25,6 +25,8 @@ The kernel shares one level per token between the query heads of a kv head: with
 
 * `weighted_inner_le` — weighted Cauchy–Schwarz `|⟨q, x⟩| ≤ ‖a ⊙ q‖ · ‖x / a‖`.
 * `sketch_logit_error_le` — the per-head radius above (triangle inequality + `weighted_inner_le`).
+* `sketch_centred_error_le` — the centred box `|δ − σ ⟨q, r̃⟩| ≤ |σ| ‖a ⊙ q‖ W` (the reference path's
+  centred tilt, `TiltBox.lean`);
 * `sketch_shared_radius_le` — the shared form `c_h · (W + u)`, what the kernel bins;
   `sketch_u_of_ratio_le` — the kernel's `u = max_h' ratio` satisfies its hypothesis.
 * `projected_logit_error_le` — SPEC §8's projected radius
@@ -116,6 +118,37 @@ theorem sketch_logit_error_le (a q r rt : d → ℝ) (ha : ∀ i, a i = 0 → r 
       ≤ |sigma| * (|∑ i, q i * rt i| + gnorm univ (wmul a q) * W) :=
         mul_le_mul_of_nonneg_left htri hs0
     _ = |sigma| * |∑ i, q i * rt i| + |sigma| * gnorm univ (wmul a q) * W := by ring
+
+/-- The centred box (issue 33, the reference path's `sketch_box="centred"`): the logit error is within
+`|σ| ‖a ⊙ q‖ W` of the sketch's centre `σ ⟨q, r̃⟩` — the hypothesis `heps` of
+`tilt_tv_le_dual_grid_box_endpoints` (`TiltBox.lean`) with `c = σ ⟨q, r̃⟩`, `ε = |σ| ‖a ⊙ q‖ W`;
+`witcert.bounds.sketch_center`, `sketch_radius(..., centered=True)`. -/
+theorem sketch_centred_error_le (a q r rt : d → ℝ) (ha : ∀ i, a i = 0 → r i = rt i)
+    (sigma W : ℝ) (hW : gnorm univ (wdiv (r - rt) a) ≤ W) :
+    |sigma * ∑ i, q i * r i - sigma * ∑ i, q i * rt i| ≤ |sigma| * gnorm univ (wmul a q) * W := by
+  -- `⟨q, r⟩ − ⟨q, r̃⟩ = ⟨q, r − r̃⟩` (`Pi.sub_apply`: Algebra/Notation/Pi/Defs.lean:110, additive)
+  have hdiff : ∑ i, q i * r i - ∑ i, q i * rt i = ∑ i, q i * (r - rt) i := by
+    rw [← Finset.sum_sub_distrib]
+    refine Finset.sum_congr rfl fun i _ => ?_
+    rw [Pi.sub_apply]
+    ring
+  have hx : ∀ i, a i = 0 → (r - rt) i = 0 := by
+    intro i hai
+    rw [Pi.sub_apply, ha i hai, sub_self]
+  have hcs : |∑ i, q i * (r - rt) i| ≤ gnorm univ (wmul a q) * gnorm univ (wdiv (r - rt) a) :=
+    weighted_inner_le a q (r - rt) hx
+  have hq0 : 0 ≤ gnorm univ (wmul a q) := Real.sqrt_nonneg _
+  have hcsW : |∑ i, q i * (r - rt) i| ≤ gnorm univ (wmul a q) * W :=
+    hcs.trans (mul_le_mul_of_nonneg_left hW hq0)
+  have hfac : sigma * ∑ i, q i * r i - sigma * ∑ i, q i * rt i
+      = sigma * ∑ i, q i * (r - rt) i := by
+    rw [← hdiff]
+    ring
+  rw [hfac, abs_mul]
+  calc |sigma| * |∑ i, q i * (r - rt) i|
+      ≤ |sigma| * (gnorm univ (wmul a q) * W) :=
+        mul_le_mul_of_nonneg_left hcsW (abs_nonneg sigma)
+    _ = |sigma| * gnorm univ (wmul a q) * W := by ring
 
 /-- The shared radius the kernel bins: with `c_h = |σ| ‖a ⊙ q_h‖` and one `u` for the token such
 that `|σ ⟨q_h', r̃⟩| ≤ c_h' · u` for every head `h'`, `|σ ⟨q_h, r⟩| ≤ c_h · (W + u)`. -/

@@ -6,7 +6,8 @@ returns the counterexamples it found (an empty list means none). ``STATEMENTS`` 
 theorem name to its check; ``proofs_bridge.check`` runs them all.
 
 The searches live in modules by the Lean files they check: ``tier_a`` (Radius, Bands, Sketch),
-``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tier_b`` (SubGaussian, Budget, Union, Request),
+``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tilt_box`` (TiltBox: the centred box of §3(c), and
+TiltEndpoints' histogram form), ``tier_b`` (SubGaussian, Budget, Union, Request),
 ``split_merge`` (SplitMerge), ``floating_point`` (FloatTV) and ``composed`` (the composed statements
 of issue 37); ``highprec`` holds the 50-digit arithmetic they share.
 """
@@ -34,6 +35,7 @@ from .tier_a import (
     rope_half_group_norm_invariant,
     rope_interleaved_group_norm_invariant,
     rope_layout_group_norm_invariant,
+    sketch_centred_error_le,
     sketch_radius,
     sketch_radius_ge_group_sum,
     weighted_inner_le,
@@ -49,6 +51,14 @@ from .tier_b import (
     uniform_hasSubgaussianMGF,
     uniform_mgf_le,
     union_tail_le,
+)
+from .tilt_box import (
+    dual_D_box,
+    dualDBox_regroup,
+    dualDBox_zero,
+    tilt_tv_le_dual_grid_box_endpoints,
+    tilt_tv_le_hist_box_endpoints,
+    tilt_tv_le_hist_endpoints,
 )
 from .tv_bounds import (
     dual_D,
@@ -121,6 +131,13 @@ STATEMENTS = {
     "request_tv_sound": request_tv_sound,
     "request_tv_sound_fixed": request_tv_sound,  # the same search runs both schedules
     "request_tv_sound_anytime": request_tv_sound,
+    "tilt_tv_le_hist_endpoints": tilt_tv_le_hist_endpoints,  # issue 37 (e), composed (TiltEndpoints.lean)
+    # SPEC §3(c), the centred box |δ_j − c_j| ≤ ε_j (lean/WitCert/TiltBox.lean)
+    "tilt_tv_le_dual_grid_box_endpoints": tilt_tv_le_dual_grid_box_endpoints,
+    "tilt_tv_le_hist_box_endpoints": tilt_tv_le_hist_box_endpoints,
+    "dualDBox_regroup": dualDBox_regroup,  # not parsed: its statement has `fun` and a filter
+    "dualDBox_zero": dualDBox_zero,  # not parsed: an equality of functions with `fun _ => 0`
+    "sketch_centred_error_le": sketch_centred_error_le,  # the sketch's centred box (Sketch.lean): TiltBox's heps
 }
 
 
@@ -133,4 +150,4 @@ def run(trials: int = 2000, seed: int = 0) -> dict:
 
 
 #: the searches by their own names (several theorems share one search: STATEMENTS maps each theorem to it)
-__all__ = ["STATEMENTS", "run", "dual_D"] + sorted({fn.__name__ for fn in STATEMENTS.values()})
+__all__ = ["STATEMENTS", "run", "dual_D", "dual_D_box"] + sorted({fn.__name__ for fn in STATEMENTS.values()})

@@ -181,6 +181,20 @@ def sketch_radius(rng, trials, shared=None):
     return bad
 
 
+def sketch_centred_error_le(rng, trials, radius=None):
+    """The centred box of the sketch (Sketch.lean, for TiltBox.lean's ``heps``): |σ⟨q, r⟩ − σ⟨q, r̃⟩| ≤ |σ| ‖a⊙q‖ W
+    (``radius``: the box's half-width as a function of |σ|, ‖a⊙q‖, W; the drift tests pass a wrong one)."""
+    radius = radius or (lambda s, qa, W: s * qa * W)
+    bad = []
+    for _ in range(trials):
+        d, a, r, rt, x, W, qs, sig = _sketch_instance(rng)
+        for q in qs:
+            err = abs(sig * _dot(q, r) - sig * _dot(q, rt))
+            if err > radius(abs(sig), _norm([ai * qi for ai, qi in zip(a, q)]), W) * (1 + mp.mpf(10) ** -40) + mp.mpf(10) ** -60:
+                bad.append((a, q, r, rt))
+    return bad
+
+
 def projected_logit_error_le(rng, trials):
     """|σ⟨q, r⟩| ≤ |σ| (|Σ_P q r| + ‖q_{¬P}‖ ‖r_{¬P}‖) for any set P of coordinates."""
     bad = []
