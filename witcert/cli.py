@@ -249,6 +249,9 @@ def _add_tightness(sub) -> A.OneLineParser:
     g.add_argument("--device", type=A.device, default="cpu", help="cpu, cuda[:N] or auto")
     g.add_argument("--backend", choices=("auto", "reference", "kernel"), default="auto",
                    help="the cache's backend (auto: the Triton kernels on CUDA, the float64 reference on the CPU)")
+    g.add_argument("--sketch-box", choices=("auto", "centred", "symmetric"), default="auto",
+                   help="the reference path's sketch box: centred (|δ − σ⟨q, r̃⟩| ≤ c_h W, the default there) or "
+                        "symmetric (the kernels' form); centred needs --backend reference")
     g.set_defaults(func=_tightness)
     return g
 

@@ -8,12 +8,14 @@ Every (prompt, decode step, layer, query head) is a row: the meter's Tier A boun
 realised TV between exact attention (float64, over the exact keys and values of the backing store)
 and the attention the cache served. Reported (``TightnessResult``, JSON with ``--json``):
 
+    sketch_box ("centred": the reference path's centred sketch box; "symmetric": the kernels' form),
     rows, violations (rows with TV⁺ < realised TV), median_bound, median_real,
     median_ratio (median TV⁺ / TV over rows with TV > 0), cov_05 / cov_10 (share of rows with
     TV⁺ ≤ 0.05 / 0.1), bytes_per_token (per kv head at d = 128: codes, scales, witnesses, sketch, the
     window amortised at ``context`` tokens), tokens_at_equal_memory (vs a bf16 cache, d = 128)
 
     witcert tightness --scheme int8 [--json] [--tokens 1024] [--steps 2] [--sketch-bits 2] [--window 4,64]
+                      [--sketch-box auto|centred|symmetric]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ MEMORY_HEAD_DIM = 128
 class TightnessResult:
     scheme: str
     sketch_bits: int
+    sketch_box: str
     window: tuple
     weights: str
     backend: str
@@ -90,7 +93,8 @@ def memory(scheme: str, sketch_bits: int, window, context: int = AMORTISE_CONTEX
 
 
 def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: int | None = None, window="default",
-        weights: str = "calibrated", device: str = "cpu", backend: str = "auto", dtype=None) -> TightnessResult:
+        weights: str = "calibrated", device: str = "cpu", backend: str = "auto", dtype=None,
+        sketch_box: str = "auto") -> TightnessResult:
     """Meter ``steps`` decode steps of every prompt (module doc) and summarise."""
     import torch
 
@@ -120,11 +124,12 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
     for prompt in PROMPTS:
         ids = prompt_ids(tok, prompt, tokens).to(device)
         cache = WitCertCache(model.config, scheme=scheme, sketch_bits=bits, window=win, weights=w, audit=True,
-                             backend=backend, max_tokens=tokens + steps + 16)
+                             backend=backend, max_tokens=tokens + steps + 16, sketch_box=sketch_box)
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=steps + 1,
                            min_new_tokens=steps + 1, do_sample=False, pad_token_id=tok.eos_token_id)
         used = "kernel" if cache.layers[0].paged is not None else "reference"
+        box = "symmetric" if used == "kernel" or sketch_box == "symmetric" or not bits else "centred"
         for rec in cache.records:
             bounds.append(np.asarray(rec.tv_a, dtype=np.float64).ravel())
             real.append(np.asarray(rec.tv_real, dtype=np.float64).ravel())
@@ -133,7 +138,7 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
     pos = r > 0
     mem = memory(scheme, bits, win)
     return TightnessResult(
-        scheme=scheme, sketch_bits=bits, window=tuple(win or (0, 0)), weights=weights, backend=used, tokens=tokens,
+        scheme=scheme, sketch_bits=bits, sketch_box=box, window=tuple(win or (0, 0)), weights=weights, backend=used, tokens=tokens,
         steps=steps, prompts=len(PROMPTS), rows=int(b.size), violations=int(np.sum(b < r)),
         median_bound=float(np.median(b)) if b.size else float("nan"),
         median_real=float(np.median(r)) if r.size else float("nan"),
@@ -147,7 +152,8 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
 
 def format_result(res: TightnessResult) -> str:
     return "\n".join([
-        f"witcert tightness: {res.scheme}, sketch {res.sketch_bits} bits, window {tuple(res.window)}, weights "
+        f"witcert tightness: {res.scheme}, sketch {res.sketch_bits} bits ({res.sketch_box} box), window "
+        f"{tuple(res.window)}, weights "
         f"{res.weights}, {res.backend} path; {res.prompts} prompts x {res.tokens} tokens x {res.steps} decode steps",
         f"  rows {res.rows}, violations {res.violations}",
         f"  median TV+ {res.median_bound:.4f}, median real TV {res.median_real:.2e}, median TV+/TV {res.median_ratio:.2f}",
@@ -160,6 +166,7 @@ def format_result(res: TightnessResult) -> str:
 
 def main(args) -> int:
     res = run(scheme=args.scheme, tokens=args.tokens, steps=args.steps, sketch_bits=args.sketch_bits,
-              window="default" if args.window is None else args.window, weights=args.weights, device=args.device, backend=args.backend)
+              window="default" if args.window is None else args.window, weights=args.weights, device=args.device,
+              backend=args.backend, sketch_box=args.sketch_box)
     print(json.dumps(res.to_json(), indent=1) if args.json else format_result(res))
     return 1 if res.violations else 0

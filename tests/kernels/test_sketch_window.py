@@ -484,7 +484,14 @@ def test_tightness_command_json(capsys):
         assert key in d
     assert d["rows"] == 2 * 1 * 30 * 9 and d["violations"] == 0 and d["window"] == [2, 16]
     assert d["tokens_at_equal_memory"] == pytest.approx(512 / d["bytes_per_token"])
-    for bad in (["--window", "4"], ["--sketch-bits", "3"], ["--scheme", "int3"], ["--tokens", "12"]):
+    assert d["sketch_box"] == "centred" and d["backend"] == "reference"
+    assert cli.main(["tightness", "--scheme", "int8", "--json", "--tokens", "128", "--steps", "1", "--window",
+                     "2,16", "--sketch-box", "symmetric"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["sketch_box"] == "symmetric" and s["violations"] == 0 and s["rows"] == d["rows"]
+    assert s["median_bound"] > d["median_bound"]  # the centred box is the tighter one
+    for bad in (["--window", "4"], ["--sketch-bits", "3"], ["--scheme", "int3"], ["--tokens", "12"],
+                ["--sketch-box", "centered"]):
         with pytest.raises(SystemExit) as e:
             cli.main(["tightness", *bad])
         assert e.value.code == 2
