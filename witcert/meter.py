@@ -164,7 +164,13 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
     n = ln_full.shape[-1]
     live_full = mk_full.any(-1)
     ln_, en, mk, lv = ln_full.reshape(-1, n), en_full.reshape(-1, n), mk_full.reshape(-1, n), live_full.reshape(-1)
-    cn_full = None if center is None else np.broadcast_to(_np(center, np.float64), ln_full.shape)
+    cn_full = None
+    if center is not None:
+        cn = _np(center, np.float64)
+        try:
+            cn_full = np.broadcast_to(cn, ln_full.shape)
+        except ValueError:
+            raise ValueError(f"center: shape {cn.shape} does not broadcast to the logits' {ln_full.shape}") from None
     parts, bad = _tv_parts(ln_, en, mk, lv, levels, tilt, None if cn_full is None else cn_full.reshape(-1, n))
     tv = parts.min(0)
 

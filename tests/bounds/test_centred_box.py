@@ -229,3 +229,69 @@ def test_sketch_centre_and_centred_radius_contain_the_logit_error():
         # the centred radius is the symmetric one without the u term
         sym = np.asarray(B.sketch_radius(q, rt, W, sm, a, shared=False))
         assert np.all(eps <= sym)
+
+
+# --------------------------------------------------------------- the adversarial review's findings (fifth session)
+def test_centred_tilt_never_looser_than_symmetric_at_the_same_levels():
+    """The metered form takes the smaller of the centred tilt and the symmetric one at |c| + ε on the same levels:
+    the box's level widening (centre grid + levels) can otherwise make it the larger where |c| ≪ ε."""
+    rng = np.random.default_rng(21)
+    worse = 0
+    for _ in range(300):
+        n = int(rng.integers(2, 40))
+        s = rng.normal(0, 3, n)
+        e = rng.exponential(rng.choice([0.05, 1.0, 4.0]), n)
+        c = rng.normal(0, rng.choice([1e-3, 0.1, 1.0]), n)
+        box = float(B.tv_bound_parts_logits(s, e, center=c, levels=LEVELS)[2])
+        sym = float(B.tv_bound_parts_logits(s, np.nextafter(np.abs(c) + e, np.inf), levels=LEVELS)[2])
+        assert box <= sym
+        worse += float(B.tv_bound_tilt(np.exp(s - s.max()) / np.exp(s - s.max()).sum(), e, center=c, levels=LEVELS)) > sym
+    assert worse > 0  # the bare centred tilt on levels is sometimes the larger: the min is needed
+
+
+def test_sketch_radius_covers_subnormal_dots():
+    """A dot of subnormal products is off by an absolute amount no relative γ covers (review reproducer)."""
+    rng = np.random.default_rng(5)
+    d, L = 128, 4
+    codes = rng.integers(0, L, (4, d))
+    q = rng.normal(0, 1, (2, d)) * 2.0**-537
+    r = (2 * codes + 1 - L) / L * 2.0**-537
+    codes_, bb = B.sketch_encode(r, 2, np.full((4, d), 2.0**-537))
+    rt = B.sketch_decode(codes_, bb, 2)
+    W = B.sketch_witness(r, rt)
+    c = np.asarray(B.sketch_center(q, rt, 1.0))
+    for eps in (np.asarray(B.sketch_radius(q, rt, W, 1.0, centered=True)),):
+        for h in range(2):
+            for j in range(4):
+                exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(q[h], r[j]))
+                assert abs(exact - Fraction(float(c[h, j]))) <= Fraction(float(eps[h, j]))
+    sym = np.asarray(B.sketch_radius(q, rt, W, 1.0, shared=False))
+    for h in range(2):
+        for j in range(4):
+            exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(q[h], r[j]))
+            assert abs(exact) <= Fraction(float(sym[h, j]))
+
+
+def test_box_levels_keep_a_box_already_on_the_grid():
+    """No widening where c̄ = c: a radius on a level stays there (and ε = 0 with c on the grid stays 0)."""
+    cb, eb = (np.asarray(x) for x in B.box_levels(np.array([0.5, 0.5]), np.array([2.0**-4, 0.0]), LEVELS))
+    assert cb.tolist() == [0.5, 0.5] and eb.tolist() == [2.0**-4, 0.0]
+    parts = B.tv_bound_parts_logits(np.zeros(4), np.zeros(4), center=np.full(4, 0.75), levels=LEVELS)
+    assert float(parts[2]) <= B.FP64_ABS_SLACK * 2  # a common known shift: no error at all
+    with pytest.raises(ValueError, match="finite"):
+        B.box_levels(np.array([np.inf, 1.0]), np.array([0.1, 0.1]), LEVELS)
+
+
+def test_torch_scalar_results_keep_their_shape():
+    import torch
+
+    p, e = torch.tensor([0.5, 0.5], dtype=torch.float64), torch.tensor([0.1, 0.1], dtype=torch.float64)
+    assert B.tv_bound_tilt(p, e).shape == () == np.shape(B.tv_bound_tilt(p.numpy(), e.numpy()))
+    assert B.tv_bound_logits(torch.log(p), e, center=torch.zeros(2, dtype=torch.float64)).shape == ()
+
+
+def test_measure_names_a_bad_centre():
+    from witcert import meter as M
+
+    with pytest.raises(ValueError, match="center"):
+        M.measure(np.zeros((2, 4)), np.zeros((2, 4)), center=np.zeros(3))

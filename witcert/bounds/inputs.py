@@ -41,7 +41,8 @@ def _wrap(result: np.ndarray, *inputs: Any):
         if _is_torch(x):
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(result)).to(device=x.device)
+            # np.array(order="C") keeps a 0-d result 0-d (np.ascontiguousarray makes it shape (1,))
+            return torch.from_numpy(np.array(result, order="C")).to(device=x.device)
     return result
 
 

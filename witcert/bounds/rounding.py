@@ -14,6 +14,16 @@ FP64_ABS_SLACK = 2.0**-40
 _EPS64 = np.finfo(np.float64).eps
 
 
+def _underflow_abs(n_terms: int, sigma: float, unit_roundoff: float = 2.0**-53) -> float:
+    """The absolute part of a dot product's rounding (SPEC §7): a product that lands in the subnormal range
+    is off by up to half the smallest subnormal η, not by a relative u (fp64 η = 2⁻¹⁰⁷⁴; fp32 2⁻¹⁴⁹; a
+    coarser unit roundoff takes fp16's 2⁻²⁴, the largest of the formats). For ``n_terms`` products, their
+    sum and the scaling by σ: ≤ (n + 2)(1 + |σ|)·η. Negligible above the subnormal range; added so that the
+    radius also covers a dot of subnormal products (found by the adversarial review of the centred box)."""
+    eta = 2.0**-1074 if unit_roundoff <= 2.0**-53 else 2.0**-149 if unit_roundoff <= 2.0**-24 else 2.0**-24
+    return (n_terms + 2) * (1.0 + abs(float(sigma))) * eta
+
+
 def _round_up_rel(x: np.ndarray) -> np.ndarray:
     """x·(1 + FP64_REL_SLACK), then one ulp up where x > 0: never below x, also in the
     subnormal range (where a relative slack rounds back down to x). 0, inf and NaN stay."""

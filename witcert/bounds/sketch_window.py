@@ -8,7 +8,7 @@ import numpy as np
 from contract.sketch import check_bits, check_window
 
 from .inputs import _as_np, _check_nonneg, _need_ndim, _wrap
-from .rounding import _round_up_rel, _safe_norm
+from .rounding import _round_up_rel, _safe_norm, _underflow_abs
 
 
 def _round_up_f16(x: np.ndarray) -> np.ndarray:
@@ -133,7 +133,8 @@ def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True,
     one, one level per token for all the heads of a kv head). ``centered=True``: u = 0, ε_hj = c_h W_j, the
     radius of the centred box ``|δ_hj − σ⟨q_h, r̃_j⟩| ≤ ε_hj`` (centre: ``sketch_center``; TV bound:
     ``tv_bound_parts_logits(..., center=)``). The fp64 dot ⟨q, r̃⟩ is covered
-    explicitly (γ_{d+2}·‖r̃/a‖ added to W), c_h and ε are rounded up. Returns ε ``[..., GQ, n]``; NaN /
+    explicitly (γ_{d+2}·‖r̃/a‖ added to W, and its subnormal products' absolute error (d + 2)(1 + |σ|)·2⁻¹⁰⁷⁴
+    added to ε where r̃ ≠ 0), c_h and ε are rounded up. Returns ε ``[..., GQ, n]``; NaN /
     Inf anywhere give +inf radii."""
     qa = _as_np(q, "q")
     _need_ndim(qa, 2, "q", "[..., GQ, d]")
@@ -159,6 +160,8 @@ def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True,
         u = 0.0 * ratio if centered else np.max(ratio, axis=-2, keepdims=True) if shared else ratio
         wfull = wa + gamma * _round_up_rel(_safe_norm(rt / a[..., None, :], axis=-1))
         eps = c[..., None] * (wfull[..., None, :] + u)
+        # the dot's subnormal products are off by an absolute amount, which no relative γ covers
+        eps = eps + np.where(np.any(rt != 0, axis=-1), _underflow_abs(d, sig), 0.0)[..., None, :]
         pos = (c[..., None] > 0) & ((wfull[..., None, :] + u) > 0)
         eps = np.where(pos & (eps == 0), np.nextafter(0.0, 1.0), eps)
         bad = ~np.isfinite(eps) | np.isnan(eps)

@@ -93,19 +93,25 @@ def box_levels(center, radius, levels, center_steps: int = BOX_CENTER_STEPS):
     """Widen centred boxes ``|δ_j − c_j| ≤ ε_j`` onto ``levels`` (the centred tilt's histogram, SPEC §3(c) as
     amended): returns ``(c̄, L)`` with ``[c̄ − L, c̄ + L] ⊇ [c − ε, c + ε]`` and L on the levels
     (``round_levels``). The centre is rounded to a multiple of g, the largest power of two ≤ L₀/``center_steps``
-    (L₀ = ε rounded onto the levels; L₀ = 0 keeps c), which is exact, and the radius grows by |c − c̄| ≤ g/2
-    (rounded up) before it is rounded onto the levels: tokens then share few (c̄, L) pairs."""
+    (L₀ = ε rounded onto the levels; L₀ = 0, or L₀/``center_steps`` below the subnormal range, keeps c), which
+    is exact, and the radius grows by |c − c̄| ≤ g/2 (rounded up) before it is rounded onto the levels: tokens
+    then share few (c̄, L) pairs. Finite inputs only (ValueError otherwise)."""
     if not isinstance(center_steps, (int, np.integer)) or isinstance(center_steps, bool) or center_steps < 1:
         raise ValueError(f"center_steps: expected a positive int, got {center_steps!r}")
     ca, ea = _as_np(center, "center"), _as_np(radius, "radius")
     ca, ea = _broadcast("center", ca, "radius", ea)
+    if not (np.all(np.isfinite(ca)) and np.all(np.isfinite(ea))):
+        raise ValueError("center, radius: box_levels takes finite boxes (a non-finite one saturates the bound "
+                         "before it is binned)")
     L0 = _as_np(round_levels(ea, levels), "radius")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        _, ex = np.frexp(L0 / float(center_steps))
-        g = np.ldexp(1.0, ex - 1)
-        qc = ca / g
-        cb = np.where((L0 > 0) & np.isfinite(qc), g * np.round(qc), ca)
-        e1 = np.nextafter(ea + np.abs(ca - cb), np.inf)
+        step = L0 / float(center_steps)
+        _, ex = np.frexp(step)
+        g = np.where(step > 0, np.ldexp(1.0, ex - 1), 0.0)  # (a step that underflows to 0 keeps c)
+        qc = ca / np.where(g > 0, g, 1.0)
+        cb = np.where((g > 0) & np.isfinite(qc), g * np.round(qc), ca)
+        # widened by |c − c̄| (exact, Sterbenz) rounded up; unchanged where c̄ = c
+        e1 = np.where(cb == ca, ea, np.nextafter(ea + np.abs(ca - cb), np.inf))
     eb = _as_np(round_levels(e1, levels), "radius")
     return _wrap(cb, center, radius), _wrap(eb, center, radius)
 

@@ -133,18 +133,27 @@ def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, to
     V = lp >= LOG_MASS_FLOOR
     w = np.exp(lp[V])
     eta = (float(np.max(np.abs(lp[V]))) + 4.0 + 2.0 * float(np.max(np.abs(s)))) * _EPS64
-    if c is None:
+
+    def underflow(up, down):
+        """ρ for the tokens U below the floor: p̂(U) + Σ_U p̂ e^{up} / Σ_V p̂ e^{down}."""
+        if V.all():
+            return 0.0
+        logm = float(_logsumexp(lp[V] + down[V]))
+        log_rho = np.logaddexp(float(_logsumexp(lp[~V])), float(_logsumexp(lp[~V] + up[~V])) - logm)
+        return math.exp(min(float(log_rho) + 1e-12, 10.0))
+
+    def symmetric(e):
         if levels is not None:
             e = _as_np(round_levels(e, levels), "radius")
-        up, down = e, -e
-        tilt = _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta
+        return _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta + underflow(e, -e)
+
+    if c is None:
+        tilt = symmetric(e)
     else:
         if levels is not None:
             cb, eb = box_levels(c, e, levels)
             up, down = _box_ends(cb, eb)
-        tilt = _tilt_row_box(w, up[V], down[V], tol, 1 << 15) + 2.0 * eta
-    if not V.all():
-        logm = float(_logsumexp(lp[V] + down[V]))
-        log_rho = np.logaddexp(float(_logsumexp(lp[~V])), float(_logsumexp(lp[~V] + up[~V])) - logm)
-        tilt += math.exp(min(float(log_rho) + 1e-12, 10.0))
+        # the centred tilt, and the symmetric one at |c| + ε (the box lies in it; both sound): the smaller.
+        # The box's level widening (centre grid + levels) can make it the larger where |c| ≪ ε.
+        tilt = min(_tilt_row_box(w, up[V], down[V], tol, 1 << 15) + 2.0 * eta + underflow(up, down), symmetric(esym))
     return np.array([tanh, eform, min(tilt, 1.0)])

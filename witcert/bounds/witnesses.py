@@ -12,7 +12,7 @@ import numpy as np
 from contract.bands import _check_rope_dims
 
 from .inputs import _as_np, _broadcast, _check_nonneg, _need_ndim, _wrap
-from .rounding import _EPS64, _round_up_rel, _safe_norm
+from .rounding import _EPS64, _round_up_rel, _safe_norm, _underflow_abs
 
 
 def _check_groups(groups: Sequence[Any], d: int, name: str = "groups") -> list[np.ndarray]:
@@ -189,5 +189,6 @@ def dot_rounding_radius(q, k_hat, scale, unit_roundoff: float = 2.0**-53):
     with np.errstate(over="ignore", invalid="ignore"):
         mag = np.einsum("...d,...nd->...n", np.abs(qa), np.abs(ka))
         out = abs(float(sc)) * gamma * mag * (1.0 + 4 * qa.shape[-1] * _EPS64)
+        out = out + _underflow_abs(qa.shape[-1], float(sc), unit_roundoff)  # subnormal products
     out = np.where(np.isfinite(out), _round_up_rel(out), np.inf)
     return _wrap(out, q, k_hat)
