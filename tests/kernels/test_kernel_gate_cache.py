@@ -80,8 +80,10 @@ def test_kernel_gate_pages_in_what_the_reference_gate_pages_in(monkeypatch):
     caches, seqs, logs = {}, {}, {}
     for backend in ("reference", "kernel"):
         calls.clear()
+        # the kernels' (symmetric) sketch box on both paths: the same radii, so the same risks
         caches[backend] = c = WitCertCache(model.config, scheme="int8", backend=backend, audit=True, seed=3,
-                                           gate=Gate("risk-ranked", tau=0.0, max_pagein_blocks=2))
+                                           gate=Gate("risk-ranked", tau=0.0, max_pagein_blocks=2),
+                                           sketch_box="symmetric")
         g = torch.Generator().manual_seed(2)
         ids = torch.randint(1, 128, (2, 40), generator=g).to(DEV)
         with torch.no_grad():

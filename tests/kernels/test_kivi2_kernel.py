@@ -240,7 +240,8 @@ def test_gated_kivi2_batch_on_the_kernel_path(monkeypatch, policy):
     caches, logs, outs = {}, {}, {}
     for backend in ("reference", "kernel"):
         calls.clear()
-        caches[backend] = c = WitCertCache(model.config, scheme="kivi2", backend=backend, gate=gate, audit=True, seed=2)
+        caches[backend] = c = WitCertCache(model.config, scheme="kivi2", backend=backend, gate=gate, audit=True, seed=2,
+                                           sketch_box="symmetric")  # the kernels' box on both paths
         outs[backend] = _generate(model, c, ids, mask, 5)
         logs[backend] = list(calls)
     ker, ref = caches["kernel"], caches["reference"]
