@@ -24,17 +24,21 @@ from .floating_point import (
     tilt_restrict,
     tv_le_perturbed_base,
     tv_le_restrict_add_lost,
+    tv_le_restrict_add_lost_of_nonneg,
     tv_le_restrict_add_rho,
+    tv_le_tv_perturbed_add_tanh,
 )
 from .split_merge import lse_merge_exact, lse_merge_exact_k
 from .tier_a import (
     abs_logit_error_le_radius,
+    abs_sum_mul_le_gnorm_mul,
     kernel_radius_ge_group_sum,
     projected_logit_error_le,
     rope_group_norm_invariant,
     rope_half_group_norm_invariant,
     rope_interleaved_group_norm_invariant,
     rope_layout_group_norm_invariant,
+    ropeBand_sq,
     sketch_centred_error_le,
     sketch_radius,
     sketch_radius_ge_group_sum,
@@ -138,6 +142,11 @@ STATEMENTS = {
     "dualDBox_regroup": dualDBox_regroup,  # not parsed: its statement has `fun` and a filter
     "dualDBox_zero": dualDBox_zero,  # not parsed: an equality of functions with `fun _ => 0`
     "sketch_centred_error_le": sketch_centred_error_le,  # the sketch's centred box (Sketch.lean): TiltBox's heps
+    # the helper theorems the statements above rest on (every `theorem` of lean/WitCert has a search here)
+    "abs_sum_mul_le_gnorm_mul": abs_sum_mul_le_gnorm_mul,  # Radius.lean: Cauchy–Schwarz on one group
+    "ropeBand_sq": ropeBand_sq,  # Bands.lean: one band's rotation keeps its squared norm
+    "tv_le_tv_perturbed_add_tanh": tv_le_tv_perturbed_add_tanh,  # FloatTV.lean: any p, the Ξ term alone
+    "tv_le_restrict_add_lost_of_nonneg": tv_le_restrict_add_lost_of_nonneg,  # FloatTV.lean: any p, p̂ ≥ 0
 }
 
 

@@ -1,6 +1,7 @@
 """Falsification of the Tier A statements (lean/WitCert/Radius.lean, Bands.lean, Sketch.lean: SPEC §1,
 §2): the logit radius, the RoPE invariance of group norms (both layouts, partial rotary; the Lean
-coordinate formulas against ``witcert.bounds.rope``), the residual-sketch radius and the exact window."""
+coordinate formulas against ``witcert.bounds.rope``), the residual-sketch radius and the exact window; and
+the two helpers those rest on, Cauchy–Schwarz on one group and the rotation of one band."""
 
 from __future__ import annotations
 
@@ -269,4 +270,104 @@ def sketch_radius_ge_group_sum(rng, trials):
         c = abs(sig) * _norm(q)
         if abs(sig) * mp.fsum(_norm([q[i] for i in g]) * w for g, w in zip(groups, Wg)) > c * (_norm(Wg) + u) * (1 + mp.mpf(10) ** -40):
             bad.append((q, Wg))
+    return bad
+
+
+# ------------------------------------------ the two helper theorems of Radius.lean and Bands.lean
+
+def _magnitude(rng):
+    """A scale 10^k: 1, a random k in [−30, 30], or an end of that range."""
+    return mp.mpf(10) ** rng.choice([0, rng.randint(-30, 30), rng.randint(-30, 30), -30, 30])
+
+
+def _extreme_vec(rng, d):
+    """d reals: all zero, all equal, one common scale, or every entry at its own scale in [1e-30, 1e30]
+    (some entries exactly 0)."""
+    mode = rng.choice(["zero", "equal", "scaled", "mixed", "mixed"])
+    if mode == "zero":
+        return [mp.mpf(0)] * d
+    if mode == "equal":
+        c = mp.mpf(rng.gauss(0, 1)) * _magnitude(rng)
+        return [c] * d
+    if mode == "scaled":
+        s = _magnitude(rng)
+        return [mp.mpf(rng.gauss(0, 1)) * s for _ in range(d)]
+    return [mp.mpf(0) if rng.random() < 0.15 else mp.mpf(rng.gauss(0, 1)) * _magnitude(rng) for _ in range(d)]
+
+
+def abs_sum_mul_le_gnorm_mul(rng, trials, bound=None):
+    """Radius.lean: |Σ_{i∈g} q_i r_i| ≤ gnorm g q · gnorm g r (gnorm g x = √Σ_{i∈g} x_i²) for any finite set g of
+    coordinates (empty, one coordinate, all, or random) and any q, r (zero vectors, equal entries, magnitudes
+    1e-30..1e30 entry by entry); r = c·q on g (the equality case of Cauchy–Schwarz, c of any sign and scale, r
+    arbitrary off g), r nearly parallel to q, or independent. ``bound``: the right side as a function of
+    (gnorm g q, gnorm g r) (the drift tests pass a smaller one)."""
+    bound = bound or (lambda gq, gr: gq * gr)
+    bad = []
+    for _ in range(trials):
+        d = rng.randint(1, 10)
+        gmode = rng.choice(["empty", "one", "all", "random", "random"])
+        g = ([] if gmode == "empty" else [rng.randrange(d)] if gmode == "one" else list(range(d)) if gmode == "all"
+             else [i for i in range(d) if rng.random() < 0.5])
+        q = _extreme_vec(rng, d)
+        rmode = rng.choice(["parallel", "parallel", "near", "independent", "independent"])
+        r = _extreme_vec(rng, d)  # off g (and everywhere when independent)
+        if rmode in ("parallel", "near"):
+            c = rng.choice([-1, 1]) * _magnitude(rng) * mp.mpf(rng.uniform(0.1, 10))
+            for i in g:
+                r[i] = c * q[i]
+                if rmode == "near":
+                    r[i] += mp.mpf(rng.gauss(0, 1)) * abs(c * q[i]) * mp.mpf(10) ** -rng.randint(3, 20)
+        lhs = abs(mp.fsum(q[i] * r[i] for i in g))
+        gq, gr = mp.sqrt(mp.fsum(q[i] ** 2 for i in g)), mp.sqrt(mp.fsum(r[i] ** 2 for i in g))
+        if lhs > bound(gq, gr) * (1 + mp.mpf(10) ** -40):  # g = ∅ or q = 0 on g: 0 ≤ 0
+            bad.append((q, r, g))
+    return bad
+
+
+def _rope_band_lean(th, x, y):
+    """``ropeBand θ (x, y)`` of lean/WitCert/Bands.lean, transcribed."""
+    return x * mp.cos(th) - y * mp.sin(th), x * mp.sin(th) + y * mp.cos(th)
+
+
+def ropeBand_sq(rng, trials, band=None):
+    """Bands.lean: (ropeBand θ p).1² + (ropeBand θ p).2² = p.1² + p.2² for every angle θ (0, multiples of π/2,
+    [−2π, 2π], RoPE angles pos·10000^(−2b/d), ±1e-30..1e30) and every pair p (zero, one coordinate zero, equal
+    coordinates, magnitudes 1e-30..1e30, the two coordinates at opposite ends of that range). Equality within
+    10^-40 relative. ``band``: the band map (θ, x, y) ↦ (x', y') (the drift tests pass a wrong one)."""
+    band = band or _rope_band_lean
+    bad = []
+    for _ in range(trials):
+        tmode = rng.choice(["zero", "quarter", "uniform", "rope", "extreme"])
+        if tmode == "zero":
+            th = mp.mpf(0)
+        elif tmode == "quarter":
+            th = mp.pi * rng.randint(-8, 8) / 2
+        elif tmode == "uniform":
+            th = mp.mpf(rng.uniform(-2, 2)) * mp.pi
+        elif tmode == "rope":
+            d = 2 * rng.randint(1, 64)
+            th = rng.randint(0, 10**6) * mp.mpf(10000) ** (-mp.mpf(2 * rng.randrange(d // 2)) / d)
+        else:
+            th = rng.choice([-1, 1]) * mp.mpf(rng.random()) * mp.mpf(10) ** rng.randint(-30, 30)
+        pmode = rng.choice(["zero", "axis", "equal", "scaled", "mixed", "opposite"])
+        if pmode == "zero":
+            x = y = mp.mpf(0)
+        elif pmode == "axis":
+            x, y = mp.mpf(rng.gauss(0, 1)) * _magnitude(rng), mp.mpf(0)
+            x, y = (x, y) if rng.random() < 0.5 else (y, x)
+        elif pmode == "equal":
+            x = y = mp.mpf(rng.gauss(0, 1)) * _magnitude(rng)
+            y = y if rng.random() < 0.5 else -y
+        elif pmode == "scaled":
+            s = _magnitude(rng)
+            x, y = mp.mpf(rng.gauss(0, 1)) * s, mp.mpf(rng.gauss(0, 1)) * s
+        elif pmode == "mixed":
+            x, y = mp.mpf(rng.gauss(0, 1)) * _magnitude(rng), mp.mpf(rng.gauss(0, 1)) * _magnitude(rng)
+        else:
+            x, y = mp.mpf(rng.gauss(0, 1)) * mp.mpf(10) ** 30, mp.mpf(rng.gauss(0, 1)) * mp.mpf(10) ** -30
+            x, y = (x, y) if rng.random() < 0.5 else (y, x)
+        u, v = band(th, x, y)
+        lhs, rhs = u**2 + v**2, x**2 + y**2
+        if abs(lhs - rhs) > mp.mpf(10) ** -40 * rhs:  # p = 0: both sides exactly 0
+            bad.append((th, x, y))
     return bad

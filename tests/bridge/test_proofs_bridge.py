@@ -564,3 +564,105 @@ def test_a_false_box_statement_is_falsified():
     # dualDBox is not dualD once the centre is not 0 (dualDBox_zero is the centre-0 case only)
     p, e = [mp.mpf("0.3"), mp.mpf("0.7")], [mp.mpf("0.2"), mp.mpf("1.1")]
     assert abs(Fz.dual_D_box(p, [mp.mpf("0.5")] * 2, e, mp.mpf("0.4"), mp.mpf(2)) - Fz.dual_D(p, e, mp.mpf("0.4"), mp.mpf(2))) > 1e-3
+
+
+# ------------------------------------------------- every `theorem` of lean/WitCert has a falsifier (all files)
+
+def _strip_lean_comments(text):
+    """``text`` without its comments: ``--`` to the end of the line, and ``/- … -/`` blocks (nested, doc
+    comments ``/-- … -/`` and ``/-! … -/`` included), so that prose naming a theorem is not read as one."""
+    out, depth, i = [], 0, 0
+    while i < len(text):
+        two = text[i:i + 2]
+        if two == "/-":
+            depth, i = depth + 1, i + 2
+        elif two == "-/" and depth:
+            depth, i = depth - 1, i + 2
+        elif depth:
+            out.append("\n" if text[i] == "\n" else " ")  # keep the line structure
+            i += 1
+        elif two == "--":
+            j = text.find("\n", i)
+            i = len(text) if j < 0 else j
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+_THEOREM = r"^[ \t]*(?:@\[[^\]]*\][ \t]*)?(?:(?:private|protected|nonrec|noncomputable)[ \t]+)*theorem[ \t]+([^\s:({\[]+)"
+
+
+def _lean_theorems(lean_dir):
+    """{theorem name: file} for every ``theorem`` declared in a Lean file under ``lean_dir`` (``lemma``s are
+    exempt: they are the proofs' steps, not statements the bridge falsifies)."""
+    import re
+
+    out = {}
+    for f in sorted(lean_dir.rglob("*.lean")):
+        if any(part.startswith(".") for part in f.relative_to(lean_dir).parts):  # a build tree (.lake), never ours
+            continue
+        for name in re.findall(_THEOREM, _strip_lean_comments(f.read_text()), re.M):
+            out[name] = str(f.relative_to(lean_dir))
+    return out
+
+
+def _without_falsifier(lean_dir):
+    return sorted(t for t in _lean_theorems(lean_dir) if t not in Fz.STATEMENTS)
+
+
+def test_every_lean_theorem_is_falsified():
+    """Every ``theorem`` of every file of lean/WitCert has a STATEMENTS entry: a theorem added without a
+    falsifier fails here."""
+    found = _lean_theorems(C.ROOT / "lean")
+    files = {f for f in found.values()}
+    # the scan reads every file (13 with theorems) and finds the helpers as well as the §9 statements
+    assert len(files) >= 13 and len(found) >= 60, (files, len(found))
+    assert {"abs_sum_mul_le_gnorm_mul", "ropeBand_sq", "tv_le_restrict_add_lost_of_nonneg",
+            "tv_le_tv_perturbed_add_tanh", "tilt_tv_le_tanh", "request_tv_sound"} <= set(found)
+    assert _without_falsifier(C.ROOT / "lean") == []
+
+
+def test_a_new_theorem_without_a_falsifier_fails(tmp_path):
+    """The completeness scan sees a new theorem in any file (modifiers and attributes included), and not a
+    ``lemma`` or a theorem named only in a comment."""
+    lean = _lean_copy(tmp_path)
+    assert _without_falsifier(lean) == []
+    new = ("\n-- theorem in_a_line_comment : True := trivial\n"
+           "/-- A doc comment.\ntheorem in_a_doc_comment : True := trivial -/\n"
+           "/- outer /- nested -/\ntheorem in_a_nested_comment : True := trivial -/\n"
+           "lemma a_new_lemma : True := trivial\n"
+           "theorem a_new_theorem (x : ℝ) : x = x := rfl\n"
+           "@[simp] protected theorem WitCert.another_new_theorem : True := trivial\n")
+    for file in ("Radius", "SplitMerge"):
+        f = lean / "WitCert" / f"{file}.lean"
+        f.write_text(f.read_text() + new.replace("new_theorem", f"new_theorem_{file}"))
+    assert _without_falsifier(lean) == ["WitCert.another_new_theorem_Radius", "WitCert.another_new_theorem_SplitMerge",
+                                        "a_new_theorem_Radius", "a_new_theorem_SplitMerge"]
+
+
+def test_a_false_helper_statement_is_falsified():
+    """The four helper theorems' searches find counterexamples to each claim made slightly stronger (and none to
+    the claim itself): they draw the equality cases, not only slack instances."""
+    from proofs_bridge.falsify import tier_a
+
+    def n(fn, **kw):
+        return len(fn(random.Random(1), 300, **kw))
+
+    tiny = mp.mpf(10) ** -30
+    # Radius.lean: |Σ_g q r| ≤ gnorm g q · gnorm g r; the right side shrunk by 1e-30, by 0.1 %, halved
+    assert n(Fz.abs_sum_mul_le_gnorm_mul) == 0
+    for f in (1 - tiny, mp.mpf("0.999"), mp.mpf("0.5")):
+        assert n(Fz.abs_sum_mul_le_gnorm_mul, bound=lambda gq, gr: f * gq * gr) > 0
+    # Bands.lean: ropeBand keeps x² + y²; the rotation scaled by 1 + 1e-30, or a sign error (not a rotation)
+    assert n(Fz.ropeBand_sq) == 0
+    assert n(Fz.ropeBand_sq, band=lambda th, x, y: [(1 + tiny) * z for z in tier_a._rope_band_lean(th, x, y)]) > 0
+    assert n(Fz.ropeBand_sq, band=lambda th, x, y: (x * mp.cos(th) - y * mp.sin(th), x * mp.sin(th) - y * mp.cos(th))) > 0
+    # FloatTV.lean: TV(p, p̂) ≤ TV(p|V, p̂|V) + p(U) + p̂(U); the right side at 0.99, or without p̂(U), or without p(U)
+    assert n(Fz.tv_le_restrict_add_lost_of_nonneg) == 0
+    for rhs in (lambda t, a, b: mp.mpf("0.99") * (t + a + b), lambda t, a, b: t + a, lambda t, a, b: t + b):
+        assert n(Fz.tv_le_restrict_add_lost_of_nonneg, rhs=rhs) > 0
+    # FloatTV.lean: TV(p, p̂) ≤ TV(p, p̃) + tanh(Ξ/2); the Ξ term shrunk by 1e-30, at 0.99, or tanh(Ξ/4)
+    assert n(Fz.tv_le_tv_perturbed_add_tanh) == 0
+    for term in (lambda X: (1 - tiny) * mp.tanh(X / 2), lambda X: mp.mpf("0.99") * mp.tanh(X / 2), lambda X: mp.tanh(X / 4)):
+        assert n(Fz.tv_le_tv_perturbed_add_tanh, xi_term=term) > 0
