@@ -91,6 +91,7 @@ def check_sketch_layout(sketch: bool, num_groups: int, witness: str) -> None:
 
 
 SKETCH_BOXES = ("auto", "centred", "symmetric")
+_LOGGED_BOX: list = []  # the "auto" box decision, logged once per process
 
 
 def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
@@ -102,7 +103,8 @@ def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
         raise ValueError("sketch_box='centred': the kernels bin the symmetric sketch box |δ| ≤ c_h (W + u); the "
                          "centred box is metered on the reference path only (backend='reference'), or pass "
                          "sketch_box='auto'")
-    if sketch_box == "auto" and sketch_bits and backend != "reference":
+    if sketch_box == "auto" and sketch_bits and backend != "reference" and not _LOGGED_BOX:
+        _LOGGED_BOX.append(True)  # once per process
         log.info("sketch_box auto: the reference path meters the centred sketch box, the kernel path the "
                  "symmetric one (its bins); the bounds differ between the backends")
     return sketch_box
