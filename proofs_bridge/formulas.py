@@ -437,12 +437,18 @@ ENDPOINT_UPPER = sp.Max(g0_, g1_)
 ENDPOINT_THEOREMS = ["tilt_tv_le_dual_grid_endpoints"]
 THEOREMS += ENDPOINT_THEOREMS
 
-LEAN_THEOREMS.update({
-    "tilt_tv_le_dual_grid_endpoints": ("TiltEndpoints", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), B_)], {
+def _ends(dual):
+    """hlam, hBlo, hBhi of an endpoint theorem whose dual value at (t, λ) is ``dual(t, λ)``."""
+    return {
         "hlam": [("∀", ("i",), [("≤", 0, lam_(_i))])],
-        "hBlo": [("∀", ("i",), [("≤", lo(_i) - dualD(sp.Symbol("phat"), sp.Symbol("eps"), lo(_i), lam_(_i)), B_)])],
-        "hBhi": [("∀", ("i",), [("≤", hi(_i) - dualD(sp.Symbol("phat"), sp.Symbol("eps"), hi(_i), lam_(_i)), B_)])],
-    }),
+        "hBlo": [("∀", ("i",), [("≤", lo(_i) - dual(lo(_i), lam_(_i)), B_)])],
+        "hBhi": [("∀", ("i",), [("≤", hi(_i) - dual(hi(_i), lam_(_i)), B_)])],
+    }
+
+
+LEAN_THEOREMS.update({
+    "tilt_tv_le_dual_grid_endpoints": ("TiltEndpoints", [("≤", tv(sp.Symbol("p"), sp.Symbol("phat")), B_)],
+                                       _ends(lambda tt, ll: dualD(sp.Symbol("phat"), sp.Symbol("eps"), tt, ll))),
 })
 
 
@@ -545,59 +551,7 @@ LEAN_THEOREMS.update({
 })
 
 
-# ------------------------------- SPEC §3(c), the centred box (lean/WitCert/TiltBox.lean)
-# The logit errors lie in a box |δ_j − c_j| ≤ ε_j around a known centre c (the residual sketch's): p(S) ≤ A/(A + C)
-# with A = Σ_S p̂ e^{−c+ε}, C = Σ_{Sᶜ} p̂ e^{−c−ε}, and the dual of §3(c) has β_j(t) = (1 − t) e^{−c_j+ε_j}
-# + t e^{−c_j−ε_j}, m = Σ p̂ e^{−c−ε}. The fp64 reference (`witcert.bounds.dual_grid._tilt_row_box`) takes per
-# token the log-weight interval η_j ∈ [down_j, up_j] (p ∝ p̂ e^{η}, η = −δ): up = −c + ε, down = −c − ε, its knapsack
-# items a = e^{up}, b = e^{down} (`proofs_bridge.check.check_tilt_box`).
-c_box = sp.Symbol("c", real=True)
-#: betaBox t c x
-BETA_BOX = (1 - t) * sp.exp(-c_box + x) + t * sp.exp(-c_box - x)
-#: D(t, λ) = Σ_k w_k DUAL_ITEM_BOX(c_k, x_k) (LEAN_DEFS["dualDBox"] term by term)
-DUAL_ITEM_BOX = lam * t * sp.exp(-c_box - x) - sp.Max(lam * BETA_BOX - 1, 0)
-#: the reference's log-weight ends of a box: up = −c + ε, down = −c − ε (so c = −(up + down)/2, ε = (up − down)/2)
-up_, down_ = sp.symbols("up down", real=True)
-BOX_UP, BOX_DOWN = -c_box + x, -c_box - x
-assert sp.simplify(BETA_BOX - ((1 - t) * sp.exp(BOX_UP) + t * sp.exp(BOX_DOWN))) == 0
-#: dualDBox_zero: centred at 0 the item is the symmetric one
-assert sp.simplify(DUAL_ITEM_BOX.subs(c_box, 0) - DUAL_ITEM) == 0
+# ------------------------------- SPEC §3(c), the centred box (lean/WitCert/TiltBox.lean): proofs_bridge/formulas_box.py
+from .formulas_box import add_box  # noqa: E402
 
-betaBox, dualDBox = _f("betaBox"), _f("dualDBox")
-LEAN_DEFS.update({
-    "betaBox": ("TiltBox", ["t", "c", "x"], BETA_BOX),
-    "dualDBox": ("TiltBox", ["phat", "c", "eps", "t", "lam"],
-                 lam * t * Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.exp(-c_(_j) - eps(_j))))
-                 - Sum(UNIV, sp.Lambda(_j, phat(_j) * sp.Max(lam * betaBox(t, c_box, x) - 1, 0).xreplace(
-                     {c_box: c_(_j), x: eps(_j)})))),
-})
-_one_box = LEAN_DEFS["dualDBox"][2].replace(Sum, lambda dom, f: f(_j)).replace(
-    betaBox, lambda tt, cc, xx: BETA_BOX.xreplace({t: tt, c_box: cc, x: xx})).xreplace(
-    {phat(_j): 1, c_(_j): c_box, eps(_j): x})
-assert sp.simplify(_one_box - DUAL_ITEM_BOX) == 0
-
-BOX_THEOREMS = ["tilt_tv_le_dual_grid_box_endpoints", "tilt_tv_le_hist_box_endpoints"]
-THEOREMS += BOX_THEOREMS
-
-_Cf, _Lf, _bin = _f("C"), _f("L"), _f("bin")
-
-
-def _box_ends(w, cc, ee):
-    """hlam, hBlo, hBhi of the box endpoint theorems, with D = dualDBox w cc ee."""
-    return {
-        "hlam": [("∀", ("i",), [("≤", 0, lam_(_i))])],
-        "hBlo": [("∀", ("i",), [("≤", lo(_i) - dualDBox(w, cc, ee, lo(_i), lam_(_i)), B_)])],
-        "hBhi": [("∀", ("i",), [("≤", hi(_i) - dualDBox(w, cc, ee, hi(_i), lam_(_i)), B_)])],
-    }
-
-
-LEAN_THEOREMS.update({
-    "tilt_tv_le_dual_grid_box_endpoints": ("TiltBox", [("≤", tv(_P, _Ph), B_)], {
-        "heps": [("∀", ("j",), [("≤", sp.Abs(delta_f(_j) - c_(_j)), eps(_j))])],
-        **_box_ends(_Ph, sp.Symbol("c"), sp.Symbol("eps")),
-    }),
-    "tilt_tv_le_hist_box_endpoints": ("TiltBox", [("≤", tv(_P, _Ph), B_)], {
-        "hbox": [("∀", ("j",), [("≤", sp.Abs(delta_f(_j) - _Cf(_bin(_j))), _Lf(_bin(_j)))])],
-        **_box_ends(sp.Symbol("w"), sp.Symbol("C"), sp.Symbol("L")),
-    }),
-})
+add_box(globals())

@@ -543,10 +543,19 @@ def test_drift_in_the_box_tilt_fails(monkeypatch):
     monkeypatch.setattr(G, "_lambda_at", lambda *a: -real_l(*a))
     assert "reference box tilt: every λ_i ≥ 0" in bad()
     monkeypatch.setattr(G, "_lambda_at", real_l)
+    closed = ("tv_bound_parts_logits(center=c): tanh = tanh(osc/4), osc = max(c+ε) − min(c−ε); e-form = ½(A²−1) at "
+              "|c|+ε")
     real_parts = B.tv_bound_parts_logits
     monkeypatch.setattr(B, "tv_bound_parts_logits", lambda lg, r, center=None, **k: real_parts(lg, r, **k))
-    assert bad() == [sound]
+    assert bad() == [sound, closed]
     monkeypatch.setattr(B, "tv_bound_parts_logits", real_parts)
+    # (a) of the centred box on a box twice as wide: sound, but not tanh(osc/4) of the box
+    from witcert.bounds import tv_logits as TL
+
+    real_ends = TL._box_ends
+    monkeypatch.setattr(TL, "_box_ends", lambda c, e: real_ends(c, 2 * e))
+    assert bad() == [closed]
+    monkeypatch.setattr(TL, "_box_ends", real_ends)
     # the histogram's boxes: the centre rounded onto its grid without widening the radius
     real_box = B.box_levels
     monkeypatch.setattr(B, "box_levels", lambda c, e, lv, *a: (real_box(c, e, lv, *a)[0], B.round_levels(e, lv)))
