@@ -98,6 +98,11 @@ class ReferencePath:
         eps = B.logit_radius(q, W[:, :, None, None], self.groups, sm, block_size=T, n=n).to(q.device)
         return M.served_radius(eps, q, view.kh[:, :, None, None], sm, REFERENCE_UNIT_ROUNDOFF, mask=al), None
 
+    @property
+    def centred_box(self) -> bool:
+        """Whether this path meters the centred sketch box: a sketch, and ``sketch_box`` not "symmetric"."""
+        return self.sketch_bits > 0 and self.sketch_box != "symmetric"
+
     def _sketch_radii(self, view, layer, q, sm):
         """The centred sketch box, ``(ε, c)`` [B, Hkv, GQ, Lq, n]: |δ − c| ≤ ε with c = σ⟨q_h, r̃_j⟩ per head
         (``witcert.bounds.sketch_center``) and ε = c_h W_j (``sketch_radius(..., centered=True)``), from the
@@ -107,7 +112,7 @@ class ReferencePath:
         qr = q.transpose(2, 3)  # [B, Hkv, Lq, GQ, D]
         wl = None if self.weights is None else torch.from_numpy(self.weights[layer.layer_idx][None, :, None]).to(q.device)
         W = view.W[:, :, None, :, 0]
-        if view.rt is None or self.sketch_box == "symmetric":  # the kernels' form (or no sketch: c = 0)
+        if view.rt is None or not self.centred_box:  # the kernels' form (or no sketch: c = 0)
             rt = None if view.rt is None else view.rt[:, :, None]
             return B.sketch_radius(qr, rt, W, sm, wl).to(q.device).transpose(2, 3), None
         rt = view.rt[:, :, None]

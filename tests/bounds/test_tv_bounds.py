@@ -4,7 +4,6 @@ The brute force ``tv_sup_bruteforce`` is itself checked against a direct search 
 corners of the radius box (the supremum of a tilt over a box is reached at a corner).
 """
 
-import itertools
 import math
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from tests.helpers.corners import corner_sup
 from witcert import bounds as B
 
 TOL = B.TILT_DEFAULT_TOL
@@ -24,17 +24,6 @@ def softmax(x):
     x = np.asarray(x, dtype=np.float64)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
-
-
-def corner_sup(p, eps):
-    """sup over δ in the box of TV(tilt(p̂, δ), p̂), by enumerating the 2^n corners."""
-    best = 0.0
-    for signs in itertools.product((-1.0, 1.0), repeat=len(p)):
-        delta = np.asarray(signs) * eps
-        q = p * np.exp(-delta)
-        q /= q.sum()
-        best = max(best, 0.5 * np.abs(q - p).sum())
-    return best
 
 
 @st.composite

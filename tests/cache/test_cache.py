@@ -177,6 +177,16 @@ def test_bad_input_is_refused_or_flagged(smollm2):
     assert r3.nonfinite.all() and r3.flag.all() and np.all(r3.tv_a == 1.0) and np.all(np.isinf(r3.out_err))
 
 
+def _side_by_side(model, enc, first, second):
+    """Both caches serve the same request and generate the same tokens: (TV⁺ of ``first``, TV⁺ of ``second``,
+    the realised TV of the audited ``first``), each stacked over the records."""
+    a = _gen(model, enc, past_key_values=first)
+    b = _gen(model, enc, past_key_values=second)
+    assert torch.equal(a.sequences, b.sequences)
+    stack = lambda cache, field: np.stack([getattr(r, field) for r in cache.records])  # noqa: E731
+    return stack(first, "tv_a"), stack(second, "tv_a"), stack(first, "tv_real")
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither"])
 def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     """The Triton path (interpreter here, CUDA on the H200) against the fp64 reference path:
@@ -189,12 +199,7 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     # the kernels' formula on both paths (sketch_box="symmetric"); the centred box is the reference path's own
     ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, sketch_box="symmetric", **kw)
     ker = WitCertCache(model.config, scheme=scheme, backend="kernel", **kw)
-    a = _gen(model, enc, past_key_values=ref)
-    b = _gen(model, enc, past_key_values=ker)
-    assert torch.equal(a.sequences, b.sequences)
-    tv_ref = np.stack([r.tv_a for r in ref.records])
-    real = np.stack([r.tv_real for r in ref.records])
-    tv_ker = np.stack([r.tv_a for r in ker.records])
+    tv_ref, tv_ker, real = _side_by_side(model, enc, ref, ker)
     assert tv_ker.shape == tv_ref.shape == (5 * 30, 1, 9)
     assert np.all(tv_ker >= real - 1e-6)
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
@@ -222,12 +227,7 @@ def test_centred_sketch_box_on_the_reference_path(smollm2):
     cen = WitCertCache(model.config, **kw)
     sym = WitCertCache(model.config, sketch_box="symmetric", **kw)
     assert cen.sketch_box == "auto" and cen.sketch_bits == 2
-    a = _gen(model, enc, past_key_values=cen)
-    b = _gen(model, enc, past_key_values=sym)
-    assert torch.equal(a.sequences, b.sequences)
-    tv_c = np.stack([r.tv_a for r in cen.records])
-    tv_s = np.stack([r.tv_a for r in sym.records])
-    real = np.stack([r.tv_real for r in cen.records])
+    tv_c, tv_s, real = _side_by_side(model, enc, cen, sym)
     assert sum(r.audit_violations for r in cen.records) == 0
     assert np.all(tv_c >= real) and np.all(tv_s >= real)
     assert np.median(tv_c) < 0.85 * np.median(tv_s)

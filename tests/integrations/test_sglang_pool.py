@@ -333,6 +333,19 @@ def test_record_step_makes_no_host_sync(monkeypatch):
     assert (recs[-1][1].tv_upper_a == 1).all() and recs[-1][1].flag.all()
 
 
+def _two_rows_decoded():
+    """A patched pool with 8 metered tokens and one eager decode of two rows (8 and 5 tokens): (pool, exact store,
+    records, slots, q, rows)."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    loc = torch.arange(0, 8)
+    write(pool, 0, loc, *kv(8, 2), ex)
+    q = query(3, 2, scale=1.0)
+    rows = [loc.tolist(), loc[:5].tolist()]
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    return pool, ex, recs, loc, q, rows
+
+
 def test_captured_decode_keeps_static_records_and_the_gate_refuses(monkeypatch):
     """Issue 36: a metered decode captured in a CUDA graph (SGLang's decode graphs) hands its record to no
     callback (a callback would run once, at capture, and never for the replays: records silently missing);
@@ -343,13 +356,7 @@ def test_captured_decode_keeps_static_records_and_the_gate_refuses(monkeypatch):
     import witcert.integrations.sglang_decode as sd
     from witcert.gate import Gate
 
-    pool, ex = mha(), Exact()
-    recs = install()
-    loc = torch.arange(0, 8)
-    write(pool, 0, loc, *kv(8, 2), ex)
-    q = query(3, 2, scale=1.0)
-    rows = [loc.tolist(), loc[:5].tolist()]
-    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    pool, ex, recs, loc, q, rows = _two_rows_decoded()
     assert len(recs) == 1 and ws.static_records(2) == []
     monkeypatch.setattr(sd, "_capturing", lambda q: True)
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
@@ -386,13 +393,7 @@ def test_metered_decode_makes_no_host_sync_outside_its_kernels():
                     flagged.append(str(e))
                 return func(*args, **(kwargs or {}))
 
-    pool, ex = mha(), Exact()
-    recs = install()
-    loc = torch.arange(0, 8)
-    write(pool, 0, loc, *kv(8, 2), ex)
-    q = query(3, 2, scale=1.0)
-    rows = [loc.tolist(), loc[:5].tolist()]
-    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager: builds the buffer's view
+    pool, ex, recs, loc, q, rows = _two_rows_decoded()  # eager: builds the buffer's view
     slots = torch.tensor([s for r in rows for s in r], dtype=torch.int32)
     indptr = torch.tensor([0, 8, 13], dtype=torch.int32)
     o, logits, lse = torch.zeros(2, HQ, D, dtype=q.dtype), torch.zeros(2, HQ, 2, D), torch.zeros(2, HQ, 2)

@@ -46,6 +46,21 @@ def _wrap(result: np.ndarray, *inputs: Any):
     return result
 
 
+def _dot_operands(q, x, scale, x_name: str, q_what: str, x_what: str, q_ndim: int = 1):
+    """The operands of σ⟨q, x_j⟩ as float64: q (≥ ``q_ndim`` dims, ``q_what``), x ``[..., n, d]`` (``x_what``)
+    with q's feature axis, and the scalar softmax scale as a float. ValueError names the argument."""
+    qa = _as_np(q, "q")
+    _need_ndim(qa, q_ndim, "q", q_what)
+    xa = _as_np(x, x_name)
+    _need_ndim(xa, 2, x_name, x_what)
+    if xa.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"{x_name}: feature axis {xa.shape[-1]} does not match q's {qa.shape[-1]}")
+    sc = _as_np(scale, "scale")
+    if sc.ndim != 0:
+        raise ValueError("scale: expected a scalar softmax scale")
+    return qa, xa, float(sc)
+
+
 def _need_ndim(arr: np.ndarray, ndim: int, name: str, what: str) -> None:
     if arr.ndim < ndim:
         raise ValueError(f"{name}: expected at least {ndim} dimension(s) ({what}), got shape {arr.shape}")

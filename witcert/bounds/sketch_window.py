@@ -7,7 +7,7 @@ import numpy as np
 
 from contract.sketch import check_bits, check_window
 
-from .inputs import _as_np, _check_nonneg, _need_ndim, _wrap
+from .inputs import _as_np, _check_nonneg, _dot_operands, _need_ndim, _wrap
 from .rounding import _round_up_rel, _safe_norm, _underflow_abs
 
 
@@ -107,17 +107,9 @@ def sketch_center(q, r_tilde, scale):
     """The centre of the centred sketch box (SPEC §3(c) as amended): ``c_hj = σ⟨q_h, r̃_j⟩`` ``[..., GQ, n]``
     in fp64, for q ``[..., GQ, d]`` and r̃ ``[..., n, d]``. With ``sketch_radius(..., centered=True)`` (whose
     witness carries this dot's rounding), ``|δ_hj − c_hj| ≤ ε_hj`` for δ = σ⟨q_h, r_j⟩ = served − exact logit."""
-    qa = _as_np(q, "q")
-    _need_ndim(qa, 2, "q", "[..., GQ, d]")
-    rt = _as_np(r_tilde, "r_tilde")
-    _need_ndim(rt, 2, "r_tilde", "[..., n, d]")
-    if rt.shape[-1] != qa.shape[-1]:
-        raise ValueError(f"r_tilde: feature axis {rt.shape[-1]} does not match q's {qa.shape[-1]}")
-    sc = _as_np(scale, "scale")
-    if sc.ndim != 0:
-        raise ValueError("scale: expected a scalar softmax scale")
+    qa, rt, sc = _dot_operands(q, r_tilde, scale, "r_tilde", "[..., GQ, d]", "[..., n, d]", q_ndim=2)
     with np.errstate(over="ignore", invalid="ignore"):
-        c = float(sc) * np.einsum("...hd,...nd->...hn", qa, rt)
+        c = sc * np.einsum("...hd,...nd->...hn", qa, rt)
     return _wrap(c, q, r_tilde)
 
 
@@ -154,10 +146,13 @@ def sketch_radius(q, r_tilde, witness, scale, weights=None, shared: bool = True,
     gamma = (d + 2) * 2.0**-53 / (1.0 - (d + 2) * 2.0**-53)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         c = _round_up_rel(sig * _safe_norm(qa * a[..., None, :], axis=-1))  # [..., GQ]
-        dots = sig * np.einsum("...hd,...nd->...hn", qa, rt)  # [..., GQ, n]
-        ratio = np.where(c[..., None] > 0, np.abs(dots) / np.where(c[..., None] > 0, c[..., None], 1.0), 0.0)
-        ratio = _round_up_rel(ratio)
-        u = 0.0 * ratio if centered else np.max(ratio, axis=-2, keepdims=True) if shared else ratio
+        if centered:  # the dot is the box's centre (``sketch_center``), not part of its radius
+            u = 0.0
+        else:
+            dots = sig * np.einsum("...hd,...nd->...hn", qa, rt)  # [..., GQ, n]
+            ratio = np.where(c[..., None] > 0, np.abs(dots) / np.where(c[..., None] > 0, c[..., None], 1.0), 0.0)
+            ratio = _round_up_rel(ratio)
+            u = np.max(ratio, axis=-2, keepdims=True) if shared else ratio
         wfull = wa + gamma * _round_up_rel(_safe_norm(rt / a[..., None, :], axis=-1))
         eps = c[..., None] * (wfull[..., None, :] + u)
         # the dot's subnormal products are off by an absolute amount, which no relative γ covers

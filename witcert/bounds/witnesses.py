@@ -11,7 +11,7 @@ import numpy as np
 
 from contract.bands import _check_rope_dims
 
-from .inputs import _as_np, _broadcast, _check_nonneg, _need_ndim, _wrap
+from .inputs import _as_np, _broadcast, _check_nonneg, _dot_operands, _need_ndim, _wrap
 from .rounding import _EPS64, _round_up_rel, _safe_norm, _underflow_abs
 
 
@@ -171,15 +171,7 @@ def dot_rounding_radius(q, k_hat, scale, unit_roundoff: float = 2.0**-53):
     (recursive or blocked summation, any order), and the scaling by σ adds two more roundings:
     ``ρ_j = |σ| γ_{d+2} Σ_i |q_i||k̂_{j,i}|``, rounded up. Add it to ε_j (Tier A) or t_j
     (Tier B). ``q``: ``[..., d]``; ``k_hat``: ``[..., n, d]``; returns ``[..., n]``."""
-    qa = _as_np(q, "q")
-    ka = _as_np(k_hat, "k_hat")
-    _need_ndim(qa, 1, "q", "[..., d]")
-    _need_ndim(ka, 2, "k_hat", "[..., n, d]")
-    if ka.shape[-1] != qa.shape[-1]:
-        raise ValueError(f"k_hat: feature axis {ka.shape[-1]} does not match q's {qa.shape[-1]}")
-    sc = _as_np(scale, "scale")
-    if sc.ndim != 0:
-        raise ValueError("scale: expected a scalar softmax scale")
+    qa, ka, sc = _dot_operands(q, k_hat, scale, "k_hat", "[..., d]", "[..., n, d]")
     if not (isinstance(unit_roundoff, (int, float)) and 0 < unit_roundoff < 1e-2):
         raise ValueError(f"unit_roundoff: expected a number in (0, 0.01), got {unit_roundoff!r}")
     d = qa.shape[-1] + 2
@@ -188,7 +180,7 @@ def dot_rounding_radius(q, k_hat, scale, unit_roundoff: float = 2.0**-53):
     gamma = d * unit_roundoff / (1.0 - d * unit_roundoff)
     with np.errstate(over="ignore", invalid="ignore"):
         mag = np.einsum("...d,...nd->...n", np.abs(qa), np.abs(ka))
-        out = abs(float(sc)) * gamma * mag * (1.0 + 4 * qa.shape[-1] * _EPS64)
-        out = out + _underflow_abs(qa.shape[-1], float(sc), unit_roundoff)  # subnormal products
+        out = abs(sc) * gamma * mag * (1.0 + 4 * qa.shape[-1] * _EPS64)
+        out = out + _underflow_abs(qa.shape[-1], sc, unit_roundoff)  # subnormal products
     out = np.where(np.isfinite(out), _round_up_rel(out), np.inf)
     return _wrap(out, q, k_hat)
