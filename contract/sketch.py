@@ -25,7 +25,9 @@ plain Cauchy–Schwarz. Powers of two make q·a and r/a exact in floating point.
 
 **Radius** (Lean ``WitCert.sketch_shared_radius_le``): for the GQ query heads h of a kv head,
 u_j = max_h |σ⟨q_h, r̃_j⟩| / c_h (0 where c_h = 0), ε_hj = c_h·(W_j + u_j) ≥ |δ_hj|. It factors into
-a head part c_h and a token part W_j + u_j, so the decode kernel bins tokens once per kv head.
+a head part c_h and a token part W_j + u_j, so the decode kernel bins tokens once per kv head. The per-head
+radius ε_hj = c_h W_j + |σ⟨q_h, r̃_j⟩| (Lean ``WitCert.sketch_logit_error_le``) is the tighter one (every
+u_hj ≤ u_j); the kernel bins it with one level per (token, head) when a cache asks (``PagedKV.head_levels``).
 
 **Exact window.** The first ``sink`` and the last ``recent`` tokens of every sequence are served in
 the model's dtype (radius 0, φ = 0); older tokens are served compressed.
@@ -43,6 +45,11 @@ DEFAULT_SKETCH_BITS = 2
 DEFAULT_WINDOW = (4, 64)
 #: channel weights are powers of two in [2^-WEIGHT_EXP_MAX, 2^WEIGHT_EXP_MAX]
 WEIGHT_EXP_MAX = 8
+#: how a cache meters the sketch box (``WitCertCache(sketch_box=)``): "centred" |δ − σ⟨q_h, r̃⟩| ≤ c_h W (the reference
+#: path), "symmetric" |δ| ≤ c_h (W + max_h |σ⟨q_h, r̃⟩| / c_h) (one level per token: the kernels' default), "per-head"
+#: |δ| ≤ c_h W + |σ⟨q_h, r̃⟩| (one level per (token, head); both paths), "auto" (centred on the reference path,
+#: symmetric on the kernel path)
+SKETCH_BOXES = ("auto", "centred", "symmetric", "per-head")
 
 
 def check_bits(bits) -> int:

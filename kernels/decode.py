@@ -201,7 +201,8 @@ def decode(
     per sequence of this batch): each sequence's first ``sink`` and last ``recent`` tokens are served from
     it (model dtype, radius 0, φ = 0, ν / κ from its norms); not with ``kv_indptr``. A cache with a key
     sketch or channel weights (``PagedKV.sketch_bits`` / ``weights``) is metered with the sketch radius
-    ε_hj = c_h (W_j + u_j) (``contract.sketch``)."""
+    ε_hj = c_h (W_j + u_j) (``contract.sketch``), or with ``PagedKV.head_levels`` each head's own
+    c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head)."""
     seq_lens, kv_indptr = _check_inputs(cache, q, block_table, seq_lens, kv_indptr, delta_step, validate)
     csr = kv_indptr is not None
     Bsz, Hq, D = q.shape
@@ -399,7 +400,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PREFETCH_BT=plan.prefetch_bt, CSR=plan.csr, HAS_REP=has_rep,
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
-        MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits > 0,
+        MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits > 0, HEAD_LEVELS=plan.head_levels,
     )
 
 
@@ -420,7 +421,7 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
     fit_key = (str(q.device), cache.scheme, plan.meter, plan.tier_b, cache.num_groups, cache.per_token_witness, D, T,
                plan.head_columns, plan.hist_columns, plan.num_stages, plan.num_warps, plan.levels, plan.hist_split,
                repair is not None, rows.masked, plan.csr, plan.max_registers, plan.pack_hist, plan.pv_f32,
-               plan.prefetch, plan.sketch_bits, plan.weighted, window is not None, q.dtype)
+               plan.prefetch, plan.sketch_bits, plan.weighted, window is not None, q.dtype, plan.head_levels)
     pages = plan.pages_per_tile
     if plan.auto_tile:
         pages = min(pages, _TILE_FIT.get(fit_key, pages))

@@ -41,6 +41,7 @@ def _decode_kernel(
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
+    HEAD_LEVELS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -64,6 +65,9 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr = PAGES * T
     # running maxima / counts per token lane, reduced once after the loop (not per tile)
     wmax = tl.zeros([BLOCK_N], tl.float32)
+    # HEAD_LEVELS (one key level per (token, head): the per-head sketch radius, contract.sketch): each head's max
+    HL: tl.constexpr = HEAD_LEVELS and SKETCH
+    wmaxh = tl.zeros([BLOCK_H], tl.float32)
     smax = tl.zeros([BLOCK_N], tl.float32)
     phimax = tl.zeros([BLOCK_N], tl.float32)
     numax = tl.zeros([BLOCK_N], tl.float32)
@@ -122,14 +126,23 @@ def _decode_kernel(
                 wn = _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, hmask, hcol, d, b,
                                     s_qb, s_qh, s_skb, s_skh, s_skt, q32T, q_sum, inv_c, qk0, qk1, qk2, qk3,
                                     inv_a_norm, sm_scale, INFL, GQ, D, BLOCK_N, BLOCK_H, SCHEME, SKB, MAGIC_BF16,
-                                    PREC32)
+                                    PREC32, HL)
             else:
                 wn = _group_radius(KW, wbase, valid, INFL, G, BLOCK_N)
-            wn, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, valid, rep, rnbase, bad, HAS_REP)
-            hdT = _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
-                                  PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST)
+            if HL:  # wn [N, H]: the value side and the non-finite count read each token's largest (NaN: +inf)
+                wtok = tl.max(tl.where(wn == wn, wn, float("inf")), axis=1)
+                wtok, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wtok, vwoff, valid, rep, rnbase, bad,
+                                                           HAS_REP)
+                if HAS_REP:
+                    wn = tl.where(rep[:, None], 0.0, wn)
+                wmaxh = tl.maximum(wmaxh, tl.max(wn, axis=0))
+            else:
+                wn, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, valid, rep, rnbase, bad,
+                                                         HAS_REP)
+                wmax = tl.maximum(wmax, wn)
+            hdT = _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
+                                  PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ, HL)
             histT = histT * alpha[None, :] + hdT
-            wmax = tl.maximum(wmax, wn)
             if TIER_B or SCHEME == INT8_DITHER_ID:  # max s: only Tier B's and the dither's terms read it
                 smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
@@ -142,5 +155,9 @@ def _decode_kernel(
             Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, ring_here, b, kvh, seq_len, sink, recent,
             n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
             D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32)
-    _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wmax, smax, phimax, numax, bad,
+    if HL:
+        wcol = wmaxh
+    else:
+        wcol = tl.zeros([BLOCK_H], tl.float32) + tl.max(wmax, axis=0)
+    _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
                     kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST)

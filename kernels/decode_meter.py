@@ -37,8 +37,11 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
         c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
         q_sum = tl.sum(q32T, axis=0)  # Σ_i q_hi (the magic-number sketch dot's offset)
         # 1 / c_h for the ratio |d_hj| / c_h: 0 on padding columns; +inf where c_h underflowed to 0 (a nonzero d then
-        # gives an infinite radius: saturated, flagged; d = 0 there gives NaN, also flagged)
-        inv_c = tl.where(hmask & (c_h > 0), 1.0 / c_h, tl.where(hmask & (qam > 0), float("inf"), 0.0))
+        # gives an infinite radius: saturated, flagged; d = 0 there gives NaN, also flagged). A column serving a
+        # head (hcol < GQ: with PACK_HIST the upper columns repeat the lower ones' heads) takes its head's factor,
+        # so per-head levels (HEAD_LEVELS) bin the lo column of a packed head at its head's level
+        serves = hcol < GQ
+        inv_c = tl.where(serves & (c_h > 0), 1.0 / c_h, tl.where(serves & (qam > 0), float("inf"), 0.0))
         if SKB > 0 and (SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID):
             # the sketch's chunks of q (chunk k: channels k·D/c …, contract.sketch), loaded once: two-bit codes
             CPB0: tl.constexpr = 8 // SKB
@@ -63,10 +66,12 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
 @triton.jit
 def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, q_sum, inv_c, qk0, qk1, qk2, qk3,
                        inv_a_norm, sm_scale, GQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_H: tl.constexpr, SKB: tl.constexpr, MAGIC_BF16: tl.constexpr):
+                       BLOCK_H: tl.constexpr, SKB: tl.constexpr, MAGIC_BF16: tl.constexpr,
+                       HEAD_LEVELS: tl.constexpr):
     """The int8 family's sketch term u_j = max_h |σ⟨q_h, r̃_j⟩| / c_h of a tile from its packed bytes ``byt``
     (β = s/2 per token: the levels dotted against q, then scaled), or for a cold tile the bound
-    (s_j/2)(L − 1)/L·‖1/a‖."""
+    (s_j/2)(L − 1)/L·‖1/a‖. HEAD_LEVELS: each head's own |σ⟨q_h, r̃_j⟩| / c_h, [N, H] (a cold tile's bound on
+    every column)."""
     LV: tl.constexpr = 1 << SKB
     CPB: tl.constexpr = 8 // SKB
     DB: tl.constexpr = D // CPB
@@ -101,9 +106,15 @@ def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, 
         dT = dT * (ks * (0.5 / LV))[:, None]
         dT = tl.abs(dT) * tl.abs(sm_scale)
         ratio = dT * inv_c[None, :]  # (INFL covers the reciprocal's rounding)
-        u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)  # 0·inf: saturate
+        ratio = tl.where(ratio == ratio, ratio, float("inf"))  # 0·inf: saturate
+        if HEAD_LEVELS:
+            u_tok = ratio
+        else:
+            u_tok = tl.max(ratio, axis=1)
     else:
         u_tok = ks * ((0.5 * (LV - 1) / LV) * inv_a_norm)
+        if HEAD_LEVELS:
+            u_tok = u_tok[:, None] + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
     return u_tok
 
 
@@ -112,10 +123,12 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
                    s_skb, s_skh, s_skt, q32T, q_sum, inv_c, qk0, qk1, qk2, qk3, inv_a_norm, sm_scale,
                    INFL: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_H: tl.constexpr, SCHEME: tl.constexpr, SKB: tl.constexpr, MAGIC_BF16: tl.constexpr,
-                   PREC32: tl.constexpr):
+                   PREC32: tl.constexpr, HEAD_LEVELS: tl.constexpr):
     """The sketch radius (contract.sketch): U_j = W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h, the token part of
     ε_hj = c_h·U_j; r̃_j = β·(2·code + 1 − L)/L from the packed codes and the scheme's β (``kq``: K̂ for the group
-    schemes, the codes for fp8; ``ksc``: the group schemes' key scales). Inflated by INFL, 0 off ``valid``."""
+    schemes, the codes for fp8; ``ksc``: the group schemes' key scales). Inflated by INFL, 0 off ``valid``.
+    HEAD_LEVELS: U_hj = W_j + |σ⟨q_h, r̃_j⟩| / c_h per head column, [N, H] (ε_hj = c_h·U_hj, Lean
+    ``sketch_logit_error_le``); with no sketch bits (weights only) the same U_j on every column."""
     wn = tl.load(KW + wbase, mask=valid, other=0.0).to(tl.float32)
     if SKB > 0:
         LV: tl.constexpr = 1 << SKB
@@ -128,7 +141,7 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
         if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
             u_tok = _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, q_sum, inv_c,
                                        qk0, qk1, qk2, qk3, inv_a_norm, sm_scale, GQ, D, BLOCK_N, BLOCK_H, SKB,
-                                       MAGIC_BF16)
+                                       MAGIC_BF16, HEAD_LEVELS)
         else:
             shift = (SKB * (d // DB))[None, :]
             skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
@@ -142,8 +155,16 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
             dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
             dT = tl.abs(dT) * tl.abs(sm_scale)
             ratio = dT * inv_c[None, :]
-            u_tok = tl.max(tl.where(ratio == ratio, ratio, float("inf")), axis=1)
+            ratio = tl.where(ratio == ratio, ratio, float("inf"))
+            if HEAD_LEVELS:
+                u_tok = ratio
+            else:
+                u_tok = tl.max(ratio, axis=1)
+        if HEAD_LEVELS:
+            return tl.where(valid[:, None], (wn[:, None] + u_tok) * INFL, 0.0)
         wn = wn + u_tok
+    if HEAD_LEVELS:
+        return tl.where(valid[:, None], wn[:, None] * INFL, 0.0) + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
     wn = tl.where(valid, wn * INFL, 0.0)
     return wn
 
@@ -190,12 +211,15 @@ def _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, valid, rep, rnbase, bad, H
 
 
 @triton.jit
-def _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, X0: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
+def _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
                     PAGES: tl.constexpr, T: tl.constexpr, BLOCK_H: tl.constexpr, TIER_B: tl.constexpr,
                     PAGE_LEVELS: tl.constexpr, HIST_BF16: tl.constexpr, PACK_HIST: tl.constexpr,
-                    PREC_HIST: tl.constexpr):
+                    PREC_HIST: tl.constexpr, GQ: tl.constexpr, HEAD_LEVELS: tl.constexpr):
     """A tile's histogram masses hdᵀ [NB, H]: Σ p̂ per key level (and per Tier B level of the scale), the last row
-    Σ p̂ φ."""
+    Σ p̂ φ. HEAD_LEVELS: ``wn`` is [N, H], each head column binned at its own level (``_histogram_tile_heads``)."""
+    if HEAD_LEVELS:
+        return _histogram_tile_heads(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
+                                     PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ)
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     HALF: tl.constexpr = BLOCK_H // 2
     la = _key_level(wn, X0, K)
@@ -234,4 +258,57 @@ def _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, X0: tl.constexpr, K: tl.c
                 hdT = tl.dot(ohT, tl.where(heads_i[None, :] < HALF, pT, 0.0), input_precision=PREC_HIST)
             else:
                 hdT = tl.dot(ohT, pT, input_precision=PREC_HIST)
+    return hdT
+
+
+@triton.jit
+def _histogram_tile_heads(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0: tl.constexpr, K: tl.constexpr,
+                          NB: tl.constexpr, PAGES: tl.constexpr, T: tl.constexpr, BLOCK_H: tl.constexpr,
+                          TIER_B: tl.constexpr, PAGE_LEVELS: tl.constexpr, HIST_BF16: tl.constexpr,
+                          PACK_HIST: tl.constexpr, PREC_HIST: tl.constexpr, GQ: tl.constexpr):
+    """``_histogram_tile`` with one key level per (token, head column): ``wn`` [N, H] (HEAD_LEVELS). Token levels:
+    one one-hot dot per query head g (its [NB, N] one-hot against p̂ masked to the columns serving g: with
+    PACK_HIST its hi and lo columns), summed; the last row carries φ_j in every dot, so each column still gets its
+    own Σ p̂ φ. Page levels: each column's page maximum, a [NB, PAGES, H] one-hot (no dot). The Tier B bins are
+    the scale's, shared by the heads."""
+    KA: tl.constexpr = K + 2
+    HALF: tl.constexpr = BLOCK_H // 2
+    la = _key_level(wn, X0, K)  # [N, H]
+    if PAGE_LEVELS:
+        lpg = tl.max(tl.reshape(la, [PAGES, T, BLOCK_H]), axis=1)  # [PAGES, H]: each column's page level
+        oh = col[:, None, None] == lpg[None, :, :]  # [NB, PAGES, H]
+        if TIER_B:
+            lb = tl.max(tl.reshape(_key_level(ks_lvl, X0, K), [PAGES, T]), axis=1) + KA
+            oh = oh | (col[:, None, None] == lb[None, :, None])
+        psumT = tl.sum(tl.reshape(pT, [PAGES, T, BLOCK_H]), axis=1)  # [PAGES, H]
+        hdT = tl.sum(oh.to(tl.float32) * psumT[None, :, :], axis=1)  # [NB, H]
+        hdT = tl.where(col[:, None] == NB - 1, tl.sum(pT * phi[:, None], axis=0)[None, :], hdT)
+    else:
+        if TIER_B:
+            lbT = (_key_level(ks_lvl, X0, K) + KA)[None, :]
+        if HIST_BF16:
+            phi_up = ((phi.to(tl.int32, bitcast=True) + 0xFFFF) & -65536).to(tl.float32, bitcast=True)
+            p_hiT = pT.to(tl.bfloat16)
+            p_loT = (pT - p_hiT.to(tl.float32)).to(tl.bfloat16)
+            if PACK_HIST:
+                p_hiT = tl.where(heads_i[None, :] < HALF, p_hiT, p_loT)
+        elif PACK_HIST:
+            p32T = tl.where(heads_i[None, :] < HALF, pT, 0.0)
+        else:
+            p32T = pT
+        hdT = tl.zeros([NB, BLOCK_H], tl.float32)
+        for g in tl.static_range(GQ):
+            mine = hcol[None, :] == g  # [1, H]: the columns serving head g (equal levels there)
+            la_g = tl.max(tl.where(mine, la, -1), axis=1)  # [N]
+            oh_g = col[:, None] == la_g[None, :]  # [NB, N]
+            if TIER_B:
+                oh_g = oh_g | (col[:, None] == lbT)
+            if HIST_BF16:
+                ohb = tl.where(col[:, None] == NB - 1, phi_up[None, :], oh_g.to(tl.float32)).to(tl.bfloat16)
+                hdT = tl.dot(ohb, tl.where(mine, p_hiT, 0.0).to(tl.bfloat16), acc=hdT)
+                if not PACK_HIST:
+                    hdT = tl.dot(ohb, tl.where(mine, p_loT, 0.0).to(tl.bfloat16), acc=hdT)
+            else:
+                ohT = tl.where(col[:, None] == NB - 1, phi[None, :], oh_g.to(tl.float32))
+                hdT += tl.dot(ohT, tl.where(mine, p32T, 0.0), input_precision=PREC_HIST)
     return hdT

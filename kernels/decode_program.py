@@ -117,12 +117,12 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
 
 @triton.jit
 def _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT,
-                    wmax, smax, phimax, numax, bad, kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits,
+                    wcol, smax, phimax, numax, bad, kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits,
                     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr,
                     METER: tl.constexpr, PACK_HIST: tl.constexpr):
     """The split's partial results for the merge: running max, sum and accumulator per head, and with the meter its
-    histogram (the packed one's hi and lo columns summed) and the six statistics (max radius, max s, max φ, max ν,
-    the non-finite count, max κ)."""
+    histogram (the packed one's hi and lo columns summed) and the six statistics (max radius: ``wcol`` [H], each
+    head's; max s, max φ, max ν, the non-finite count, max κ)."""
     HALF: tl.constexpr = BLOCK_H // 2
     o_idx = (b * Hq + heads) * num_splits + sp
     tl.store(M_OUT + o_idx, m, mask=hmask)
@@ -144,7 +144,7 @@ def _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT
             tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
         st = STAT_OUT + o_idx * 6
         zero = tl.zeros([BLOCK_H], tl.float32)
-        tl.store(st + 0, zero + tl.max(wmax, axis=0), mask=hmask)
+        tl.store(st + 0, wcol, mask=hmask)
         tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask)
         tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask)
         tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask)

@@ -154,6 +154,10 @@ class PagedKV:
     weights: torch.Tensor | None = None
     #: whether ``weights`` has a channel weight other than 1 (decided once, at allocation: no device sync later)
     has_weights: bool = False
+    #: the decode bins one key level per (token, query head) -- the per-head sketch radius
+    #: ε_hj = c_h W_j + |σ⟨q_h, r̃_j⟩| -- instead of one per token for a kv head's query heads (the shared radius
+    #: c_h (W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h)); only with the sketch radius (``weighted``)
+    head_levels: bool = False
 
     @property
     def weighted(self) -> bool:
@@ -186,9 +190,10 @@ class PagedKV:
         with_exact: bool = True,
         sketch_bits: int = 0,
         weights: torch.Tensor | None = None,
+        head_levels: bool = False,
     ) -> "PagedKV":
         """A zeroed cache of ``num_blocks`` pages (the shapes of the module doc); ValueError on a scheme, head dim,
-        block size or channel weights the kernels do not support."""
+        block size or channel weights the kernels do not support, or ``head_levels`` without the sketch radius."""
         sketch_bits = check_bits(sketch_bits)
         if scheme not in SCHEME_IDS:
             raise ValueError(f"scheme: the kernels support {sorted(SCHEME_IDS)}, got {scheme!r}")
@@ -212,6 +217,11 @@ class PagedKV:
                              "per_token_witness=True)")
         if sketch_bits and scheme == "none":
             sketch_bits = 0  # an exact cache has no residual to sketch
+        if not isinstance(head_levels, bool):
+            raise ValueError(f"head_levels: expected a bool, got {head_levels!r}")
+        if head_levels and not (sketch_bits or has_weights):
+            raise ValueError("head_levels: per-head key levels are the sketch radius's (a key sketch or channel "
+                             "weights); without one every head has the same radius")
         ksk = (torch.zeros(num_blocks, num_kv_heads, block_size, head_dim * sketch_bits // 8, dtype=torch.uint8, **kw)
                if sketch_bits else torch.zeros(1, dtype=torch.uint8, **kw))
         return PagedKV(
@@ -239,6 +249,7 @@ class PagedKV:
             k_sketch=ksk,
             weights=weights,
             has_weights=has_weights,
+            head_levels=head_levels,
         )
 
     #: tensors with one row per physical block (placeholders of shape (1,) are left alone)

@@ -285,6 +285,7 @@ class DecodePlan:
     sketch_bits: int  # SKB: the key sketch's bits, 0 when not read
     weighted: bool  # the channel weights read
     tier_b: bool  # the Tier B bins (int8_dither with a delta_step)
+    head_levels: bool  # HEAD_LEVELS: one key level per (token, query head) (``PagedKV.head_levels``)
 
 
 def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = True, levels: str = "token",
@@ -303,6 +304,7 @@ def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = T
         sketch_bits=cache.sketch_bits if (meter and cache.scheme != "none") else 0,
         weighted=bool(meter and cache.has_weights),
         tier_b=meter and cache.scheme == "int8_dither" and delta_step is not None,
+        head_levels=bool(meter and cache.weighted and cache.head_levels),
     )
 
 

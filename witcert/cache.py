@@ -113,9 +113,11 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
     for ``int8_dither``: every metered query row spends its own budget δ_step(row), so a
     request spends ≤ δ_req however its rows are chunked. ``seed`` keys the dither; None (the
     default) draws a fresh one per request (``reset()`` draws again), recorded in ``seed``
-    and ``summary()``. ``sketch_box``: how the reference path meters the sketch radius,
-    "centred" (|δ_j − σ⟨q, r̃_j⟩| ≤ c_h W_j, the centred tilt; reference path only), "symmetric"
-    (|δ_j| ≤ c_h (W_j + u_j), the kernels' bins) or "auto" (each path its own: centred on the
+    and ``summary()``. ``sketch_box``: how the sketch radius is metered, "centred"
+    (|δ_j − σ⟨q, r̃_j⟩| ≤ c_h W_j, the centred tilt; reference path only), "symmetric"
+    (|δ_j| ≤ c_h (W_j + u_j), u_j the largest over a kv head's query heads: the kernels' default bins),
+    "per-head" (|δ_hj| ≤ c_h W_j + |σ⟨q_h, r̃_j⟩|: both paths; the kernels bin one level per (token,
+    head), tighter, GQ one-hot dots per tile instead of one) or "auto" (each path its own: centred on the
     reference path, symmetric on the kernel path)."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
@@ -170,9 +172,11 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         self.delta_req, self.schedule, self.horizon = delta_req, schedule, horizon
         check_backend(backend, scheme, D, num_groups, witness, block_size, Hq, Hkv)
         self.backend = backend
-        # sketch_box: how the reference path meters the sketch radius: "centred" (|δ − σ⟨q, r̃⟩| ≤ c_h W, the
-        # centred tilt: tighter), "symmetric" (|δ| ≤ c_h (W + u), the kernels' form), "auto" (centred where the
-        # reference path meters, the kernels' symmetric form where they do)
+        # sketch_box: how the sketch radius is metered: "centred" (|δ − σ⟨q, r̃⟩| ≤ c_h W, the centred tilt:
+        # tightest; the reference path only), "symmetric" (|δ| ≤ c_h (W + u), u the largest over a kv head's query
+        # heads: the kernels' default form), "per-head" (|δ| ≤ c_h W + |σ⟨q_h, r̃⟩| for each head: both paths, the
+        # kernels bin one level per (token, head)), "auto" (centred where the reference path meters, symmetric
+        # where the kernels do)
         self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits)
         self.tilt_above = check_tilt_above(tilt_above)
         self.max_tokens = int(max_tokens)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from contract.schemes import BLOCK_SCHEMES, KERNEL_SCHEME_IDS, SCHEMES
-from contract.sketch import DEFAULT_SKETCH_BITS
+from contract.sketch import DEFAULT_SKETCH_BITS, SKETCH_BOXES
 
 from . import bounds as B
 from .cache_kernel import _kernel_scheme
@@ -90,13 +90,14 @@ def check_sketch_layout(sketch: bool, num_groups: int, witness: str) -> None:
                          "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
 
 
-SKETCH_BOXES = ("auto", "centred", "symmetric")
 _LOGGED_BOX: list = []  # the "auto" box decision, logged once per process
 
 
 def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
     """``sketch_box`` (``WitCertCache``): "centred" needs the reference path (the kernels bin the symmetric
-    box) and a sketch (without one the centre is 0: the same bound); "auto" is logged when it matters."""
+    box) and a sketch (without one the centre is 0: the same bound); "per-head" (each query head's own symmetric
+    radius, c_h W_j + |σ⟨q_h, r̃_j⟩|: one key level per (token, head) in the kernels) runs on both paths;
+    "auto" is logged when it matters."""
     if sketch_box not in SKETCH_BOXES:
         raise ValueError(f"sketch_box: expected one of {SKETCH_BOXES}, got {sketch_box!r}")
     if sketch_box == "centred" and backend != "reference":

@@ -217,7 +217,7 @@ class KernelPath:
         if layer.win is not None:  # window tokens are served exact: radius 0
             wm = torch.as_tensor(B.window_mask(n, self.window), device=dev)
             W = torch.where(wm, torch.zeros_like(W), W)
-        if layer.paged.weighted:  # the kernel's sketch radius c_h (W_j + u_j), contract.sketch
+        if layer.paged.weighted:  # the kernel's sketch radius c_h (W_j + u_j) (or per head), contract.sketch
             rt = served_sketch(layer.paged, layer.block_table, n, rows)
             if rt is not None:
                 zero = rep_tok if layer.rep is not None else torch.zeros_like(W, dtype=torch.bool)
@@ -225,7 +225,8 @@ class KernelPath:
                     zero = zero | wm
                 rt = torch.where(zero[..., None], torch.zeros_like(rt), rt)
             a = layer.paged.weights.double().to(dev)[None, :, None, :]
-            eps = B.sketch_radius(ev["q"].transpose(2, 3), None if rt is None else rt[:, :, None], W[:, :, None], sm, a)
+            eps = B.sketch_radius(ev["q"].transpose(2, 3), None if rt is None else rt[:, :, None], W[:, :, None], sm, a,
+                                  shared=not layer.paged.head_levels)
             eps = eps.to(dev).transpose(2, 3)
         else:
             eps = abs(sm) * ev["q"].norm(dim=-1)[..., None] * W[:, :, None, None, :]

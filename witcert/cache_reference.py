@@ -100,21 +100,23 @@ class ReferencePath:
 
     @property
     def centred_box(self) -> bool:
-        """Whether this path meters the centred sketch box: a sketch, and ``sketch_box`` not "symmetric"."""
-        return self.sketch_bits > 0 and self.sketch_box != "symmetric"
+        """Whether this path meters the centred sketch box: a sketch, and ``sketch_box`` "auto" or "centred"."""
+        return self.sketch_bits > 0 and self.sketch_box in ("auto", "centred")
 
     def _sketch_radii(self, view, layer, q, sm):
         """The centred sketch box, ``(ε, c)`` [B, Hkv, GQ, Lq, n]: |δ − c| ≤ ε with c = σ⟨q_h, r̃_j⟩ per head
         (``witcert.bounds.sketch_center``) and ε = c_h W_j (``sketch_radius(..., centered=True)``), from the
         view's sketches and witnesses; 0 on tokens served exact (the window, repaired blocks: W = 0, r̃ = 0).
         ``sketch_box="symmetric"`` (or no sketch): ``(ε, None)`` with the kernels' symmetric form,
-        |δ| ≤ c_h (W_j + max_h |u_hj|), one level per token for the heads of a kv head."""
+        |δ| ≤ c_h (W_j + max_h |u_hj|), one level per token for the heads of a kv head; ``"per-head"``:
+        ``(ε, None)`` with each head's own u_hj, |δ| ≤ c_h W_j + |σ⟨q_h, r̃_j⟩|."""
         qr = q.transpose(2, 3)  # [B, Hkv, Lq, GQ, D]
         wl = None if self.weights is None else torch.from_numpy(self.weights[layer.layer_idx][None, :, None]).to(q.device)
         W = view.W[:, :, None, :, 0]
-        if view.rt is None or not self.centred_box:  # the kernels' form (or no sketch: c = 0)
+        if view.rt is None or not self.centred_box:  # the kernels' forms (or no sketch: c = 0)
             rt = None if view.rt is None else view.rt[:, :, None]
-            return B.sketch_radius(qr, rt, W, sm, wl).to(q.device).transpose(2, 3), None
+            shared = self.sketch_box != "per-head"
+            return B.sketch_radius(qr, rt, W, sm, wl, shared=shared).to(q.device).transpose(2, 3), None
         rt = view.rt[:, :, None]
         eps = B.sketch_radius(qr, rt, W, sm, wl, centered=True)  # [B, Hkv, Lq, GQ, n]
         c = B.sketch_center(qr, rt, sm)

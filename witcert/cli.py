@@ -23,6 +23,8 @@ import os
 import sys
 import warnings
 
+from contract.sketch import SKETCH_BOXES
+
 from . import __version__
 from . import argtypes as A
 
@@ -249,9 +251,10 @@ def _add_tightness(sub) -> A.OneLineParser:
     g.add_argument("--device", type=A.device, default="cpu", help="cpu, cuda[:N] or auto")
     g.add_argument("--backend", choices=("auto", "reference", "kernel"), default="auto",
                    help="the cache's backend (auto: the Triton kernels on CUDA, the float64 reference on the CPU)")
-    g.add_argument("--sketch-box", choices=("auto", "centred", "symmetric"), default="auto",
-                   help="the reference path's sketch box: centred (|δ − σ⟨q, r̃⟩| ≤ c_h W, the default there) or "
-                        "symmetric (the kernels' form); centred needs --backend reference")
+    g.add_argument("--sketch-box", choices=SKETCH_BOXES, default="auto",
+                   help="the sketch box: centred (|δ − σ⟨q, r̃⟩| ≤ c_h W, the reference path's default; needs "
+                        "--backend reference), symmetric (the kernels' default form), per-head (each query head's "
+                        "own symmetric radius, both paths)")
     g.set_defaults(func=_tightness)
     return g
 

@@ -8,14 +8,15 @@ Every (prompt, decode step, layer, query head) is a row: the meter's Tier A boun
 realised TV between exact attention (float64, over the exact keys and values of the backing store)
 and the attention the cache served. Reported (``TightnessResult``, JSON with ``--json``):
 
-    sketch_box ("centred": the reference path's centred sketch box; "symmetric": the kernels' form),
+    sketch_box ("centred": the reference path's centred sketch box; "symmetric": the kernels' form;
+    "per-head": each query head's own symmetric radius, both paths),
     rows, violations (rows with TV⁺ < realised TV), median_bound, median_real,
     median_ratio (median TV⁺ / TV over rows with TV > 0), cov_05 / cov_10 (share of rows with
     TV⁺ ≤ 0.05 / 0.1), bytes_per_token (per kv head at d = 128: codes, scales, witnesses, sketch, the
     window amortised at ``context`` tokens), tokens_at_equal_memory (vs a bf16 cache, d = 128)
 
     witcert tightness --scheme int8 [--json] [--tokens 1024] [--steps 2] [--sketch-bits 2] [--window 4,64]
-                      [--sketch-box auto|centred|symmetric]
+                      [--sketch-box auto|centred|symmetric|per-head]
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
             model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=steps + 1,
                            min_new_tokens=steps + 1, do_sample=False, pad_token_id=tok.eos_token_id)
         used = "kernel" if cache.layers[0].paged is not None else "reference"
-        box = "centred" if used == "reference" and cache.centred_box else "symmetric"
+        box = ("centred" if used == "reference" and cache.centred_box
+               else "per-head" if cache.sketch_box == "per-head" and bits else "symmetric")
         for rec in cache.records:
             bounds.append(np.asarray(rec.tv_a, dtype=np.float64).ravel())
             real.append(np.asarray(rec.tv_real, dtype=np.float64).ravel())

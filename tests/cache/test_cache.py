@@ -239,6 +239,26 @@ def test_centred_sketch_box_on_the_reference_path(smollm2):
         WitCertCache(model.config, scheme="int8", sketch_box="centered")
 
 
+
+def test_per_head_sketch_box_on_both_paths(smollm2):
+    """``sketch_box="per-head"``: each query head's own symmetric radius, the same formula on both paths. The
+    kernel path (its per-head key levels) covers the realised TV and stays within its tolerance of the reference
+    path's per-head bound; on the reference path it is never above the shared symmetric form (up to the tilt's
+    tolerance) and below it in median."""
+    model, tok = smollm2
+    use_witcert(model)
+    enc = _batch(tok, [PROMPTS[1]])
+    ker = WitCertCache(model.config, scheme="int8", backend="kernel", audit=True, sketch_box="per-head")
+    ref = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="per-head")
+    tv_ker, tv_ref, real = _side_by_side(model, enc, ker, ref)
+    assert all(layer.paged.head_levels for layer in ker.layers)
+    assert sum(r.audit_violations for r in ker.records) == 0 and np.all(tv_ker >= real - 1e-6)
+    assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
+    sym = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="symmetric")
+    _gen(model, enc, past_key_values=sym)
+    tv_sym = np.stack([r.tv_a for r in sym.records])
+    assert np.all(tv_ref <= tv_sym + 2.0**-11) and np.median(tv_ref) < np.median(tv_sym)
+
 def test_kernel_backend_refuses_unsupported_head_dim():
     from transformers import LlamaConfig
 

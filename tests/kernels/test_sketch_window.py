@@ -33,7 +33,8 @@ from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.key_levels import key_edges  # noqa: E402
 from kernels.memory_accounting import bytes_per_token  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
-from kernels.write import write_kv  # noqa: E402
+from tests.helpers.sketch_case import fp64_sketch_case as _fp64_case  # noqa: E402
+from tests.helpers.sketch_case import sketch_cache as _cache  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 from witcert.schemes import QuantContext, quantize, residual_range  # noqa: E402
 
@@ -160,29 +161,6 @@ def test_bytes_per_token_counts_the_sketch_and_the_window():
 
 
 # --------------------------------------------------------------------------- kernels
-def _cache(scheme, bits, n=70, H=2, D=64, seed=0, weights=True, outliers=True):
-    g = torch.Generator().manual_seed(seed)
-    T = 16
-    nb = math.ceil(n / T) + 1
-    w = 2.0 ** torch.randint(-2, 3, (H, D), generator=g).float() if weights else None
-    c = PagedKV.allocate(nb, H, D, scheme, num_groups=1, sketch_bits=bits, weights=w, device=DEV)
-    k = torch.randn(n, H, D, generator=g) * 2
-    if outliers:
-        k[..., :2] *= 10
-    k = k.bfloat16()
-    v = torch.randn(n, H, D, generator=g).bfloat16()
-    perm = torch.randperm(nb, generator=g)[: math.ceil(n / T)].int()
-    bt = perm[None].to(DEV)
-    if scheme == "kivi2":
-        write_kv(c, k.to(DEV), v.to(DEV), bt, torch.zeros(n, dtype=torch.long, device=DEV), torch.arange(n, device=DEV))
-    else:
-        cut = n // 2
-        for a, b in ((0, cut), (cut, n)):
-            write_kv(c, k[a:b].to(DEV), v[a:b].to(DEV), bt, torch.zeros(b - a, dtype=torch.long, device=DEV),
-                     torch.arange(a, b, device=DEV))
-    return c, bt, k, v, w
-
-
 def _stored(c, bt, n):
     T = c.block_size
     j = torch.arange(n)
@@ -235,26 +213,6 @@ def test_dropping_the_sketch_dot_allowance_fails_the_witness_check(monkeypatch):
     W = c.k_wit.cpu()[blk, :, off, 0].permute(1, 0).double()
     assert torch.any(W < need)
 
-
-def _fp64_case(scheme, bits, k, v, w, q, window, sig):
-    """fp64 served attention and the sketch radius of the reference (window tokens exact, radius 0)."""
-    H = k.shape[1]
-    n = k.shape[0]
-    kf, vf = k.float().permute(1, 0, 2), v.float().permute(1, 0, 2)
-    ctx = dict(kv_head=torch.arange(H), block_size=16)
-    kh, meta = quantize(scheme, kf, QuantContext(role="key", **ctx))
-    vh, _ = quantize(scheme, vf, QuantContext(role="value", **ctx))
-    r = kh.double() - kf.double()
-    beta = residual_range(scheme, kh, meta)
-    codes, _ = B.sketch_encode(r, bits, beta) if bits else (None, None)
-    rt = B.sketch_decode(codes, beta, bits) if bits else torch.zeros_like(r)
-    W = B.sketch_witness(r, rt, w.double())
-    ex = torch.from_numpy(B.window_mask(n, window))
-    khs = torch.where(ex[None, :, None], kf, kh).double()
-    vhs = torch.where(ex[None, :, None], vf, vh).double()
-    rt = torch.where(ex[None, :, None], 0.0, rt)
-    W = torch.where(ex[None, :], 0.0, W)
-    return kf.double(), vf.double(), khs, vhs, rt, W
 
 
 @pytest.mark.parametrize("scheme,bits,window,gq", [
