@@ -64,6 +64,12 @@ class Scheme:
     #: the residual sketch's default width for this scheme (``contract.sketch``: 2 bits on the 8-bit
     #: schemes, 4 on the 4- and 2-bit ones, whose own codes carry fewer bits; bench/TIGHTNESS.md)
     default_sketch_bits: int = 2
+    #: the kernels' default sketch box (``WitCertCache(sketch_box="auto")`` on the kernel path): one key level per
+    #: (token, query head) (the per-head radius, ``PagedKV.head_levels``) instead of one per token. On for the
+    #: 4- and 2-bit schemes, whose shared levels lose most (SmolLM2 kivi2 on the kernel path: median TV⁺ 0.319
+    #: shared, 0.238 per head; bench/TIGHTNESS.md); off for the 8-bit ones until the H200 measures the per-head
+    #: histogram's cost (GQ one-hot dots per tile instead of one)
+    kernel_head_levels: bool = False
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -109,11 +115,11 @@ _ROWS = (
            "token", 448.0, residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10),
     Scheme("int4_group", 6, "uint8", 4,
            "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
-           "channel-group", "group", "group", 15.0, codes_per_byte=2, default_sketch_bits=4),
+           "channel-group", "group", "group", 15.0, codes_per_byte=2, default_sketch_bits=4, kernel_head_levels=True),
     Scheme("kivi2", 7, "uint8", 2,
            "keys: per channel over a block of T tokens, values: per 32 channels of a token; fp16 scale (rounded up, "
            "range/3) + zero (rounded down), codes 0..3, four per byte",
-           "block", "channel-block", "group", 3.0, codes_per_byte=4, default_sketch_bits=4),
+           "block", "channel-block", "group", 3.0, codes_per_byte=4, default_sketch_bits=4, kernel_head_levels=True),
 )
 
 #: the table, by name (insertion order = kernel id order, then the reference-only schemes)

@@ -47,8 +47,8 @@ DEFAULT_WINDOW = (4, 64)
 WEIGHT_EXP_MAX = 8
 #: how a cache meters the sketch box (``WitCertCache(sketch_box=)``): "centred" |δ − σ⟨q_h, r̃⟩| ≤ c_h W (the reference
 #: path), "symmetric" |δ| ≤ c_h (W + max_h |σ⟨q_h, r̃⟩| / c_h) (one level per token: the kernels' default), "per-head"
-#: |δ| ≤ c_h W + |σ⟨q_h, r̃⟩| (one level per (token, head); both paths), "auto" (centred on the reference path,
-#: symmetric on the kernel path)
+#: |δ| ≤ c_h W + |σ⟨q_h, r̃⟩| (one level per (token, head); both paths), "auto" (centred on the reference path;
+#: on the kernel path per-head or symmetric by the scheme's ``contract.schemes`` ``kernel_head_levels``)
 SKETCH_BOXES = ("auto", "centred", "symmetric", "per-head")
 
 

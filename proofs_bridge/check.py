@@ -162,7 +162,10 @@ def _check_sketch_radius(B, rng, points: int):
     SKETCH_U_RATIO (``shared=True``), nor below SKETCH_PER_HEAD (``shared=False``), and it is within
     2⁻³⁰ of them (the fp64 dot's allowance and the rounding up, not a looser radius). The decode kernel's
     write of W_j and its fp32 dot allowance are checked against the reference by
-    tests/kernels/test_sketch_window.py (``test_write_kernel_sketch_codes_and_witness``, the allowance's drop test)."""
+    tests/kernels/test_sketch_window.py (``test_write_kernel_sketch_codes_and_witness``, the allowance's drop test);
+    its per-head levels (``PagedKV.head_levels``: SKETCH_PER_HEAD binned per (token, head)) by
+    tests/kernels/test_head_levels.py (sound against the per-head boxes' supremum, within tolerance of the
+    reference at its levels; a halved W_j fails it)."""
     name = "sketch_radius = c_h (W + max_h |σ⟨q_h, r̃⟩|/c_h), c_h = |σ| ‖a⊙q_h‖ (shared and per head)"
     cases = max(4, points // 20)
     gq, d, n, sig = 4, 16, 6, 0.125

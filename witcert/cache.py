@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
-from contract.schemes import BLOCK_SCHEMES
+from contract.schemes import BLOCK_SCHEMES, SCHEMES
 from contract.sketch import DEFAULT_WINDOW, check_bits, check_window
 
 # (the F401 exemptions: names re-exported from the modules this one was split into by concern, issue 34, and
@@ -118,7 +118,8 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
     (|δ_j| ≤ c_h (W_j + u_j), u_j the largest over a kv head's query heads: the kernels' default bins),
     "per-head" (|δ_hj| ≤ c_h W_j + |σ⟨q_h, r̃_j⟩|: both paths; the kernels bin one level per (token,
     head), tighter, GQ one-hot dots per tile instead of one) or "auto" (each path its own: centred on the
-    reference path, symmetric on the kernel path)."""
+    reference path; on the kernel path per-head for int4_group / kivi2, ``contract.schemes``
+    ``kernel_head_levels``, symmetric for the 8-bit schemes)."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
     #: batch; the same rows either way, bit-identical in the interpreter: tests/kernels/test_kernel_gate_cache.py,
@@ -175,9 +176,14 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         # sketch_box: how the sketch radius is metered: "centred" (|δ − σ⟨q, r̃⟩| ≤ c_h W, the centred tilt:
         # tightest; the reference path only), "symmetric" (|δ| ≤ c_h (W + u), u the largest over a kv head's query
         # heads: the kernels' default form), "per-head" (|δ| ≤ c_h W + |σ⟨q_h, r̃⟩| for each head: both paths, the
-        # kernels bin one level per (token, head)), "auto" (centred where the reference path meters, symmetric
-        # where the kernels do)
-        self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits)
+        # kernels bin one level per (token, head)), "auto" (centred where the reference path meters; where the
+        # kernels do, per-head or symmetric by the scheme's kernel_head_levels)
+        self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits, scheme)
+        # the kernel path bins one key level per (token, query head): "per-head", or "auto" on a scheme whose
+        # kernels default to it (contract.schemes ``kernel_head_levels``: int4_group, kivi2)
+        row = SCHEMES.get(scheme)
+        self.kernel_head_levels = self.sketch_bits > 0 and (
+            sketch_box == "per-head" or (sketch_box == "auto" and row is not None and row.kernel_head_levels))
         self.tilt_above = check_tilt_above(tilt_above)
         self.max_tokens = int(max_tokens)
         self.audit = bool(audit)

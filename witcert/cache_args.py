@@ -90,10 +90,10 @@ def check_sketch_layout(sketch: bool, num_groups: int, witness: str) -> None:
                          "witness='token'); pass sketch_bits=0, weights=None for grouped or block witnesses")
 
 
-_LOGGED_BOX: list = []  # the "auto" box decision, logged once per process
+_LOGGED_BOX: list = []  # the "auto" box decision, logged once per process and scheme
 
 
-def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
+def check_sketch_box(sketch_box, backend, sketch_bits: int, scheme: str = "int8") -> str:
     """``sketch_box`` (``WitCertCache``): "centred" needs the reference path (the kernels bin the symmetric
     box) and a sketch (without one the centre is 0: the same bound); "per-head" (each query head's own symmetric
     radius, c_h W_j + |σ⟨q_h, r̃_j⟩|: one key level per (token, head) in the kernels) runs on both paths;
@@ -104,10 +104,12 @@ def check_sketch_box(sketch_box, backend, sketch_bits: int) -> str:
         raise ValueError("sketch_box='centred': the kernels bin the symmetric sketch box |δ| ≤ c_h (W + u); the "
                          "centred box is metered on the reference path only (backend='reference'), or pass "
                          "sketch_box='auto'")
-    if sketch_box == "auto" and sketch_bits and backend != "reference" and not _LOGGED_BOX:
-        _LOGGED_BOX.append(True)  # once per process
-        log.info("sketch_box auto: the reference path meters the centred sketch box, the kernel path the "
-                 "symmetric one (its bins); the bounds differ between the backends")
+    if sketch_box == "auto" and sketch_bits and backend != "reference" and scheme not in _LOGGED_BOX:
+        _LOGGED_BOX.append(scheme)  # once per process and scheme
+        row = SCHEMES.get(scheme)
+        kern = "per-head" if row is not None and row.kernel_head_levels else "symmetric"
+        log.info("sketch_box auto (%s): the reference path meters the centred sketch box, the kernel path the %s "
+                 "one (its bins); the bounds differ between the backends", scheme, kern)
     return sketch_box
 
 

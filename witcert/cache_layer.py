@@ -130,7 +130,7 @@ class WitCertLayer(CacheLayerMixin):
                                       per_token_witness=True, model_dtype=self.dtype, device=self.device,
                                       seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
                                       weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]),
-                                      head_levels=o.sketch_box == "per-head" and o.sketch_bits > 0)
+                                      head_levels=o.kernel_head_levels)
         self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
         # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
         if o.gate is not None or o.scheme in BLOCK_SCHEMES:

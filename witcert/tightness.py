@@ -131,7 +131,8 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
                            min_new_tokens=steps + 1, do_sample=False, pad_token_id=tok.eos_token_id)
         used = "kernel" if cache.layers[0].paged is not None else "reference"
         box = ("centred" if used == "reference" and cache.centred_box
-               else "per-head" if cache.sketch_box == "per-head" and bits else "symmetric")
+               else "per-head" if (cache.kernel_head_levels if used == "kernel" else cache.sketch_box == "per-head")
+               else "symmetric")
         for rec in cache.records:
             bounds.append(np.asarray(rec.tv_a, dtype=np.float64).ravel())
             real.append(np.asarray(rec.tv_real, dtype=np.float64).ravel())
