@@ -258,6 +258,11 @@ def test_per_head_sketch_box_on_both_paths(smollm2):
     _gen(model, enc, past_key_values=sym)
     tv_sym = np.stack([r.tv_a for r in sym.records])
     assert np.all(tv_ref <= tv_sym + 2.0**-11) and np.median(tv_ref) < np.median(tv_sym)
+    # "auto" on the kernel path: per-head levels where the scheme's row says so (int4_group, kivi2)
+    kc = lambda **kw: WitCertCache(model.config, backend="kernel", **kw).kernel_head_levels  # noqa: E731
+    assert kc(scheme="kivi2") and kc(scheme="int4_group") and kc(scheme="int8", sketch_box="per-head")
+    assert not kc(scheme="int8") and not kc(scheme="kivi2", sketch_box="symmetric")
+    assert not kc(scheme="kivi2", sketch_bits=0)  # no sketch: no per-head term
 
 def test_kernel_backend_refuses_unsupported_head_dim():
     from transformers import LlamaConfig

@@ -448,6 +448,11 @@ def test_tightness_command_json(capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["sketch_box"] == "symmetric" and s["violations"] == 0 and s["rows"] == d["rows"]
     assert s["median_bound"] > d["median_bound"]  # the centred box is the tighter one
+    assert cli.main(["tightness", "--scheme", "int8", "--json", "--tokens", "128", "--steps", "1", "--window",
+                     "2,16", "--sketch-box", "per-head"]) == 0
+    h = json.loads(capsys.readouterr().out)
+    assert h["sketch_box"] == "per-head" and h["violations"] == 0 and h["rows"] == d["rows"]
+    assert d["median_bound"] < h["median_bound"] < s["median_bound"]  # between the centred and the shared boxes
     for bad in (["--window", "4"], ["--sketch-bits", "3"], ["--scheme", "int3"], ["--tokens", "12"],
                 ["--sketch-box", "centered"]):
         with pytest.raises(SystemExit) as e:
