@@ -157,6 +157,11 @@ def _decode_kernel(
             D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32)
     if HL:
         wcol = wmaxh
+        if PACK_HIST:  # a head's lo column (c + HALF) is binned with it: its maximum counts (equal by construction)
+            HALF: tl.constexpr = BLOCK_H // 2
+            w_hi, w_lo = tl.split(tl.permute(tl.reshape(wmaxh, [2, HALF]), (1, 0)))
+            w_head = tl.maximum(w_hi, w_lo)
+            wcol = tl.reshape(tl.permute(tl.join(w_head, w_head), (1, 0)), [BLOCK_H])
     else:
         wcol = tl.zeros([BLOCK_H], tl.float32) + tl.max(wmax, axis=0)
     _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
