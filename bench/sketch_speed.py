@@ -7,6 +7,9 @@ Whole call (kernel + fused merge / epilogue, the tilt on every row: the cache's 
 replay, median of triton.testing.do_bench, caches rotated past the L2.
 
     python3 bench/sketch_speed.py [--batches 1,8,32] [--lengths 32768,131072] [--heads 32]
+
+"s+w heads": the sketch + window call with per-head key levels (``PagedKV.head_levels``), printed against
+"sketch+win" (its cost: GQ one-hot histogram dots per tile instead of one).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from kernels.paged import PagedKV  # noqa: E402
 from kernels.plan import plan_call  # noqa: E402
 
 
-def sketched(c: PagedKV, bits: int, weighted: bool, gen) -> PagedKV:
-    """The cache with a random ``bits``-bit key sketch and (``weighted``) random power-of-two weights."""
+def sketched(c: PagedKV, bits: int, weighted: bool, gen, head_levels: bool = False) -> PagedKV:
+    """The cache with a random ``bits``-bit key sketch and (``weighted``) random power-of-two weights; ``head_levels``:
+    the decode bins one key level per (token, query head) (``PagedKV.head_levels``)."""
     import dataclasses
 
     H, D = c.num_kv_heads, c.head_dim
@@ -38,7 +42,8 @@ def sketched(c: PagedKV, bits: int, weighted: bool, gen) -> PagedKV:
         torch.ones(H, D, device=c.k_codes.device)
     ksk = torch.randint(0, 256, c.k_codes.shape[:3] + (D * bits // 8,), dtype=torch.uint8, generator=gen).to(
         c.k_codes.device) if bits else torch.zeros(1, dtype=torch.uint8, device=c.k_codes.device)
-    return dataclasses.replace(c, sketch_bits=bits, k_sketch=ksk, weights=w, has_weights=weighted)
+    return dataclasses.replace(c, sketch_bits=bits, k_sketch=ksk, weights=w, has_weights=weighted,
+                               head_levels=head_levels)
 
 
 def main(argv=None):
@@ -85,6 +90,8 @@ def main(argv=None):
                     "sketch+win": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
                     "win": ([(c, bt) for c, bt in base], True, win, None),
                     "sketch4+win": ([(sketched(c, 4, True, gen), bt) for c, bt in base], True, win, None),
+                    # per-head key levels (PagedKV.head_levels, the kernel's HEAD_LEVELS): GQ histogram dots per tile
+                    "s+w heads": ([(sketched(c, 2, True, gen, True), bt) for c, bt in base], True, win, None),
                 }
                 t = {}
                 regs = {}
@@ -106,7 +113,8 @@ def main(argv=None):
                 print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{t[c]:>11.4f}" for c in cols)
                       + f" {t['sketch'] / t['group']:>10.3f} {t['sketch+win'] / t['group']:>10.3f}"
                       f" {t['sketch4+win'] / t['group']:>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items())
-                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / t['group']:.3f})" for c in t if c.startswith("s+w cap")),
+                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / t['group']:.3f})" for c in t if c.startswith("s+w cap"))
+                      + f"  s+w heads: {t['s+w heads']:.4f} ({t['s+w heads'] / t['sketch+win']:.3f} of sketch+win)",
                       flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
