@@ -55,7 +55,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
-                 HAS_WIN=False, MAGIC_BF16=False)
+                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
@@ -126,9 +126,18 @@ def main(argv=None):
     ap.add_argument("--sketch-bits", type=int, choices=(0, 1, 2, 4), default=0, help="the key residual sketch (SKB)")
     ap.add_argument("--weighted", type=int, choices=(0, 1), default=0, help="channel weights (WEIGHTED)")
     ap.add_argument("--window", type=int, choices=(0, 1), default=0, help="the exact window's rings (HAS_WIN)")
+    ap.add_argument("--head-levels", type=int, choices=(0, 1), default=0,
+                    help="per-head key levels (HEAD_LEVELS; with a sketch or weights)")
+    ap.add_argument("--const", action="append", default=[], metavar="NAME=INT",
+                    help="another constexpr of the kernel (e.g. PAGE_LEVELS=1, TIER_B=1, PACK_HIST=0), repeatable")
     args = ap.parse_args(argv)
     extra = dict(SKB=args.sketch_bits, WEIGHTED=bool(args.weighted), HAS_WIN=bool(args.window),
-                 MAGIC_BF16=args.sketch_bits > 0)
+                 MAGIC_BF16=args.sketch_bits > 0, HEAD_LEVELS=bool(args.head_levels))
+    for kv in args.const:
+        name, _, val = kv.partition("=")
+        if name not in kk._decode_kernel.arg_names or not val.lstrip("-").isdigit():
+            ap.error(f"--const {kv!r}: expected NAME=INT with NAME a constexpr of the decode kernel")
+        extra[name] = int(val)
     print(f"# triton {triton.__version__}, sm_90a, scheme {args.scheme}")
     if args.meter is None:
         configs = []
@@ -147,7 +156,8 @@ def main(argv=None):
         print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps, {hc} head columns"
               f"{f', cap {cap}' if cap else ''}{', L2 prefetch' if pf else ''}"
               f"{f', sketch {args.sketch_bits} bits' if args.sketch_bits else ''}{', weighted' if args.weighted else ''}"
-              f"{', window' if args.window else ''}: {regs} registers, "
+              f"{', window' if args.window else ''}{', per-head levels' if args.head_levels else ''}"
+              f"{''.join(', ' + c for c in args.const)}: {regs} registers, "
               f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
               + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
 

@@ -161,12 +161,15 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
             else:
                 u_tok = tl.max(ratio, axis=1)
         if HEAD_LEVELS:
-            return tl.where(valid[:, None], (wn[:, None] + u_tok) * INFL, 0.0)
-        wn = wn + u_tok
-    if HEAD_LEVELS:
-        return tl.where(valid[:, None], wn[:, None] * INFL, 0.0) + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
-    wn = tl.where(valid, wn * INFL, 0.0)
-    return wn
+            out = tl.where(valid[:, None], (wn[:, None] + u_tok) * INFL, 0.0)
+        else:
+            out = tl.where(valid, (wn + u_tok) * INFL, 0.0)
+    else:
+        if HEAD_LEVELS:
+            out = tl.where(valid[:, None], wn[:, None] * INFL, 0.0) + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
+        else:
+            out = tl.where(valid, wn * INFL, 0.0)
+    return out
 
 
 @triton.jit
@@ -218,8 +221,20 @@ def _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0: tl.constexpr, K
     """A tile's histogram masses hdᵀ [NB, H]: Σ p̂ per key level (and per Tier B level of the scale), the last row
     Σ p̂ φ. HEAD_LEVELS: ``wn`` is [N, H], each head column binned at its own level (``_histogram_tile_heads``)."""
     if HEAD_LEVELS:
-        return _histogram_tile_heads(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
-                                     PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ)
+        hdT = _histogram_tile_heads(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
+                                    PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ)
+    else:
+        hdT = _histogram_tile_shared(wn, ks_lvl, pT, phi, col, heads_i, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
+                                     PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST)
+    return hdT
+
+
+@triton.jit
+def _histogram_tile_shared(wn, ks_lvl, pT, phi, col, heads_i, X0: tl.constexpr, K: tl.constexpr, NB: tl.constexpr,
+                           PAGES: tl.constexpr, T: tl.constexpr, BLOCK_H: tl.constexpr, TIER_B: tl.constexpr,
+                           PAGE_LEVELS: tl.constexpr, HIST_BF16: tl.constexpr, PACK_HIST: tl.constexpr,
+                           PREC_HIST: tl.constexpr):
+    """``_histogram_tile`` with one key level per token (``wn`` [N]), shared by the heads."""
     KA: tl.constexpr = K + 2  # bins per tier: 0 (zero radius), 1..K, K+1 (overflow)
     HALF: tl.constexpr = BLOCK_H // 2
     la = _key_level(wn, X0, K)

@@ -41,3 +41,26 @@ def test_eight_bit_tiles_skip_bytewise_shared_reads(meter, tokens):
     assert small == 0, f"{small} one- or two-byte shared-memory loads per tile"
     if meter:
         assert spill == 0 and regs <= 255
+
+
+SKETCH = ("--meter", "1", "--tokens", "128", "--stages", "1", "--warps", "4", "--weighted", "1", "--window", "1",
+          "--head-levels", "1")
+
+
+@pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")
+@pytest.mark.parametrize("args", [
+    ("--sketch-bits", "2", "--maxnreg", "232"),  # int8's production sketch tile, the packed bf16 histogram
+    ("--sketch-bits", "2", "--maxnreg", "232", "--const", "PACK_HIST=0"),
+    ("--sketch-bits", "2", "--head-columns", "16", "--const", "PAGE_LEVELS=1", "--const", "HIST_BF16=0"),
+    ("--scheme", "int8_dither", "--sketch-bits", "2", "--const", "TIER_B=1"),
+    ("--scheme", "kivi2", "--sketch-bits", "4"),
+])
+def test_per_head_levels_compile_for_sm90(args):
+    """Per-head key levels (HEAD_LEVELS, the default for kivi2 / int4_group on the GPU) compile for sm_90 in
+    each histogram form: the interpreter runs them without Triton's type checks (a per-head radius [N, H] added
+    to a per-token one [N] compiled there and failed here). int8's capped tile does not spill (232 registers:
+    2974 loop instructions against 2109 with shared levels, Triton 3.7.1)."""
+    regs, spill, n, shared, small = _probe(*SKETCH, *args)
+    assert n > 100  # the loop was found
+    if "--maxnreg" in args:
+        assert spill == 0 and regs <= 232
