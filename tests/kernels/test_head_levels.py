@@ -1,8 +1,8 @@
 """Per-head key levels in the decode (``PagedKV.head_levels``, ``WitCertCache(sketch_box="per-head")``): the kernel
 bins each (token, query head) at the level of its own sketch radius ε_hj = c_h W_j + |σ⟨q_h, r̃_j⟩| (Lean
 ``sketch_logit_error_le``) instead of the kv head's shared one. Sound against the fp64 fractional supremum of
-the per-head boxes, within the kernel's stated tolerance of the fp64 reference at its per-head levels, never looser
-than the shared levels and strictly tighter somewhere; the same with page levels, the packed histogram and
+the per-head boxes, within the kernel's stated tolerance of the fp64 reference at its per-head levels, not looser
+than the shared levels beyond the epilogue's grid slack and strictly tighter somewhere; the same with page levels, the packed histogram and
 Tier B's bins. Runs in the interpreter (and on the H200 with WITCERT_DEVICE=cuda)."""
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ def test_head_levels_meter_the_per_head_radius(monkeypatch, scheme, bits, gq, le
     sig = 1 / math.sqrt(D)
     kx, vx, khs, vhs, rt, W = fp64_sketch_case(scheme, bits, k, v, w, q, None, sig)
     tv_sh, tv_k = shared.tv_upper_a[0].cpu().double(), rec.tv_upper_a[0].cpu().double()
-    # never looser than the shared levels (each token's per-head level is ≤ its shared one; the epilogue's
-    # interval choices may differ by a rounding), and tighter on some head of these cases
-    assert torch.all(tv_k <= tv_sh + 1e-6), (tv_k, tv_sh)
+    # not looser than the shared levels beyond the epilogue's grid slack: each token's per-head level is ≤ its
+    # shared one, so the exact supremum is ordered, but the epilogue's interval bound is not monotone in the levels
+    # (the review measured per-head above shared by up to 5.1e-4, 2026-12-05); tighter on some head of these cases
+    assert torch.all(tv_k <= tv_sh + 1.0 / EJ.COARSE), (tv_k, tv_sh)
     assert torch.any(tv_k < tv_sh - 1e-3), (tv_k, tv_sh)
     for hq in range(H * gq):
         h = hq // gq
