@@ -93,7 +93,7 @@ def check_sketch_layout(sketch: bool, num_groups: int, witness: str) -> None:
 _LOGGED_BOX: list = []  # the "auto" box decision, logged once per process and scheme
 
 
-def check_sketch_box(sketch_box, backend, sketch_bits: int, scheme: str = "int8") -> str:
+def check_sketch_box(sketch_box, backend, sketch_bits: int, scheme: str) -> str:
     """``sketch_box`` (``WitCertCache``): "centred" needs the reference path (the kernels bin the symmetric
     box) and a sketch (without one the centre is 0: the same bound); "per-head" (each query head's own symmetric
     radius, c_h W_j + |σ⟨q_h, r̃_j⟩|: one key level per (token, head) in the kernels) runs on both paths;
