@@ -8,10 +8,7 @@ import mpmath as mp
 
 from proofs_bridge import check as C
 from proofs_bridge import falsify as Fz
-from tests.helpers.bridge import edit as _edit
-from tests.helpers.bridge import failed
-from tests.helpers.bridge import failed_lean as _failed_lean
-from tests.helpers.bridge import lean_copy as _lean_copy
+from tests.helpers.bridge import assert_each_edit_fails, failed
 
 # ------------------------------- SPEC §3(c), the centred box |δ_j − c_j| ≤ ε_j (lean/WitCert/TiltBox.lean)
 
@@ -50,10 +47,7 @@ def test_drift_in_the_box_statement_fails(tmp_path):
         ("TiltBox", "lam * t * (∑ j, phat j * Real.exp (-c j - eps j)) - ∑ j,", "lam * t * (∑ j, phat j * Real.exp (-eps j)) - ∑ j,",
          "lean def dualDBox = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_drift_in_the_box_tilt_fails(monkeypatch):

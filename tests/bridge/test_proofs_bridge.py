@@ -9,8 +9,8 @@ import mpmath as mp
 
 from proofs_bridge import check as C
 from proofs_bridge import falsify as Fz
+from tests.helpers.bridge import assert_each_edit_fails, failed
 from tests.helpers.bridge import edit as _edit
-from tests.helpers.bridge import failed
 from tests.helpers.bridge import failed_lean as _failed_lean
 from tests.helpers.bridge import lean_copy as _lean_copy
 
@@ -208,10 +208,7 @@ def test_drift_in_a_chain_statement_fails(tmp_path):
          "lean statement tilt_tv_le_tanh_osc = formula"),
         ("Bands", "def ilvSnd (b : ℕ) : ℕ := 2 * b + 1", "def ilvSnd (b : ℕ) : ℕ := 2 * b + 2", "lean def ilvSnd = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_every_chain_name_is_falsified_and_stated():
@@ -273,10 +270,7 @@ def test_drift_in_an_fp_statement_fails(tmp_path):
          "lean statement tilt_mass_lost_le = formula"),
         ("FloatTV", "(j : V) : ℝ := q j / ∑ i ∈ V, q i", "(j : V) : ℝ := q j / ∑ i, q i", "lean def restrictNorm = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_a_false_fp_statement_is_falsified():
@@ -322,10 +316,7 @@ def test_drift_in_the_endpoint_statement_fails(tmp_path):
         ("TiltEndpoints", "(hlam : ∀ i, 0 ≤ lam i)", "(hlam : ∀ i, -1 ≤ lam i)",
          "lean statement tilt_tv_le_dual_grid_endpoints = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_drift_in_the_endpoint_tilt_fails(monkeypatch):
@@ -386,10 +377,7 @@ def test_drift_in_a_composed_statement_fails(tmp_path):
          "= ditherRadius (V l h t j) (Fintype.card κ) delta_req + b l h t j)",
          "lean statement request_tv_sound_fixed = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_a_false_composed_statement_is_falsified():
@@ -431,10 +419,7 @@ def test_drift_in_a_partial_rotary_statement_fails(tmp_path):
          "coordNorm (coordsOf ilvFst ilvSnd g) (ropeInterleaved h θ x)",
          "lean statement rope_interleaved_partial_group_norm_invariant = formula"),
     ]
-    for k, (file, old, new, name) in enumerate(cases):
-        lean = _lean_copy(tmp_path / str(k))
-        _edit(lean, file, old, new)
-        assert _failed_lean(lean) == [name]
+    assert_each_edit_fails(tmp_path, cases)
 
 
 def test_falsify_exports_only_names_it_has():

@@ -32,3 +32,12 @@ def failed_lean(lean):
     from proofs_bridge import check as C
 
     return [name for name, ok, _ in C.check_lean(lean) if ok is False]
+
+
+def assert_each_edit_fails(tmp_path, cases):
+    """For each ``(file, old, new, name)``: on a fresh copy of lean/ with ``old`` replaced by ``new`` in
+    ``lean/WitCert/<file>.lean``, exactly the Lean check ``name`` fails."""
+    for k, (file, old, new, name) in enumerate(cases):
+        lean = lean_copy(tmp_path / str(k))
+        edit(lean, file, old, new)
+        assert failed_lean(lean) == [name], (file, old)
