@@ -425,6 +425,15 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         kw = dict(pin=pin, pool=pool if pool is not None else False, cost=self.host_cost, expect=expect)
         return (ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw), ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw))
 
+    def metered_sketch_box(self, kernel: bool) -> str:
+        """The sketch box the ``kernel`` (else the reference) path meters: "centred", "per-head" or "symmetric"
+        (without a sketch every form is the symmetric one)."""
+        if kernel:
+            return "per-head" if self.kernel_head_levels else "symmetric"
+        if self.centred_box:
+            return "centred"
+        return "per-head" if self.sketch_bits > 0 and self.sketch_box == "per-head" else "symmetric"
+
     @property
     def _store_type(self) -> type:
         """The exact store's class, read here at call time (``WitCertLayer``'s checks of its store; tests

@@ -130,9 +130,7 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
             model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=steps + 1,
                            min_new_tokens=steps + 1, do_sample=False, pad_token_id=tok.eos_token_id)
         used = "kernel" if cache.layers[0].paged is not None else "reference"
-        box = ("centred" if used == "reference" and cache.centred_box
-               else "per-head" if (cache.kernel_head_levels if used == "kernel" else cache.sketch_box == "per-head")
-               else "symmetric")
+        box = cache.metered_sketch_box(used == "kernel")
         for rec in cache.records:
             bounds.append(np.asarray(rec.tv_a, dtype=np.float64).ravel())
             real.append(np.asarray(rec.tv_real, dtype=np.float64).ravel())

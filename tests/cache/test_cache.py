@@ -263,6 +263,10 @@ def test_per_head_sketch_box_on_both_paths(smollm2):
     assert kc(scheme="kivi2") and kc(scheme="int4_group") and kc(scheme="int8", sketch_box="per-head")
     assert not kc(scheme="int8") and not kc(scheme="kivi2", sketch_box="symmetric")
     assert not kc(scheme="kivi2", sketch_bits=0)  # no sketch: no per-head term
+    assert ker.metered_sketch_box(True) == ref.metered_sketch_box(False) == "per-head"
+    assert sym.metered_sketch_box(False) == sym.metered_sketch_box(True) == "symmetric"
+    auto = WitCertCache(model.config, scheme="kivi2")
+    assert auto.metered_sketch_box(False) == "centred" and auto.metered_sketch_box(True) == "per-head"
 
 def test_kernel_backend_refuses_unsupported_head_dim():
     from transformers import LlamaConfig
