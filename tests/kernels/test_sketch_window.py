@@ -442,6 +442,12 @@ def test_tightness_command_json(capsys):
         assert key in d
     assert d["rows"] == 2 * 1 * 30 * 9 and d["violations"] == 0 and d["window"] == [2, 16]
     assert d["tokens_at_equal_memory"] == pytest.approx(512 / d["bytes_per_token"])
+    # the window is a fixed cost per sequence: the ratio grows with the context towards the window-free figure
+    by = d["tokens_at_equal_memory_by_context"]
+    assert by["4096"] == pytest.approx(d["tokens_at_equal_memory"])
+    assert by["4096"] < by["32768"] < by["131072"] < by["per_token"]
+    assert by["per_token"] == pytest.approx(512 / (256 + 4 + 8 + 32))  # int8 codes, fp16 scales, witnesses, sketch
+    assert by["32768"] == pytest.approx(512 / (300 + 18 * (2 * 128 * 2 + 8) / 32768))  # window (2, 16) amortised
     assert d["sketch_box"] == "centred" and d["backend"] == "reference"
     assert cli.main(["tightness", "--scheme", "int8", "--json", "--tokens", "128", "--steps", "1", "--window",
                      "2,16", "--sketch-box", "symmetric"]) == 0
