@@ -8,9 +8,11 @@ Results: bench/SGLANG.md (run on the lent H200).
 kernel module ``sglang/kernels/ops/attention/decode_attention.py`` is imported from there without
 running ``sglang/__init__``). Default: the installed package.
 
-For bf16 and fp8 (e4m3, per-layer scale) KV, B ∈ {8, 32}, n ∈ {32K, 128K}, Hq=32, Hkv=8, D=128:
+For bf16 and fp8 (e4m3, per-layer scale) KV, B ∈ {1, 8, 32}, n ∈ {4K, 32K, 128K}, Hq=32, Hkv=8, D=128:
 time of SGLang's ``decode_attention_fwd`` and of the patched one (metered kernel + epilogue),
-their ratio, and the max |Δo| between them (relative to max |o|). Two timings of each: eager
+their ratio, and the max |Δo| between them (relative to max |o|); "off": WitCert's kernel on the same
+CSR rows and buffers with the meter off (``kernels.decode.decode(meter=False)``, what the backend costs
+without its meter), CUDA-graph replayed. Two timings of each: eager
 (CUDA events around 20 calls from Python: launch and wrapper overheads included) and CUDA-graph
 replay of one call (what SGLang's server does for decode batches): the GPU time alone.
 """
@@ -106,6 +108,14 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     # fp32 reference for the first and last request (all heads) over the stored values
     refs = _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D)
     outs, times, gtimes, errs = [], [], [], []
+    from kernels.decode import decode
+    from witcert.integrations.sglang_decode import paged_view
+
+    view = paged_view(ws.STATE.layers[kb.data_ptr()], kb, vb, s, s)
+    loc32 = loc.int()
+    off = lambda: decode(view, q, loc32, None, kv_indptr=indptr, sm_scale=1 / math.sqrt(D), meter=False,  # noqa: E731
+                         validate=False)
+    g_off = graph_ms(off, args.iters)
     for fn in (patched, orig):  # ours first: a crash in SGLang's kernel leaves our row printed
         t, o, call = _time_call(fn, q, kb, vb, indptr, loc, s, Bsz, Hq, D, max_splits, args.iters, dev)
         times.append(t)
@@ -120,8 +130,9 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     err = float((outs[0] - outs[1]).abs().max() / outs[1].abs().max())
     gr = f"{g1 / g0:.2f}" if g0 == g0 and g1 == g1 else "—"
     print(f"| {kv} | {Bsz} | {n} | {t0:.3f} | {t1:.3f} | {t1 / t0:.2f} "
-          f"| {g0:.3f} | {g1:.3f} | {gr} | {err:.2e} | {e0:.1e} | {e1:.1e} |", flush=True)
-    del kb, vb, k, v, call  # (the last call holds the buffers too)
+          f"| {g0:.3f} | {g1:.3f} | {gr} | {g_off:.3f} | {g_off / g0:.2f} | {err:.2e} | {e0:.1e} | {e1:.1e} |",
+          flush=True)
+    del kb, vb, k, v, call, off, view  # (the last call holds the buffers too)
     ws.STATE.layers.clear()
     ws.STATE.by_buffer.clear()
     torch.cuda.empty_cache()
@@ -130,8 +141,8 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sglang-root", default=os.environ.get("WITCERT_SGLANG_ROOT"))
-    ap.add_argument("--batches", default="8,32")
-    ap.add_argument("--lens", default="32768,131072")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--lens", default="4096,32768,131072")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--kv", default="bf16,fp8")
     args = ap.parse_args()
@@ -148,8 +159,8 @@ def main():
     dev = "cuda"
     Hq, Hkv, D, max_splits = 32, 8, 128, 16
     print("| KV | B | n | SGLang ms | metered ms | ratio | SGLang graph ms | metered graph ms | graph ratio "
-          "| max|Δo|/max|o| | SGLang err | metered err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| off graph ms | off / SGLang graph | max|Δo|/max|o| | SGLang err | metered err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kv in args.kv.split(","):
         for Bsz in map(int, args.batches.split(",")):
             for n in map(int, args.lens.split(",")):
