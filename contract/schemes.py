@@ -65,10 +65,11 @@ class Scheme:
     #: schemes, 4 on the 4- and 2-bit ones, whose own codes carry fewer bits; bench/TIGHTNESS.md)
     default_sketch_bits: int = 2
     #: the kernels' default sketch box (``WitCertCache(sketch_box="auto")`` on the kernel path): one key level per
-    #: (token, query head) (the per-head radius, ``PagedKV.head_levels``) instead of one per token. On for the
-    #: 4- and 2-bit schemes, whose shared levels lose most (SmolLM2 kivi2 on the kernel path: median TV⁺ 0.319
-    #: shared, 0.238 per head; bench/TIGHTNESS.md); off for the 8-bit ones until the H200 measures the per-head
-    #: histogram's cost (GQ one-hot dots per tile instead of one)
+    #: (token, query head) (the per-head radius, ``PagedKV.head_levels``) instead of one per token. On where the
+    #: GQ one-hot dots per tile add ≤ ~10 % to the metered tile loop's sm_90 instructions (``bench/sass_probe.py``:
+    #: kivi2 +8.5 %, int4_group +9.2 %, fp8 +10 %) and the shared levels lose most (SmolLM2 on the kernel path,
+    #: median TV⁺ shared → per head: kivi2 0.319 → 0.238, fp8_e4m3 0.077 → 0.068; bench/TIGHTNESS.md); off for
+    #: int8 / int8_dither, whose lean tile loop grows +41 % (their per-head time is for the H200 to measure)
     kernel_head_levels: bool = False
 
     def __post_init__(self):
@@ -108,11 +109,12 @@ _ROWS = (
     # fp8 residual ranges: e4m3 has 3 mantissa bits (half a spacing ≤ |x̂|·2^-4, smallest subnormal step 2^-9),
     # e5m2 2 bits (≤ |x̂|·2^-3, step 2^-16)
     Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast)", "token", "none", "none",
-           residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10),
+           residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10, kernel_head_levels=True),
     Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast)", "token", "none", "none",
-           residual_range="fp8", residual_rel=2.0**-3, residual_floor=2.0**-17),
+           residual_range="fp8", residual_rel=2.0**-3, residual_floor=2.0**-17, kernel_head_levels=True),
     Scheme("fp8_e4m3_scaled", 5, "float8_e4m3fn", 8, "per-token fp16 rounded up (amax/448)", "token", "token",
-           "token", 448.0, residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10),
+           "token", 448.0, residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10,
+           kernel_head_levels=True),
     Scheme("int4_group", 6, "uint8", 4,
            "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
            "channel-group", "group", "group", 15.0, codes_per_byte=2, default_sketch_bits=4, kernel_head_levels=True),

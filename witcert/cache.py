@@ -118,8 +118,8 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
     (|δ_j| ≤ c_h (W_j + u_j), u_j the largest over a kv head's query heads: the kernels' default bins),
     "per-head" (|δ_hj| ≤ c_h W_j + |σ⟨q_h, r̃_j⟩|: both paths; the kernels bin one level per (token,
     head), tighter, GQ one-hot dots per tile instead of one) or "auto" (each path its own: centred on the
-    reference path; on the kernel path per-head for int4_group / kivi2, ``contract.schemes``
-    ``kernel_head_levels``, symmetric for the 8-bit schemes)."""
+    reference path; on the kernel path per-head for int4_group / kivi2 / the fp8 schemes, ``contract.schemes``
+    ``kernel_head_levels``, symmetric for int8 / int8_dither)."""
 
     #: the kernel path's gate decodes again only the sequences it repaired (False: the whole
     #: batch; the same rows either way, bit-identical in the interpreter: tests/kernels/test_kernel_gate_cache.py,
@@ -180,7 +180,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         # kernels do, per-head or symmetric by the scheme's kernel_head_levels)
         self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits, scheme)
         # the kernel path bins one key level per (token, query head): "per-head", or "auto" on a scheme whose
-        # kernels default to it (contract.schemes ``kernel_head_levels``: int4_group, kivi2)
+        # kernels default to it (contract.schemes ``kernel_head_levels``: int4_group, kivi2, the fp8 schemes)
         row = SCHEMES.get(scheme)
         self.kernel_head_levels = self.sketch_bits > 0 and (
             sketch_box == "per-head" or (sketch_box == "auto" and row is not None and row.kernel_head_levels))

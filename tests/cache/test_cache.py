@@ -258,10 +258,11 @@ def test_per_head_sketch_box_on_both_paths(smollm2):
     _gen(model, enc, past_key_values=sym)
     tv_sym = np.stack([r.tv_a for r in sym.records])
     assert np.all(tv_ref <= tv_sym + 2.0**-11) and np.median(tv_ref) < np.median(tv_sym)
-    # "auto" on the kernel path: per-head levels where the scheme's row says so (int4_group, kivi2)
+    # "auto" on the kernel path: per-head levels where the scheme's row says so (int4_group, kivi2, the fp8 ones)
     kc = lambda **kw: WitCertCache(model.config, backend="kernel", **kw).kernel_head_levels  # noqa: E731
     assert kc(scheme="kivi2") and kc(scheme="int4_group") and kc(scheme="int8", sketch_box="per-head")
-    assert not kc(scheme="int8") and not kc(scheme="kivi2", sketch_box="symmetric")
+    assert all(kc(scheme=s) for s in ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled"))
+    assert not kc(scheme="int8") and not kc(scheme="int8_dither") and not kc(scheme="kivi2", sketch_box="symmetric")
     assert not kc(scheme="kivi2", sketch_bits=0)  # no sketch: no per-head term
     assert ker.metered_sketch_box(True) == ref.metered_sketch_box(False) == "per-head"
     assert sym.metered_sketch_box(False) == sym.metered_sketch_box(True) == "symmetric"
