@@ -129,6 +129,9 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     w = w / tl.maximum(ws, 1e-300)  # (not okw: garbage, unused below; a tl.where here broke Triton 3.6's
     # layout pass at 32+ bins, "operand does not dominate this use", 2026-12-03)
     live = w > 0
+    # a NaN level under a live mass: no distribution either (the GPU's max / min drop NaN operands, so the tilt
+    # would meter that mass at a level it does not have; H200 run of 2026-12-05: TV⁺ 0.15 < tanh(r/2) = 0.24)
+    okw = okw & (tl.sum((live & (lv != lv)).to(tl.int32), axis=0) == 0)
     lv = tl.where(live, lv, 0.0)
     a = tl.exp(lv)
     b = tl.exp(-lv)

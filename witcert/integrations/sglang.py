@@ -357,7 +357,8 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
     ks, vs = scales[0].double(), scales[1].double()
     k_wit, v_wit, v_norm, k_norm, bad = side.rows
     G = k_wit.shape[-1]
-    bad[dst] = True  # until the witnesses below are all in place
+    bad.index_fill_(0, dst, True)  # until the witnesses below are all in place (not bad[dst] = True: a CPU scalar
+    # copied to the device, which a CUDA-graph capture refuses; H200, 2026-12-05)
     for c0 in range(0, loc.numel(), RECORD_CHUNK):  # float64 copies: bounded memory for long prefills
         lc, dc = loc[c0 : c0 + RECORD_CHUNK], dst[c0 : c0 + RECORD_CHUNK]
         kh = kb[lc].double() * ks

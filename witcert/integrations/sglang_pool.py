@@ -170,8 +170,10 @@ def mark_unmetered(side, slots=None):
             side.bad.fill_(True)
             return
         s = torch.as_tensor(slots).reshape(-1).to(side.bad.device).long()
-        s = s[(s >= 0) & (s < side.bad.shape[0])]
-        side.bad[s] = True
+        # no boolean-mask indexing (a host sync) and no scalar index_put (a host copy): a CUDA graph captures this;
+        # slots out of range go to the trash row past the pool (``LayerSide.rows``: ``bad`` is a view without it)
+        s = torch.where((s >= 0) & (s < side.bad.shape[0]), s, side.trash)
+        side.rows[4].index_fill_(0, s, True)
     except Exception:
         side.bad.fill_(True)
 
