@@ -69,7 +69,7 @@ class Scheme:
     #: GQ one-hot dots per tile add ≤ ~10 % to the metered tile loop's sm_90 instructions (``bench/sass_probe.py``:
     #: kivi2 +8.5 %, int4_group +9.2 %, fp8 +10 %) and the shared levels lose most (SmolLM2 on the kernel path,
     #: median TV⁺ shared → per head: kivi2 0.319 → 0.238, fp8_e4m3 0.077 → 0.068; bench/TIGHTNESS.md); off for
-    #: int8 / int8_dither, whose lean tile loop grows +41 % (their per-head time is for the H200 to measure)
+    #: int8 / int8_dither, whose lean tile loop grows +41 % (the H200: +13-31 % of the metered call, run U)
     kernel_head_levels: bool = False
 
     def __post_init__(self):
