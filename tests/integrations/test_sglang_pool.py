@@ -265,8 +265,10 @@ def test_witness_uses_the_kernels_fp32_scale():
 class _NoHostSync(torch.overrides.TorchFunctionMode):
     """Raises on the torch calls that synchronise a GPU stream with the host (a CUDA graph cannot capture
     them): a tensor read into Python (``item``, ``bool``, ``int``, ``float``, ``tolist``…), a data-dependent
-    shape (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``), a copy to the host, and a
-    tensor made from Python data (``torch.tensor``: a host-to-device copy on the GPU)."""
+    shape (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``), a copy to the host, a
+    tensor made from Python data (``torch.tensor``: a host-to-device copy on the GPU), and a Python scalar
+    written through a tensor index (``x[idx] = True``: the scalar becomes a CPU tensor copied to the device,
+    which a capture refuses; found on the H200, 2026-12-05, after this detector had passed the code)."""
 
     SYNC = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "masked_select", "unique",
             "cpu", "numpy", "tensor", "as_tensor", "argwhere"}
@@ -277,9 +279,13 @@ class _NoHostSync(torch.overrides.TorchFunctionMode):
             raise AssertionError(f"host synchronisation: {name}")
         if name in ("__getitem__", "__setitem__", "index_put_", "index_put"):
             idx = args[1] if len(args) > 1 else None
-            for t in idx if isinstance(idx, (tuple, list)) else (idx,):
+            idx = idx if isinstance(idx, (tuple, list)) else (idx,)
+            for t in idx:
                 if isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() > 0:
                     raise AssertionError(f"boolean-mask indexing: {name}")
+            if name == "__setitem__" and len(args) > 2 and not isinstance(args[2], torch.Tensor) and any(
+                    isinstance(t, torch.Tensor) and t.dim() > 0 for t in idx):
+                raise AssertionError(f"a Python scalar written through a tensor index: {name}")
         return func(*args, **(kwargs or {}))
 
 
@@ -295,6 +301,8 @@ def test_record_step_makes_no_host_sync(monkeypatch):
         torch.ones(3)[torch.tensor([True, False, True])]
     with pytest.raises(AssertionError), _NoHostSync():
         torch.ones(()).item()
+    with pytest.raises(AssertionError), _NoHostSync():
+        torch.zeros(4, dtype=torch.bool)[torch.tensor([1, 2])] = True
     pool = mha()
     recs = install()
     loc = torch.arange(0, 8)
@@ -326,6 +334,17 @@ def test_record_step_makes_no_host_sync(monkeypatch):
     write(pool, 0, torch.arange(12, 14), *kv(2, 5), k_scale=0.25, v_scale=0.25)
     assert side.bad[12:14].all() and not side.bad[:12].any()
     assert ws.STATE.unmetered_counts()["write: k_scale/v_scale differ from the buffer's earlier writes"] == 1
+    # the recorder's fallback too (it runs inside a capture when a recorded write fails): out-of-range and
+    # negative slots go to the trash row, the others are marked, nothing else is
+    from witcert.integrations.sglang_pool import mark_unmetered
+
+    slots = torch.tensor([14, -1, 10**9, 15])
+    side.bad[14:16] = False
+    want = side.bad.clone()
+    want[14:16] = True
+    with _NoHostSync():
+        mark_unmetered(side, slots)
+    assert torch.equal(side.bad, want)  # (not the fallback that marks the whole side)
     q = query(3, 1, scale=1.0)
     decode(pool.k_buffer[0], pool.v_buffer[0], q, [list(range(12))], ks=0.5, vs=0.5)
     assert (recs[-1][1].tv_upper_a < 1).all()

@@ -169,7 +169,7 @@ def mark_unmetered(side, slots=None):
         if slots is None:
             side.bad.fill_(True)
             return
-        s = torch.as_tensor(slots).reshape(-1).to(side.bad.device).long()
+        s = (slots if isinstance(slots, torch.Tensor) else torch.as_tensor(slots)).reshape(-1).to(side.bad.device).long()
         # no boolean-mask indexing (a host sync) and no scalar index_put (a host copy): a CUDA graph captures this;
         # slots out of range go to the trash row past the pool (``LayerSide.rows``: ``bad`` is a view without it)
         s = torch.where((s >= 0) & (s < side.bad.shape[0]), s, side.trash)
