@@ -121,17 +121,18 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     Masses whose sum is not positive and finite give e-form = tilt = 1; a NaN TV⁺ is reported as 1."""
     k = tl.arange(0, NBP)
     lv = tl.where(k == NB - 1, r, lvl)
+    # a NaN level under a live mass: no distribution either, tested before the clamp below (the GPU's min / max
+    # drop NaN operands: the H200 metered such a bin at r, TV⁺ 0.15 < tanh(r/2) = 0.24, where the interpreter
+    # saturated; run U, 2026-12-05)
+    nan_lv = tl.sum(((w > 0) & (lv != lv)).to(tl.int32), axis=0)
     lv = tl.maximum(tl.minimum(lv, r), 0.0) + xi
     # masses whose sum is not a positive finite number (all 0, underflowed, overflowed, NaN / inf) carry no
     # distribution: the e-form and the tilt are then 1 (tanh, from the maximum radius alone, still holds)
     ws = tl.sum(w, axis=0)
-    okw = (ws >= 1e-300) & (ws < float("inf"))
+    okw = (ws >= 1e-300) & (ws < float("inf")) & (nan_lv == 0)
     w = w / tl.maximum(ws, 1e-300)  # (not okw: garbage, unused below; a tl.where here broke Triton 3.6's
     # layout pass at 32+ bins, "operand does not dominate this use", 2026-12-03)
     live = w > 0
-    # a NaN level under a live mass: no distribution either (the GPU's max / min drop NaN operands, so the tilt
-    # would meter that mass at a level it does not have; H200 run of 2026-12-05: TV⁺ 0.15 < tanh(r/2) = 0.24)
-    okw = okw & (tl.sum((live & (lv != lv)).to(tl.int32), axis=0) == 0)
     lv = tl.where(live, lv, 0.0)
     a = tl.exp(lv)
     b = tl.exp(-lv)
