@@ -3,7 +3,7 @@
 SGLang's ``decode_attention_fwd`` is the package's own code (imported without running
 ``sglang/__init__``, whose server dependencies are not installed here). Its KV pool module
 (``sglang.srt.mem_cache.memory_pool``) cannot be imported on this CPU machine (it needs
-torchvision and the server stack), so the pool wrapper is exercised on ``_Pool`` below, a
+torchvision and the server stack), so the pool wrapper is exercised on ``tests.helpers.sglang_standin.StandInPool``, a
 stand-in with the same ``set_kv_buffer`` signature and the same write semantics as SGLang's
 MHA pool on the page-size-1 path (divide by the scale in place, cast, store at ``loc``); the
 real class's signature is checked statically against the installed source.
@@ -22,6 +22,8 @@ if importlib.util.find_spec("sglang") is None:  # not importorskip: sglang/__ini
 
 import witcert.integrations.sglang as ws  # noqa: E402
 from kernels.key_levels import key_edges  # noqa: E402
+from tests.helpers.sglang_standin import Layer as _Layer  # noqa: E402
+from tests.helpers.sglang_standin import MeteredStandInPool, StandInPool  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 
 SGL = ws.import_bare(ws.DECODE_MODULE)
@@ -31,36 +33,12 @@ HQ = HKV * GQ
 MAX_SPLITS = 2
 
 
-class _Layer:
-    def __init__(self, layer_id):
-        self.layer_id = layer_id
+def _pool(dtype, layers=1, heads=HKV):
+    return StandInPool(dtype, SIZE, heads, D, layers)
 
 
-class _Pool:
-    """Stand-in for MHATokenToKVPool (page size 1, [slot, head, dim] buffers)."""
-
-    def __init__(self, dtype, layers=1, heads=HKV):
-        self.dtype, self.start_layer = dtype, 0
-        self.k_buffer = [torch.zeros(SIZE, heads, D, dtype=dtype) for _ in range(layers)]
-        self.v_buffer = [torch.zeros(SIZE, heads, D, dtype=dtype) for _ in range(layers)]
-
-    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None, layer_id_override=None,
-                      dcp_kv_mask=None):
-        if cache_k.dtype != self.dtype:
-            if k_scale is not None:
-                cache_k.div_(k_scale)
-            if v_scale is not None:
-                cache_v.div_(v_scale)
-            cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
-        self.k_buffer[layer.layer_id][loc_info] = cache_k
-        self.v_buffer[layer.layer_id][loc_info] = cache_v
-
-
-class _MeteredPool(_Pool):
-    pass
-
-
-_MeteredPool.set_kv_buffer = ws.wrap_set_kv_buffer(_Pool.set_kv_buffer)
+def _metered_pool(dtype, layers=1, heads=HKV):
+    return MeteredStandInPool(dtype, SIZE, heads, D, layers)
 
 
 @pytest.fixture(autouse=True)
@@ -105,14 +83,14 @@ def sglang_decode(fn, q, pool, slots, indptr, k_scale=1.0, v_scale=1.0, layer=0)
 
 def test_switch_off_touches_nothing_and_is_bit_identical():
     q, k, v, slots, indptr = scenario()
-    pool = _Pool(torch.bfloat16)
+    pool = _pool(torch.bfloat16)
     fill(pool, k, v, slots)
     ref_o, ref_lse = sglang_decode(ORIG_DECODE, q, pool, slots, indptr)
     assert ws.install() is None and not ws.installed()  # WITCERT_SGLANG unset
     os.environ[ws.ENV] = "0"
     assert ws.install() is None and not ws.installed()
     assert SGL.decode_attention_fwd is ORIG_DECODE
-    pool2 = _Pool(torch.bfloat16)
+    pool2 = _pool(torch.bfloat16)
     fill(pool2, k, v, slots)
     assert torch.equal(pool2.k_buffer[0], pool.k_buffer[0]) and torch.equal(pool2.v_buffer[0], pool.v_buffer[0])
     o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool2, slots, indptr)
@@ -123,7 +101,7 @@ def test_switch_off_touches_nothing_and_is_bit_identical():
 def test_wrapped_write_stores_what_sglang_stores(dtype, scale):
     """Even with the meter on, SGLang's own pool contents are bit-identical."""
     q, k, v, slots, indptr = scenario(1)
-    plain, metered = _Pool(dtype), _MeteredPool(dtype)
+    plain, metered = _pool(dtype), _metered_pool(dtype)
     fill(plain, k, v, slots, scale, scale)
     fill(metered, k, v, slots, scale, scale)
     assert torch.equal(plain.k_buffer[0].view(torch.uint8), metered.k_buffer[0].view(torch.uint8))
@@ -190,7 +168,7 @@ def attention64(q, pool, slots, indptr, ks, vs):
                           "interpreter on these inputs (o ~ 1e8, NaN warnings); not diagnosed", strict=False)
 def test_sglang_kernel_under_interpreter():
     q, k, v, slots, indptr = scenario(2)
-    pool = _Pool(torch.bfloat16)
+    pool = _pool(torch.bfloat16)
     fill(pool, k, v, slots)
     o, _ = sglang_decode(ORIG_DECODE, q, pool, slots, indptr)
     o_ref, _ = attention64(q, pool, slots, indptr, 1.0, 1.0)
@@ -240,7 +218,7 @@ def test_switch_on_meters_sglang_cache(dtype, scale, monkeypatch):
     patched = ws.install(targets=("decode",), bare=True, on_record=lambda lid, r: got.append((lid, r)))
     assert patched == [f"{ws.DECODE_MODULE}.{ws.DECODE_FN}"] and SGL.decode_attention_fwd is not ORIG_DECODE
     q, k, v, slots, indptr = scenario(2)
-    pool = _MeteredPool(dtype)
+    pool = _metered_pool(dtype)
     fill(pool, k, v, slots, scale, scale)
     ks = vs = 1.0 if scale is None else scale
     o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, ks, vs)
@@ -266,7 +244,7 @@ def test_switch_on_meters_sglang_cache(dtype, scale, monkeypatch):
 def test_unmeterable_call_falls_back_and_is_counted(monkeypatch):
     ws.install(force=True, targets=("decode",), bare=True)
     q, k, v, slots, indptr = scenario(3)
-    pool = _Pool(torch.bfloat16)  # unwrapped pool: no side buffers registered
+    pool = _pool(torch.bfloat16)  # unwrapped pool: no side buffers registered
     fill(pool, k, v, slots)
     o, _ = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr)
     o_ref, _ = sglang_decode(ORIG_DECODE, q, pool, slots, indptr)
@@ -289,7 +267,7 @@ def test_tp_ranks_reduce_to_single_rank():
     def run(heads_kv, heads_q):
         got = []
         ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: got.append(r))
-        pool = _MeteredPool(torch.float8_e4m3fn, heads=len(heads_kv))
+        pool = _metered_pool(torch.float8_e4m3fn, heads=len(heads_kv))
         fill(pool, k[:, heads_kv].contiguous(), v[:, heads_kv].contiguous(), slots, 0.25, 0.25)
         Bsz, hq = q.shape[0], q[:, heads_q].contiguous()
         o = torch.zeros(Bsz, len(heads_q), D, dtype=q.dtype)
@@ -353,7 +331,7 @@ def test_trace_and_metrics_receive_state_records(tmp_path):
     ftr = Tracer(path)
     ftr.new_request("sglang-test")
     ws.install(force=True, targets=("decode",), bare=True, trace=Tee(mem, prom, ftr), flush_every=100)
-    pool = _MeteredPool(torch.float8_e4m3fn)
+    pool = _metered_pool(torch.float8_e4m3fn)
     fill(pool, k, v, slots, 0.25, 0.25)
     outs = _decode_twice(pool, q, slots, indptr, 0.25)
     assert mem.rows_written == 0 and len(ws.STATE.pending) == 2  # still on the device: nothing synced yet
@@ -382,7 +360,7 @@ def test_trace_and_metrics_receive_state_records(tmp_path):
     assert (ft["tv"] == exp("tv_upper_a")).all()
     # tracing changes nothing served: the same decode without a trace is bit-identical
     ws.install(force=True, targets=("decode",), bare=True)
-    pool2 = _MeteredPool(torch.float8_e4m3fn)
+    pool2 = _metered_pool(torch.float8_e4m3fn)
     fill(pool2, k, v, slots, 0.25, 0.25)
     o2, lse2 = sglang_decode(SGL.decode_attention_fwd, q, pool2, slots, indptr, 0.25, 0.25)
     assert torch.equal(o2, outs[0][0]) and torch.equal(lse2, outs[0][1])
@@ -395,7 +373,7 @@ def test_trace_flush_every_and_install_checks():
     mem = Tracer(None)
     ws.install(force=True, targets=("decode",), bare=True, trace=mem, flush_every=1)
     q, k, v, slots, indptr = scenario(2)
-    pool = _MeteredPool(torch.float8_e4m3fn)
+    pool = _metered_pool(torch.float8_e4m3fn)
     fill(pool, k, v, slots, 0.25, 0.25)
     sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, 0.25, 0.25)
     assert mem.rows_written == q.shape[0] * HQ and not ws.STATE.pending
@@ -438,7 +416,7 @@ def exact_attention(q, k, v, slots, indptr):
 def _run_fp8(seed=2, **kw):
     q, k, v, slots, indptr = scenario(seed)
     ws.install(force=True, targets=("decode",), bare=True, **kw)
-    pool = _MeteredPool(torch.float8_e4m3fn)
+    pool = _metered_pool(torch.float8_e4m3fn)
     fill(pool, k, v, slots, 0.25, 0.25)
     side = [t.clone() for t in (next(iter(ws.STATE.layers.values())).k_wit, next(iter(ws.STATE.layers.values())).v_wit)]
     o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr, 0.25, 0.25)

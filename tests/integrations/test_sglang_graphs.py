@@ -29,6 +29,8 @@ if importlib.util.find_spec("sglang") is None:
     pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)
 
 import witcert.integrations.sglang as ws  # noqa: E402
+from tests.helpers.sglang_standin import Layer as _Layer  # noqa: E402
+from tests.helpers.sglang_standin import MeteredStandInPool  # noqa: E402
 
 SGL = ws.import_bare(ws.DECODE_MODULE)
 ORIG_DECODE = SGL.decode_attention_fwd
@@ -41,37 +43,9 @@ DEV = "cuda"
 VERSION = ws.sglang_version() or ws.SUPPORTED_VERSIONS[0]
 
 
-class _Layer:
-    def __init__(self, layer_id):
-        self.layer_id = layer_id
-
-
-class _Pool:
-    """MHATokenToKVPool's page-size-1 write (divide by the scale in place, cast, store at ``loc``) on [slot, head,
-    dim] CUDA buffers; its ``set_kv_buffer`` is wrapped by WitCert's recorder below (``_MeteredPool``)."""
-
-    def __init__(self, dtype):
-        self.dtype, self.start_layer = dtype, 0
-        self.k_buffer = [torch.zeros(SIZE, HKV, D, dtype=dtype, device=DEV)]
-        self.v_buffer = [torch.zeros(SIZE, HKV, D, dtype=dtype, device=DEV)]
-
-    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None, layer_id_override=None,
-                      dcp_kv_mask=None):
-        if cache_k.dtype != self.dtype:
-            if k_scale is not None:
-                cache_k.div_(k_scale)
-            if v_scale is not None:
-                cache_v.div_(v_scale)
-            cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
-        self.k_buffer[layer.layer_id][loc_info] = cache_k
-        self.v_buffer[layer.layer_id][loc_info] = cache_v
-
-
-class _MeteredPool(_Pool):
-    pass
-
-
-_MeteredPool.set_kv_buffer = ws.wrap_set_kv_buffer(_Pool.set_kv_buffer)
+def _metered_pool(dtype):
+    """SGLang's page-size-1 write on CUDA buffers, WitCert's recorder around it (``tests.helpers.sglang_standin``)."""
+    return MeteredStandInPool(dtype, SIZE, HKV, D, device=DEV)
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +90,7 @@ def test_record_step_and_metered_decode_capture_and_replay(dtype, scale):
     lens0 = [300, 517, 1000, 64]
     cap = sum(lens0) + Bsz * (steps + 3)
     perm = torch.randperm(SIZE, generator=g)[:cap].to(DEV)
-    pool = _MeteredPool(dtype)
+    pool = _metered_pool(dtype)
     exact_k = torch.zeros(SIZE, HKV, D, dtype=torch.bfloat16, device=DEV)  # what the model handed each slot
     exact_v = torch.zeros_like(exact_k)
     layer = _Layer(0)
@@ -221,7 +195,7 @@ def test_gate_inside_a_capture_is_refused():
     ws.install(targets=("decode",), bare=True, gate=Gate("certified", tau=0.1), exact_store=ws.HostExactStore(),
                version=VERSION)
     g = torch.Generator().manual_seed(3)
-    pool = _MeteredPool(torch.bfloat16)
+    pool = _metered_pool(torch.bfloat16)
     loc = torch.arange(64, device=DEV)
     k, v = _keys(64, g)
     pool.set_kv_buffer(_Layer(0), loc, k.to(DEV), v.to(DEV))
