@@ -49,7 +49,15 @@ def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EP
     at most t + h (λ = 0). The width h is not added: the coarse grid's slack is second order (the former form
     t + h − D(t, λ) carried h itself). ``w`` [NBP] bin weights with ``a``/``b`` their β at t = 0 / 1 (DENSE3D:
     one [TP, NBP, NBP] broadcast); else the live bins packed at the front of SCR (weights, a, b; ``nl`` of them),
-    walked in a loop that loads bin c + 1 while bin c is used. ``EPSC``: the relative rounding bound of a D."""
+    walked in a loop that loads bin c + 1 while bin c is used, and whose columns are those packed bins too (read
+    back from SCR here: the same λ candidates, so the same minimum; the caller's ``w``/``a``/``b`` broadcast inside
+    the refinement loop broke Triton 3.7.1's layout pass at 4 warps, "operand does not dominate this use").
+    ``EPSC``: the relative rounding bound of a D."""
+    if not DENSE3D:
+        kc = tl.arange(0, NBP)
+        w = tl.load(SCR + kc, mask=kc < nl, other=0.0)
+        a = tl.load(SCR + NBP + kc, mask=kc < nl, other=1.0)
+        b = tl.load(SCR + 2 * NBP + kc, mask=kc < nl, other=1.0)
     beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [TP, NBP]: β_c(t)
     lam = tl.where(w[None, :] > 0, 1.0 / beta, 0.0)
     t1 = ts + h

@@ -1,0 +1,58 @@
+"""Compile the epilogue's two kernels (``kernels.epilogue_jit``) for sm_90 on the CPU, without a GPU:
+``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
+``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run without ``TRITON_INTERPRET`` (under it a
+jitted function is an interpreter object). The constants are the GPU's: ``DENSE3D`` off (``epilogue._dense3d``),
+the tilt's grid and chunk from the modules, the merge's from an int8 metered decode (D 128, 4 splits, GQ 4,
+sketch weights; captured from ``kernels.epilogue.merge``)."""
+from __future__ import annotations
+
+import sys
+
+
+def _tv_kernel(E, EJ):
+    sig = {"MASS": "*fp64", "LV": "*fp64", "RMAX": "*fp64", "XI": "*fp64", "LAM": "*fp64", "OUT": "*fp64",
+           "SCR": "*fp64", "s_m": "i32", "s_l": "i32", "tilt_above": "fp32", "tilt_hi": "fp32"}
+    const = {"NB": 31, "NBP": 32, "N1": EJ.COARSE, "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32),
+             "DENSE3D": False, "TC": EJ.TILT_CHUNK}
+    return EJ._tv_kernel, sig, const
+
+
+def _merge_meter_kernel(E, EJ):
+    ptr = {"M_IN": "fp32", "L_IN": "fp32", "ACC_IN": "fp32", "HIST_IN": "fp32", "STAT_IN": "fp32", "Q": "bf16",
+           "SL": "i32", "EDGES": "fp64", "O": "fp32", "LSE": "fp32", "REC": "fp64", "HOUT": "fp64", "SCR": "fp64",
+           "FLAG": "i8", "WGT": "fp32"}
+    sig = {k: "*" + v for k, v in ptr.items()}
+    sig |= {"Hq": "i32", "S": "i32", "sm": "fp32", "qn_infl": "fp32", "log_delta": "fp32", "tilt_above": "fp32",
+            "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32"}
+    const = {"D": 128, "SP": 4, "T": 16, "PAGES": 8, "NB": 32, "KA": 31, "KP": 32, "METER": True, "EPI": True,
+             "TIER_B": False, "GAMMA": 2.0**-16 * 1.25, "EXP_REL": 2.0**-20, "DITHER_U": 0.0, "ETA0": 5.2e-05,
+             "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
+             "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
+             "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0}
+    return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
+
+
+def main(argv: list[str]) -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import epilogue as E
+    from kernels import epilogue_jit as EJ
+
+    bad = 0
+    for make in (_tv_kernel, _merge_meter_kernel):
+        fn, sig, const = make(E, EJ)
+        for warps in (int(w) for w in argv):
+            try:
+                triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 64),
+                               options={"num_warps": warps})
+                print(f"ok {make.__name__} {warps}")
+            except Exception as exc:  # noqa: BLE001 - reported, and the exit status says it
+                bad += 1
+                print(f"FAILED {make.__name__} {warps}: {type(exc).__name__} {str(exc)[:300]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or ["1", "4"]))
