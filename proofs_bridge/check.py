@@ -101,6 +101,10 @@ def check_constants():
     return out
 
 
+# points of the fused merge kernel check (the kernel's time is linear in them; the formulas keep `points`)
+KERNEL_POINTS = 24
+
+
 def check_formulas(seed: int = 0, points: int = 200):
     from witcert import bounds as B
 
@@ -147,7 +151,9 @@ def check_formulas(seed: int = 0, points: int = 200):
         base = fr(sig**2 * (q**2).sum(-1) / 12, 1000, 1e-6)  # the radius for s = 1
         bias = sig * np.abs(q).sum(-1) * B.DITHER_BIAS_FACTOR
         out.append(("kernel Tier B coefficient = formula + bias", _close_above(c, base + bias, 2.0**-11), ""))
-        out.append(_check_kernel_tier_b(q, sig, base + bias))
+        # the fused merge runs one interpreter program per point: a few dozen points find a drifted constant
+        k = min(points, KERNEL_POINTS)
+        out.append(_check_kernel_tier_b(q[:k], sig, (base + bias)[:k]))
     except ImportError as exc:
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)

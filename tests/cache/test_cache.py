@@ -20,9 +20,9 @@ def _batch(tok, prompts=PROMPTS):
     return tok(prompts, return_tensors="pt", padding=True)
 
 
-def _gen(model, enc, **kw):
+def _gen(model, enc, new_tokens=6, **kw):
     with torch.no_grad():
-        return model.generate(**enc, max_new_tokens=6, do_sample=False, output_logits=True,
+        return model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, output_logits=True,
                               return_dict_in_generate=True, pad_token_id=0, **kw)
 
 
@@ -177,11 +177,15 @@ def test_bad_input_is_refused_or_flagged(smollm2):
     assert r3.nonfinite.all() and r3.flag.all() and np.all(r3.tv_a == 1.0) and np.all(np.isinf(r3.out_err))
 
 
-def _side_by_side(model, enc, first, second):
-    """Both caches serve the same request and generate the same tokens: (TV⁺ of ``first``, TV⁺ of ``second``,
-    the realised TV of the audited ``first``), each stacked over the records."""
-    a = _gen(model, enc, past_key_values=first)
-    b = _gen(model, enc, past_key_values=second)
+# decode steps of the side-by-side kernel tests: each kernel-path step is ~1 s per layer in the interpreter
+KERNEL_STEPS = 3
+
+
+def _side_by_side(model, enc, first, second, steps=5):
+    """Both caches serve the same request and generate the same tokens (``steps`` metered decode steps): (TV⁺
+    of ``first``, TV⁺ of ``second``, the realised TV of the audited ``first``), each stacked over the records."""
+    a = _gen(model, enc, steps + 1, past_key_values=first)
+    b = _gen(model, enc, steps + 1, past_key_values=second)
     assert torch.equal(a.sequences, b.sequences)
     stack = lambda cache, field: np.stack([getattr(r, field) for r in cache.records])  # noqa: E731
     return stack(first, "tv_a"), stack(second, "tv_a"), stack(first, "tv_real")
@@ -199,8 +203,8 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     # the kernels' formula on both paths (sketch_box="symmetric"); the centred box is the reference path's own
     ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, sketch_box="symmetric", **kw)
     ker = WitCertCache(model.config, scheme=scheme, backend="kernel", **kw)
-    tv_ref, tv_ker, real = _side_by_side(model, enc, ref, ker)
-    assert tv_ker.shape == tv_ref.shape == (5 * 30, 1, 9)
+    tv_ref, tv_ker, real = _side_by_side(model, enc, ref, ker, KERNEL_STEPS)
+    assert tv_ker.shape == tv_ref.shape == (KERNEL_STEPS * 30, 1, 9)
     assert np.all(tv_ker >= real - 1e-6)
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
     if scheme == "int8_dither":
@@ -250,12 +254,12 @@ def test_per_head_sketch_box_on_both_paths(smollm2):
     enc = _batch(tok, [PROMPTS[1]])
     ker = WitCertCache(model.config, scheme="int8", backend="kernel", audit=True, sketch_box="per-head")
     ref = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="per-head")
-    tv_ker, tv_ref, real = _side_by_side(model, enc, ker, ref)
+    tv_ker, tv_ref, real = _side_by_side(model, enc, ker, ref, KERNEL_STEPS)
     assert all(layer.paged.head_levels for layer in ker.layers)
     assert sum(r.audit_violations for r in ker.records) == 0 and np.all(tv_ker >= real - 1e-6)
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
     sym = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="symmetric")
-    _gen(model, enc, past_key_values=sym)
+    _gen(model, enc, KERNEL_STEPS + 1, past_key_values=sym)
     tv_sym = np.stack([r.tv_a for r in sym.records])
     assert np.all(tv_ref <= tv_sym + 2.0**-11) and np.median(tv_ref) < np.median(tv_sym)
     # "auto" on the kernel path: per-head levels where the scheme's row says so (int4_group, kivi2, the fp8 ones)
