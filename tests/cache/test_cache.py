@@ -177,8 +177,11 @@ def test_bad_input_is_refused_or_flagged(smollm2):
     assert r3.nonfinite.all() and r3.flag.all() and np.all(r3.tv_a == 1.0) and np.all(np.isinf(r3.out_err))
 
 
-# decode steps of the side-by-side kernel tests: each kernel-path step is ~1 s per layer in the interpreter
+# the side-by-side kernel tests: their decode steps, and the layers they compress and meter (every third: layer 0's
+# outlier keys and the last layers included; the others exact on both caches), each kernel-path step being ~1 s
+# per layer in the interpreter
 KERNEL_STEPS = 3
+KERNEL_LAYERS = frozenset(range(0, 30, 3)) | {29}
 
 
 def _side_by_side(model, enc, first, second, steps=5):
@@ -201,10 +204,11 @@ def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     enc = _batch(tok, [PROMPTS[1]])
     kw = dict(delta_req=1e-3, seed=0) if scheme == "int8_dither" else {}
     # the kernels' formula on both paths (sketch_box="symmetric"); the centred box is the reference path's own
+    kw["compress_layers"] = KERNEL_LAYERS
     ref = WitCertCache(model.config, scheme=scheme, backend="reference", audit=True, sketch_box="symmetric", **kw)
     ker = WitCertCache(model.config, scheme=scheme, backend="kernel", **kw)
     tv_ref, tv_ker, real = _side_by_side(model, enc, ref, ker, KERNEL_STEPS)
-    assert tv_ker.shape == tv_ref.shape == (KERNEL_STEPS * 30, 1, 9)
+    assert tv_ker.shape == tv_ref.shape == (KERNEL_STEPS * len(KERNEL_LAYERS), 1, 9)
     assert np.all(tv_ker >= real - 1e-6)
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
     if scheme == "int8_dither":
@@ -252,13 +256,14 @@ def test_per_head_sketch_box_on_both_paths(smollm2):
     model, tok = smollm2
     use_witcert(model)
     enc = _batch(tok, [PROMPTS[1]])
-    ker = WitCertCache(model.config, scheme="int8", backend="kernel", audit=True, sketch_box="per-head")
-    ref = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="per-head")
+    some = dict(compress_layers=KERNEL_LAYERS)
+    ker = WitCertCache(model.config, scheme="int8", backend="kernel", audit=True, sketch_box="per-head", **some)
+    ref = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="per-head", **some)
     tv_ker, tv_ref, real = _side_by_side(model, enc, ker, ref, KERNEL_STEPS)
-    assert all(layer.paged.head_levels for layer in ker.layers)
+    assert all(ker.layers[i].paged.head_levels for i in KERNEL_LAYERS)
     assert sum(r.audit_violations for r in ker.records) == 0 and np.all(tv_ker >= real - 1e-6)
     assert np.all(tv_ker <= np.minimum(1.0, 1.5 * tv_ref + 0.02))
-    sym = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="symmetric")
+    sym = WitCertCache(model.config, scheme="int8", backend="reference", sketch_box="symmetric", **some)
     _gen(model, enc, KERNEL_STEPS + 1, past_key_values=sym)
     tv_sym = np.stack([r.tv_a for r in sym.records])
     assert np.all(tv_ref <= tv_sym + 2.0**-11) and np.median(tv_ref) < np.median(tv_sym)

@@ -31,7 +31,7 @@ from tests.helpers.conformance import build, check_case, to_cpu  # noqa: E402
 KSCHEMES = sorted(SCHEME_IDS)
 
 
-@settings(max_examples=int(os.environ.get("WITCERT_CONF_EXAMPLES", "30")))
+@settings(max_examples=int(os.environ.get("WITCERT_CONF_EXAMPLES", "20")))
 @given(
     scheme=st.sampled_from(KSCHEMES),
     lens=st.lists(st.integers(1, 70), min_size=1, max_size=3),
