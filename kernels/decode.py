@@ -178,6 +178,8 @@ def decode(
     tile: Tile | None = None,
     window: ExactWindow | None = None,
     plan: DecodePlan | None = None,
+    tilt_batch=None,
+    tilt_layer: int = 0,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -202,7 +204,9 @@ def decode(
     it (model dtype, radius 0, φ = 0, ν / κ from its norms); not with ``kv_indptr``. A cache with a key
     sketch or channel weights (``PagedKV.sketch_bits`` / ``weights``) is metered with the sketch radius
     ε_hj = c_h (W_j + u_j) (``contract.sketch``), or with ``PagedKV.head_levels`` each head's own
-    c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head)."""
+    c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``): the
+    record is written to its layer ``tilt_layer`` with the tilt deferred to ``tilt_batch.finish`` (one launch
+    for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device."""
     seq_lens, kv_indptr = _check_inputs(cache, q, block_table, seq_lens, kv_indptr, delta_step, validate)
     csr = kv_indptr is not None
     Bsz, Hq, D = q.shape
@@ -226,7 +230,7 @@ def decode(
     sl = rows.sl
     compiled, pages = _launch(cache, q, plan, rows, ws, sm, repair if has_rep else None, window if has_win else None)
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
-    o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above)
+    o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer)
     if csr or token_mask is not None:
         o = _zero_dead_rows(o, rec, kv_indptr if csr else None, sl, token_mask, Bsz)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
@@ -454,8 +458,12 @@ def _merge_constants(cache: PagedKV, plan: DecodePlan, pages: int, sm: float, de
 
 
 def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, consts: MergeConstants,
-           epilogue: bool, tilt_above: float):
+           epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int = 0):
     """The split-KV merge and, with the meter and ``epilogue``, the meter record: (o, lse, record or None)."""
+    if tilt_batch is not None:  # (the torch twin has no deferred form: the kernel, on any device)
+        return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl,
+                     consts, epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch,
+                     tilt_layer=tilt_layer)
     if q.device.type != "cuda" and MERGE_OFF_GPU == "torch":
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the
         # same function, pinned to the kernel by test_fused_merge_matches_torch_merge) serves

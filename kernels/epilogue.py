@@ -301,11 +301,12 @@ def _edges(dev, ka: int) -> torch.Tensor:
 
 
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
-          tilt_above: float = -1.0, num_warps: int | None = None):
+          tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int = 0):
     """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
     record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
     q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec).
-    ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py)."""
+    ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``):
+    the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's)."""
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     rows = Bsz * Hq
@@ -314,10 +315,18 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     lse = torch.empty(Bsz, Hq, device=dev, dtype=torch.float32)
     KP = triton.next_power_of_2(c.KA)
     f64 = dict(device=dev, dtype=torch.float64)
-    hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
-    rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
+    defer = tilt_batch is not None
+    if defer:
+        if not (meter and epilogue) or c.tier_b:
+            raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
+        rec, hout, flag = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA)
+        hout = hout.view(Bsz, Hq, c.NB)
+        tilt_above = math.inf  # the merge skips the tilt (TV⁺ from the closed forms); finish() runs it
+    else:
+        hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
+        rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
+        flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
-    flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev))
     _merge_meter_kernel[(rows,)](
@@ -331,7 +340,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
-        RING_TILES=c.ring_tiles,
+        RING_TILES=c.ring_tiles, DEFER=defer,
         num_warps=warps,
     )
     record = None

@@ -290,11 +290,14 @@ def _merge_meter_kernel(
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
+    DEFER: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
     and, with EPI, the meter record REC[row] (columns ``REC_*``): Ξ, Λ, both tiers' TV⁺ and E⁺.
-    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch."""
+    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch.
+    DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
+    and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``)."""
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq
@@ -373,7 +376,13 @@ def _merge_meter_kernel(
             extra = pphi + ((1.0 - e1) / (1.0 + e1) + lam) * fm + own
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
+            if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
+                tl.store(r + REC_QNA, qn_a)
+                tl.store(r + REC_LAM, lam)
+                tl.store(r + REC_EW, 2.0 * num + fm)
+                tl.store(r + REC_EX, extra)
             if bad == 0:
+                # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
                 tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
                                                       SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D,
                                                       TC)
@@ -421,9 +430,11 @@ def _merge_meter_kernel(
                 tl.store(r + REC_EB, eb)
 
 
-#: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``)
-REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO = range(11)
+#: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``); the last
+#: four are written with DEFER only: |σ|‖a⊙q_h‖ (the levels' factor), Λ, 2ν_max + φ_max and E⁺'s additive part
+(REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO,
+ REC_QNA, REC_LAM, REC_EW, REC_EX) = range(15)
 REC_COLS = 16
 for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
-              "REC_XI", "REC_RHO", "REC_COLS"):
+              "REC_XI", "REC_RHO", "REC_QNA", "REC_LAM", "REC_EW", "REC_EX", "REC_COLS"):
     globals()[_name] = tl.constexpr(globals()[_name])

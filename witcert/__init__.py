@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 #: package of the same name (Hugging Face's ``kernels``) that can shadow it
 _KERNEL_MODULES = ("paged.py", "fp_bounds.py", "repair.py", "exact_window.py", "memory_accounting.py", "write.py",
                    "plan.py", "decode.py", "decode_kernel.py", "decode_steps.py", "decode_program.py", "decode_tile.py",
-                   "decode_meter.py", "key_levels.py", "epilogue.py", "epilogue_jit.py", "epilogue_torch.py", "ids.py")
+                   "decode_meter.py", "key_levels.py", "epilogue.py", "epilogue_jit.py", "epilogue_torch.py", "ids.py", "tilt_batch.py")
 
 
 def _check_kernels_package() -> None:

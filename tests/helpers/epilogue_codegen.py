@@ -1,4 +1,4 @@
-"""Compile the epilogue's two kernels (``kernels.epilogue_jit``) for sm_90 on the CPU, without a GPU:
+"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``) for sm_90 on the CPU, without a GPU:
 ``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
 ``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run without ``TRITON_INTERPRET`` (under it a
 jitted function is an interpreter object). The constants are the GPU's: ``DENSE3D`` off (``epilogue._dense3d``),
@@ -28,8 +28,23 @@ def _merge_meter_kernel(E, EJ):
              "TIER_B": False, "GAMMA": 2.0**-16 * 1.25, "EXP_REL": 2.0**-20, "DITHER_U": 0.0, "ETA0": 5.2e-05,
              "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
-             "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0}
+             "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
+
+
+def _merge_meter_kernel_deferred(E, EJ):
+    fn, sig, const = _merge_meter_kernel(E, EJ)
+    return fn, sig, const | {"DEFER": True}
+
+
+def _finish_tilt_kernel(E, EJ):
+    from kernels import tilt_batch as TB
+
+    sig = {"HOUT": "*fp64", "REC": "*fp64", "FLAG": "*i8", "EDGES": "*fp64", "SCR": "*fp64", "tilt_above": "fp32",
+           "tilt_hi": "fp32"}
+    const = {"NB": 32, "KA": 31, "KP": 32, "N1": EJ.COARSE, "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32),
+             "DENSE3D": False, "TC": EJ.TILT_CHUNK}
+    return TB._finish_tilt_kernel, sig | {k: "constexpr" for k in const}, const
 
 
 def main(argv: list[str]) -> int:
@@ -41,7 +56,7 @@ def main(argv: list[str]) -> int:
     from kernels import epilogue_jit as EJ
 
     bad = 0
-    for make in (_tv_kernel, _merge_meter_kernel):
+    for make in (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel):
         fn, sig, const = make(E, EJ)
         for warps in (int(w) for w in argv):
             try:

@@ -1,0 +1,97 @@
+"""The deferred tilt (``kernels.tilt_batch``, issue 35) against the fused epilogue, on a CUDA GPU.
+
+One decode step of L layers (the same int8 caches for every layer, rotated past the L2; Hq/Hkv 32/8, d 128),
+captured in one CUDA graph and replayed (median of ``triton.testing.do_bench``), ms per layer:
+
+    off     decode(meter=False)                                    the attention alone
+    fused   decode(tilt_above=τ)                                   today's metered call (merge + tilt per layer)
+    defer   decode(tilt_batch=batch, tilt_layer=ℓ), + batch.finish(τ) once per step
+    closed  decode(tilt_batch=...) without the finish               (the closed forms' record: what the tilt adds)
+
+for τ = -1 (every row's tilt in full, the WitCertCache default) and τ = 0.1 (a gate's lazy refinement), and checks
+that the finished records equal the fused ones (max |Δ TV⁺|, max |Δ E⁺|, printed).
+
+    python3 bench/tilt_batch_probe.py                    # B 1, 8, 32 at 32K, 32 layers
+    python3 bench/tilt_batch_probe.py --batches 1 --lens 4096 --layers 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.decode import graphed, int8_shape  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.tilt_batch import TiltBatch  # noqa: E402
+
+
+def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau):
+    kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
+    layer_cache = [caches[i % len(caches)] for i in range(L)]
+    probe = decode(layer_cache[0][0], q, layer_cache[0][1], sl, num_splits=S)
+    batch = TiltBatch.allocate(layers=L, rows=B * Hq, nb=probe.plan.hist_columns, device=dev)
+    keep = {}
+
+    def step(kind):
+        def run():
+            outs = []
+            for i, (c, bt) in enumerate(layer_cache):
+                if kind == "off":
+                    outs.append(decode(c, q, bt, sl, num_splits=S, meter=False, validate=False))
+                elif kind == "fused":
+                    outs.append(decode(c, q, bt, sl, num_splits=S, tilt_above=tau, validate=False))
+                else:
+                    outs.append(decode(c, q, bt, sl, num_splits=S, validate=False, tilt_batch=batch, tilt_layer=i))
+            if kind == "defer":
+                batch.finish(tilt_above=tau)
+            keep[kind] = outs
+        return run
+
+    import triton.testing
+
+    ms = {}
+    for kind in ("off", "fused", "closed", "defer"):
+        ms[kind] = triton.testing.do_bench(graphed([step(kind)]), warmup=10, rep=100, return_mode="median") / L
+    # the replayed records: the fused against the finished ones (the last replay of each)
+    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for f, d in zip(keep["fused"], keep["defer"]))
+    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max())
+              for f, d in zip(keep["fused"], keep["defer"]))
+    off = ms["off"]
+    print(f"| {B} | {n} | {L} | {tau:g} | {off:.4f} | {ms['fused']:.4f} | {ms['closed']:.4f} | {ms['defer']:.4f} "
+          f"| {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} | {(ms['fused'] - off) * 1e3:.1f} "
+          f"| {(ms['defer'] - off) * 1e3:.1f} | {dtv:.1e} | {dea:.1e} |", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--lens", default="32768")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--taus", default="-1,0.1")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
+                         "(tests/kernels/test_tilt_batch.py checks the values on the CPU)")
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    import triton
+
+    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
+          "ms per layer, one step of L layers in one CUDA graph")
+    print("| B | n | L | τ | off | fused | closed | defer | fused/off | defer/off | fused − off µs | defer − off µs "
+          "| max Δ TV⁺ | max Δ E⁺ |")
+    print("|---" * 14 + "|")
+    for B in (int(x) for x in args.batches.split(",")):
+        for n in (int(x) for x in args.lens.split(",")):
+            for tau in (float(x) for x in args.taus.split(",")):
+                _cell(B, n, args.layers, 32, 8, 128, dev, sms, tau)
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

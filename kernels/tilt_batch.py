@@ -1,0 +1,140 @@
+"""Deferred tilt (issue 35): the decode's meter record without the dual-grid tilt, finished for many layers'
+rows in one launch.
+
+    batch = TiltBatch.allocate(layers=L, rows=B·Hq, nb=plan.hist_columns, device=dev)
+    for ℓ in layers:   out = decode(..., tilt_batch=batch, tilt_layer=ℓ)   # the tilt pending
+    batch.finish(tilt_above=τ)                                             # one launch: every layer's tilt
+
+    _finish_tilt_kernel[(L·R,)]   one program per (layer, row), rows r = b·Hq + h
+        HOUT  [L·R, NB]  float64   the merged histograms (tier A's bins first, ``epilogue.merge``)
+        REC   [L·R, REC_COLS] float64   the records (read: TV⁺, ε_max, Ξ and the DEFER columns; written:
+                                   REC_TVA, REC_EA, REC_TILT)
+        FLAG  [L·R] int8           non-finite rows (1: skipped; ``reset`` marks every row so)
+        EDGES [KA − 1] float64;  SCR [L·R, 3·KP + COARSE] float64 scratch
+
+Why: the tilt is the epilogue's cost (~25-40 µs a call on the H200, one program per row, serial in its grid;
+bench/RESULTS.md run N) and a decode at batch 1 has 32 rows a layer: the GPU is nearly idle while it runs.
+Batched over a step's layers it runs in a few waves of one launch instead of one latency per layer.
+
+Soundness: until ``finish`` each record's TV⁺ is the closed forms' min(tanh, e-form) + tanh(Ξ/2) + ρ + slack,
+itself a sound bound (SPEC §3(a)(b), §7); ``finish`` runs the fused merge's own ``_tv_row`` on the same float64
+inputs (the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ) and keeps the smaller of the two,
+which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed forms'), then E⁺ from it as the
+fused kernel does. Rows whose TV⁺ is already 0 (a single token; a row with none, zeroed by the decode) and
+flagged rows are left as they are (their tilt column stays the merge's). Tier A only: a Tier B cache (int8_dither
+with δ) is refused; a gate needs the tilt before its layer's next step, so it keeps the fused form. ``finish`` is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .epilogue import _dense3d, _edges, _epsc, scratch_per_tier, tau_bracket, tilt_chunk
+from .epilogue_jit import (
+    COARSE,
+    FP64_SLACK_C,
+    REC_COLS,
+    REC_EA,
+    REC_EPS,
+    REC_EW,
+    REC_EX,
+    REC_LAM,
+    REC_QNA,
+    REC_TILT,
+    REC_TVA,
+    REC_XI,
+    REFINE,
+    REFINE_TOP,
+    _tv_row,
+)
+from .key_levels import KEY_LEVELS
+
+
+@triton.jit
+def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
+                        NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr,
+                        NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
+    """Program ``row``: the fused merge's ``_tv_row`` on the row's deferred inputs; REC's TV⁺, E⁺ and tilt."""
+    row = tl.program_id(0)
+    r = REC + row * REC_COLS
+    tv0 = tl.load(r + REC_TVA)
+    if (tl.load(FLAG + row) == 0) & (tv0 > 0.0):  # (flagged, or already 0: a single token, a row with none)
+        k = tl.arange(0, KP)
+        ha = tl.load(HOUT + row * NB + k, mask=k < KA, other=0.0)
+        ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)  # (the fused merge's sanitising of tier A's bins)
+        edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
+        tv, _tanh, _eform, tilt, _rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS),
+                                                tl.load(r + REC_XI), tl.load(r + REC_LAM), tilt_above, tilt_hi,
+                                                SCR + row * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
+        tva = tl.minimum(tv0, tv)
+        ea = (tva * tl.load(r + REC_EW) + tl.load(r + REC_EX)) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+        ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
+        tl.store(r + REC_TVA, tva)
+        tl.store(r + REC_EA, ea)
+        tl.store(r + REC_TILT, tilt)
+
+
+@dataclasses.dataclass
+class TiltBatch:
+    """The records of up to ``layers`` decode calls of one step (each ``rows`` = B·Hq rows), their tilt
+    deferred to one ``finish`` launch. ``decode(..., tilt_batch=, tilt_layer=ℓ)`` writes layer ℓ's record
+    into ``rec[ℓ]`` (its ``MeterRecord`` is a view: ``finish`` updates it in place)."""
+
+    rec: torch.Tensor  # [L, R, REC_COLS] float64
+    hout: torch.Tensor  # [L, R, NB] float64
+    flag: torch.Tensor  # [L, R] int8
+    scr: torch.Tensor  # [L·R, scratch_per_tier(KP)] float64
+    ka: int
+
+    @classmethod
+    def allocate(cls, layers: int, rows: int, nb: int, device, ka: int = KEY_LEVELS + 2) -> "TiltBatch":
+        for name, v in (("layers", layers), ("rows", rows), ("nb", nb)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TiltBatch.allocate: {name} must be a positive int, got {v!r}")
+        if nb < ka:
+            raise ValueError(f"TiltBatch.allocate: nb {nb} < the {ka} tier-A bins")
+        f64 = dict(device=device, dtype=torch.float64)
+        kp = triton.next_power_of_2(ka)
+        batch = cls(rec=torch.zeros(layers, rows, REC_COLS.value, **f64), hout=torch.zeros(layers, rows, nb, **f64),
+                    flag=torch.ones(layers, rows, device=device, dtype=torch.int8),
+                    scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka)
+        return batch
+
+    @property
+    def layers(self) -> int:
+        return self.rec.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.rec.shape[1]
+
+    def slot(self, layer: int, rows: int, nb: int, ka: int):
+        """(rec [R, REC_COLS], hout [R, NB], flag [R]) of ``layer`` for a merge of ``rows`` rows and ``nb`` bins."""
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.layers:
+            raise ValueError(f"tilt_layer: expected an int in [0, {self.layers}), got {layer!r}")
+        if rows != self.rows or nb != self.hout.shape[-1] or ka != self.ka:
+            raise ValueError(f"tilt_batch: allocated for {self.rows} rows, {self.hout.shape[-1]} bins, KA {self.ka}; "
+                             f"this decode has {rows} rows, {nb} bins, KA {ka}")
+        return self.rec[layer], self.hout[layer], self.flag[layer]
+
+    def reset(self) -> None:
+        """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers."""
+        self.flag.fill_(1)
+
+    def finish(self, tilt_above: float = -1.0) -> None:
+        """The tilt of every written row, in one launch (no host synchronisation): TV⁺, E⁺ and the tilt column
+        of each record become the fused merge's at this ``tilt_above`` (< 0: every row's tilt in full; ≥ 0 a
+        gate's τ: the lazy refinement)."""
+        n = self.layers * self.rows
+        kp = triton.next_power_of_2(self.ka)
+        dev = self.rec.device
+        _finish_tilt_kernel[(n,)](
+            self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, *tau_bracket(tilt_above),
+            NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE,
+            EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
+        )

@@ -1,0 +1,97 @@
+"""The deferred tilt (``kernels.tilt_batch``): a step's layers decoded with ``tilt_batch=`` carry the closed
+forms' TV⁺ (sound, never below the fused merge's) until ``finish``, after which every record is the fused merge's
+at the same τ (bit for bit in the interpreter); and its misuse is refused."""
+
+import pytest
+import torch
+
+from tests.helpers.conformance import DEV, build
+from tests.helpers.sketch_case import sketch_cache
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
+
+from kernels.decode import decode  # noqa: E402
+from kernels.epilogue_jit import FP64_SLACK  # noqa: E402
+from kernels.tilt_batch import TiltBatch  # noqa: E402
+
+FIELDS = ("tv_upper_a", "out_err_upper", "eps_max", "xi", "rho", "tanh", "eform", "flag")
+
+
+def _layers(kind="plain"):
+    """Three 'layers' of one step, each with its own keys and query. "plain": int8 caches of a two-sequence batch
+    (lens 1 and 37: a single-token row), GQ 2, the group radius; "sketch": one-sequence int8 caches written by
+    the write kernel with the 2-bit sketch and channel weights (the levels' factor |σ|‖a⊙q_h‖), the last of one
+    token."""
+    out = []
+    for i, seed in enumerate((3, 4, 5)):
+        if kind == "plain":
+            cache, bt, _ = build("int8", [1, 37], 2, 64, G=1, seed=seed, outliers=seed == 4)
+            lens = [1, 37]
+        else:
+            lens = [(70, 45, 1)[i]]
+            cache, bt, *_ = sketch_cache("int8", 2, n=lens[0], seed=seed)
+        q = (torch.randn(len(lens), 4, 64, generator=torch.Generator().manual_seed(seed)) * 2.0).bfloat16().float()
+        out.append((cache, q.to(DEV), bt.to(DEV), torch.tensor(lens, device=DEV)))
+    return out
+
+
+def _same(a, b, exact):
+    if exact:
+        assert torch.equal(a.cpu(), b.cpu())
+    else:  # the GPU may fuse the E⁺ expression's multiply-add differently in the two kernels
+        torch.testing.assert_close(a.double().cpu(), b.double().cpu(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kind,tau", [("plain", -1.0), ("plain", 0.02), ("sketch", -1.0)])
+def test_finish_gives_the_fused_record(kind, tau):
+    layers = _layers(kind)
+    fused = [decode(c, q, bt, sl, num_splits=3, tilt_above=tau) for c, q, bt, sl in layers]
+    nb = fused[0].plan.hist_columns
+    rows = layers[0][1].shape[0] * 4
+    batch = TiltBatch.allocate(layers=4, rows=rows, nb=nb, device=DEV)  # one layer more than used: skipped
+    deferred = [decode(c, q, bt, sl, num_splits=3, tilt_batch=batch, tilt_layer=i)
+                for i, (c, q, bt, sl) in enumerate(layers)]
+    for f, d in zip(fused, deferred):
+        torch.testing.assert_close(d.o, f.o, rtol=0, atol=0)  # the merge itself is the same
+        pre = d.meter
+        # before finish: the closed forms, never below the fused TV⁺ (a sound bound: SPEC §3(a)(b))
+        assert torch.all(pre.tv_upper_a >= f.meter.tv_upper_a) and torch.all(pre.out_err_upper >= f.meter.out_err_upper)
+        live = pre.tv_upper_a > 0  # (the single-token row: 0)
+        e1 = torch.exp(-pre.xi)
+        closed = torch.clamp(torch.minimum(pre.tanh, pre.eform) + (1 - e1) / (1 + e1) + pre.rho + FP64_SLACK, max=1.0)
+        torch.testing.assert_close(pre.tv_upper_a[live], closed[live], rtol=1e-12, atol=0)
+        assert torch.all(pre.tilt[live] == 1.0)  # no tilt yet
+    # the tilt tightens some row here (the finish below then has work to do)
+    assert any(bool((d.meter.tv_upper_a > f.meter.tv_upper_a).any()) for f, d in zip(fused, deferred))
+    untouched = batch.rec[3].clone()
+    batch.finish(tilt_above=tau)
+    exact = DEV == "cpu"
+    for f, d in zip(fused, deferred):
+        for name in FIELDS:
+            _same(getattr(d.meter, name), getattr(f.meter, name), exact)
+        live = f.meter.tv_upper_a > 0  # single-token rows: TV⁺ 0 either way, their tilt not recomputed
+        _same(d.meter.tilt[live], f.meter.tilt[live], exact)
+    assert torch.all(deferred[0 if kind == "plain" else 2].meter.tv_upper_a[0] == 0)  # a single-token row
+    assert torch.equal(batch.rec[3], untouched)  # an unwritten layer is skipped
+    again = batch.rec.clone()
+    batch.finish(tilt_above=tau)  # idempotent
+    assert torch.equal(batch.rec, again)
+
+
+def test_misuse_is_refused():
+    c, q, bt, sl = _layers()[0]
+    out = decode(c, q, bt, sl, num_splits=2)
+    nb = out.plan.hist_columns
+    batch = TiltBatch.allocate(layers=2, rows=8, nb=nb, device=DEV)
+    with pytest.raises(ValueError, match="tilt_layer"):
+        decode(c, q, bt, sl, num_splits=2, tilt_batch=batch, tilt_layer=2)
+    with pytest.raises(ValueError, match="allocated for 16 rows"):
+        decode(c, q, bt, sl, num_splits=2, tilt_batch=TiltBatch.allocate(layers=1, rows=16, nb=nb, device=DEV))
+    with pytest.raises(ValueError, match="tier-A tilt"):
+        decode(c, q, bt, sl, num_splits=2, epilogue=False, tilt_batch=batch)
+    dith, btd, _ = build("int8_dither", [5, 9], 2, 64, G=1, seed=1)
+    with pytest.raises(ValueError, match="no Tier B"):
+        decode(dith, q, btd.to(DEV), torch.tensor([5, 9], device=DEV), num_splits=2, delta_step=1e-6, tilt_batch=batch)
+    for bad in (dict(layers=0, rows=8, nb=nb), dict(layers=1, rows=8, nb=4), dict(layers=1.0, rows=8, nb=nb)):
+        with pytest.raises(ValueError, match="TiltBatch.allocate"):
+            TiltBatch.allocate(device=DEV, **bad)
