@@ -19,6 +19,8 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import math
+import warnings
 
 import pytest
 import torch
@@ -334,14 +336,16 @@ def test_record_step_makes_no_host_sync(monkeypatch):
     write(pool, 0, torch.arange(12, 14), *kv(2, 5), k_scale=0.25, v_scale=0.25)
     assert side.bad[12:14].all() and not side.bad[:12].any()
     assert ws.STATE.unmetered_counts()["write: k_scale/v_scale differ from the buffer's earlier writes"] == 1
-    # the recorder's fallback too (it runs inside a capture when a recorded write fails): out-of-range and
-    # negative slots go to the trash row, the others are marked, nothing else is
+    # the recorder's fallback too (it runs inside a capture when a recorded write fails): out-of-range slots
+    # go to the trash row, the others are marked (a negative one from the end), nothing else is
     from witcert.integrations.sglang_pool import mark_unmetered
 
     slots = torch.tensor([14, -1, 10**9, 15])
     side.bad[14:16] = False
+    side.bad[-1] = False
     want = side.bad.clone()
     want[14:16] = True
+    want[-1] = True  # -1: the pool's last row, as torch indexing (SGLang's load_cpu_copy) reads it
     with _NoHostSync():
         mark_unmetered(side, slots)
     assert torch.equal(side.bad, want)  # (not the fallback that marks the whole side)
@@ -350,6 +354,89 @@ def test_record_step_makes_no_host_sync(monkeypatch):
     assert (recs[-1][1].tv_upper_a < 1).all()
     decode(pool.k_buffer[0], pool.v_buffer[0], q, [list(range(12))], ks=0.25, vs=0.25)  # not the witnesses' scales
     assert (recs[-1][1].tv_upper_a == 1).all() and recs[-1][1].flag.all()
+
+
+# ---------------------------------------------------------------- review of 2026-12-05: slot forms, uninstall
+
+
+def test_a_negative_slot_is_the_pools_last_row():
+    """A negative slot is the pool's row from the end, as SGLang's write (torch indexing) reads it. Before the
+    fix the recorder stored its witness in the side's trash row past the pool and the last slot kept a stale
+    (zero) one: realised TV 0.0097 against TV⁺ 0.00021 (review, 2026-12-05)."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    last = pool.k_buffer[0].shape[0] - 1
+    loc = torch.tensor([last - 3, last - 2, last - 1, last])
+    write(pool, 0, loc, *kv(4, 2, exact=True), ex)  # exact in fp8: witnesses 0
+    k, v = kv(1, 1)  # lossy
+    write(pool, 0, torch.tensor([-1]), k, v)
+    ex.write(torch.tensor([last]), k)
+    q = query(3, 1, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [loc.tolist()])
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, [loc.tolist()])
+    assert tv.max() > 1e-3 and (tv <= tvp).all(), (tv.max().item(), tvp.min().item())
+    assert (tvp < 1).all() and not ws.STATE.unmetered  # metered: the witness is at the written row
+
+
+@pytest.mark.parametrize("dt", [torch.bool, torch.uint8])
+def test_a_mask_given_as_slots_leaves_the_side_unmetered(dt):
+    """A bool / uint8 mask as the write's ``loc`` selects slots in SGLang's write; read as slot numbers 0 / 1 it
+    left the slots it wrote metered with stale witnesses: realised TV 0.0093 against TV⁺ 0.00021 (review,
+    2026-12-05). The recorder refuses it and its fallback marks the whole side."""
+    pool, ex = mha(), Exact()
+    recs = install()
+    loc = torch.arange(5, 13)
+    write(pool, 0, loc, *kv(8, 2, exact=True), ex)
+    mask = torch.zeros(pool.k_buffer[0].shape[0], dtype=dt)
+    mask[loc] = 1
+    k, v = kv(8, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's uint8-index deprecation)
+        write(pool, 0, mask, k, v)
+    ex.write(loc, k)
+    assert any("slot indices" in w for w in ws.STATE.unmetered), dict(ws.STATE.unmetered)
+    q = query(3, 1, scale=1.0)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, [loc.tolist()])
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, [loc.tolist()])
+    assert tv.max() > 1e-3 and (tvp == 1).all()
+
+
+def test_uninstall_leaves_a_decode_bound_earlier_unmetered():
+    """SGLang's attention backend binds ``decode_attention_fwd`` once; after ``uninstall`` its bound (patched)
+    function still meters with the sides, whose witnesses no recorder updates any more: realised TV 0.0093
+    against TV⁺ 0.00021 (review, 2026-12-05). Now ``uninstall`` marks every side's slots unmetered."""
+    import tests.helpers.sglang_pool as H
+
+    pool, ex = mha(), Exact()
+    recs = install()
+    bound = H.SGL.decode_attention_fwd  # what the backend holds
+    loc = torch.arange(4, 12)
+    write(pool, 0, loc, *kv(8, 2, exact=True), ex)
+    ws.uninstall()
+    write(pool, 0, loc, *kv(8, 1), ex)  # SGLang's own write: not recorded
+    q = query(3, 1, scale=1.0)
+    o, lg, lse = torch.zeros(1, HQ, D, dtype=q.dtype), torch.zeros(1, HQ, 2, D), torch.zeros(1, HQ, 2)
+    bound(q, pool.k_buffer[0], pool.v_buffer[0], o, torch.tensor([0, 8], dtype=torch.int32), loc.int(), lg, lse,
+          torch.full((1,), 2, dtype=torch.int32), 2, 1 / math.sqrt(D), 1.0, 1.0)
+    tv, tvp = check(recs, q, pool.k_buffer[0], ex, [loc.tolist()])
+    assert tv.max() > 1e-3 and (tvp == 1).all()
+
+
+def test_our_schemes_record_step_makes_no_host_sync():
+    """``install(scheme="int8")``: the record step also writes our own codes (``kernels.write.write_kv``), whose
+    range checks read device tensors on the host (three syncs per write, review 2026-12-05): called with
+    ``validate=False`` it is device operations only, as the module doc says of the record step."""
+    pool = mha()
+    ws.install(force=True, bare=True, on_record=lambda *a: None, scheme="int8")
+    write(pool, 0, torch.arange(0, 8), *kv(8, 2))  # the first write: allocates the side
+    k, v = kv(8, 3)
+    loc = torch.arange(0, 8)
+    MP.MHATokenToKVPool.set_kv_buffer.__wrapped__(pool, _Layer(0), loc, k.clone(), v.clone())
+    side = ws.side_of(pool.k_buffer[0])
+    before = side.ours.k_codes.clone()
+    with _NoHostSync():
+        ws.record_write(pool.k_buffer[0], pool.v_buffer[0], 0, loc, k, v, None, None, pool.dtype)
+    assert not torch.equal(side.ours.k_codes, before) and not side.bad[:8].any()
 
 
 def _two_rows_decoded():

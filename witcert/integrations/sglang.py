@@ -106,6 +106,7 @@ from witcert.integrations.sglang_pool import (
     POOL_WRAPPERS,
     mark_unmetered,
     sides_of,
+    slot_indices,
     wrap_alloc,
     wrap_host_load,
 )
@@ -279,7 +280,9 @@ def static_records(batch_size: int) -> list:
 
 
 def uninstall():
-    """Hand pending trace records to the sink (``flush``), then restore SGLang's originals."""
+    """Hand pending trace records to the sink (``flush``), then restore SGLang's originals. Every recorded
+    buffer's slots become unmetered: SGLang's writes are no longer recorded, and a decode bound earlier (a
+    backend that kept the patched function, a captured graph) still meters with these sides."""
     try:
         if _ORIGINALS:
             flush()
@@ -287,6 +290,8 @@ def uninstall():
         for owner, name, fn in _ORIGINALS.values():
             setattr(owner, name, fn)
         _ORIGINALS.clear()
+        for side in STATE.layers.values():
+            side.bad.fill_(True)
 
 
 def installed() -> bool:
@@ -346,7 +351,7 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
     side): no host synchronisation, so SGLang's CUDA graphs can capture it."""
     dtype = dtype or k_buffer.dtype
     side = _side_for(k_buffer, layer_id, dtype)
-    loc = loc.long()
+    loc = slot_indices(loc, side.trash)  # a negative slot is the pool's row from the end, as SGLang's write reads it
     dst = loc if sel is None else torch.where(sel, loc, side.trash)  # where each row's witnesses go
     kb, vb = _as_logical(k_buffer, dtype), _as_logical(v_buffer, dtype)
     dev = side.bad.device
@@ -376,7 +381,8 @@ def record_write(k_buffer, v_buffer, layer_id, loc, k_exact, v_exact, k_scale=No
         # the exact K/V as SGLang gave them (write_kv meters against these, in any float dtype)
         write_kv(side.ours, k_exact, v_exact,
                  dst.to(torch.int32)[:, None], torch.arange(n, device=loc.device),
-                 torch.zeros(n, dtype=torch.long, device=loc.device))
+                 torch.zeros(n, dtype=torch.long, device=loc.device),
+                 validate=False)  # (no host sync; the slots are the pool's, read above, or the trash row)
     # a decode meters one scale per buffer: a write with other scales stays unmetered (counted on the device)
     differ = (scales != side.scale_t).any()
     bad[dst] = differ

@@ -162,16 +162,29 @@ def mark_device_slots(pool, slots):
                 mark_unmetered(side, sub_slots)
 
 
+def slot_indices(slots: torch.Tensor, size: int) -> torch.Tensor:
+    """``slots`` (int32 / int64 slot indices of a pool of ``size`` rows) as int64, a negative one counted from the
+    end as torch indexing (and so SGLang's write) reads it: -1 is row ``size`` − 1, not a side's trash row past the
+    pool. A mask or any other dtype is refused (ValueError): read as slot numbers 0 / 1 it would leave the slots
+    it selects metered with stale witnesses (review, 2026-12-05). No host synchronisation."""
+    if slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot indices: expected an int32 / int64 tensor, got {slots.dtype}")
+    s = slots.long()
+    return torch.where(s < 0, s + size, s)
+
+
 def mark_unmetered(side, slots=None):
-    """Slots (any int tensor; negative entries ignored) of ``side`` unmetered; all of them when
-    ``slots`` is None or cannot be used. Never raises: the last resort is the whole side."""
+    """Slots (an int tensor or a sequence of ints; negative ones counted from the end, as torch indexing reads
+    them) of ``side`` unmetered; all of them when ``slots`` is None or cannot be used (a mask, another dtype).
+    Never raises: the last resort is the whole side."""
     try:
         if slots is None:
             side.bad.fill_(True)
             return
-        s = (slots if isinstance(slots, torch.Tensor) else torch.as_tensor(slots)).reshape(-1).to(side.bad.device).long()
+        s = slots if isinstance(slots, torch.Tensor) else torch.as_tensor(slots, dtype=torch.int64)
+        s = slot_indices(s.reshape(-1).to(side.bad.device), side.trash)
         # no boolean-mask indexing (a host sync) and no scalar index_put (a host copy): a CUDA graph captures this;
-        # slots out of range go to the trash row past the pool (``LayerSide.rows``: ``bad`` is a view without it)
+        # slots still out of range go to the trash row past the pool (``LayerSide.rows``: ``bad`` is a view without it)
         s = torch.where((s >= 0) & (s < side.bad.shape[0]), s, side.trash)
         side.rows[4].index_fill_(0, s, True)
     except Exception:
