@@ -62,6 +62,7 @@ from .cache_args import (
     check_backend,
     check_compress_layers,
     check_cuda_graph,
+    check_defer_tilt,
     check_host_pool,
     check_request_args,
     check_seed,
@@ -147,6 +148,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         trace=None,
         compress_layers=None,
         cuda_graph: bool = False,
+        defer_tilt: bool = False,
         sketch_bits: int | None = None,
         window="default",
         weights=None,
@@ -198,6 +200,10 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         check_cuda_graph(cuda_graph, backend=backend, scheme=scheme, gate=gate, delta_req=delta_req, audit=audit,
                          compress_layers=compress_layers, meter=self.meter)
         self.cuda_graph = cuda_graph
+        # defer_tilt: a graphed step's meter records take their tilt in one launch for every layer at the step's end
+        # (kernels.tilt_batch; the same records; opt-in until bench/tilt_batch_probe.py has timed it on a GPU)
+        check_defer_tilt(defer_tilt, cuda_graph)
+        self.defer_tilt = defer_tilt
         # host_pool: where the exact store's host memory comes from (witcert.hostpool): None, the process-wide
         # pinned HostPool on CUDA (plain per-store memory elsewhere); a HostPool; False, per-store pinned
         # allocation as before the pool. host_cost: what the current request cost the host (summary()["host"])

@@ -180,6 +180,16 @@ def check_cuda_graph(cuda_graph, *, backend, scheme: str, gate, delta_req, audit
             raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
 
 
+def check_defer_tilt(defer_tilt, cuda_graph: bool) -> None:
+    """``defer_tilt``: a bool; True only with ``cuda_graph=True`` (the step's end, where one launch finishes every
+    layer's tilt, is the captured step's; ``kernels.tilt_batch``)."""
+    if not isinstance(defer_tilt, bool):
+        raise ValueError(f"defer_tilt: expected True or False, got {defer_tilt!r}")
+    if defer_tilt and not cuda_graph:
+        raise ValueError("defer_tilt=True: graphed decode steps only (pass cuda_graph=True); the eager kernel path "
+                         "runs each layer's tilt in its own merge")
+
+
 def check_host_pool(host_pool) -> None:
     """``host_pool``: None, False or a ``HostPool``."""
     if host_pool is not None and host_pool is not False and not isinstance(host_pool, HostPool):

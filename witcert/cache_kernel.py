@@ -162,11 +162,13 @@ class KernelPath:
         from kernels.decode import decode
 
         st = self._static
+        defer = dict(tilt_batch=st.tilt, tilt_layer=layer.layer_idx) if st.tilt is not None else {}
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
                      validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above,
-                     window=layer.win)
-        r = out.meter
-        st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
+                     window=layer.win, **defer)
+        if st.tilt is None:  # (deferred: the step's end copies every layer's columns, witcert.graphs._finish_records)
+            r = out.meter
+            st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
         return out.o[:, None].to(dtype), None
 
     def _kernel_served(self, layer, q1, token_mask, sm, rows=None):

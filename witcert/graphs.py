@@ -75,6 +75,7 @@ class StaticStep:
     stage: torch.Tensor  # [L, 2, B, Hkv, D] model dtype: the new K / V for the exact store
     rec: torch.Tensor  # [L, 6, B, Hq] float64: the meter record columns
     inputs: dict  # name → static input tensor (input_ids, position_ids, cache_position)
+    tilt: object = None  # kernels.tilt_batch.TiltBatch (``defer_tilt``): the layers' records, finished at the end
 
     def fill(self, n0: int, layer) -> None:
         """Set the device positions from the host's length (a new capture, a crop); the slots are
@@ -113,8 +114,9 @@ def _key(cache, B, kwargs, has_mask, orig):
     layers = _layers(cache)
     sig = tuple(sorted((k, tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else (k, repr(v))
                        for k, v in kwargs.items() if k not in ("past_key_values", "attention_mask")))
-    # tilt_above is read when the step is captured (the merge's argument): a change takes a new capture
-    return (id(orig), B, has_mask, cache.tilt_above, sig,
+    # tilt_above and defer_tilt are read when the step is captured (the merge's arguments): a change takes a new
+    # capture
+    return (id(orig), B, has_mask, cache.tilt_above, cache.defer_tilt, sig,
             tuple((id(layer.paged), id(layer.block_table)) for layer in layers))
 
 
@@ -255,16 +257,22 @@ def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
     mask = torch.ones(B, capacity, dtype=torch.bool, device=dev)
     if am is not None:
         mask[:, : n0 + 1].copy_(am.bool())
+    plan = plan_decode(layer.paged, B, cache.num_q_heads, layer.dtype, dev, capacity)
     st = StaticStep(
         n0=n0, seq=torch.arange(B, device=dev), pos=torch.empty(B, dtype=torch.int32, device=dev),
         slots=torch.empty(B, dtype=torch.int64, device=dev), lens=torch.empty(B, dtype=torch.int32, device=dev),
         mask=mask, has_mask=has_mask,
-        splits=plan_decode(layer.paged, B, cache.num_q_heads, layer.dtype, dev, capacity).num_splits,
+        splits=plan.num_splits,
         stage=torch.zeros(len(cache.layers), 2, B, cache.num_kv_heads, cache.head_dim, dtype=layer.dtype, device=dev),
         rec=torch.zeros(len(cache.layers), len(GraphedRecords.FIELDS), B, cache.num_q_heads, dtype=torch.float64,
                         device=dev),
         inputs={k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
     )
+    if cache.defer_tilt:
+        from kernels.tilt_batch import TiltBatch
+
+        st.tilt = TiltBatch.allocate(layers=len(cache.layers), rows=B * cache.num_q_heads, nb=plan.hist_columns,
+                                     device=dev)
     st.fill(n0, layer)
     log.info("WitCertCache(cuda_graph=True): capturing the decode step (batch %d, capacity %d tokens, %d splits, "
              "padding mask %s)", B, capacity, st.splits, has_mask)
@@ -288,8 +296,22 @@ def _run(orig, cache, st: StaticStep, kwargs):
         out = orig(**kw)
     finally:
         cache._static = None
+    if st.tilt is not None:  # every layer's tilt in one launch, then their record columns (kernels.tilt_batch)
+        _finish_records(cache, st)
     _advance(st)
     return out
+
+
+def _finish_records(cache, st: StaticStep) -> None:
+    """``defer_tilt``: the step's tilt for every layer (one launch), then ``st.rec``'s columns from the batch."""
+    from kernels.epilogue_jit import REC_EA, REC_EFORM, REC_TANH, REC_TILT, REC_TVA
+
+    st.tilt.finish(tilt_above=cache.tilt_above)
+    L, _, B, Hq = st.rec.shape
+    col = {"tv_upper_a": REC_TVA, "out_err_upper": REC_EA, "tanh": REC_TANH, "eform": REC_EFORM, "tilt": REC_TILT}
+    for i, f in enumerate(GraphedRecords.FIELDS):
+        src = st.tilt.flag.to(torch.float64) if f == "flag" else st.tilt.rec[:, :, col[f].value]
+        st.rec[:, i].copy_(src.view(L, B, Hq))
 
 
 def _capture(orig, cache, st, kwargs):

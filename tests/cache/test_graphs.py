@@ -79,6 +79,38 @@ def test_graphed_steps_match_the_kernel_path(scheme, window):
     assert s["steps"] == 4 and np.all(np.asarray(s["max_tv_a"]) > 0)
 
 
+@pytest.mark.parametrize("tau", [None, 0.05])
+def test_deferred_tilt_gives_the_graphed_records(monkeypatch, tau):
+    """``defer_tilt=True``: the graphed step's merges skip the tilt and one launch at the step's end finishes
+    every layer's (kernels.tilt_batch): the same tokens and the same records as the graphed step with the tilt
+    in each layer's merge (the fused Triton merge on both, bit for bit in the interpreter), a left-padded row
+    included; and it is refused off the graphed path."""
+    import kernels.decode as Dk
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")  # (both caches run the fused merge kernel)
+    model = tiny_llama()
+    ids = _ids(2, 20, seed=7)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    kw = dict(scheme="int8", backend="kernel", seed=3, max_tokens=32, cuda_graph=True, tilt_above=tau)
+    ref = WitCertCache(model.config, **kw)
+    dt = WitCertCache(model.config, defer_tilt=True, **kw)
+    t_ref = _gen(model, ref, ids, mask, new=3)
+    t_dt = _gen(model, dt, ids, mask, new=3)
+    assert dt._graph is not None and dt._graph.st.tilt is not None and ref._graph.st.tilt is None
+    assert torch.equal(t_ref, t_dt)
+    a, b = ref.records, dt.records
+    _same_records(a, b, exact=DEV == "cpu")
+    for x, y in zip(a, b):
+        assert np.array_equal(x.parts_pre[2], y.parts_pre[2]) or DEV != "cpu"  # the tilt column
+    if tau is None:  # (every row's tilt: the finish launch did tilt rows; at τ 0.05 the closed forms settle these)
+        assert any((x.parts_pre[2] < 1).any() for x in b)
+    with pytest.raises(ValueError, match="defer_tilt=True: graphed decode steps only"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", defer_tilt=True)
+    with pytest.raises(ValueError, match="defer_tilt: expected True or False"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", cuda_graph=True, defer_tilt=1)
+
+
 def test_graphed_steps_with_left_padding_and_growth():
     """A left-padded batch (the padding mask is read by the kernel from the static buffer) whose
     cache grows during decoding (a new capture at the new capacity): tokens as the kernel path."""
