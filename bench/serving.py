@@ -225,6 +225,8 @@ def _parse_args(argv):
     ap.add_argument("--no-warm", action="store_true",
                     help="skip each configuration's warm-up run (long prompts: a prefill each; the median step is robust "
                          "to the first step's compiles and capture)")
+    ap.add_argument("--defer-tilt", action="store_true",
+                    help="the graphed int8 column with defer_tilt=True (every layer's tilt in one launch a step)")
     ap.add_argument("--stock-graphed", action="store_true",
                     help="add stock with a StaticCache, its decode step CUDA-graph replayed (CUDA only)")
     return ap.parse_args(argv)
@@ -234,7 +236,8 @@ def _print_header(args, device, dtype):
     """The run's description and the table's head; returns the gated and the graphed column titles ('' when off)."""
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
     print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, median decode step over "
-          f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}")
+          f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}"
+          + ("; graphed int8 with defer_tilt=True" if args.defer_tilt else ""))
     gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
         if args.gated else ""
     graphed_cols = " | stock graphed ms | int8 graphed / stock graphed" if args.stock_graphed and device == "cuda" else ""
@@ -263,7 +266,8 @@ def _configs(args, cfg, n):
         ("fp8", "witcert", lambda: WitCertCache(cfg, scheme="fp8_e4m3", backend="kernel", max_tokens=n + 64,
                                                 tilt_above=tau)),
         ("int8_graph", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel",
-                                                       max_tokens=n + 64, tilt_above=tau, cuda_graph=True)),
+                                                       max_tokens=n + 64, tilt_above=tau, cuda_graph=True,
+                                                       defer_tilt=args.defer_tilt)),
         ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
         ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
     )
