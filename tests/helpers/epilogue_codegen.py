@@ -1,5 +1,5 @@
-"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``) for sm_90 on the CPU, without a GPU:
-``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
+"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``)
+for sm_90 on the CPU, without a GPU: ``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
 ``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run without ``TRITON_INTERPRET`` (under it a
 jitted function is an interpreter object). The constants are the GPU's: ``DENSE3D`` off (``epilogue._dense3d``),
 the tilt's grid and chunk from the modules, the merge's from an int8 metered decode (D 128, 4 splits, GQ 4,
