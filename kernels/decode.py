@@ -179,7 +179,7 @@ def decode(
     window: ExactWindow | None = None,
     plan: DecodePlan | None = None,
     tilt_batch=None,
-    tilt_layer: int = 0,
+    tilt_layer: int | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -207,6 +207,12 @@ def decode(
     c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``): the
     record is written to its layer ``tilt_layer`` with the tilt deferred to ``tilt_batch.finish`` (one launch
     for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device."""
+    if tilt_batch is not None:
+        from .tilt_batch import TiltBatch
+
+        if not isinstance(tilt_batch, TiltBatch) or tilt_layer is None:
+            raise ValueError("tilt_batch: expected a kernels.tilt_batch.TiltBatch and tilt_layer, this decode's "
+                             f"layer in it (got {type(tilt_batch).__name__}, tilt_layer={tilt_layer!r})")
     seq_lens, kv_indptr = _check_inputs(cache, q, block_table, seq_lens, kv_indptr, delta_step, validate)
     csr = kv_indptr is not None
     Bsz, Hq, D = q.shape
@@ -458,7 +464,7 @@ def _merge_constants(cache: PagedKV, plan: DecodePlan, pages: int, sm: float, de
 
 
 def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, consts: MergeConstants,
-           epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int = 0):
+           epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int | None = None):
     """The split-KV merge and, with the meter and ``epilogue``, the meter record: (o, lse, record or None)."""
     if tilt_batch is not None:  # (the torch twin has no deferred form: the kernel, on any device)
         return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl,

@@ -20,15 +20,20 @@ Soundness: until ``finish`` each record's TV⁺ is the closed forms' min(tanh, e
 itself a sound bound (SPEC §3(a)(b), §7); ``finish`` runs the fused merge's own ``_tv_row`` on the same float64
 inputs (the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ) and keeps the smaller of the two,
 which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed forms'), then E⁺ from it as the
-fused kernel does. Rows whose TV⁺ is already 0 (a single token; a row with none, zeroed by the decode) and
-flagged rows are left as they are (their tilt column stays the merge's). Tier A only: a Tier B cache (int8_dither
-with δ) is refused; a gate needs the tilt before its layer's next step, so it keeps the fused form. ``finish`` is
-idempotent.
+fused kernel does (rows whose TV⁺ is already 0 — a single token, a row with none zeroed by the decode — keep
+TV⁺ and E⁺ and take the tilt column; flagged rows are left as they are). Tier A only: a Tier B cache
+(int8_dither with δ) is refused; a gate needs the tilt before its layer's next step, so it keeps the fused form.
+``finish`` keeps the smaller of the stored and the new TV⁺ and tilt: idempotent, and a second finish at another τ
+leaves a consistent record (the smaller τ's). A layer's slot takes one write between finishes (``slot`` refuses a
+second: two layers decoded into one slot would leave the first's records reading the second's). The records are
+views into the batch: valid until their slot is written again (the next step), as a graph's static records.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import operator
 
 import torch
 import triton
@@ -63,7 +68,7 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
     row = tl.program_id(0)
     r = REC + row * REC_COLS
     tv0 = tl.load(r + REC_TVA)
-    if (tl.load(FLAG + row) == 0) & (tv0 > 0.0):  # (flagged, or already 0: a single token, a row with none)
+    if tl.load(FLAG + row) == 0:
         k = tl.arange(0, KP)
         ha = tl.load(HOUT + row * NB + k, mask=k < KA, other=0.0)
         ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)  # (the fused merge's sanitising of tier A's bins)
@@ -71,12 +76,15 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
         tv, _tanh, _eform, tilt, _rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS),
                                                 tl.load(r + REC_XI), tl.load(r + REC_LAM), tilt_above, tilt_hi,
                                                 SCR + row * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
-        tva = tl.minimum(tv0, tv)
-        ea = (tva * tl.load(r + REC_EW) + tl.load(r + REC_EX)) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
-        ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
-        tl.store(r + REC_TVA, tva)
-        tl.store(r + REC_EA, ea)
-        tl.store(r + REC_TILT, tilt)
+        # the smaller of the two sound values, for the tilt column as for TV⁺: a second finish (any τ) leaves a
+        # consistent record (a lazier τ's tilt is ≥ the full one's)
+        tl.store(r + REC_TILT, tl.minimum(tl.load(r + REC_TILT), tilt))
+        if tv0 > 0.0:  # (0: a single token, or a row with none zeroed by the decode: TV⁺ and E⁺ stay)
+            tva = tl.minimum(tv0, tv)
+            ea = (tva * tl.load(r + REC_EW) + tl.load(r + REC_EX)) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+            ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
+            tl.store(r + REC_TVA, tva)
+            tl.store(r + REC_EA, ea)
 
 
 @dataclasses.dataclass
@@ -90,6 +98,7 @@ class TiltBatch:
     flag: torch.Tensor  # [L, R] int8
     scr: torch.Tensor  # [L·R, scratch_per_tier(KP)] float64
     ka: int
+    written: set = dataclasses.field(default_factory=set)  # the layers written since the last finish / reset
 
     @classmethod
     def allocate(cls, layers: int, rows: int, nb: int, device, ka: int = KEY_LEVELS + 2) -> "TiltBatch":
@@ -114,22 +123,35 @@ class TiltBatch:
         return self.rec.shape[1]
 
     def slot(self, layer: int, rows: int, nb: int, ka: int):
-        """(rec [R, REC_COLS], hout [R, NB], flag [R]) of ``layer`` for a merge of ``rows`` rows and ``nb`` bins."""
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.layers:
+        """(rec [R, REC_COLS], hout [R, NB], flag [R]) of ``layer`` for a merge of ``rows`` rows and ``nb`` bins;
+        refused when the layer was written since the last ``finish`` / ``reset``."""
+        try:
+            i = operator.index(layer) if not isinstance(layer, bool) else None
+        except TypeError:
+            i = None
+        if i is None or not 0 <= i < self.layers:
             raise ValueError(f"tilt_layer: expected an int in [0, {self.layers}), got {layer!r}")
         if rows != self.rows or nb != self.hout.shape[-1] or ka != self.ka:
             raise ValueError(f"tilt_batch: allocated for {self.rows} rows, {self.hout.shape[-1]} bins, KA {self.ka}; "
                              f"this decode has {rows} rows, {nb} bins, KA {ka}")
-        return self.rec[layer], self.hout[layer], self.flag[layer]
+        if i in self.written:
+            raise ValueError(f"tilt_layer {i}: already written since the last finish() (one decode per layer and "
+                             "step: another would overwrite the records the first returned)")
+        self.written.add(i)
+        return self.rec[i], self.hout[i], self.flag[i]
 
     def reset(self) -> None:
-        """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers."""
+        """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers. The
+        flag view of a record already handed out then reads True (conservative)."""
         self.flag.fill_(1)
+        self.written.clear()
 
     def finish(self, tilt_above: float = -1.0) -> None:
         """The tilt of every written row, in one launch (no host synchronisation): TV⁺, E⁺ and the tilt column
         of each record become the fused merge's at this ``tilt_above`` (< 0: every row's tilt in full; ≥ 0 a
-        gate's τ: the lazy refinement)."""
+        gate's τ: the lazy refinement; NaN or +inf: none, the closed forms stay)."""
+        if isinstance(tilt_above, bool) or not isinstance(tilt_above, numbers.Real):
+            raise ValueError(f"tilt_above: expected a real number, got {tilt_above!r}")
         n = self.layers * self.rows
         kp = triton.next_power_of_2(self.ka)
         dev = self.rec.device
@@ -138,3 +160,4 @@ class TiltBatch:
             NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE,
             EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
         )
+        self.written.clear()

@@ -292,6 +292,8 @@ def _run(orig, cache, st: StaticStep, kwargs):
     kw.update(st.inputs)
     kw["attention_mask"] = None
     cache._static = st
+    if st.tilt is not None:  # a new step writes every layer's slot (an earlier step cut short left some marked)
+        st.tilt.written.clear()
     try:
         out = orig(**kw)
     finally:
