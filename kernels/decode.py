@@ -466,11 +466,8 @@ def _merge_constants(cache: PagedKV, plan: DecodePlan, pages: int, sm: float, de
 def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, consts: MergeConstants,
            epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int | None = None):
     """The split-KV merge and, with the meter and ``epilogue``, the meter record: (o, lse, record or None)."""
-    if tilt_batch is not None:  # (the torch twin has no deferred form: the kernel, on any device)
-        return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl,
-                     consts, epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch,
-                     tilt_layer=tilt_layer)
-    if q.device.type != "cuda" and MERGE_OFF_GPU == "torch":
+    # (the torch twin has no deferred form: with a tilt_batch the kernel runs on any device)
+    if q.device.type != "cuda" and MERGE_OFF_GPU == "torch" and tilt_batch is None:
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the
         # same function, pinned to the kernel by test_fused_merge_matches_torch_merge) serves
         # instead; the conformance suites set MERGE_OFF_GPU = "kernel" and run the kernel itself
@@ -481,7 +478,7 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
         return merge_torch(ws.m, ws.l, ws.acc, ws.hist if with_rec else None, ws.stat if with_rec else None, q, sl,
                            consts)
     return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl, consts,
-                 epilogue=plan.meter and epilogue, tilt_above=tilt_above)
+                 epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer)
 
 
 def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, kv_indptr: torch.Tensor | None, sl: torch.Tensor,

@@ -127,6 +127,12 @@ def _dense3d(dev) -> bool:
     return (torch.device(dev).type != "cuda") if DENSE3D_OVERRIDE is None else DENSE3D_OVERRIDE
 
 
+#: the MeterRecord fields of the fused merge's record columns that every record has (tier A's; the Tier B ones
+#: only with Tier B): the one place a field is tied to its column (``merge``, ``witcert.graphs``)
+RECORD_COLUMNS = {"tv_upper_a": REC_TVA, "out_err_upper": REC_EA, "eps_max": REC_EPS, "tanh": REC_TANH,
+                  "eform": REC_EFORM, "tilt": REC_TILT, "xi": REC_XI, "rho": REC_RHO}
+
+
 #: a bench's forced chunk (bench/tilt_cost.py); None: TILT_CHUNK
 TILT_CHUNK_OVERRIDE: int | None = None
 
@@ -347,12 +353,11 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     if meter and epilogue:
         col = lambda k: rec[:, k.value].view(Bsz, Hq)  # noqa: E731
         record = MeterRecord(
-            tv_upper_a=col(REC_TVA), tv_upper_b=col(REC_TVB) if c.tier_b else None,
-            out_err_upper=col(REC_EA), out_err_upper_b=col(REC_EB) if c.tier_b else None,
-            eps_max=col(REC_EPS), tb_max=col(REC_TB) if c.tier_b else None,
+            **{f: col(k) for f, k in RECORD_COLUMNS.items()},
+            tv_upper_b=col(REC_TVB) if c.tier_b else None, out_err_upper_b=col(REC_EB) if c.tier_b else None,
+            tb_max=col(REC_TB) if c.tier_b else None,
             hist=hout[..., : c.KA], hist_b=hout[..., c.KA : 2 * c.KA] if c.tier_b else None,
-            tanh=col(REC_TANH), eform=col(REC_EFORM), tilt=col(REC_TILT), flag=flag.view(torch.bool).view(Bsz, Hq),
-            xi=col(REC_XI), rho=col(REC_RHO),
+            flag=flag.view(torch.bool).view(Bsz, Hq),
         )
     return o, lse, record
 

@@ -306,13 +306,12 @@ def _run(orig, cache, st: StaticStep, kwargs):
 
 def _finish_records(cache, st: StaticStep) -> None:
     """``defer_tilt``: the step's tilt for every layer (one launch), then ``st.rec``'s columns from the batch."""
-    from kernels.epilogue_jit import REC_EA, REC_EFORM, REC_TANH, REC_TILT, REC_TVA
+    from kernels.epilogue import RECORD_COLUMNS
 
     st.tilt.finish(tilt_above=cache.tilt_above)
     L, _, B, Hq = st.rec.shape
-    col = {"tv_upper_a": REC_TVA, "out_err_upper": REC_EA, "tanh": REC_TANH, "eform": REC_EFORM, "tilt": REC_TILT}
     for i, f in enumerate(GraphedRecords.FIELDS):
-        src = st.tilt.flag.to(torch.float64) if f == "flag" else st.tilt.rec[:, :, col[f].value]
+        src = st.tilt.flag.to(torch.float64) if f == "flag" else st.tilt.rec[:, :, RECORD_COLUMNS[f].value]
         st.rec[:, i].copy_(src.view(L, B, Hq))
 
 
