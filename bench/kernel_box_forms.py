@@ -21,6 +21,10 @@ run's decode steps (its 1,080 (prompt, step, layer, head) rows at the defaults):
     two_point         per shared √2 level of W_j, the centres replaced by the two-point distribution on their
                       exact range within the level with the same mass and mean of e^{−c} (Edmundson–Madansky:
                       sound, from per-level sums Σ p̂, Σ p̂ e^{−c} and a per-level range)
+    sv_sqrt2 / sv_q / sv_exact   a different served cache: the keys served sketch-corrected (k̂ + r̃, so the
+                      served distribution is p̃), its box symmetric about 0 with the key-side radius c_h W_j
+                      (levels √2, 2^(1/4), exact); these forms' ratios are against TV(p̃, p) (``sv_real``,
+                      reported as their ``median_real``), not the other forms' TV(p̂, p)
 
 Every form is sound (each is a valid box or a valid bound); each row's real TV is against exact attention in
 fp64. Offline: wraps ``witcert.meter.measure`` and the reference path's audit to keep the inputs of each decode
@@ -106,7 +110,7 @@ def two_point_items(w, x, L, lid):
 def forms(rows) -> dict:
     """Each form's bound per row, and the real TV (module doc)."""
     out: dict = {k: [] for k in ("real", "centred", "shared_sqrt2", "shared_q", "per_head_sqrt2", "per_head_q",
-                                 "per_head_exact", "shift_mean", "triangle_exact", "triangle_pinsker", "two_point")}
+                                 "per_head_exact", "shift_mean", "triangle_exact", "triangle_pinsker", "two_point", "sv_real", "sv_sqrt2", "sv_q", "sv_exact")}
     tvb = lambda s, e, mk, c=None: float(B.tv_bound_logits(s, e, mask=mk, center=c))  # noqa: E731
     for d in rows:
         lg, E, C, P, PE = d["logits"], d["eps"], d["c"], d["p"], d["p_exact"]
@@ -144,6 +148,10 @@ def forms(rows) -> dict:
                 xm = x - (w * x).sum()
                 ee, ee2 = (w * np.exp(xm)).sum(), (w * np.exp(2 * xm)).sum()
                 t1_online = min(np.sqrt(max(np.log(ee), 0.0) / 2), 0.5 * np.sqrt(max(ee2 / ee**2 - 1, 0.0)))
+                out["sv_real"].append(0.5 * np.abs(pt - np.where(mk, pe, 0.0)).sum())
+                out["sv_sqrt2"].append(tvb(st, ch[g] * grid_up(W, 0.5), mk))
+                out["sv_q"].append(tvb(st, ch[g] * grid_up(W, 0.25), mk))
+                out["sv_exact"].append(tvb(st, ch[g] * W, mk))
                 out["triangle_exact"].append(min(1.0, t1 + tvb(st, ch[g] * W, mk)))
                 out["triangle_pinsker"].append(min(1.0, t1_online + tvb(st, ch[g] * grid_up(W, 0.5), mk)))
                 ws = np.exp(s[mk] - s[mk].max())
@@ -159,7 +167,14 @@ def summary(out: dict) -> dict:
     pos = r > 0
     res = {}
     for k, v in out.items():
-        if k == "real":
+        if k in ("real", "sv_real"):
+            continue
+        if k.startswith("sv_"):
+            rr, v = np.asarray(out["sv_real"]), np.asarray(v)
+            ps = rr > 0
+            res[k] = {"median_bound": float(np.median(v)), "median_ratio": float(np.median(v[ps] / rr[ps])),
+                      "cov_05": float(np.mean(v <= 0.05)), "violations": int(np.sum(v < rr)),
+                      "median_real": float(np.median(rr))}
             continue
         v = np.asarray(v)
         res[k] = {"median_bound": float(np.median(v)), "median_ratio": float(np.median(v[pos] / r[pos])),
