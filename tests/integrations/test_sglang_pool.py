@@ -522,3 +522,22 @@ def test_metered_decode_makes_no_host_sync_outside_its_kernels():
     finally:
         ws.STATE.emit = real
     assert flagged == ["host synchronisation: item"]
+
+
+@pytest.mark.parametrize("slot", [-1, "rows", 1 << 40])
+def test_a_slot_outside_the_pool_leaves_its_row_unmetered(slot):
+    """A CSR slot outside the pool has no witness (the kernel reads bytes that are no token's); SGLang never sends
+    one. Before the fix ``bad_rows`` clamped it onto the pool's first or last slot and read that slot's bit: a
+    metered row over a slot without a witness."""
+    from witcert.integrations.sglang_pool import bad_rows
+
+    pool = mha()
+    install()
+    rows = pool.k_buffer[0].shape[0]
+    write(pool, 0, torch.arange(0, rows), *kv(rows, 1))  # every slot metered
+    side = ws.side_of(pool.k_buffer[0])
+    assert not side.bad.any()
+    slot = rows if slot == "rows" else slot
+    indptr = torch.tensor([0, 3, 6, 9])
+    ind = torch.tensor([0, 1, 2, 3, 4, slot, 5, 6, 7])
+    assert bad_rows(side, indptr, ind, 3)[:, 0].tolist() == [False, True, False]

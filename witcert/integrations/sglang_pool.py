@@ -192,11 +192,13 @@ def mark_unmetered(side, slots=None):
 
 
 def bad_rows(side, kv_indptr, kv_indices, batch):
-    """[B, 1] bool: the rows whose CSR slots include an unmetered one (on the device, no sync)."""
+    """[B, 1] bool: the rows whose CSR slots include an unmetered one, or one outside the pool (no witness: the
+    kernel read bytes that are no token's; SGLang never sends one), on the device, no sync."""
     n = kv_indices.numel()
     if n == 0:
         return torch.zeros(batch, 1, dtype=torch.bool, device=kv_indptr.device)
-    b = side.bad[kv_indices.long().clamp(0, side.bad.shape[0] - 1)].int()
+    idx, size = kv_indices.long(), side.bad.shape[0]
+    b = (side.bad[idx.clamp(0, size - 1)] | (idx < 0) | (idx >= size)).int()
     c = torch.zeros(n + 1, dtype=torch.int64, device=b.device)
     c[1:] = b.cumsum(0)
     ip = kv_indptr[: batch + 1].long().clamp(0, n)
