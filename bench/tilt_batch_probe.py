@@ -49,6 +49,8 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau):
                     outs.append(decode(c, q, bt, sl, num_splits=S, validate=False, tilt_batch=batch, tilt_layer=i))
             if kind == "defer":
                 batch.finish(tilt_above=tau)
+            elif kind == "closed":  # no finish: only the host's one-write-per-step marks are cleared (no launch)
+                batch.written.clear()
             keep[kind] = outs
         return run
 
