@@ -225,8 +225,9 @@ def _parse_args(argv):
     ap.add_argument("--no-warm", action="store_true",
                     help="skip each configuration's warm-up run (long prompts: a prefill each; the median step is robust "
                          "to the first step's compiles and capture)")
-    ap.add_argument("--defer-tilt", action="store_true",
-                    help="the graphed int8 column with defer_tilt=True (every layer's tilt in one launch a step)")
+    ap.add_argument("--fused-tilt", action="store_true",
+                    help="the graphed int8 column with defer_tilt=False (each layer's merge runs its tilt; the default "
+                         "before run V, bench/RESULTS.md; the default now finishes every layer's tilt in one launch)")
     ap.add_argument("--stock-graphed", action="store_true",
                     help="add stock with a StaticCache, its decode step CUDA-graph replayed (CUDA only)")
     return ap.parse_args(argv)
@@ -237,7 +238,7 @@ def _print_header(args, device, dtype):
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
     print(f"# {name}, torch {torch.__version__}; random weights, {dtype}, median decode step over "
           f"{args.new} steps (CUDA events; prefill excluded); metered caches: kernel path, tilt_above = {args.tau}"
-          + ("; graphed int8 with defer_tilt=True" if args.defer_tilt else ""))
+          + ("; graphed int8 with defer_tilt=False" if args.fused_tilt else ""))
     gated_cols = " | int8 gated ms | x stock | page-ins | kivi2 gated ms | x stock | page-ins | audit viol. | store kept" \
         if args.gated else ""
     graphed_cols = " | stock graphed ms | int8 graphed / stock graphed" if args.stock_graphed and device == "cuda" else ""
@@ -267,7 +268,7 @@ def _configs(args, cfg, n):
                                                 tilt_above=tau)),
         ("int8_graph", "witcert", lambda: WitCertCache(cfg, scheme="int8", backend="kernel",
                                                        max_tokens=n + 64, tilt_above=tau, cuda_graph=True,
-                                                       defer_tilt=args.defer_tilt)),
+                                                       defer_tilt=False if args.fused_tilt else None)),
         ("none", "witcert", lambda: WitCertCache(cfg, scheme="none", meter=False)),
         ("none_nocudnn", "witcert-nocudnn", lambda: WitCertCache(cfg, scheme="none", meter=False)),
     )

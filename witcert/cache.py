@@ -148,7 +148,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         trace=None,
         compress_layers=None,
         cuda_graph: bool = False,
-        defer_tilt: bool = False,
+        defer_tilt: bool | None = None,
         sketch_bits: int | None = None,
         window="default",
         weights=None,
@@ -201,9 +201,8 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
                          compress_layers=compress_layers, meter=self.meter)
         self.cuda_graph = cuda_graph
         # defer_tilt: a graphed step's meter records take their tilt in one launch for every layer at the step's end
-        # (kernels.tilt_batch; the same records; opt-in until bench/tilt_batch_probe.py has timed it on a GPU)
-        check_defer_tilt(defer_tilt, cuda_graph)
-        self.defer_tilt = defer_tilt
+        # (kernels.tilt_batch; the same records): None, the default, defers on a CUDA device (cache_args.defers_tilt)
+        self.defer_tilt = check_defer_tilt(defer_tilt, cuda_graph)
         # host_pool: where the exact store's host memory comes from (witcert.hostpool): None, the process-wide
         # pinned HostPool on CUDA (plain per-store memory elsewhere); a HostPool; False, per-store pinned
         # allocation as before the pool. host_cost: what the current request cost the host (summary()["host"])

@@ -180,14 +180,26 @@ def check_cuda_graph(cuda_graph, *, backend, scheme: str, gate, delta_req, audit
             raise ValueError("cuda_graph=True does not serve: " + "; ".join(why))
 
 
-def check_defer_tilt(defer_tilt, cuda_graph: bool) -> None:
-    """``defer_tilt``: a bool; True only with ``cuda_graph=True`` (the step's end, where one launch finishes every
-    layer's tilt, is the captured step's; ``kernels.tilt_batch``)."""
-    if not isinstance(defer_tilt, bool):
-        raise ValueError(f"defer_tilt: expected True or False, got {defer_tilt!r}")
+def check_defer_tilt(defer_tilt, cuda_graph: bool):
+    """``defer_tilt``: None (the default: on for a graphed step on a CUDA device, ``defers_tilt``), True or False;
+    True only with ``cuda_graph=True`` (the step's end, where one launch finishes every layer's tilt, is the
+    captured step's; ``kernels.tilt_batch``). Returns it."""
+    if defer_tilt is not None and not isinstance(defer_tilt, bool):
+        raise ValueError(f"defer_tilt: expected None, True or False, got {defer_tilt!r}")
     if defer_tilt and not cuda_graph:
         raise ValueError("defer_tilt=True: graphed decode steps only (pass cuda_graph=True); the eager kernel path "
                          "runs each layer's tilt in its own merge")
+    return defer_tilt
+
+
+def defers_tilt(defer_tilt, cuda_graph: bool, device) -> bool:
+    """Does a graphed step on ``device`` finish its layers' tilt in one launch? ``defer_tilt`` None: on a CUDA device
+    (bench/RESULTS.md run V: the same records, the full meter's graphed Llama-8B step 11.67 → 10.44 ms at B 1 / 4K),
+    not elsewhere (off the GPU the graphed step is a test vehicle whose merge is the torch twin, as the eager path's;
+    ``defer_tilt=True`` runs the deferred form there too)."""
+    if not cuda_graph:
+        return False
+    return torch.device(device).type == "cuda" if defer_tilt is None else bool(defer_tilt)
 
 
 def check_host_pool(host_pool) -> None:

@@ -52,6 +52,7 @@ import torch
 
 from contract.schemes import BLOCK_SCHEMES
 
+from .cache_args import defers_tilt
 from .graph_pool import POOL
 from .records import GraphedRecords
 from .store import append_group
@@ -268,7 +269,7 @@ def _static(cache, B, capacity, n0, am, has_mask, kwargs) -> StaticStep:
                         device=dev),
         inputs={k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
     )
-    if cache.defer_tilt:
+    if defers_tilt(cache.defer_tilt, True, dev):
         from kernels.tilt_batch import TiltBatch
 
         st.tilt = TiltBatch.allocate(layers=len(cache.layers), rows=B * cache.num_q_heads, nb=plan.hist_columns,

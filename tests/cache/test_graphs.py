@@ -19,6 +19,7 @@ if DEV == "cpu":
 
 from tests.helpers.kernel_gate import MODEL_DTYPE, tiny_llama  # noqa: E402
 from witcert.cache import Gate, WitCertCache  # noqa: E402
+from witcert.cache_args import defers_tilt  # noqa: E402
 
 
 def _gen(model, cache, ids, mask=None, new=5, scores=False):
@@ -81,7 +82,7 @@ def test_graphed_steps_match_the_kernel_path(scheme, window):
 
 @pytest.mark.parametrize("tau", [None, 0.05])
 def test_deferred_tilt_gives_the_graphed_records(monkeypatch, tau):
-    """``defer_tilt=True``: the graphed step's merges skip the tilt and one launch at the step's end finishes
+    """``defer_tilt=True`` (the default on a CUDA device): the graphed step's merges skip the tilt and one launch at the step's end finishes
     every layer's (kernels.tilt_batch): the same tokens and the same records as the graphed step with the tilt
     in each layer's merge (the fused Triton merge on both, bit for bit in the interpreter), a left-padded row
     included; and it is refused off the graphed path."""
@@ -93,7 +94,7 @@ def test_deferred_tilt_gives_the_graphed_records(monkeypatch, tau):
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     kw = dict(scheme="int8", backend="kernel", seed=3, max_tokens=32, cuda_graph=True, tilt_above=tau)
-    ref = WitCertCache(model.config, **kw)
+    ref = WitCertCache(model.config, defer_tilt=False, **kw)
     dt = WitCertCache(model.config, defer_tilt=True, **kw)
     t_ref = _gen(model, ref, ids, mask, new=3)
     t_dt = _gen(model, dt, ids, mask, new=3)
@@ -105,9 +106,16 @@ def test_deferred_tilt_gives_the_graphed_records(monkeypatch, tau):
         assert np.array_equal(x.parts_pre[2], y.parts_pre[2]) or DEV != "cpu"  # the tilt column
     if tau is None:  # (every row's tilt: the finish launch did tilt rows; at τ 0.05 the closed forms settle these)
         assert any((x.parts_pre[2] < 1).any() for x in b)
+    # the default (None): deferred for a graphed step on a CUDA device, not elsewhere nor ungraphed
+    assert defers_tilt(None, True, "cuda") and defers_tilt(None, True, torch.device("cuda", 1))
+    assert not defers_tilt(None, True, "cpu") and not defers_tilt(None, False, "cuda")
+    assert defers_tilt(True, True, "cpu") and not defers_tilt(False, True, "cuda")
+    dflt = WitCertCache(model.config, **kw)
+    _gen(model, dflt, ids, mask, new=2)
+    assert dflt.defer_tilt is None and (dflt._graph.st.tilt is not None) == (DEV == "cuda")
     with pytest.raises(ValueError, match="defer_tilt=True: graphed decode steps only"):
         WitCertCache(model.config, scheme="int8", backend="kernel", defer_tilt=True)
-    with pytest.raises(ValueError, match="defer_tilt: expected True or False"):
+    with pytest.raises(ValueError, match="defer_tilt: expected None, True or False"):
         WitCertCache(model.config, scheme="int8", backend="kernel", cuda_graph=True, defer_tilt=1)
 
 
