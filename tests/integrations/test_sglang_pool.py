@@ -541,3 +541,44 @@ def test_a_slot_outside_the_pool_leaves_its_row_unmetered(slot):
     indptr = torch.tensor([0, 3, 6, 9])
     ind = torch.tensor([0, 1, 2, 3, 4, slot, 5, 6, 7])
     assert bad_rows(side, indptr, ind, 3)[:, 0].tolist() == [False, True, False]
+
+
+def test_deferred_tilt_of_captured_calls(monkeypatch):
+    """``install(defer_tilt=True)``: a captured call's record skips the tilt (its TV⁺ the closed forms', sound and
+    ≥ the fused one) and ``static_records`` finishes it in one launch: then the eager (fused) call's record, bit for
+    bit in the interpreter (both through the Triton merge); idempotent; a second capture of the batch size takes
+    the same slot. Refused with Tier B. (The capture is simulated, as above.)"""
+    import kernels.decode as Dk
+    import witcert.integrations.sglang_decode as sd
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    pool, ex, recs, loc, q, rows = _two_rows_decoded()
+    eager = recs[0][1]
+    ws.uninstall()
+    got = []
+    ws.install(force=True, bare=True, on_record=lambda *a: got.append(a), defer_tilt=True)
+    write(pool, 0, loc, *kv(8, 2), ex)  # the same tokens: the same codes and witnesses
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager: the fused tilt
+    assert torch.equal(got[-1][1].tv_upper_a, eager.tv_upper_a) and not ws.STATE.tilt
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    tb = ws.STATE.tilt[2]
+    (layer, rec), = ws.STATE.static[2]
+    assert layer == 0 and rec.tv_upper_a.untyped_storage().data_ptr() == tb.rec.untyped_storage().data_ptr()
+    closed = rec.tv_upper_a.clone()
+    assert (closed >= eager.tv_upper_a).all() and (closed > eager.tv_upper_a).any()  # the tilt was left out
+    fields = ("tv_upper_a", "out_err_upper", "eps_max", "xi", "rho", "flag")
+    for _ in range(2):  # finished by static_records, idempotent
+        (layer, rec), = ws.static_records(2)
+        for f in fields:
+            assert torch.equal(getattr(rec, f), getattr(eager, f)), f
+    tv, _ = check(recs, q, pool.k_buffer[0], ex, rows)
+    assert (tv <= rec.tv_upper_a.double()).all()
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # a second capture of batch size 2: the same slot
+    assert ws.STATE.tilt[2] is tb and len(ws.STATE.static[2]) == 2
+    assert torch.equal(ws.static_records(2)[-1][1].tv_upper_a, eager.tv_upper_a)
+    ws.uninstall()
+    with pytest.raises(ValueError, match="Tier A only"):
+        ws.install(force=True, bare=True, defer_tilt=True, delta_step=1e-3)
+    with pytest.raises(ValueError, match="defer_tilt: expected True or False"):
+        ws.install(force=True, bare=True, defer_tilt=1)

@@ -218,7 +218,7 @@ def _resolve(targets, bare):
 
 def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, delta_step: float | None = None,
             on_record=None, targets=("decode", "pool"), bare: bool = False, version: str | None = None,
-            trace=None, flush_every: int = 64, gate=None, exact_store=None):
+            trace=None, flush_every: int = 64, gate=None, exact_store=None, defer_tilt: bool = False):
     """Patch SGLang when ``WITCERT_SGLANG=1`` (or ``force``); otherwise do nothing, return None.
 
     Every target is resolved and checked first; only then is anything replaced (all or none).
@@ -230,7 +230,10 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     (module doc "Trace and metrics"); records wait on the device and are handed over every
     ``flush_every`` metered calls and at ``flush()`` / ``uninstall()``.
     ``gate`` (``witcert.gate.Gate``) with ``exact_store`` (a page-in callback, or a
-    ``HostExactStore``): repair rows over τ from an exact overlay (module doc "Gate")."""
+    ``HostExactStore``): repair rows over τ from an exact overlay (module doc "Gate").
+    ``defer_tilt``: the metered calls captured in CUDA graphs leave their records' tilt to ``static_records``,
+    which runs every captured layer's in one launch (``kernels.tilt_batch``; until then a record's TV⁺ is the
+    closed forms', sound); not with ``delta_step`` (Tier B keeps the tilt in its merge)."""
     if not force and os.environ.get(ENV, "") != "1":
         return None
     ver = sglang_version() if version is None else version
@@ -251,9 +254,13 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
         raise ValueError(f"flush_every: expected an int >= 1, got {flush_every!r}")
     _check_gate(gate, exact_store, scheme)
+    if not isinstance(defer_tilt, bool):
+        raise ValueError(f"defer_tilt: expected True or False, got {defer_tilt!r}")
+    if defer_tilt and delta_step is not None:
+        raise ValueError("defer_tilt=True: Tier A only (delta_step set: the Tier B record keeps its tilt in the merge)")
     found = _resolve(targets, bare)
     STATE.__init__(scheme=scheme, num_groups=num_groups, delta_step=delta_step, on_record=on_record, trace=trace,
-                   flush_every=flush_every, gate=gate, exact_store=exact_store)
+                   flush_every=flush_every, gate=gate, exact_store=exact_store, defer_tilt=defer_tilt)
     if trace is not None:
         STATE.source = TraceSource(gate)
     wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,
@@ -275,7 +282,12 @@ def static_records(batch_size: int) -> list:
     [(layer id, ``MeterRecord``)]. Their tensors are the graph's outputs: after each replay of that graph they
     hold that step's records (rows past the step's real batch are the graph's padding); read or copy them
     before the next replay. Empty without a capture. Under CUDA graphs ``on_record`` and the trace see only
-    eager (uncaptured) calls."""
+    eager (uncaptured) calls. With ``install(defer_tilt=True)`` the replay leaves each record's TV⁺ at the closed
+    forms' (sound, looser) and this call first runs the tilt of every captured layer of that batch size in one
+    launch (no host synchronisation; idempotent): call it after each replay, before reading."""
+    tb = STATE.tilt.get(batch_size)
+    if tb is not None:
+        tb.finish(tilt_above=-1.0)  # (the fused merge's default: every row's tilt in full)
     return list(STATE.static.get(batch_size, ()))
 
 

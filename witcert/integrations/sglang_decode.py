@@ -104,9 +104,31 @@ def _saturate_rows(rec, rows: torch.Tensor) -> None:
     rec.out_err_upper.masked_fill_(rows, float("inf"))
 
 
-def metered_decode(args, kwargs, num_splits=None):
+def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
+    """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
+    slot), or None (the tilt stays in the merge: no deferral asked, Tier B, or a buffer registered after the
+    batch was sized). Slots are the sides' registration order; a batch size's TiltBatch is sized once (its
+    captured records are views into it), to the sides registered then."""
+    from kernels.tilt_batch import TIER_A_COLUMNS, TiltBatch
+
+    if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
+        return None
+    i = list(STATE.layers).index(kb.data_ptr())
+    B, rows = q.shape[0], q.shape[0] * q.shape[1]
+    tb = STATE.tilt.get(B)
+    if tb is None:
+        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=rows, nb=TIER_A_COLUMNS,
+                                                device=q.device)
+    if i >= tb.layers or tb.rows != rows:
+        return None
+    tb.written.discard(i)  # a new capture of this batch size: its graph writes the slot from now on
+    return tb, i
+
+
+def metered_decode(args, kwargs, num_splits=None, tilt=None):
     """Run the metered kernel on SGLang's arguments; writes ``o`` and ``attn_lse``, returns
-    (side, DecodeOutput, the PagedKV it read, [B, 1] rows reading an unmetered slot)."""
+    (side, DecodeOutput, the PagedKV it read, [B, 1] rows reading an unmetered slot). ``tilt``: (TiltBatch,
+    layer slot) of a deferred tilt (``_tilt_slot``), or None."""
     from kernels.decode import decode
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
@@ -120,8 +142,9 @@ def metered_decode(args, kwargs, num_splits=None):
     # split count from the mean length (kernels.plan.plan_decode); an empty row (which SGLang's
     # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
     indptr = kv_indptr[: Bsz + 1]
+    defer = {} if tilt is None else dict(tilt_batch=tilt[0], tilt_layer=tilt[1])
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
-                 delta_step=STATE.delta_step, validate=False)
+                 delta_step=STATE.delta_step, validate=False, **defer)
     bad = bad_rows(side, indptr, kv_indices, Bsz)
     if side.ours is None and side.view_scale_bad is not None:  # scales other than the witnesses': rows unmetered
         bad = bad | side.view_scale_bad
@@ -171,7 +194,8 @@ def _wrap_decode(orig):
                 "without gate= (the metered decode and its record step capture)")
         if why is None:
             try:
-                side, out, cache, bad = metered_decode(args[:13], kw)
+                side, out, cache, bad = metered_decode(args[:13], kw,
+                                                       tilt=_tilt_slot(args[0], args[1]) if capturing else None)
             except _Skip as e:
                 why = str(e)
             else:

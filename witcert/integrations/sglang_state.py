@@ -83,6 +83,10 @@ class State:
     gate_rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     #: batch size → [(layer id, MeterRecord)] of the metered calls captured in CUDA graphs (``static_records``)
     static: dict = dataclasses.field(default_factory=dict)
+    #: ``install(defer_tilt=True)``: a captured call's record skips the tilt; ``static_records`` finishes every
+    #: captured layer's in one launch (``kernels.tilt_batch``); batch size → its TiltBatch
+    defer_tilt: bool = False
+    tilt: dict = dataclasses.field(default_factory=dict)
 
     def unmetered_counts(self) -> collections.Counter:
         """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
