@@ -284,7 +284,8 @@ def static_records(batch_size: int) -> list:
     before the next replay. Empty without a capture. Under CUDA graphs ``on_record`` and the trace see only
     eager (uncaptured) calls. With ``install(defer_tilt=True)`` the replay leaves each record's TV⁺ at the closed
     forms' (sound, looser) and this call first runs the tilt of every captured layer of that batch size in one
-    launch (no host synchronisation; idempotent): call it after each replay, before reading."""
+    launch (no host synchronisation; idempotent): call it after each replay, before reading, on the replay's stream
+    (or after synchronising with it: a finish running beside a replay would mix two steps' inputs)."""
     tb = STATE.tilt.get(batch_size)
     if tb is not None:
         tb.finish(tilt_above=-1.0)  # (the fused merge's default: every row's tilt in full)
