@@ -547,7 +547,7 @@ def test_deferred_tilt_of_captured_calls(monkeypatch):
     """``install(defer_tilt=True)``: a captured call's record skips the tilt (its TV⁺ the closed forms', sound and
     ≥ the fused one) and ``static_records`` finishes it in one launch: then the eager (fused) call's record, bit for
     bit in the interpreter (both through the Triton merge); idempotent; a second capture of the batch size takes
-    the same slot. Refused with Tier B. (The capture is simulated, as above.)"""
+    the same slot after a finish, a second call before one keeps its tilt. Refused with Tier B. (The capture is simulated, as above.)"""
     import kernels.decode as Dk
     import witcert.integrations.sglang_decode as sd
 
@@ -576,7 +576,12 @@ def test_deferred_tilt_of_captured_calls(monkeypatch):
     assert (tv <= rec.tv_upper_a.double()).all()
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # a second capture of batch size 2: the same slot
     assert ws.STATE.tilt[2] is tb and len(ws.STATE.static[2]) == 2
-    assert torch.equal(ws.static_records(2)[-1][1].tv_upper_a, eager.tv_upper_a)
+    same = ws.STATE.static[2][-1][1].tv_upper_a.untyped_storage().data_ptr() == tb.rec.untyped_storage().data_ptr()
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the buffer again before a finish (layers sharing KV):
+    third = ws.STATE.static[2][-1][1]  # its record keeps the tilt in its merge, not the written slot
+    assert same and third.tv_upper_a.untyped_storage().data_ptr() != tb.rec.untyped_storage().data_ptr()
+    assert torch.equal(third.tv_upper_a, eager.tv_upper_a)
+    assert torch.equal(ws.static_records(2)[1][1].tv_upper_a, eager.tv_upper_a)
     ws.uninstall()
     with pytest.raises(ValueError, match="Tier A only"):
         ws.install(force=True, bare=True, defer_tilt=True, delta_step=1e-3)

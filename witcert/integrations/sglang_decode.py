@@ -106,9 +106,9 @@ def _saturate_rows(rec, rows: torch.Tensor) -> None:
 
 def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
-    slot), or None (the tilt stays in the merge: no deferral asked, Tier B, or a buffer registered after the
-    batch was sized). Slots are the sides' registration order; a batch size's TiltBatch is sized once (its
-    captured records are views into it), to the sides registered then."""
+    slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a buffer registered after the batch
+    was sized, or a slot written since the last ``static_records``). Slots are the sides' registration order; a
+    batch size's TiltBatch is sized once (its captured records are views into it), to the sides registered then."""
     from kernels.tilt_batch import TIER_A_COLUMNS, TiltBatch
 
     if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
@@ -119,9 +119,10 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     if tb is None:
         tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=rows, nb=TIER_A_COLUMNS,
                                                 device=q.device)
-    if i >= tb.layers or tb.rows != rows:
+    if i >= tb.layers or tb.rows != rows or i in tb.written:
+        # (written since the last finish: a buffer read twice in one capture, e.g. layers sharing their KV, would
+        # leave the first call's record reading the second's; that call keeps the tilt in its merge)
         return None
-    tb.written.discard(i)  # a new capture of this batch size: its graph writes the slot from now on
     return tb, i
 
 
