@@ -353,6 +353,13 @@ def _register_cap(tile: Tile, variant: dict) -> int | None:
     return cap
 
 
+def hist_columns(tier_b: bool) -> int:
+    """NB, a decode's histogram columns per head: tier A's KA = KEY_LEVELS + 2 bins (and Tier B's as many) + the
+    Σ p̂ φ column, rounded up to a power of two."""
+    KA = KEY_LEVELS + 2
+    return triton.next_power_of_2((2 * KA if tier_b else KA) + 1)
+
+
 def plan_decode(cache: PagedKV, batch: int, q_heads: int, q_dtype: torch.dtype, device, capacity: int,
                 meter: bool = True, levels: str = "token", hist_split: str | None = None,
                 delta_step: float | None = None, repair: RepairOverlay | None = None,
@@ -381,7 +388,6 @@ def plan_decode(cache: PagedKV, batch: int, q_heads: int, q_dtype: torch.dtype, 
     head_columns = max(tile.head_columns, triton.next_power_of_2(q_heads // Hkv))
     # the bf16 hi / lo histogram operands packed into one dot where the padding columns can hold the lo parts
     pack = meter and hist_split == "bf16x2" and packs_histogram(q_heads // Hkv, head_columns)
-    KA = KEY_LEVELS + 2
     return DecodePlan(
         num_splits=num_splits, tile=tile, auto_tile=pages_per_tile is None,
         pages_per_tile=_tile_pages(tile, T) if pages_per_tile is None else pages_per_tile,
@@ -392,7 +398,7 @@ def plan_decode(cache: PagedKV, batch: int, q_heads: int, q_dtype: torch.dtype, 
         # inline PTX; run Q also timed the L1: no better)
         prefetch=tile.prefetch if variant["lowp"] else 0,
         prefetch_bt=meter if prefetch_bt is None else bool(prefetch_bt),
-        hist_columns=triton.next_power_of_2((2 * KA if variant["tier_b"] else KA) + 1),  # + the Σ p̂ φ column
+        hist_columns=hist_columns(variant["tier_b"]),
         **variant,
     )
 
@@ -428,6 +434,5 @@ def check_plan(plan: DecodePlan, variant: dict, gq: int) -> None:
         raise ValueError(f"plan: prefetch {plan.prefetch!r}: 0, or 1 on the GPU")
     if not isinstance(plan.num_splits, int) or plan.num_splits < 1 or plan.pages_per_tile < 1:
         raise ValueError("plan: num_splits and pages_per_tile must be positive")
-    KA = KEY_LEVELS + 2
-    if plan.hist_columns != triton.next_power_of_2((2 * KA if plan.tier_b else KA) + 1):
+    if plan.hist_columns != hist_columns(plan.tier_b):
         raise ValueError("plan: hist_columns is not the tiers' bins + 1, rounded up to a power of two")

@@ -59,9 +59,6 @@ from .epilogue_jit import (
 )
 from .key_levels import KEY_LEVELS
 
-#: a tier-A decode's histogram columns (``kernels.plan``'s hist_columns without Tier B: KA bins + the Σ p̂ φ one)
-TIER_A_COLUMNS = triton.next_power_of_2(KEY_LEVELS + 2 + 1)
-
 
 @triton.jit
 def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,

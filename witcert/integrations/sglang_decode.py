@@ -109,7 +109,8 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a buffer registered after the batch
     was sized, or a slot written since the last ``static_records``). Slots are the sides' registration order; a
     batch size's TiltBatch is sized once (its captured records are views into it), to the sides registered then."""
-    from kernels.tilt_batch import TIER_A_COLUMNS, TiltBatch
+    from kernels.plan import hist_columns
+    from kernels.tilt_batch import TiltBatch
 
     if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
         return None
@@ -117,7 +118,7 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     B, rows = q.shape[0], q.shape[0] * q.shape[1]
     tb = STATE.tilt.get(B)
     if tb is None:
-        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=rows, nb=TIER_A_COLUMNS,
+        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=rows, nb=hist_columns(False),
                                                 device=q.device)
     if i >= tb.layers or tb.rows != rows or i in tb.written:
         # (written since the last finish: a buffer read twice in one capture, e.g. layers sharing their KV, would
