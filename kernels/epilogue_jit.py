@@ -271,6 +271,15 @@ def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
 
 
 @triton.jit
+def _out_err_upper(tv, w, extra):
+    """E⁺ from a row's TV⁺: (TV⁺·w + extra)(1 + 2⁻⁴⁰) + slack, w = 2ν_max + φ_max, ``extra`` the additive terms
+    (Σp̃φ + (tanh(Ξ/2) + Λ)φ_max + the output's own rounding); +inf where not finite. The fused merge's two tiers
+    and the deferred tilt's finish (``kernels.tilt_batch``) take it from here."""
+    e = (tv * w + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
+    return tl.where((e == e) & (e != float("inf")), e, float("inf"))
+
+
+@triton.jit
 def _expm1_up(y):
     """An upper bound of e^y − 1 for 0 ≤ y (float64): the series y + y²/2 + y³ below 2^-10 (its
     tail y³/6 + … ≤ y³ there), else e^y − 1; both with a relative 2^-40 for their rounding."""
@@ -392,8 +401,7 @@ def _merge_meter_kernel(
                 tl.store(r + REC_RHO, rho)
                 if single:
                     tva = tl.full([], 0.0, tl.float64)
-                ea = (tva * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
-                ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
+                ea = _out_err_upper(tva, 2.0 * num + fm, extra)
             else:
                 tl.store(r + REC_TANH, 1.0)
                 tl.store(r + REC_EFORM, 1.0)
@@ -424,8 +432,7 @@ def _merge_meter_kernel(
                                                   DENSE3D, TC)
                     if single:
                         tvb = tl.full([], 0.0, tl.float64)
-                    eb = (tvb * (2.0 * num + fm) + extra) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
-                    eb = tl.where((eb == eb) & (eb != float("inf")), eb, float("inf"))
+                    eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
                 tl.store(r + REC_TVB, tvb)
                 tl.store(r + REC_EB, eb)
 

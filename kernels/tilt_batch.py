@@ -42,7 +42,6 @@ import triton.language as tl
 from .epilogue import _dense3d, _edges, _epsc, scratch_per_tier, tau_bracket, tilt_chunk
 from .epilogue_jit import (
     COARSE,
-    FP64_SLACK_C,
     REC_COLS,
     REC_EA,
     REC_EPS,
@@ -55,6 +54,7 @@ from .epilogue_jit import (
     REC_XI,
     REFINE,
     REFINE_TOP,
+    _out_err_upper,
     _tv_row,
 )
 from .key_levels import KEY_LEVELS
@@ -81,10 +81,8 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
         tl.store(r + REC_TILT, tl.minimum(tl.load(r + REC_TILT), tilt))
         if tv0 > 0.0:  # (0: a single token, or a row with none zeroed by the decode: TV⁺ and E⁺ stay)
             tva = tl.minimum(tv0, tv)
-            ea = (tva * tl.load(r + REC_EW) + tl.load(r + REC_EX)) * (1.0 + 9.094947017729282e-13) + FP64_SLACK_C
-            ea = tl.where((ea == ea) & (ea != float("inf")), ea, float("inf"))
             tl.store(r + REC_TVA, tva)
-            tl.store(r + REC_EA, ea)
+            tl.store(r + REC_EA, _out_err_upper(tva, tl.load(r + REC_EW), tl.load(r + REC_EX)))
 
 
 @dataclasses.dataclass

@@ -69,6 +69,15 @@ def test_finish_gives_the_fused_record(kind, tau):
     for f, d in zip(fused, deferred):
         for name in FIELDS:  # (a single-token row's tilt column too: the fused merge computes it before TV⁺ = 0)
             _same(getattr(d.meter, name), getattr(f.meter, name), exact)
+    # E⁺ (``epilogue_jit._out_err_upper``, the fused merge's and the finish's one formula) pinned from the columns
+    # the deferred merge stores: (TV⁺·(2ν_max + φ_max) + extra)(1 + 2⁻⁴⁰) + FP64_SLACK, its slack included
+    from kernels.epilogue_jit import REC_EA, REC_EW, REC_EX, REC_TVA
+
+    rec = batch.rec[:3].reshape(-1, batch.rec.shape[-1]).cpu()
+    want = (rec[:, REC_TVA.value] * rec[:, REC_EW.value] + rec[:, REC_EX.value]) * (1 + 2.0**-40) + FP64_SLACK
+    live = (rec[:, REC_TVA.value] > 0) & torch.isfinite(want)
+    assert live.any()
+    _same(rec[live, REC_EA.value], want[live], exact)
     single = deferred[0 if kind == "plain" else 2].meter
     assert torch.all(single.tv_upper_a[0] == 0) and torch.all(single.tilt[0] < 1)  # a single-token row
     assert torch.equal(batch.rec[3], untouched)  # an unwritten layer is skipped
