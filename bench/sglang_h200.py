@@ -124,6 +124,18 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
         gtimes.append(graph_ms(call, args.iters))
         print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
               f"max|o − ref|/max|ref| {errs[-1]:.2e} (first and last request)", flush=True)
+    fin = float("nan")
+    tb = ws.STATE.tilt.get(Bsz) if getattr(args, "defer_tilt", False) else None
+    if tb is not None:  # the deferred tilt's finish of this one captured layer (a step's is one launch for all)
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(args.iters):
+            tb.finish(-1.0)
+        e1.record()
+        torch.cuda.synchronize()
+        fin = e0.elapsed_time(e1) / args.iters
+        print(f"#   deferred tilt: finish of the captured layer {fin:.3f} ms (eager launch)", flush=True)
     t1, t0 = times
     g1, g0 = gtimes
     e1, e0 = errs
@@ -135,6 +147,8 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     del kb, vb, k, v, call, off, view  # (the last call holds the buffers too)
     ws.STATE.layers.clear()
     ws.STATE.by_buffer.clear()
+    ws.STATE.tilt.clear()
+    ws.STATE.static.clear()
     torch.cuda.empty_cache()
 
 
@@ -145,6 +159,9 @@ def main():
     ap.add_argument("--lens", default="4096,32768,131072")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--kv", default="bf16,fp8")
+    ap.add_argument("--defer-tilt", action="store_true",
+                    help="install(defer_tilt=True): the captured call's record without its tilt (the graph column); "
+                         "the finish of that layer timed apart")
     args = ap.parse_args()
     import witcert.integrations.sglang as ws
 
@@ -154,7 +171,9 @@ def main():
     mod = ws.import_bare(ws.DECODE_MODULE, root)
     orig = mod.decode_attention_fwd
     # the folder given is SGLang 0.5.23's package unpacked from its wheel (not pip-installed there)
-    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: None, version="0.5.23")
+    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: None, version="0.5.23",
+               **({"defer_tilt": True} if args.defer_tilt else {}))
+    print(f"# metered graph column: tilt {'deferred (install(defer_tilt=True))' if args.defer_tilt else 'fused'}")
     patched = mod.decode_attention_fwd
     dev = "cuda"
     Hq, Hkv, D, max_splits = 32, 8, 128, 16

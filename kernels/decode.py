@@ -89,6 +89,7 @@ from .key_levels import KEY_LEVELS, X0
 from .paged import SCHEME_IDS, PagedKV, dequantized_fp32, page_scaled_keys
 from .plan import DecodePlan, Tile, check_plan, launch_variant, plan_call
 from .repair import RepairOverlay
+from .unmetered import UnmeteredSlots
 from .write import INTERPRET
 
 
@@ -180,6 +181,7 @@ def decode(
     plan: DecodePlan | None = None,
     tilt_batch=None,
     tilt_layer: int | None = None,
+    unmetered: UnmeteredSlots | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -206,7 +208,12 @@ def decode(
     ε_hj = c_h (W_j + u_j) (``contract.sketch``), or with ``PagedKV.head_levels`` each head's own
     c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``): the
     record is written to its layer ``tilt_layer`` with the tilt deferred to ``tilt_batch.finish`` (one launch
-    for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device."""
+    for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device.
+    ``unmetered`` (``UnmeteredSlots``, CSR rows and the meter only): token slots without a valid witness; a row that
+    reads one, or a slot outside the pool (not read), or any row when its ``every`` flag is set, gets the record of a
+    non-finite row (TV⁺ 1, output bound +inf, flagged), counted in the kernel: no launch of its own, no sync.
+    A row without any attended token (an empty CSR row, seq_len 0) gets output 0, TV⁺ and output bound 0, no flag (what
+    the reference gives), from the merge; a fully masked row (``token_mask``) after it (``_zero_dead_rows``)."""
     if tilt_batch is not None:
         from .tilt_batch import TiltBatch
 
@@ -219,6 +226,8 @@ def decode(
     lowp = not INTERPRET and q.device.type == "cuda"  # tensor-core dots in q's dtype (the interpreter: fp32)
     q = (tensor_core_query(q, cache, validate) if lowp else q).contiguous()
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
+    if unmetered is not None:
+        unmetered.check(csr, meter, q.device)
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,
@@ -234,11 +243,12 @@ def decode(
     ws = _workspace(q, plan)
     rows = _rows(block_table, seq_lens, kv_indptr, tm, q.device)
     sl = rows.sl
-    compiled, pages = _launch(cache, q, plan, rows, ws, sm, repair if has_rep else None, window if has_win else None)
+    compiled, pages = _launch(cache, q, plan, rows, ws, sm, repair if has_rep else None, window if has_win else None,
+                              unmetered)
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer)
-    if csr or token_mask is not None:
-        o = _zero_dead_rows(o, rec, kv_indptr if csr else None, sl, token_mask, Bsz)
+    if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
+        o = _zero_dead_rows(o, rec, sl, token_mask, Bsz)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
 
 
@@ -371,7 +381,7 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
 
 
 def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: _Partials, sm: float,
-                 repair: RepairOverlay | None, window: ExactWindow | None) -> tuple:
+                 repair: RepairOverlay | None, window: ExactWindow | None, unmetered: UnmeteredSlots | None) -> tuple:
     """``_decode_kernel``'s tensors and runtime scalars, in its order (an absent input: a placeholder)."""
     sl, skb = rows.sl, plan.sketch_bits
     has_rep, has_win = repair is not None, window is not None
@@ -381,8 +391,10 @@ def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows,
         *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, ws.m, ws.m)),
         cache.k_sketch if skb else sl, cache.weights if plan.weighted else sl,
         *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, ws.m, ws.m)),
+        *((unmetered.slots, unmetered.every) if unmetered is not None else (sl, sl)),
         ws.m, ws.l, ws.acc, ws.hist, ws.stat,
         cache.seed, cache.layer, sm, plan.num_splits, window.sink if has_win else 0, window.recent if has_win else 0,
+        unmetered.slots.shape[0] if unmetered is not None else 0,
         q.stride(0), q.stride(1),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
         cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if page_scaled_keys(cache.scheme) else cache.k_scale.stride(2),
@@ -397,7 +409,7 @@ def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows,
 
 
 def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked: bool, has_rep: bool,
-                      has_win: bool) -> dict:
+                      has_win: bool, has_unmet: bool = False) -> dict:
     """``_decode_kernel``'s constexprs but PAGES (the kernel variant and its tile)."""
     lowp = plan.lowp
     return dict(
@@ -411,19 +423,21 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits > 0, HEAD_LEVELS=plan.head_levels,
+        HAS_UNMET=has_unmet,
     )
 
 
 def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: _Partials, sm: float,
-            repair: RepairOverlay | None, window: ExactWindow | None):
+            repair: RepairOverlay | None, window: ExactWindow | None, unmetered: UnmeteredSlots | None = None):
     """Run the kernel on the grid (B, Hkv, S). Returns (the compiled kernel, the pages per tile it ran).
 
     A tile that does not fit the GPU's shared memory (OutOfResources at compile time: the fp32
     dequantized kivi2 tiles with G = 2 at 128 tokens on sm_90, 2026-12-02) is retried at half the
     tokens, logged once per configuration; the meter's constants take the tile that ran.
     A tile the caller chose (``plan.auto_tile`` False) is not changed."""
-    args = _kernel_args(cache, q, plan, rows, ws, sm, repair, window)
-    consts = _kernel_constants(cache, q, plan, rows.masked, repair is not None, window is not None)
+    args = _kernel_args(cache, q, plan, rows, ws, sm, repair, window, unmetered)
+    consts = _kernel_constants(cache, q, plan, rows.masked, repair is not None, window is not None,
+                               unmetered is not None)
     extra = {} if plan.num_stages is None else {"num_stages": plan.num_stages}
     if plan.max_registers is not None and not INTERPRET:  # a register cap per thread (the plan's)
         extra["maxnreg"] = plan.max_registers
@@ -431,7 +445,8 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
     fit_key = (str(q.device), cache.scheme, plan.meter, plan.tier_b, cache.num_groups, cache.per_token_witness, D, T,
                plan.head_columns, plan.hist_columns, plan.num_stages, plan.num_warps, plan.levels, plan.hist_split,
                repair is not None, rows.masked, plan.csr, plan.max_registers, plan.pack_hist, plan.pv_f32,
-               plan.prefetch, plan.sketch_bits, plan.weighted, window is not None, q.dtype, plan.head_levels)
+               plan.prefetch, plan.sketch_bits, plan.weighted, window is not None, q.dtype, plan.head_levels,
+               unmetered is not None)
     pages = plan.pages_per_tile
     if plan.auto_tile:
         pages = min(pages, _TILE_FIT.get(fit_key, pages))
@@ -481,20 +496,14 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
                  epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer)
 
 
-def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, kv_indptr: torch.Tensor | None, sl: torch.Tensor,
-                    token_mask: torch.Tensor | None, Bsz: int) -> torch.Tensor:
-    """A row without any attended token (an empty CSR row, seq_len 0, a fully masked row): what the
-    reference gives (witcert.meter.softmax: p̂ = 0, so output 0, TV⁺ and error bound 0, no flag),
-    not the merge's 0/0 = NaN (issue 36); no host sync; only with SGLang's CSR rows or a token_mask
-    (the block-table path needs seq_lens >= 1: checked when ``validate``). Returns o (rec in place)."""
+def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, sl: torch.Tensor, token_mask: torch.Tensor,
+                    Bsz: int) -> torch.Tensor:
+    """A row whose ``token_mask`` masks every token: what the reference gives (witcert.meter.softmax: p̂ = 0, so output
+    0, TV⁺ and error bound 0, no flag), not the merge's 0/0 = NaN (issue 36); no host sync. (A row with seq_len 0 or an
+    empty CSR row is the merge's own: ``epilogue.merge``.) Returns o (rec in place)."""
     dev = sl.device
-    if kv_indptr is not None:
-        live = (kv_indptr[1 : Bsz + 1] - kv_indptr[:Bsz]).to(dev) > 0
-    else:
-        live = sl > 0
-        if token_mask is not None:
-            j = torch.arange(token_mask.shape[1], device=dev)
-            live = live & (token_mask.to(dev) & (j[None] < sl[:, None].long())).any(-1)
+    j = torch.arange(token_mask.shape[1], device=dev)
+    live = (sl > 0) & (token_mask.to(dev) & (j[None] < sl[:, None].long())).any(-1)
     dead = ~live
     o = o.masked_fill(dead.view(Bsz, *([1] * (o.dim() - 1))), 0.0)
     for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag") if rec is not None else ():

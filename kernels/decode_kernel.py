@@ -21,9 +21,9 @@ from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
-    SK, WGT, WK, WV, WKN, WVN,
+    SK, WGT, WK, WV, WKN, WVN, UM, UMA,
     M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
-    seed, layer, sm_scale, num_splits, sink, recent,
+    seed, layer, sm_scale, num_splits, sink, recent, um_rows,
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
     s_sb, s_sh, s_st,
@@ -41,7 +41,7 @@ def _decode_kernel(
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
-    HEAD_LEVELS: tl.constexpr,
+    HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -73,6 +73,8 @@ def _decode_kernel(
     numax = tl.zeros([BLOCK_N], tl.float32)
     kapmax = tl.zeros([BLOCK_N], tl.float32)
     bad = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_UNMET:  # the caller's "every slot unmetered" flag (UMA [1] uint8): counted once per lane of every program
+        bad += tl.load(UMA).to(tl.float32)
 
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
@@ -101,6 +103,12 @@ def _decode_kernel(
             bt_next = tl.load(BT + pn, mask=pn < p_end, other=0)
         else:
             blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
+        if HAS_UNMET:  # (CSR: blk is the token's slot) a slot marked unmetered (UM [um_rows] uint8), or one outside
+            # the pool (no witness; not read): counted as non-finite, so the merge saturates the row's record
+            inpool = (blk >= 0) & (blk < um_rows)
+            um = tl.load(UM + blk, mask=valid & inpool, other=0)
+            bad += (valid & ((um != 0) | ~inpool)).to(tl.float32)
+            valid = valid & inpool
         cbase, sbase, vsbase = _code_offsets(blk, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst)
         rep, rbase, rnbase = _repair_slots(RS, blk, kvh, off, valid, s_rsb, T, D, HAS_REP)
         if HAS_WIN:  # the exact window's tokens (the first `sink`, the last `recent`) are served by the ring pass below

@@ -384,6 +384,8 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     L = (w * l_out).sum(-1)
     o = (w[..., None] * acc_out).sum(-2) / L[..., None]
     lse = M[..., 0] + torch.log(L)
+    dead = (sl.to(dev) <= 0).view(Bsz, 1)  # a row without any token: output 0, TV⁺ and bound 0, no flag (the kernel's)
+    o = o.masked_fill(dead[..., None], 0.0)
     if hist is None:
         return o, lse, None
     sm = c.sm
@@ -417,4 +419,8 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
         pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
         single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta,
     )
+    for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag"):
+        t = getattr(rec, f, None)
+        if t is not None:
+            t.masked_fill_(dead, False if t.dtype == torch.bool else 0.0)
     return o, lse, rec

@@ -322,6 +322,10 @@ def _merge_meter_kernel(
     d = tl.arange(0, D)
     acc = tl.load(ACC_IN + (row * S + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
     o = tl.sum(w32[:, None] * acc, axis=0) / L
+    # a row without any token (seq_len 0, an empty CSR row): what the reference gives, output 0 and (below) TV⁺ 0,
+    # output bound 0, no flag, instead of 0/0
+    dead = tl.load(SL + b) <= 0
+    o = tl.where(dead, 0.0, o)
     tl.store(O + row * D + d, o)
     tl.store(LSE + row, mx + tl.log(L))
     if METER:
@@ -408,11 +412,12 @@ def _merge_meter_kernel(
                 tl.store(r + REC_TILT, 1.0)
                 tl.store(r + REC_RHO, 1.0)
                 ea = tl.full([], float("inf"), tl.float64)
-            tl.store(r + REC_TVA, tva)
-            tl.store(r + REC_EA, ea)
+            tl.store(r + REC_TVA, tl.where(dead, 0.0, tva))
+            tl.store(r + REC_EA, tl.where(dead, 0.0, ea))
             tl.store(r + REC_EPS, eps_max)
             tl.store(r + REC_XI, xi)
-            tl.store(FLAG + row, (bad > 0).to(tl.int8))  # the record's bool flag (viewed as bool: no launch after)
+            # the record's bool flag (viewed as bool: no launch after)
+            tl.store(FLAG + row, ((bad > 0) & ~dead).to(tl.int8))
             if TIER_B:
                 # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
                 lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
@@ -433,8 +438,8 @@ def _merge_meter_kernel(
                     if single:
                         tvb = tl.full([], 0.0, tl.float64)
                     eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
-                tl.store(r + REC_TVB, tvb)
-                tl.store(r + REC_EB, eb)
+                tl.store(r + REC_TVB, tl.where(dead, 0.0, tvb))
+                tl.store(r + REC_EB, tl.where(dead, 0.0, eb))
 
 
 #: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``); the last

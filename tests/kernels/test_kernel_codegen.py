@@ -67,6 +67,17 @@ def test_per_head_levels_compile_for_sm90(args):
 
 
 @pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")
+@pytest.mark.parametrize("scheme", ["fp8_e4m3", "none"])
+def test_sglang_tile_with_unmetered_slots_compiles_for_sm90(scheme):
+    """The SGLang path's tile (CSR token slots, block size 1) with the unmetered-slot count (HAS_UNMET,
+    ``kernels.unmetered``): the interpreter runs it without Triton's type checks."""
+    regs, spill, n, shared, small = _probe("--meter", "1", "--tokens", "64", "--stages", "1", "--scheme", scheme,
+                                           "--const", "T=1", "--const", "PAGES=64", "--const", "CSR=1",
+                                           "--const", "PREFETCH_BT=0", "--const", "HAS_UNMET=1")
+    assert n > 100  # the loop was found
+
+
+@pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")
 def test_epilogue_kernels_compile_for_sm90():
     """The epilogue kernels (and the merge's DEFER variant, the deferred tilt's finish) compile for sm_90 at one
     and four warps (``merge_warps`` picks either;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.unmetered import UnmeteredSlots
 from witcert.integrations import sglang_gate as G
 from witcert.integrations import sglang_trace as T
 from witcert.integrations.sglang_pool import bad_rows
@@ -86,6 +87,9 @@ def paged_view(side: LayerSide, k_buffer, v_buffer, k_scale, v_scale):
     # the view's scales against the witnesses' (on the device, once per view: record_write drops the view when
     # it first sets the witnesses' scales); True saturates every row the view serves
     side.view_scale_bad = None if side.scale_t is None else (side.scale_t != torch.tensor([ks32, vs32], **f32)).any()
+    # what the kernel counts per row (no torch op per call): the slots' unmetered bits and the scales' mismatch
+    side.view_unmetered = UnmeteredSlots.of(side.bad, None if side.view_scale_bad is None
+                                            else side.view_scale_bad.reshape(1).to(torch.uint8))
     side.view = PagedKV(scheme=scheme, block_size=1, num_groups=side.k_wit.shape[-1], per_token_witness=True,
                    group_id=side.group_id, k_codes=kb.unsqueeze(2), v_codes=vb.unsqueeze(2), k_scale=ks, v_scale=vs,
                    k_zero=z, v_zero=z, k_wit=side.k_wit, v_wit=side.v_wit, v_norm=side.v_norm, k_norm=side.k_norm,
@@ -145,16 +149,27 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
     indptr = kv_indptr[: Bsz + 1]
     defer = {} if tilt is None else dict(tilt_batch=tilt[0], tilt_layer=tilt[1])
+    # a row reading an unmetered slot (or one outside the pool), or every row when the view's scales are not the
+    # witnesses', gets the non-finite record from the kernels themselves (``kernels.unmetered``: no op per call)
+    unmet = side.view_unmetered
+    if side.ours is not None and (unmet is None or unmet.slots.data_ptr() != side.bad.data_ptr()):
+        unmet = side.view_unmetered = UnmeteredSlots.of(side.bad)  # (codes of ours: no view, no scale check)
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
-                 delta_step=STATE.delta_step, validate=False, **defer)
-    bad = bad_rows(side, indptr, kv_indices, Bsz)
-    if side.ours is None and side.view_scale_bad is not None:  # scales other than the witnesses': rows unmetered
-        bad = bad | side.view_scale_bad
-    _saturate_rows(out.meter, bad)
-    o.view(Bsz, q.shape[1], -1).copy_(out.o.to(o.dtype))
-    attn_lse[:Bsz, : q.shape[1], 0] = out.lse.to(attn_lse.dtype)
+                 delta_step=STATE.delta_step, validate=False, unmetered=unmet, **defer)
+    o.view(Bsz, q.shape[1], -1).copy_(out.o)
+    attn_lse[:Bsz, : q.shape[1], 0].copy_(out.lse)
     attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
-    return side, out, cache, bad
+    return side, out, cache
+
+
+def _unmetered_rows(args, side) -> torch.Tensor:
+    """[B, 1] bool, for the gate's repaired record (its overlay pass does not read the pool's bits): the rows the
+    first pass saturated for an unmetered or out-of-pool slot, or for the view's scales."""
+    q, kv_indptr, kv_indices = args[0], args[4], args[5]
+    bad = bad_rows(side, kv_indptr[: q.shape[0] + 1], kv_indices, q.shape[0])
+    if side.ours is None and side.view_scale_bad is not None:
+        bad = bad | side.view_scale_bad
+    return bad
 
 
 class GraphCaptureUnsupported(RuntimeError):
@@ -196,8 +211,8 @@ def _wrap_decode(orig):
                 "without gate= (the metered decode and its record step capture)")
         if why is None:
             try:
-                side, out, cache, bad = metered_decode(args[:13], kw,
-                                                       tilt=_tilt_slot(args[0], args[1]) if capturing else None)
+                side, out, cache = metered_decode(args[:13], kw,
+                                                  tilt=_tilt_slot(args[0], args[1]) if capturing else None)
             except _Skip as e:
                 why = str(e)
             else:
@@ -210,7 +225,7 @@ def _wrap_decode(orig):
                     try:
                         rec, report = G.gate_call(args[:13], side, cache, out)
                         if rec is not out.meter:  # a row reading an unmetered slot stays unmetered
-                            _saturate_rows(rec, bad)
+                            _saturate_rows(rec, _unmetered_rows(args, side))
                     except Exception as e:  # serve the first pass (o, lse and record still agree)
                         STATE.unmetered[f"gate: {type(e).__name__}: {e}"] += 1
                         log.exception("WitCert gate failed on layer %s; served the ungated pass", layer_id)

@@ -8,7 +8,7 @@ never by a layer id, which SGLang's hybrid pools number per sub-pool (``layer_id
 Every slot of a side carries an ``unmetered`` bit. A side is born with every slot unmetered
 (a slot it has not seen written has no witness); a recorded write clears the bits of the slots it
 wrote; anything else that changes a slot sets its bit, and a decode row that reads an unmetered
-slot gets TV⁺ = 1, output bound +inf and the flag (``sglang_decode._saturate_rows``), until the slot is
+slot gets TV⁺ = 1, output bound +inf and the flag (counted by the decode kernel: ``kernels.unmetered``), until the slot is
 rewritten through a recorded write. So a write path the patch does not understand can only cost
 tightness, never soundness. Per pool method of the pinned SGLang (``POOL_API``):
 

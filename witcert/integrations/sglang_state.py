@@ -43,6 +43,9 @@ class LayerSide:
     #: 0-dim bool on the device: the view's (k_scale, v_scale) are not the witnesses' (``scale_t``); None: no
     #: recorded write yet (every slot unmetered anyway)
     view_scale_bad: torch.Tensor | None = None
+    #: ``kernels.unmetered.UnmeteredSlots`` the metered decode hands the kernel (``bad`` and, for a view of SGLang's
+    #: buffers, ``view_scale_bad``): built with the view (``sglang_decode.paged_view``)
+    view_unmetered: object = None
     #: [slot] bool: no witness vouches for the slot (never written through a recorded write, or
     #: changed since by a path that does not record: sglang_pool); a row reading one gets TV⁺ = 1
     bad: torch.Tensor | None = None

@@ -1,0 +1,132 @@
+"""``decode(..., unmetered=UnmeteredSlots)`` (issue 36: the SGLang path's unmetered slots counted in the kernels,
+not by torch ops after them) and the merge's row without tokens: a row reading a marked slot, a slot outside the
+pool, or any row under the ``every`` flag gets the non-finite record (TV⁺ 1, output bound +inf, flagged) while the
+other rows keep theirs bit for bit; an empty CSR row gets output 0, TV⁺ 0, no flag. In the interpreter and, in the
+device run, on the GPU (fused Triton merge either way)."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
+if DEV == "cpu":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
+
+from kernels.decode import decode  # noqa: E402
+from kernels.paged import PagedKV  # noqa: E402
+from kernels.unmetered import UnmeteredSlots  # noqa: E402
+from kernels.write import write_kv  # noqa: E402
+from tests.helpers.conformance import to_cpu  # noqa: E402
+
+D, HKV, GQ = 64, 2, 2
+LENS = [37, 0, 5, 70]  # row 1 has no token
+
+
+def _cache():
+    g = torch.Generator().manual_seed(11)
+    total = sum(LENS)
+    pool = total + 3
+    cache = PagedKV.allocate(pool, HKV, D, scheme="int8", block_size=1, num_groups=1, device=DEV)
+    slots = torch.randperm(pool, generator=g)[:total].int()
+    indptr = torch.tensor([0] + list(np.cumsum(LENS)), dtype=torch.int32)
+    for b, n in enumerate(LENS):
+        if n == 0:
+            continue
+        bt = slots[indptr[b] : indptr[b + 1]].view(1, n)
+        k = torch.randn(n, HKV, D, generator=g).bfloat16()
+        v = torch.randn(n, HKV, D, generator=g).bfloat16()
+        write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.int64).to(DEV),
+                 torch.arange(n).to(DEV))
+    q = (torch.randn(len(LENS), HKV * GQ, D, generator=g) * 1.5).bfloat16().float().to(DEV)
+    return cache, pool, slots, indptr, q
+
+
+def _run(cache, q, slots, indptr, unmetered=None):
+    return to_cpu(decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), num_splits=2, validate=False,
+                         sm_scale=1 / math.sqrt(D), unmetered=unmetered))
+
+
+def _saturated(rec, b):
+    return bool((rec.tv_upper_a[b] == 1).all() and torch.isinf(rec.out_err_upper[b]).all() and rec.flag[b].all())
+
+
+def test_a_marked_slot_saturates_its_row_and_no_other():
+    cache, pool, slots, indptr, q = _cache()
+    base = _run(cache, q, slots, indptr)
+    assert not base.meter.flag.any() and (base.meter.tv_upper_a[[0, 2, 3]] < 1).all()
+    bits = torch.zeros(pool, dtype=torch.bool)
+    bits[slots[indptr[2] + 3]] = True  # one token of row 2
+    bits[slots[-1]] = False
+    got = _run(cache, q, slots, indptr, UnmeteredSlots.of(bits.to(DEV)))
+    assert _saturated(got.meter, 2)
+    for b in (0, 3):
+        for f in ("tv_upper_a", "out_err_upper", "xi", "eps_max"):
+            assert torch.equal(getattr(got.meter, f)[b], getattr(base.meter, f)[b]), (b, f)
+        assert not got.meter.flag[b].any()
+    assert torch.equal(got.o, base.o)  # the token is still served: only the record says it is not vouched for
+    # a mark on a slot no row reads changes nothing
+    spare = torch.zeros(pool, dtype=torch.bool)
+    spare[[s for s in range(pool) if s not in set(slots.tolist())]] = True
+    assert torch.equal(_run(cache, q, slots, indptr, UnmeteredSlots.of(spare.to(DEV))).meter.tv_upper_a,
+                       base.meter.tv_upper_a)
+
+
+def test_every_flag_saturates_every_row_with_tokens():
+    cache, pool, slots, indptr, q = _cache()
+    zero = torch.zeros(pool, dtype=torch.uint8, device=DEV)
+    got = _run(cache, q, slots, indptr, UnmeteredSlots.of(zero, torch.ones(1, dtype=torch.bool, device=DEV)))
+    assert all(_saturated(got.meter, b) for b in (0, 2, 3))
+    assert (got.meter.tv_upper_a[1] == 0).all() and not got.meter.flag[1].any()  # no token: nothing to vouch for
+    off = _run(cache, q, slots, indptr, UnmeteredSlots.of(zero))
+    assert not off.meter.flag.any()
+
+
+@pytest.mark.parametrize("bad_slot", [-1, "pool", 2**31 - 1])
+def test_a_slot_outside_the_pool_is_not_read_and_saturates_its_row(bad_slot):
+    """A slot outside [0, P) has no witness and its bytes are no token's: the row is flagged and the token is left
+    out of the softmax (the output is the row's without it), not read out of bounds."""
+    cache, pool, slots, indptr, q = _cache()
+    bad = pool if bad_slot == "pool" else bad_slot
+    drop = int(indptr[3]) + 10
+    s2 = slots.clone()
+    s2[drop] = bad
+    got = _run(cache, q, s2, indptr, UnmeteredSlots.of(torch.zeros(pool, dtype=torch.bool, device=DEV)))
+    assert _saturated(got.meter, 3) and not got.meter.flag[[0, 1, 2]].any()
+    keep = torch.cat([slots[:drop], slots[drop + 1 :]])
+    ip = indptr.clone()
+    ip[4:] -= 1
+    ref = _run(cache, q, keep, ip)
+    tol = 1e-5 if DEV == "cpu" else 1e-2
+    assert torch.isfinite(got.o).all() and (got.o[3] - ref.o[3]).abs().max() <= tol * float(ref.o[3].abs().max())
+
+
+def test_a_row_without_tokens_gives_zero_from_the_merge():
+    """SGLang never sends an empty row; the reference's answer (witcert.meter.softmax: p̂ = 0) is output 0, TV⁺ 0 and
+    no flag, now written by the merge itself (before: 0/0 = NaN, fixed by five torch ops after it)."""
+    cache, pool, slots, indptr, q = _cache()
+    out = _run(cache, q, slots, indptr)
+    assert (out.o[1] == 0).all() and torch.isfinite(out.o).all()
+    assert (out.meter.tv_upper_a[1] == 0).all() and (out.meter.out_err_upper[1] == 0).all()
+    assert not out.meter.flag.any() and (out.meter.tv_upper_a[[0, 2, 3]] > 0).all()
+
+
+def test_misuse_is_refused():
+    cache, pool, slots, indptr, q = _cache()
+    um = UnmeteredSlots.of(torch.zeros(pool, dtype=torch.bool, device=DEV))
+    lens = torch.tensor([37, 1, 5, 70], dtype=torch.int32)
+    bt = torch.zeros(4, 70, dtype=torch.int32)
+    with pytest.raises(ValueError, match="CSR"):
+        decode(cache, q, bt.to(DEV), lens.to(DEV), unmetered=um)
+    with pytest.raises(ValueError, match="meter=False"):
+        decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), meter=False, validate=False, unmetered=um)
+    with pytest.raises(ValueError, match="bool or uint8"):
+        UnmeteredSlots.of(torch.zeros(pool, dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        UnmeteredSlots.of(torch.zeros(pool, 2, dtype=torch.bool)[:, 0])
+    with pytest.raises(ValueError, match=r"slots \[P\]"):
+        decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), validate=False,
+               unmetered=UnmeteredSlots.of(torch.zeros(2, pool, dtype=torch.bool, device=DEV)))
