@@ -10,10 +10,52 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import triton
+import triton.language as tl
 
 from contract.sketch import check_window
 
+from .fp_bounds import KERNEL_REL_SLACK
 from .repair import RepairOverlay
+from .write import INTERPRET
+
+
+@triton.jit
+def _window_write_kernel(SEQ, POS, NE, K, V, RK, RV, RKN, RVN, ne_int, s_kn, s_kh, s_vn, s_vh,
+                         sink, recent, H, C1, INFL: tl.constexpr, D: tl.constexpr, NE_TENSOR: tl.constexpr):
+    """Program (token i, kv head h): its ring column (``columns_of``), its exact K / V there and their norms
+    ‖·‖ in float64, inflated by INFL and rounded up to float32 (``RepairOverlay.norms_up``)."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    p = tl.load(POS + i).to(tl.int64)
+    b = tl.load(SEQ + i).to(tl.int64)
+    if NE_TENSOR:
+        ne = tl.load(NE + i).to(tl.int64)
+    else:
+        ne = ne_int.to(tl.int64)
+    scratch = (C1 - 1).to(tl.int64)
+    col = scratch
+    if recent > 0:
+        col = tl.where(p >= ne - recent, sink + p % recent, scratch)
+    col = tl.where(p < sink, p, col)
+    d = tl.arange(0, D)
+    row = (b * H + h) * C1 + col
+    k = tl.load(K + i * s_kn + h * s_kh + d)
+    v = tl.load(V + i * s_vn + h * s_vh + d)
+    tl.store(RK + row * D + d, k)
+    tl.store(RV + row * D + d, v)
+    tl.store(RKN + row, _norm_up(k, INFL))
+    tl.store(RVN + row, _norm_up(v, INFL))
+
+
+@triton.jit
+def _norm_up(x, INFL: tl.constexpr):
+    """‖x‖ in float64 (squares of bf16 / fp16 / fp32 values are exact there), × INFL, rounded **up** to float32."""
+    x64 = x.to(tl.float64)
+    n = tl.sqrt(tl.sum(x64 * x64, axis=0)) * INFL
+    f = n.to(tl.float32)
+    up = (f.to(tl.float64) < n) & (f >= 0)  # (a finite non-negative f below n: its next float32 up)
+    return tl.where(up, (f.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), f)
 
 
 @dataclasses.dataclass
@@ -30,7 +72,7 @@ class ExactWindow:
                                                         rounded up; NaN until written
 
     The decode serves token j of a sequence of length n from the ring when j < sink or j ≥ n − recent
-    (one predicate per token lane, no host work); ``write`` puts new tokens there (device index ops: a
+    (one predicate per token lane, no host work); ``write`` puts new tokens there (one launch: a
     CUDA graph can capture it). A token written while it is in the recent window stays in its column
     until the token ``recent`` positions later overwrites it, by which time it has left the window."""
 
@@ -78,6 +120,24 @@ class ExactWindow:
             raise ValueError(f"ExactWindow.write: exact values of the ring's dtype {self.k.dtype} only, got {k.dtype}")
         if k.shape[0] == 0 or self.columns == 0:
             return
+        dev = self.k.device
+        if dev.type == "cuda" or INTERPRET:  # one launch (a CUDA graph captures it as one node)
+            kd, vd = k.to(dev), v.to(dev)
+            if kd.stride(-1) != 1 or vd.stride(-1) != 1:
+                kd, vd = kd.contiguous(), vd.contiguous()
+            ne_t = not isinstance(n_end, int)
+            ne = n_end.to(dev).reshape(-1).expand(k.shape[0]).contiguous() if ne_t else positions
+            _window_write_kernel[(k.shape[0], self.k.shape[1])](
+                seq.to(dev), positions.to(dev), ne.to(dev), kd, vd, self.k, self.v, self.k_norm, self.v_norm,
+                0 if ne_t else int(n_end), kd.stride(0), kd.stride(1), vd.stride(0), vd.stride(1),
+                self.sink, self.recent, self.k.shape[1], self.columns + 1,
+                INFL=1.0 + KERNEL_REL_SLACK, D=self.k.shape[-1], NE_TENSOR=ne_t)
+            return
+        self._write_torch(seq, positions, k, v, n_end)
+
+    def _write_torch(self, seq: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     n_end) -> None:
+        """``write`` as torch index ops (off the GPU without the interpreter; the kernel's reference in the tests)."""
         dev = self.k.device
         col = self.columns_of(positions.to(dev), n_end if isinstance(n_end, int) else n_end.to(dev))
         b = seq.to(dev, torch.int64)

@@ -1,4 +1,5 @@
-"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``)
+"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``) and the
+exact window's write (``kernels.exact_window``)
 for sm_90 on the CPU, without a GPU: ``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
 ``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run without ``TRITON_INTERPRET`` (under it a
 jitted function is an interpreter object). The constants are the GPU's: ``DENSE3D`` off (``epilogue._dense3d``),
@@ -47,6 +48,16 @@ def _finish_tilt_kernel(E, EJ):
     return TB._finish_tilt_kernel, sig | {k: "constexpr" for k in const}, const
 
 
+def _window_write_kernel(E, EJ):
+    from kernels import exact_window as W
+
+    sig = {"SEQ": "*i64", "POS": "*i64", "NE": "*i64", "K": "*bf16", "V": "*bf16", "RK": "*bf16", "RV": "*bf16",
+           "RKN": "*fp32", "RVN": "*fp32", "ne_int": "i32", "s_kn": "i32", "s_kh": "i32", "s_vn": "i32", "s_vh": "i32",
+           "sink": "i32", "recent": "i32", "H": "i32", "C1": "i32"}
+    const = {"INFL": 1.0 + 2.0**-12, "D": 128, "NE_TENSOR": True}
+    return W._window_write_kernel, sig | {k: "constexpr" for k in const}, const
+
+
 def main(argv: list[str]) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -56,7 +67,8 @@ def main(argv: list[str]) -> int:
     from kernels import epilogue_jit as EJ
 
     bad = 0
-    for make in (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel):
+    for make in (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel,
+                 _window_write_kernel):
         fn, sig, const = make(E, EJ)
         for warps in (int(w) for w in argv):
             try:

@@ -1,0 +1,84 @@
+"""The exact window's write (``ExactWindow.write``): one Triton launch (``_window_write_kernel``) in place of ~33 torch
+index ops per layer (each a node of a captured decode step), against its torch form (``_write_torch``): the same ring
+columns bit for bit, and norms that are upper bounds of the exact norms inflated by KERNEL_REL_SLACK (within one
+float32 step of the torch form's), at every dtype, extreme magnitudes and non-finite values, with an int and a
+per-token ``n_end``. In the interpreter and, in the device run, on the GPU."""
+
+import math
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+pytestmark = pytest.mark.gpu
+if DEV == "cpu":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
+
+from kernels.exact_window import ExactWindow  # noqa: E402
+from kernels.fp_bounds import KERNEL_REL_SLACK  # noqa: E402
+
+B, H, D, N = 3, 2, 64, 40
+
+
+def _exact_norms(x: torch.Tensor) -> torch.Tensor:
+    """‖x_j‖ exactly rounded (math.fsum of the float64 squares, which are exact for these dtypes)."""
+    x64 = x.double().reshape(-1, x.shape[-1]).tolist()
+    return torch.tensor([math.sqrt(math.fsum(a * a for a in r)) for r in x64], dtype=torch.float64).view(x.shape[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("window", [(4, 64), (2, 0), (0, 5), (3, 7)])
+@pytest.mark.parametrize("n_end", ["int", "tensor", "per-token"])
+def test_kernel_write_matches_the_torch_write(dtype, window, n_end):
+    g = torch.Generator().manual_seed(7)
+    seq = torch.randint(0, B, (N,), generator=g)
+    pos = torch.arange(N)
+    big = torch.finfo(dtype).max / 64 if dtype != torch.float32 else 1e30
+    k = torch.randn(N, H, D, generator=g) * 10
+    for a, b in ((0, N - 1), (1, N - 2), (2, N - 3), (3, N - 4)):  # a sink token and a recent one of each kind
+        k[a] *= big / 10  # extreme magnitudes: squares far past float32 (exact in float64)
+        # the smallest normal magnitudes (squares ~1e-76: exact in float64, zero in float32); not subnormals, which
+        # the interpreter converts wrongly from bf16 (the GPU's conversion is exact)
+        k[b] = k[b].sign() * torch.finfo(dtype).tiny * (1 + k[b].abs())
+    k[2, 0, 3] = k[N - 3, 0, 3] = float("inf")
+    k[3, 1, 5] = k[N - 4, 1, 5] = float("nan")
+    v = torch.randn(N, H, D, generator=g)
+    k, v = k.to(dtype), v.to(dtype)
+    # per token: sequence 0's tokens end one later (a different recent window per sequence)
+    ne = {"int": N, "tensor": torch.full((N,), N), "per-token": N + (seq == 0).long()}[n_end]
+    a = ExactWindow.allocate(B, H, D, dtype, *window, device=DEV)
+    b = ExactWindow.allocate(B, H, D, dtype, *window, device=DEV)
+    a.write(seq.to(DEV), pos.to(DEV), k.to(DEV), v.to(DEV), ne if isinstance(ne, int) else ne.to(DEV))
+    b._write_torch(seq.to(DEV), pos.to(DEV), k.to(DEV), v.to(DEV), ne if isinstance(ne, int) else ne.to(DEV))
+    # cells written by exactly one token (several writers of one cell, as a per-token n_end gives here, land in any
+    # order on the GPU; the scratch column takes every token outside the window)
+    cols = a.columns_of(pos, ne)
+    writers = {}
+    for j in range(N):
+        writers.setdefault((int(seq[j]), int(cols[j])), []).append(j)
+    single = {cell: js[0] for cell, js in writers.items() if len(js) == 1 and cell[1] != a.columns}
+    assert len(single) >= min(3, sum(window))
+    exact = {"k_norm": _exact_norms(k) * (1.0 + KERNEL_REL_SLACK), "v_norm": _exact_norms(v) * (1.0 + KERNEL_REL_SLACK)}
+    for (bb, c), j in single.items():
+        for f in ("k", "v"):
+            assert torch.equal(getattr(a, f)[bb, :, c].cpu().view(torch.uint8), getattr(b, f)[bb, :, c].cpu().view(torch.uint8))
+        for f in ("k_norm", "v_norm"):
+            got, ref = getattr(a, f)[bb, :, c].cpu(), getattr(b, f)[bb, :, c].cpu()
+            assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf())
+            fin = torch.isfinite(ref)
+            step = torch.nextafter(ref[fin], torch.full_like(ref[fin], float("inf"))) - ref[fin]
+            assert ((got[fin] - ref[fin]).abs() <= step).all()  # within one float32 step of the torch form
+            for h in range(H):
+                e, w = exact[f][j, h].item(), got[h].item()
+                if math.isnan(e):
+                    assert math.isnan(w)
+                else:
+                    assert w >= e, (f, j, h)  # an upper bound, inflated as the meter needs
+
+
+def test_write_refuses_another_dtype():
+    a = ExactWindow.allocate(1, H, D, torch.bfloat16, 1, 2, device=DEV)
+    x = torch.zeros(1, H, D, device=DEV)
+    with pytest.raises(ValueError, match="ring's dtype"):
+        a.write(torch.zeros(1, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), x, x, 1)
