@@ -133,8 +133,9 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
 
 def metered_decode(args, kwargs, num_splits=None, tilt=None):
     """Run the metered kernel on SGLang's arguments; writes ``o`` and ``attn_lse``, returns
-    (side, DecodeOutput, the PagedKV it read, [B, 1] rows reading an unmetered slot). ``tilt``: (TiltBatch,
-    layer slot) of a deferred tilt (``_tilt_slot``), or None."""
+    (side, DecodeOutput, the PagedKV it read); a row reading an unmetered slot has the saturated record already (the
+    kernel counts it: ``kernels.unmetered``). ``tilt``: (TiltBatch, layer slot) of a deferred tilt (``_tilt_slot``),
+    or None."""
     from kernels.decode import decode
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
