@@ -41,7 +41,8 @@ def _cache():
         v = torch.randn(n, HKV, D, generator=g).bfloat16()
         write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.int64).to(DEV),
                  torch.arange(n).to(DEV))
-    q = (torch.randn(len(LENS), HKV * GQ, D, generator=g) * 1.5).bfloat16().float().to(DEV)
+    q = (torch.randn(len(LENS), HKV * GQ, D, generator=g) * 1.5).bfloat16()
+    q = q.to(DEV) if DEV == "cuda" else q.float()  # (the GPU's dots take q in the model's dtype)
     return cache, pool, slots, indptr, q
 
 
