@@ -326,7 +326,7 @@ class WitCertLayer(CacheLayerMixin):
         write_kv(self.paged, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(), self.block_table, st.seq, st.pos,
                  store_exact=False, validate=False, slots=st.slots)
         if self.win is not None:  # one launch (kernels.exact_window): captured with the step
-            self.win.write(st.seq, st.pos, k[:, :, 0], v[:, :, 0], st.pos + 1)
+            self.win.write(st.seq, st.pos, k[:, :, 0], v[:, :, 0], st.lens)  # (lens = pos + 1: no launch for it)
         self._pending = "served"
         _ACTIVE.cache = self.owner._weak
         return key_states, value_states
