@@ -4,9 +4,11 @@
     every  [1] uint8 (or bool)   1: no slot is (e.g. the buffer's scales differ from the witnesses')
 
 CSR rows only (SGLang's layout: ``block_table`` is the flat ``kv_indices``, each entry a slot of a P-row pool). The
-decode kernel counts, per row, the attended tokens whose slot is marked or lies outside [0, P) (such a slot is not
-read: its bytes are no token's) with the non-finite witnesses, so the merge gives the row the non-finite record
-(TV⁺ 1, output bound +inf, flagged) in the same launches: no torch op, no host sync, capturable in a CUDA graph.
+decode kernel counts, per row, the attended tokens whose slot is marked or lies outside [0, P) (its bytes are no
+token's: slot 0 is read in its place, never out of bounds) with the non-finite witnesses, so the merge gives the row
+the non-finite record (TV⁺ 1, output bound +inf, flagged) in the same launches: no torch op, no host sync,
+capturable in a CUDA graph. (The outside slot is not masked out of the tile: a mask that depends on the loaded slot
+costs the two-stage tile its software pipelining, ``tests/kernels/test_kernel_codegen.py``.)
 """
 
 from __future__ import annotations
