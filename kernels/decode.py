@@ -325,7 +325,13 @@ def _check_overlays(cache: PagedKV, q: torch.Tensor, repair: RepairOverlay | Non
 
 def _rows(block_table: torch.Tensor, seq_lens: torch.Tensor, kv_indptr: torch.Tensor | None,
           tm: torch.Tensor | None, dev) -> _Rows:
-    bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
+    bt = block_table
+    if bt.dtype != torch.int32:
+        if kv_indptr is not None and bt.dtype == torch.int64:
+            # a CSR slot past int32's range would wrap onto a slot of the pool (and be served, metered, with that slot's
+            # witness): it becomes -1, which the unmetered count flags (review, 2026-12-05); SGLang passes int32
+            bt = torch.where((bt < -(2**31)) | (bt >= 2**31), -1, bt)
+        bt = bt.to(torch.int32)
     sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
     lens = sl if kv_indptr is None else kv_indptr.contiguous()

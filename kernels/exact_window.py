@@ -121,7 +121,8 @@ class ExactWindow:
         if k.shape[0] == 0 or self.columns == 0:
             return
         dev = self.k.device
-        if dev.type == "cuda" or INTERPRET:  # one launch (a CUDA graph captures it as one node)
+        D = self.k.shape[-1]
+        if (dev.type == "cuda" or INTERPRET) and D & (D - 1) == 0:  # one launch (a CUDA graph captures it as one node)
             kd, vd = k.to(dev), v.to(dev)
             if kd.stride(-1) != 1 or vd.stride(-1) != 1:
                 kd, vd = kd.contiguous(), vd.contiguous()
@@ -131,13 +132,14 @@ class ExactWindow:
                 seq.to(dev), positions.to(dev), ne.to(dev), kd, vd, self.k, self.v, self.k_norm, self.v_norm,
                 0 if ne_t else int(n_end), kd.stride(0), kd.stride(1), vd.stride(0), vd.stride(1),
                 self.sink, self.recent, self.k.shape[1], self.columns + 1,
-                INFL=1.0 + KERNEL_REL_SLACK, D=self.k.shape[-1], NE_TENSOR=ne_t)
+                INFL=1.0 + KERNEL_REL_SLACK, D=D, NE_TENSOR=ne_t)
             return
         self._write_torch(seq, positions, k, v, n_end)
 
     def _write_torch(self, seq: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      n_end) -> None:
-        """``write`` as torch index ops (off the GPU without the interpreter; the kernel's reference in the tests)."""
+        """``write`` as torch index ops (off the GPU without the interpreter, or a head dim that is not a power of two,
+        which the kernel's ``tl.arange`` cannot span; the kernel's reference in the tests)."""
         dev = self.k.device
         col = self.columns_of(positions.to(dev), n_end if isinstance(n_end, int) else n_end.to(dev))
         b = seq.to(dev, torch.int64)

@@ -101,6 +101,16 @@ def test_a_slot_outside_the_pool_reads_slot_zero_and_saturates_its_row():
     assert torch.isfinite(got.o).all() and torch.equal(got.o, ref.o)
 
 
+def test_an_int64_slot_past_int32_saturates_its_row():
+    """An int64 ``kv_indices`` entry of slot + 2³² wrapped onto slot s in the int32 table and was served metered with
+    s's witness (review, 2026-12-05); it is now -1 there, outside the pool, so the row is saturated."""
+    cache, pool, slots, indptr, q = _cache()
+    s64 = slots.long()
+    s64[int(indptr[3]) + 7] += 2**32
+    got = _run(cache, q, s64, indptr, UnmeteredSlots.of(torch.zeros(pool, dtype=torch.bool, device=DEV)))
+    assert _saturated(got.meter, 3) and not got.meter.flag[[0, 1, 2]].any()
+
+
 def test_a_row_without_tokens_gives_zero_from_the_merge():
     """SGLang never sends an empty row; the reference's answer (witcert.meter.softmax: p̂ = 0) is output 0, TV⁺ 0 and
     no flag, now written by the merge itself (before: 0/0 = NaN, fixed by five torch ops after it)."""

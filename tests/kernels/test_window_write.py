@@ -82,6 +82,18 @@ def test_kernel_write_matches_the_torch_write(dtype, window, n_end):
                     assert w >= e, (f, j, h)  # an upper bound, inflated as the meter needs
 
 
+def test_a_head_dim_that_is_not_a_power_of_two_takes_the_torch_write():
+    """The kernel's ``tl.arange`` spans powers of two only (review, 2026-12-05: D = 80 raised in the launch)."""
+    g = torch.Generator().manual_seed(3)
+    a = ExactWindow.allocate(1, H, 80, torch.bfloat16, 1, 2, device=DEV)
+    k, v = (torch.randn(3, H, 80, generator=g).bfloat16().to(DEV) for _ in range(2))
+    pos = torch.arange(3, device=DEV)
+    a.write(torch.zeros(3, dtype=torch.int64, device=DEV), pos, k, v, 3)
+    cols = a.columns_of(pos, 3).cpu()
+    assert torch.equal(a.k[0][:, cols].cpu(), k.permute(1, 0, 2).cpu())
+    assert (a.k_norm[0][:, cols].cpu().double() >= _exact_norms(k.cpu()).T * (1.0 + KERNEL_REL_SLACK)).all()
+
+
 def test_write_refuses_another_dtype():
     a = ExactWindow.allocate(1, H, D, torch.bfloat16, 1, 2, device=DEV)
     x = torch.zeros(1, H, D, device=DEV)
