@@ -82,7 +82,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
-from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients  # noqa: F401 (re-export)
+from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
 from .exact_window import ExactWindow
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms
 from .key_levels import KEY_LEVELS, X0
@@ -248,7 +248,7 @@ def decode(
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
-        o = _zero_dead_rows(o, rec, sl, token_mask, Bsz)
+        o = _zero_dead_rows(o, rec, sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
 
 
@@ -502,18 +502,11 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
                  epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer)
 
 
-def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, sl: torch.Tensor, token_mask: torch.Tensor,
-                    Bsz: int) -> torch.Tensor:
+def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, sl: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """A row whose ``token_mask`` masks every token: what the reference gives (witcert.meter.softmax: p̂ = 0, so output
     0, TV⁺ and error bound 0, no flag), not the merge's 0/0 = NaN (issue 36); no host sync. (A row with seq_len 0 or an
     empty CSR row is the merge's own: ``epilogue.merge``.) Returns o (rec in place)."""
     dev = sl.device
     j = torch.arange(token_mask.shape[1], device=dev)
     live = (sl > 0) & (token_mask.to(dev) & (j[None] < sl[:, None].long())).any(-1)
-    dead = ~live
-    o = o.masked_fill(dead.view(Bsz, *([1] * (o.dim() - 1))), 0.0)
-    for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag") if rec is not None else ():
-        t = getattr(rec, f, None)
-        if t is not None:
-            t.masked_fill_(dead.view(Bsz, *([1] * (t.dim() - 1))), False if t.dtype == torch.bool else 0.0)
-    return o
+    return zero_rows(o, rec, ~live)

@@ -384,10 +384,9 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     L = (w * l_out).sum(-1)
     o = (w[..., None] * acc_out).sum(-2) / L[..., None]
     lse = M[..., 0] + torch.log(L)
-    dead = (sl.to(dev) <= 0).view(Bsz, 1)  # a row without any token: output 0, TV⁺ and bound 0, no flag (the kernel's)
-    o = o.masked_fill(dead[..., None], 0.0)
+    dead = sl.to(dev) <= 0  # a row without any token: output 0, TV⁺ and bound 0, no flag (the kernel's)
     if hist is None:
-        return o, lse, None
+        return zero_rows(o, None, dead), lse, None
     sm = c.sm
     L64 = (w64 * l_out.double()).sum(-1)
     h = (w64[..., None] * hist.double()).sum(-2) / L64[..., None]
@@ -419,8 +418,17 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
         pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
         single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta,
     )
-    for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag"):
+    return zero_rows(o, rec, dead), lse, rec
+
+
+def zero_rows(o: torch.Tensor, rec: MeterRecord | None, dead: torch.Tensor) -> torch.Tensor:
+    """Rows ``dead`` [B] without any attended token get what the reference gives them (witcert.meter.softmax: p̂ = 0):
+    output 0, TV⁺ and output bound 0 (both tiers), no flag; ``rec`` in place, the new ``o`` returned (no host sync).
+    The torch twin's form of the fused merge's, and ``decode._zero_dead_rows``'s for a fully masked row."""
+    B = dead.shape[0]
+    o = o.masked_fill(dead.view(B, *([1] * (o.dim() - 1))), 0.0)
+    for f in ("tv_upper_a", "tv_upper_b", "out_err_upper", "out_err_upper_b", "flag") if rec is not None else ():
         t = getattr(rec, f, None)
         if t is not None:
-            t.masked_fill_(dead, False if t.dtype == torch.bool else 0.0)
-    return o, lse, rec
+            t.masked_fill_(dead.view(B, *([1] * (t.dim() - 1))), False if t.dtype == torch.bool else 0.0)
+    return o

@@ -324,7 +324,8 @@ def _merge_meter_kernel(
     o = tl.sum(w32[:, None] * acc, axis=0) / L
     # a row without any token (seq_len 0, an empty CSR row): what the reference gives, output 0 and (below) TV⁺ 0,
     # output bound 0, no flag, instead of 0/0
-    dead = tl.load(SL + b) <= 0
+    n = tl.load(SL + b)
+    dead = n <= 0
     o = tl.where(dead, 0.0, o)
     tl.store(O + row * D + d, o)
     tl.store(LSE + row, mx + tl.log(L))
@@ -349,7 +350,6 @@ def _merge_meter_kernel(
             bad += ((L != L) | (L == float("inf")) | (L == float("-inf"))).to(tl.float32)
             bad += tl.sum(((o != o) | (o == float("inf")) | (o == float("-inf"))).to(tl.float32), axis=0)
             bad += tl.sum(((hm != hm) | (hm == float("inf"))).to(tl.float32), axis=0)
-            n = tl.load(SL + b)
             qv = tl.load(Q + b * s_qb + h * s_qh + d).to(tl.float64)
             qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
             qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
