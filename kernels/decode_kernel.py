@@ -131,6 +131,9 @@ def _decode_kernel(
         if HAS_REP:
             ks_lvl = tl.where(rep, 0.0, ks_lvl)
         if METER:
+            if SCHEME != INT4_GROUP_ID and SCHEME != KIVI2_ID:  # a non-finite stored key scale (corruption) with a
+                # finite witness: a negative logit times inf drops the token silently; counted as non-finite
+                bad += (valid & ((ks != ks) | (ks == float("inf")) | (ks == float("-inf")))).to(tl.float32)
             # key side: ‖W_j‖₂ over the groups (or the sketch radius), shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             if SKETCH:

@@ -120,6 +120,21 @@ def test_nan_in_cache_saturates():
     assert out.meter.flag.all() and out.meter.tv_upper_a.item() == 1.0
 
 
+@pytest.mark.parametrize("scheme", ["int8", "fp8_e4m3_scaled"])
+@pytest.mark.parametrize("val", [float("inf"), float("-inf"), float("nan")])
+def test_nonfinite_key_scale_saturates_every_head(scheme, val):
+    """A stored key scale of ±inf / NaN beside a finite witness (corruption): the logit s·⟨c, q⟩ is −inf for a head
+    whose dot is negative, which drops the token from that head's softmax; without the scale's count that head's
+    record was finite and unflagged (sketch off: the group radius reads the witness only)."""
+    cache, bt, _ = build(scheme, [20, 7], 1, 64, seed=3)
+    cache.k_scale[bt[0, 0].long(), 0, 3] = val
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 8, 64, generator=g).bfloat16().float()  # GQ 8: some head's dot with the token is negative
+    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
+    assert out.meter.flag[0].all() and (out.meter.tv_upper_a[0] == 1.0).all()
+    assert not out.meter.flag[1].any()
+
+
 def test_bad_inputs():
     cache, bt, _ = build("int8", [5], 2, 64)
     bt = bt.to(DEV)

@@ -99,3 +99,23 @@ def test_write_refuses_another_dtype():
     x = torch.zeros(1, H, D, device=DEV)
     with pytest.raises(ValueError, match="ring's dtype"):
         a.write(torch.zeros(1, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), x, x, 1)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="the interpreter converts subnormal bf16 wrongly; the GPU's conversion is exact")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_subnormal_keys_get_norms_at_least_their_exact_norms_on_the_gpu(dtype):
+    """A ring of subnormal keys and values only (~1e-40 in bf16): the kernel's norm must not flush them to 0
+    (a flush would serve a nonzero token with κ = 0, below its exact norm)."""
+    g = torch.Generator().manual_seed(11)
+    tiny = torch.finfo(dtype).tiny
+    k = (torch.rand(4, H, D, generator=g) * tiny * 0.5).to(dtype)  # every entry subnormal (or 0)
+    v = -k
+    assert (k.float().abs() < tiny).all() and (k.float() != 0).any()
+    a = ExactWindow.allocate(1, H, D, dtype, 2, 2, device=DEV)
+    pos = torch.arange(4, device=DEV)
+    a.write(torch.zeros(4, dtype=torch.int64, device=DEV), pos, k.to(DEV), v.to(DEV), 4)
+    cols = a.columns_of(pos, 4).cpu()
+    for f, x in (("k_norm", k), ("v_norm", v)):
+        got = getattr(a, f)[0][:, cols].cpu().double()
+        assert (got >= _exact_norms(x).T * (1.0 + KERNEL_REL_SLACK)).all(), f
+        assert (got > 0).all(), f
