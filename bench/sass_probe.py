@@ -154,12 +154,16 @@ def main(argv=None):
         regs, spill, n, ops = analyze(k.asm["ptx"])
         shared = sum(v for o, v in ops.items() if o.startswith(("LDS", "LDSM")))
         byte_lds = sum(v for o, v in ops.items() if o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16"))
+        glob = sum(v for o, v in ops.items() if o.startswith("LDG"))
+        sel = sum(v for o, v in ops.items() if o.split(".")[0] == "SEL")
+        # byte tensors a loop carries to its next iteration (the unmetered marks, read a tile ahead of their use)
+        carried = sum(len(re.findall(r"xi8>", y)) for y in k.asm["ttir"].splitlines() if "scf.yield" in y)
         print(f"meter {'on ' if meter else 'off'} {tokens:>3} tokens, {stages} stage(s), {warps} warps, {hc} head columns"
               f"{f', cap {cap}' if cap else ''}{', L2 prefetch' if pf else ''}"
               f"{f', sketch {args.sketch_bits} bits' if args.sketch_bits else ''}{', weighted' if args.weighted else ''}"
               f"{', window' if args.window else ''}{', per-head levels' if args.head_levels else ''}"
               f"{''.join(', ' + c for c in args.const)}: {regs} registers, "
-              f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes); "
+              f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes; {glob} global loads; {sel} selects; {carried} carried i8); "
               + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
 
 

@@ -210,7 +210,7 @@ def decode(
     record is written to its layer ``tilt_layer`` with the tilt deferred to ``tilt_batch.finish`` (one launch
     for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device.
     ``unmetered`` (``UnmeteredSlots``, CSR rows and the meter only): token slots without a valid witness; a row that
-    reads one, or a slot outside the pool (slot 0 read instead), or any row when its ``every`` flag is set, gets the record of a
+    reads one, or a slot outside the pool (slot P − 1 read instead), or any row when its ``every`` flag is set, gets the record of a
     non-finite row (TV⁺ 1, output bound +inf, flagged), counted in the kernel: no launch of its own, no sync.
     A row without any attended token (an empty CSR row, seq_len 0) gets output 0, TV⁺ and output bound 0, no flag (what
     the reference gives), from the merge; a fully masked row (``token_mask``) after it (``_zero_dead_rows``)."""

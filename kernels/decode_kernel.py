@@ -75,6 +75,8 @@ def _decode_kernel(
     bad = tl.zeros([BLOCK_N], tl.float32)
     if HAS_UNMET:  # the caller's "every slot unmetered" flag (UMA [1] uint8): counted once per lane of every program
         bad += tl.load(UMA).to(tl.float32)
+        um_prev = tl.zeros([PAGES * T], tl.uint8)  # the previous tile's marks and outside slots (counted a tile late)
+        out_prev = tl.zeros([PAGES * T], tl.int1)
 
     n_idx = tl.arange(0, BLOCK_N)
     pg_in = n_idx // T
@@ -103,15 +105,20 @@ def _decode_kernel(
             bt_next = tl.load(BT + pn, mask=pn < p_end, other=0)
         else:
             blk = tl.load(BT + page, mask=pvalid, other=0).to(tl.int64)
-        if HAS_UNMET:  # (CSR: blk is the token's slot) a slot marked unmetered (UM [um_rows] uint8), or one outside
-            # the pool (no witness): counted as non-finite, so the merge saturates the row's record. An outside slot
-            # reads slot 0 instead (never out of bounds); masking it out instead changes the loads' masks, which
-            # cost the software-pipelined two-stage tile its pipelining (sm_90 SASS: 217 → 142 registers, +9 %
-            # loop instructions; 7 % slower at B 8 / 32K on bf16, run W)
-            inpool = (blk >= 0) & (blk < um_rows)
-            blk = tl.where(inpool, blk, 0)
-            um = tl.load(UM + blk, mask=valid, other=0)
-            bad += (valid & ((um != 0) | ~inpool)).to(tl.float32)
+        if HAS_UNMET:  # (CSR: blk is the token's slot, an int32) a slot marked unmetered (UM [um_rows] uint8), or one
+            # outside the pool [0, um_rows) (no witness there), is counted as non-finite, so the merge saturates the
+            # row's record. An outside slot reads slot um_rows − 1 instead (never out of bounds): one unsigned 32-bit
+            # min per lane, the slot zero-extended. The marks are counted one tile after their load (after the loop
+            # for the last tile), so the loop never waits for the byte gather. Measured on SGLang's bf16 tile (two
+            # stages, one program per SM) at B 8 / 32K, each of these cost more (bench/SGLANG.md): masking the slot
+            # out of the loads (the pipeliner dropped their pipelining: +7 %, run W); a select on the int64 slot
+            # (Triton 3.6.0: +212 loop instructions, +19 %, run X2); the count as a pass after the loop (its
+            # latency: +9 %, run X5); the marks used in the tile that loads them (+11 %, run X6). This form: ±1 % (X7)
+            raw = blk
+            blk = tl.minimum(blk.to(tl.int32).to(tl.uint32), (um_rows - 1).to(tl.uint32)).to(tl.int64)
+            bad += ((um_prev != 0) | out_prev).to(tl.float32)
+            um_prev = tl.load(UM + blk, mask=valid, other=0)
+            out_prev = valid & (raw != blk)
         cbase, sbase, vsbase = _code_offsets(blk, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst)
         rep, rbase, rnbase = _repair_slots(RS, blk, kvh, off, valid, s_rsb, T, D, HAS_REP)
         if HAS_WIN:  # the exact window's tokens (the first `sink`, the last `recent`) are served by the ring pass below
@@ -164,6 +171,8 @@ def _decode_kernel(
             kapmax = tl.maximum(kapmax, kap)
         m = m_new
 
+    if HAS_UNMET:  # the last tile's marks
+        bad += ((um_prev != 0) | out_prev).to(tl.float32)
     if HAS_WIN:  # the exact window's tokens, from the ring (the split that owns its virtual pages)
         m, l, accT, histT, numax, kapmax, bad = _exact_window(
             Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, ring_here, b, kvh, seq_len, sink, recent,

@@ -5,10 +5,12 @@
 
 CSR rows only (SGLang's layout: ``block_table`` is the flat ``kv_indices``, each entry a slot of a P-row pool). The
 decode kernel counts, per row, the attended tokens whose slot is marked or lies outside [0, P) (its bytes are no
-token's: slot 0 is read in its place, never out of bounds) with the non-finite witnesses, so the merge gives the row
+token's: slot P − 1 is read in its place, never out of bounds) with the non-finite witnesses, so the merge gives the row
 the non-finite record (TV⁺ 1, output bound +inf, flagged) in the same launches: no torch op, no host sync,
-capturable in a CUDA graph. (The outside slot is not masked out of the tile: a mask that depends on the loaded slot
-costs the two-stage tile its software pipelining, ``tests/kernels/test_kernel_codegen.py``.)
+capturable in a CUDA graph. In the tile loop: the marks' byte load and an unsigned clamp of the slot, no select and
+no mask that depends on the slot; the forms measured slower (a mask, a select on the int64 slot, a pass after the loop)
+are in ``decode_kernel``'s comment and bench/SGLANG.md (run X); ``tests/kernels/test_kernel_codegen.py`` checks the
+schedule.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class UnmeteredSlots:
             raise ValueError("unmetered: token slots are CSR rows' (kv_indptr); a block table's entries are pages")
         if not meter:
             raise ValueError("unmetered: counted by the meter (meter=False would serve the rows unflagged)")
-        if self.slots.dim() != 1 or self.every.shape != (1,):
-            raise ValueError(f"unmetered: slots [P] and every [1], got {tuple(self.slots.shape)} and "
+        if self.slots.dim() != 1 or self.slots.shape[0] < 1 or self.every.shape != (1,):
+            raise ValueError(f"unmetered: slots [P ≥ 1] and every [1], got {tuple(self.slots.shape)} and "
                              f"{tuple(self.every.shape)}")
         for name, t in (("slots", self.slots), ("every", self.every)):
             if t.dtype != torch.uint8 or not t.is_contiguous() or t.device != torch.device(device):

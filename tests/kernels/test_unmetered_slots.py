@@ -86,15 +86,15 @@ def test_every_flag_saturates_every_row_with_tokens():
     assert not off.meter.flag.any()
 
 
-def test_a_slot_outside_the_pool_reads_slot_zero_and_saturates_its_row():
+def test_a_slot_outside_the_pool_reads_the_last_slot_and_saturates_its_row():
     """A slot outside [0, P) (−1, P, 2³¹ − 1: one in each row with tokens) has no witness and its bytes are no
-    token's: the row is flagged, and the kernel reads slot 0 in its place (never out of bounds): the output is the
-    decode's with slot 0 there, bit for bit."""
+    token's: the row is flagged, and the kernel reads slot P − 1 in its place (an unsigned min: never out of bounds):
+    the output is the decode's with slot P − 1 there, bit for bit."""
     cache, pool, slots, indptr, q = _cache()
     drops = {0: (int(indptr[0]) + 10, -1), 2: (int(indptr[2]) + 2, pool), 3: (int(indptr[3]) + 40, 2**31 - 1)}
     s2, s0 = slots.clone(), slots.clone()
     for at, bad in drops.values():
-        s2[at], s0[at] = bad, 0
+        s2[at], s0[at] = bad, pool - 1
     got = _run(cache, q, s2, indptr, UnmeteredSlots.of(torch.zeros(pool, dtype=torch.bool, device=DEV)))
     assert all(_saturated(got.meter, b) for b in drops) and not got.meter.flag[1].any()
     ref = _run(cache, q, s0, indptr)
@@ -134,6 +134,8 @@ def test_misuse_is_refused():
         UnmeteredSlots.of(torch.zeros(pool, dtype=torch.int32))
     with pytest.raises(ValueError, match="contiguous"):
         UnmeteredSlots.of(torch.zeros(pool, 2, dtype=torch.bool)[:, 0])
-    with pytest.raises(ValueError, match=r"slots \[P\]"):
-        decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), validate=False,
-               unmetered=UnmeteredSlots.of(torch.zeros(2, pool, dtype=torch.bool, device=DEV)))
+    for bad_slots in (torch.zeros(2, pool, dtype=torch.bool), torch.zeros(0, dtype=torch.bool)):
+        # (an empty pool: the kernel's clamp onto slot P − 1 would read slot 2³² − 1)
+        with pytest.raises(ValueError, match=r"slots \[P ≥ 1\]"):
+            decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), validate=False,
+                   unmetered=UnmeteredSlots.of(bad_slots.to(DEV)))
