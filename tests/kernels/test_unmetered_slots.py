@@ -76,6 +76,25 @@ def test_a_marked_slot_saturates_its_row_and_no_other():
                        base.meter.tv_upper_a)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_mark_in_any_tile_of_a_split_saturates_its_row(splits):
+    """The kernel counts a tile's marks one iteration after their load and the last tile's after the loop (so the loop
+    never waits for the gather, bench/SGLANG.md run X): a mark or an outside slot in the first, a middle or the last
+    16-token tile of a split, with one or three splits of row 3's 70 tokens, saturates the row, and no other."""
+    cache, pool, slots, indptr, q = _cache()
+    for pos, outside in ((0, False), (15, False), (16, True), (31, False), (47, True), (69, False), (69, True)):
+        bits = torch.zeros(pool, dtype=torch.bool)
+        s2 = slots.clone()
+        at = int(indptr[3]) + pos
+        if outside:
+            s2[at] = pool + 5
+        else:
+            bits[slots[at]] = True
+        got = to_cpu(decode(cache, q, s2.to(DEV), None, kv_indptr=indptr.to(DEV), num_splits=splits, validate=False,
+                            sm_scale=1 / math.sqrt(D), pages_per_tile=16, unmetered=UnmeteredSlots.of(bits.to(DEV))))
+        assert _saturated(got.meter, 3) and not got.meter.flag[[0, 1, 2]].any(), (pos, outside)
+
+
 def test_every_flag_saturates_every_row_with_tokens():
     cache, pool, slots, indptr, q = _cache()
     zero = torch.zeros(pool, dtype=torch.uint8, device=DEV)
