@@ -227,7 +227,7 @@ def decode(
     q = (tensor_core_query(q, cache, validate) if lowp else q).contiguous()
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
     if unmetered is not None:
-        unmetered.check(csr, meter, q.device)
+        unmetered.check(csr, meter, q.device, cache.k_codes.shape[0])
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,

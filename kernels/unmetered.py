@@ -34,7 +34,11 @@ class UnmeteredSlots:
             every = torch.zeros(1, dtype=torch.uint8, device=slots.device)
         return cls(slots=_as_bytes(slots, "slots"), every=_as_bytes(every.reshape(-1), "every"))
 
-    def check(self, csr: bool, meter: bool, device) -> None:
+    def check(self, csr: bool, meter: bool, device, pool_rows: int) -> None:
+        """Refuse what the kernel cannot count soundly or would read out of bounds: a block table (pages, not slots),
+        ``meter=False``, other shapes / dtypes / devices, an empty pool, and more rows than the cache's ``pool_rows``
+        slots (the kernel reads slot P − 1 of the cache in an outside slot's place; fewer rows are allowed: the slots
+        past them count as outside)."""
         if not csr:
             raise ValueError("unmetered: token slots are CSR rows' (kv_indptr); a block table's entries are pages")
         if not meter:
@@ -42,6 +46,9 @@ class UnmeteredSlots:
         if self.slots.dim() != 1 or self.slots.shape[0] < 1 or self.every.shape != (1,):
             raise ValueError(f"unmetered: slots [P ≥ 1] and every [1], got {tuple(self.slots.shape)} and "
                              f"{tuple(self.every.shape)}")
+        if self.slots.shape[0] > pool_rows:
+            raise ValueError(f"unmetered: {self.slots.shape[0]} slots for a cache of {pool_rows} (the kernel would "
+                             "read past the cache in an outside slot's place)")
         for name, t in (("slots", self.slots), ("every", self.every)):
             if t.dtype != torch.uint8 or not t.is_contiguous() or t.device != torch.device(device):
                 raise ValueError(f"unmetered.{name}: expected contiguous uint8 on {device}, got {t.dtype} on "

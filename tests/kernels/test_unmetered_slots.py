@@ -153,6 +153,9 @@ def test_misuse_is_refused():
         UnmeteredSlots.of(torch.zeros(pool, dtype=torch.int32))
     with pytest.raises(ValueError, match="contiguous"):
         UnmeteredSlots.of(torch.zeros(pool, 2, dtype=torch.bool)[:, 0])
+    with pytest.raises(ValueError, match="read past the cache"):  # (a pool smaller than the marks: clamp past it)
+        decode(cache, q, slots.to(DEV), None, kv_indptr=indptr.to(DEV), validate=False,
+               unmetered=UnmeteredSlots.of(torch.zeros(pool + 1, dtype=torch.bool, device=DEV)))
     for bad_slots in (torch.zeros(2, pool, dtype=torch.bool), torch.zeros(0, dtype=torch.bool)):
         # (an empty pool: the kernel's clamp onto slot P − 1 would read slot 2³² − 1)
         with pytest.raises(ValueError, match=r"slots \[P ≥ 1\]"):
