@@ -115,7 +115,10 @@ def _decode_kernel(
             # (Triton 3.6.0: +212 loop instructions, +19 %, run X2); the count as a pass after the loop (its
             # latency: +9 %, run X5); the marks used in the tile that loads them (+11 %, run X6). This form: ±1 % (X7)
             raw = blk
-            blk = tl.minimum(blk.to(tl.int32).to(tl.uint32), (um_rows - 1).to(tl.uint32)).to(tl.int64)
+            # ((um_rows − 1) + a zero tensor: Triton specialises an int argument equal to 1 into a constexpr, on which
+            # .to() fails: a one-slot pool would not compile, review 2026-12-05)
+            last = ((um_rows - 1) + tl.zeros([], tl.int32)).to(tl.uint32)
+            blk = tl.minimum(blk.to(tl.int32).to(tl.uint32), last).to(tl.int64)
             bad += ((um_prev != 0) | out_prev).to(tl.float32)
             um_prev = tl.load(UM + blk, mask=valid, other=0)
             out_prev = valid & (raw != blk)
@@ -125,11 +128,11 @@ def _decode_kernel(
             valid = valid & ~((tok < sink) | (tok >= seq_len - recent))
         # kq: K̂ (group schemes) or the key codes (8-bit schemes), ksc: the group schemes' key scales (the sketch's β)
         if SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID:  # z + s·c in fp32
-            m_new, alpha, pT, l, accT, ks, kq, ksc = _group_tile(KC, VC, KS, VS, KZ, VZ, RK, RV, cbase, sbase, vsbase,
+            m_new, alpha, pT, l, accT, ks, kq, ksc, nfk = _group_tile(KC, VC, KS, VS, KZ, VZ, RK, RV, cbase, sbase, vsbase,
                                                                  valid, rep, rbase, d, q32T, m, l, accT, sm_scale,
                                                                  D, BLOCK_N, SCHEME, HAS_REP, PREC32)
         else:
-            m_new, alpha, pT, l, accT, ks, kq, ksc = _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid,
+            m_new, alpha, pT, l, accT, ks, kq, ksc, nfk = _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid,
                                                                 rep, rbase, d, tok, qT, m, l, accT, seed, layer, kvh,
                                                                 sm_scale, BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP,
                                                                 PREC32)
@@ -138,8 +141,12 @@ def _decode_kernel(
         if HAS_REP:
             ks_lvl = tl.where(rep, 0.0, ks_lvl)
         if METER:
-            if SCHEME != INT4_GROUP_ID and SCHEME != KIVI2_ID:  # a non-finite stored key scale (corruption) with a
-                # finite witness: a negative logit times inf drops the token silently; counted as non-finite
+            # a non-finite stored key (corruption after the write) beside a finite witness: inf times a negative
+            # dot drops the token from a head's softmax silently; counted as non-finite. The byte schemes' scales
+            # here, the tokens whose logit is NaN or −inf (the group schemes' zero points and scales, fp8_e5m2's
+            # ±inf codes) from the tile (``_nonfinite_logits``)
+            bad += nfk
+            if SCHEME != INT4_GROUP_ID and SCHEME != KIVI2_ID:
                 bad += (valid & ((ks != ks) | (ks == float("inf")) | (ks == float("-inf")))).to(tl.float32)
             # key side: ‖W_j‖₂ over the groups (or the sketch radius), shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)

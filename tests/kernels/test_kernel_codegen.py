@@ -74,10 +74,13 @@ def test_per_head_levels_compile_for_sm90(args):
 def test_sglang_tile_with_unmetered_slots_compiles_for_sm90(scheme):
     """The SGLang path's tile (CSR token slots, block size 1) with the unmetered-slot count (HAS_UNMET,
     ``kernels.unmetered``): the interpreter runs it without Triton's type checks."""
-    regs, spill, n, shared, small = _probe("--meter", "1", "--tokens", "64", "--stages", "1", "--scheme", scheme,
-                                           "--const", "T=1", "--const", "PAGES=64", "--const", "CSR=1",
-                                           "--const", "PREFETCH_BT=0", "--const", "HAS_UNMET=1")
+    args = ("--meter", "1", "--tokens", "64", "--stages", "1", "--scheme", scheme, "--const", "T=1", "--const",
+            "PAGES=64", "--const", "CSR=1", "--const", "PREFETCH_BT=0", "--const", "HAS_UNMET=1")
+    regs, spill, n, shared, small = _probe(*args)
     assert n > 100  # the loop was found
+    # a one-slot pool: Triton specialises an int argument equal to 1 into a constexpr (review, 2026-12-05: the
+    # clamp's (um_rows - 1).to(...) did not compile then)
+    assert _probe(*args, "--const", "um_rows=1")[2] > 100
 
 
 @pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")

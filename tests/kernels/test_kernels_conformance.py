@@ -135,6 +135,31 @@ def test_nonfinite_key_scale_saturates_every_head(scheme, val):
     assert not out.meter.flag[1].any()
 
 
+@pytest.mark.parametrize("scheme", ["int4_group", "kivi2", "fp8_e5m2"])
+def test_nonfinite_stored_key_saturates_every_head(scheme):
+    """A ±inf key zero point (int4_group, kivi2) or key code (fp8_e5m2, which encodes inf) beside a finite witness:
+    k̂ is inf on that channel, so a head whose q is negative there gets logit −inf and drops the token silently; the
+    tile counts the tokens with a NaN or −inf logit (``decode_tile._nonfinite_logits``; an adversarial review found
+    kivi2's TV⁺ 0.068 against a realised 0.81, 2026-12-05)."""
+    if scheme == "fp8_e5m2" and DEV == "cpu":
+        pytest.skip("the interpreter converts an e5m2 ±inf code to ±65536 (finite); the GPU run checks it")
+    cache, bt, _ = build(scheme, [20, 7], 1, 64, seed=3)
+    blk = bt[0, 0].long()
+    if scheme == "fp8_e5m2":
+        cache.k_codes[blk, 0, :4, 5] = torch.tensor(float("inf")).to(cache.k_codes.dtype)
+    elif scheme == "kivi2":
+        cache.k_zero[blk, 0, 5] = float("inf")  # the page's channel 5
+    else:
+        cache.k_zero[blk, 0, 5, 0] = float("inf")  # token 5's first 32-channel group
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 8, 64, generator=g)
+    q[0, 0, :32] = -q[0, 0, :32].abs() - 0.01  # head 0 negative on the whole group: its logit is −inf, not NaN
+    q = q.bfloat16().float()
+    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
+    assert out.meter.flag[0].all() and (out.meter.tv_upper_a[0] == 1.0).all()
+    assert not out.meter.flag[1].any()
+
+
 def test_bad_inputs():
     cache, bt, _ = build("int8", [5], 2, 64)
     bt = bt.to(DEV)
