@@ -82,7 +82,7 @@ def test_a_mark_in_any_tile_of_a_split_saturates_its_row(splits):
     never waits for the gather, bench/SGLANG.md run X): a mark or an outside slot in the first, a middle or the last
     16-token tile of a split, with one or three splits of row 3's 70 tokens, saturates the row, and no other."""
     cache, pool, slots, indptr, q = _cache()
-    for pos, outside in ((0, False), (15, False), (16, True), (31, False), (47, True), (69, False), (69, True)):
+    for pos, outside in ((0, False), (16, True), (31, False), (69, True)):  # (CI's time: four of the row's tiles)
         bits = torch.zeros(pool, dtype=torch.bool)
         s2 = slots.clone()
         at = int(indptr[3]) + pos
