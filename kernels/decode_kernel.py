@@ -142,12 +142,8 @@ def _decode_kernel(
             ks_lvl = tl.where(rep, 0.0, ks_lvl)
         if METER:
             # a non-finite stored key (corruption after the write) beside a finite witness: inf times a negative
-            # dot drops the token from a head's softmax silently; counted as non-finite. The byte schemes' scales
-            # here, the tokens whose logit is NaN or −inf (the group schemes' zero points and scales, fp8_e5m2's
-            # ±inf codes) from the tile (``_nonfinite_logits``)
+            # dot drops the token from a head's softmax silently; the tile's count of such tokens (``nfk``)
             bad += nfk
-            if SCHEME != INT4_GROUP_ID and SCHEME != KIVI2_ID:
-                bad += (valid & ((ks != ks) | (ks == float("inf")) | (ks == float("-inf")))).to(tl.float32)
             # key side: ‖W_j‖₂ over the groups (or the sketch radius), shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             if SKETCH:

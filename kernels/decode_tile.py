@@ -170,7 +170,7 @@ def _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbas
     """int8 / int8_dither / fp8 / none: the logits s·⟨c − u, q⟩·σ, the online-softmax step and the PV dot (the
     dither subtracted in both). Returns (m_new, α, p̂ᵀ, l, accᵀ, the key scales, the key codes (in q's dtype on the
     GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β, the key scales again, the tokens with a non-finite
-    logit (fp8_e5m2 only: ``_nonfinite_logits``))."""
+    key: a NaN / −inf logit for fp8_e5m2 (``_nonfinite_logits``), a non-finite key scale for the others)."""
     kc, vcT, ks, vs = _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d,
                                   BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP)
     qkT = tl.dot(kc, qT)  # [N, H]
@@ -185,11 +185,11 @@ def _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbas
         else:
             qkT -= tl.dot(uk, qT)
     sT = qkT * (ks * sm_scale)[:, None]
-    if SCHEME == FP8_E5M2_ID:  # (codes that can be ±inf; the other byte schemes' codes cannot, their scales are
-        # checked in the kernel: a check of every logit would cost SGLang's bf16 tile, one program per SM)
+    if SCHEME == FP8_E5M2_ID:  # codes that can be ±inf: every logit checked
         nfk = _nonfinite_logits(sT, valid)
-    else:
-        nfk = tl.zeros([BLOCK_N], tl.float32)
+    else:  # codes that cannot be ±inf: the key scale per token (a check of every logit would cost SGLang's bf16
+        # tile, one program per SM; scheme none's scale is 1)
+        nfk = (valid & ((ks != ks) | (ks == float("inf")) | (ks == float("-inf")))).to(tl.float32)
     sT = tl.where(valid[:, None], sT, float("-inf"))
     m_new, alpha, pT, l = _softmax_step(m, l, sT)
     pvT = pT * vs[:, None]
