@@ -159,9 +159,10 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
       programs: short sequences at small B; ``choose_splits`` gives int8's long small-B grids enough splits
       for the 64-token tile, run R);
     * the fp32-dequantizing schemes (int4_group, kivi2): 128-token tiles, one stage with the meter,
-      else two; 4 warps; scheme none: two stages and 16 head columns (unchanged: Triton 3.6 emits an
-      out-of-bounds __shared__ read for the metered none kernel at one stage, bench/crash_probe.py,
-      and its 8-column code has not been through that probe).
+      else two; 4 warps; scheme none (SGLang's bf16 pool): two stages (Triton 3.6 emits an out-of-bounds
+      __shared__ read for the metered none kernel at one stage, bench/crash_probe.py) and 8 head columns
+      (2026-12-05, H100 runs Y1-Y3: the SGLang bf16 call 8-23 % faster metered and 7-20 % unmetered than at
+      16 columns; compute-sanitizer memcheck clean on the paged and SGLang layouts, graph-replayed too).
 
     Every tile pads the GQ query heads of a kv head to ``head_columns`` (8; the dots run as mma.sync
     n8 instead of wgmma n16: 2-10 % less time, fewer registers, run K), except the metered page-level
@@ -182,7 +183,7 @@ def tile_config(meter: bool, scheme: str = "int8", programs_per_sm: float = 0.0,
             return Tile(128, 1, 4, METERED_REGISTER_CAP if capped else None)
         return Tile(64, 1, 4, UNMETERED_REGISTER_CAP if capped else None) if many else Tile(128, 1, 8)
     if scheme == "none":
-        return Tile(128, 2, 4, head_columns=16)
+        return Tile(128, 2, 4)
     return Tile(128, 1, 4) if meter else Tile(128, 2, 4)
 
 
