@@ -159,6 +159,19 @@ def test_nonfinite_stored_key_saturates_every_head(scheme):
     assert not out.meter.flag[1].any()
 
 
+def test_nonfinite_e5m2_value_code_is_never_served_finite():
+    """An inf fp8_e5m2 value code (corruption after the write): read through fp16 it stays inf, so the served output
+    is non-finite and the row flagged (TV⁺ 1, E⁺ inf). Read as Triton's direct e5m2 → bf16 does (65536 on the GPU and
+    in the interpreter) it was a finite output 65536·p̂ off with a finite E⁺ and no flag."""
+    cache, bt, _ = build("fp8_e5m2", [20, 7], 1, 64, seed=3)
+    cache.v_codes[bt[0, 0].long(), 0, :4, 5] = torch.tensor(float("inf")).to(cache.v_codes.dtype)
+    q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(5)).bfloat16().float()
+    out = to_cpu(decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV)))
+    assert out.meter.flag[0].all() and (out.meter.tv_upper_a[0] == 1.0).all()
+    assert torch.isinf(out.meter.out_err_upper[0]).all() and not torch.isfinite(out.o[0]).all(dim=-1).any()
+    assert not out.meter.flag[1].any() and torch.isfinite(out.o[1]).all()
+
+
 def test_bad_inputs():
     cache, bt, _ = build("int8", [5], 2, 64)
     bt = bt.to(DEV)
