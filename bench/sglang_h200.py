@@ -23,10 +23,15 @@ import argparse
 import math
 import os
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+#: seconds of untimed replays before each timed loop (``graph_ms``); triton.testing.do_bench warms up 25 ms
+WARMUP_S = 0.2
 
 
 def graph_ms(call, iters: int) -> float:
@@ -41,11 +46,16 @@ def graph_ms(call, iters: int) -> float:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             call()
-        # warm-up replays, untimed: a cell's first timed loop ran 5-15 % slower than the same call timed later
-        # (run Y7: SGLang's kernel 0.225 then 0.201 ms at bf16 B 32 / 4K), which had put the off column, timed first
-        for _ in range(iters):
-            g.replay()
-        torch.cuda.synchronize()
+        # warm-up replays, untimed, for at least WARMUP_S: a cell's first timed loop ran 5-15 % slower than the same
+        # call timed later (run Y7: SGLang's kernel 0.225 then 0.201 ms at bf16 B 32 / 4K), which had put the off
+        # column, timed first; run Y8's `iters` replays (4 ms at B 32 / 4K) may not have been enough there
+        t0 = time.perf_counter()
+        while True:
+            for _ in range(iters):
+                g.replay()
+            torch.cuda.synchronize()
+            if time.perf_counter() - t0 >= WARMUP_S:
+                break
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         for _ in range(iters):
