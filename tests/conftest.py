@@ -13,6 +13,12 @@ from hypothesis import HealthCheck, settings
 # the shared helpers' asserts (tests.helpers.conformance.check_case, ...) report as the test modules' do
 pytest.register_assert_rewrite("tests.helpers")
 
+# the interpreter without its per-helper-call re-patching (WITCERT_TEST_PLAIN_INTERPRETER=1: Triton's as it is)
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("WITCERT_TEST_PLAIN_INTERPRETER") != "1":
+    from tests.helpers.interpreter_calls import install as _install_interpreter_calls
+
+    _install_interpreter_calls()
+
 settings.register_profile(
     "ci", max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
