@@ -60,7 +60,7 @@ denominators) and ``kernels.epilogue`` turns the histograms into TV⁺ and the o
 Arguments of ``decode`` (beside its docstring's): ``tilt_above`` ≥ 0: the dual-grid tilt is computed
 only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp terms) is above it (a gate with
 threshold τ passes τ: at or below it the row is certified without the tilt), the others report tilt 1;
-a tilted row refines its grid (``epilogue.COARSE`` intervals, then up to ``REFINE_TOP`` of them) only
+a tilted row refines its grid (``epilogue.COARSE`` intervals, then up to ``REFINE_TOP`` of them, 0 by default) only
 until τ is settled either way and reports that grid's tilt (the gate's decision is the fully refined
 one's); TV⁺ is sound either way. ``hist_split``: the histogram dot's operand split on the GPU, "bf16x2"
 (default) or "tf32x3" (``paged.HIST_SPLIT_REL``). ``levels``: "token" (each token binned by its own

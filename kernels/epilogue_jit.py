@@ -30,8 +30,19 @@ import triton.language as tl
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
 COARSE = 64
-REFINE_TOP = 8
+#: the coarse intervals refined (largest first, until refining on cannot change the tilt): 0, the coarse grid alone.
+#: Run Y11 (bench/RESULTS.md, an H100): the fully refined record (8) took 51 / 62 / 256 µs at B 1 / 8 / 32 (32K, Hq 32)
+#: against 26 / 27 / 77 µs for the coarse grid; on SmolLM2 int8 (``witcert tightness --backend kernel``) the coarse
+#: grid's median TV⁺ is 0.58 % higher (0.018627 → 0.018736), its share of rows ≤ 0.05 the same. Read at call time
+#: (``refine_top``): a test or a benchmark may set it (the refinement is kept, tested at 8)
+REFINE_TOP = 0
 REFINE = 32
+
+
+def refine_top() -> int:
+    """The launches' and the twin's RT: ``min(REFINE_TOP, COARSE)``, read when called."""
+    return min(REFINE_TOP, COARSE)
+
 FP64_SLACK_C: tl.constexpr = tl.constexpr(FP64_SLACK)
 #: points of the tilt's grid evaluated at a time on the GPU (``epilogue.tilt_chunk``; a power of two dividing
 #: COARSE and REFINE): its [TC, bins] float64 tiles are what set the fused merge's registers (sm_90: 250 at 4 warps with the whole
@@ -195,7 +206,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
         sel = i < 0
         best = tl.full([], -1.0, tl.float64)
         s = tl.arange(0, NR)
-        if DENSE3D:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
+        if DENSE3D and RT > 0:  # (interpreter) pick the RT intervals first, then one dense evaluation of all
             rr = tl.arange(0, RT)  # their RT·NR points: the same values, far fewer interpreted calls
             idxv = tl.zeros([RT], tl.int32)
             uv = tl.zeros([RT], tl.float64)  # their coarse values

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue_jit import COARSE, FP64_SLACK, REFINE, REFINE_TOP
+from .epilogue_jit import COARSE, FP64_SLACK, REFINE, refine_top
 
 _EPS = torch.finfo(torch.float64).eps
 
@@ -77,7 +77,11 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     dev = w.device
     ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev)[:-1].expand(R, -1)
     upper = _interval_upper(ts, 1.0 / COARSE, w, a, b, m)  # [R, COARSE]
-    rt = min(REFINE_TOP, COARSE)
+    rt = refine_top()
+    if rt == 0:  # the coarse grid alone (the default: ``epilogue_jit.REFINE_TOP``)
+        out = upper.amax(-1).clamp(0.0, 1.0)
+        out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)
+        return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
     order = torch.sort(upper, dim=-1, descending=True, stable=True).indices  # largest first (ties: lowest index)
     top = order[:, :rt]
     lo = torch.gather(ts, 1, top)

@@ -53,9 +53,9 @@ from .epilogue_jit import (
     REC_TVA,
     REC_XI,
     REFINE,
-    REFINE_TOP,
     _out_err_upper,
     _tv_row,
+    refine_top,
 )
 from .key_levels import KEY_LEVELS
 
@@ -155,7 +155,7 @@ class TiltBatch:
         dev = self.rec.device
         _finish_tilt_kernel[(n,)](
             self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, *tau_bracket(tilt_above),
-            NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=min(REFINE_TOP, COARSE), NR=REFINE,
+            NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=refine_top(), NR=REFINE,
             EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
         )
         self.written.clear()

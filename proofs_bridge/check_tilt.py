@@ -125,11 +125,14 @@ def _check_kernel_endpoints(data):
     lv = torch.tensor(np.stack([x for _, x in data]))
     rmax = lv[:, -1].clone()  # the last bin is the overflow bin at the row's maximum
     got = E.tv_from_hist(mass.to(dev), lv.to(dev), rmax.to(dev), force_kernel=True)[3].cpu().numpy()
-    N1, RT, NR = J.COARSE, min(J.REFINE_TOP, J.COARSE), J.REFINE
+    N1, RT, NR = J.COARSE, J.refine_top(), J.REFINE
     want = []
     for w, x in data:
         t0 = np.arange(N1) / N1
         U = _interval_upper_formula(t0, 1.0 / N1, w, x)
+        if RT == 0:  # the coarse grid alone (the default)
+            want.append(min(1.0, max(0.0, U.max())))
+            continue
         top = np.argsort(-U, kind="stable")[:RT]  # the RT largest (ties: the lowest index)
         sub = (t0[top][:, None] + np.arange(NR)[None, :] / (N1 * NR)).reshape(-1)
         refined = _interval_upper_formula(sub, 1.0 / (N1 * NR), w, x).reshape(RT, NR).max(axis=1)

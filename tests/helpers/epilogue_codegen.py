@@ -67,17 +67,20 @@ def main(argv: list[str]) -> int:
     from kernels import epilogue_jit as EJ
 
     bad = 0
-    for make in (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel,
-                 _window_write_kernel):
-        fn, sig, const = make(E, EJ)
-        for warps in (int(w) for w in argv):
-            try:
-                triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 64),
-                               options={"num_warps": warps})
-                print(f"ok {make.__name__} {warps}")
-            except Exception as exc:  # noqa: BLE001 - reported, and the exit status says it
-                bad += 1
-                print(f"FAILED {make.__name__} {warps}: {type(exc).__name__} {str(exc)[:300]}")
+    tilted = (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel)
+    # the tilt's kernels with the coarse grid alone (RT 0, the default) and with the refinement (RT 8)
+    for rt, makes in ((0, tilted + (_window_write_kernel,)), (8, tilted)):
+        EJ.REFINE_TOP = rt
+        for make in makes:
+            fn, sig, const = make(E, EJ)
+            for warps in (int(w) for w in argv):
+                try:
+                    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 64),
+                                   options={"num_warps": warps})
+                    print(f"ok {make.__name__} RT {const.get('RT')} {warps}")
+                except Exception as exc:  # noqa: BLE001 - reported, and the exit status says it
+                    bad += 1
+                    print(f"FAILED {make.__name__} RT {const.get('RT')} {warps}: {type(exc).__name__} {str(exc)[:300]}")
     return 1 if bad else 0
 
 

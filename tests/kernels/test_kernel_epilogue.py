@@ -34,7 +34,13 @@ def test_epilogue_single_bin_is_not_a_single_token():
     assert tv.item() >= math.tanh(L / 2)
 
 
-def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
+@pytest.mark.parametrize("refine", [0, 8])
+def test_epilogue_kernel_matches_torch_epilogue(monkeypatch, refine):
+    """Kernel = twin on every row, with the coarse grid alone (the default) and refined; the lazy tilt's early
+    stops (which need intervals to refine) with the refinement on."""
+    import kernels.epilogue_jit as EJ
+
+    monkeypatch.setattr(EJ, "REFINE_TOP", refine)
     g = torch.Generator().manual_seed(11)
     R, nb = 4 if DEV == "cpu" else 64, 32
     mass = torch.rand(R, nb, generator=g) ** 8
@@ -52,6 +58,11 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
         a = E.tv_from_hist(mass.to(DEV), lv.to(DEV), rmax.to(DEV), xi.to(DEV), lam.to(DEV), force_kernel=True)
         for x, y in zip(a, b):
             torch.testing.assert_close(x.cpu(), y, rtol=0, atol=1e-12)
+    if refine == 0:  # the coarse grid's tilt is ≥ the refined one's (both sound), and above it on some row
+        monkeypatch.setattr(EJ, "REFINE_TOP", 8)
+        b8 = ET.tv_from_hist_torch(mass, lv, rmax, xi, lam)
+        assert torch.all(b[3] >= b8[3] - 1e-15) and torch.any(b[3] > b8[3] + 1e-12)
+        return
     # lazy tilt: rows whose closed-form TV⁺ (min(tanh, e-form) + the fp terms) is ≤ tilt_above
     # report tilt 1 and a TV⁺ ≥ the full one (still ≤ tilt_above: the gate's question is settled)
     cheap = torch.minimum(b[1], b[2])
@@ -91,6 +102,7 @@ def test_epilogue_kernel_matches_torch_epilogue(monkeypatch):
         assert settled_any and stopped_any
 
 
+@pytest.mark.usefixtures("refined_tilt")
 def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
     """The kernels get τ as float32 (``tau_bracket``: τ↓ to certify, τ↑ to stop as not certified), so the lazy
     refinement's decision is the fully refined one's even where float32 rounding of τ lands across TV⁺ (two
@@ -129,6 +141,7 @@ def test_epilogue_tau_as_float32_and_degenerate_masses(monkeypatch):
         assert ref[0].item() == 1.0
 
 
+@pytest.mark.usefixtures("refined_tilt")
 def test_tilt_chunk_does_not_change_the_bound(monkeypatch):
     """The tilt's grid points per step (``epilogue.tilt_chunk``, the kernels' TC) change the speed only: every
     grid point's upper value is computed alone and the maxima are exact, so any chunk gives bit-identical
@@ -203,11 +216,11 @@ def _refinements(w, lv):
     ts = torch.linspace(0, 1, E.COARSE + 1, dtype=torch.float64)[:-1].expand(R, -1)
     U = ET._interval_upper(ts, 1 / E.COARSE, w, a, b, m)
     order = torch.sort(U, dim=-1, descending=True, stable=True).indices
-    sub = torch.gather(ts, 1, order[:, : E.REFINE_TOP])[..., None] + torch.arange(E.REFINE) / (E.COARSE * E.REFINE)
-    raw = ET._interval_upper(sub.reshape(R, -1), 1 / (E.COARSE * E.REFINE), w, a, b, m).reshape(R, E.REFINE_TOP, -1)
+    sub = torch.gather(ts, 1, order[:, : E.refine_top()])[..., None] + torch.arange(E.REFINE) / (E.COARSE * E.REFINE)
+    raw = ET._interval_upper(sub.reshape(R, -1), 1 / (E.COARSE * E.REFINE), w, a, b, m).reshape(R, E.refine_top(), -1)
     raw = raw.amax(-1)
-    su = torch.minimum(raw, torch.gather(U, 1, order[:, : E.REFINE_TOP]))
-    nxt = torch.gather(U, 1, order[:, 1 : E.REFINE_TOP + 1])
+    su = torch.minimum(raw, torch.gather(U, 1, order[:, : E.refine_top()]))
+    nxt = torch.gather(U, 1, order[:, 1 : E.refine_top() + 1])
     best = torch.cummax(su, -1).values
     stop = best >= nxt
     stop[:, -1] = True
@@ -218,6 +231,7 @@ def _refinements(w, lv):
     return k + 1, early, every, before
 
 
+@pytest.mark.usefixtures("refined_tilt")
 def test_tilt_refinement_stops_once_it_cannot_lower_the_tilt(monkeypatch):
     """The tilt's refinement (``_tv_row``, every mode) takes the largest coarse intervals one by one, values each
     at the smaller of its coarse value and its sub-intervals' maximum (both sound on it), and stops once no
@@ -231,7 +245,7 @@ def test_tilt_refinement_stops_once_it_cannot_lower_the_tilt(monkeypatch):
     lv = torch.sort(torch.rand(300, 32, generator=g, dtype=torch.float64) * 3, dim=-1).values
     k, early, every, before = (torch.cat(x) for x in zip(*(_refinements(w[i : i + 100], lv[i : i + 100])
                                                              for i in range(0, 300, 100))))
-    assert torch.equal(early, every) and (every <= before).all() and k.double().mean() < 0.75 * E.REFINE_TOP
+    assert torch.equal(early, every) and (every <= before).all() and k.double().mean() < 0.75 * E.refine_top()
     row = int(torch.nonzero(every < before * (1 - 1e-9))[0])
     mass, lvr = w[row : row + 1], lv[row : row + 1]
     rmax = lvr[:, -1].clone()

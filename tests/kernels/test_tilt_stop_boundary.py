@@ -67,6 +67,7 @@ def _kernel(monkeypatch, dense3d):
     return torch.stack([x.cpu() for x in E.tv_from_hist(mass, lv, rmax, force_kernel=True)])
 
 
+@pytest.mark.usefixtures("refined_tilt")
 @pytest.mark.parametrize("dense3d", [True, False] if DEV == "cpu" else [None])
 def test_tilt_stop_boundary_is_sound(monkeypatch, dense3d):
     mass, lv, rmax = _rows()
@@ -81,6 +82,7 @@ def test_tilt_stop_boundary_is_sound(monkeypatch, dense3d):
     assert abs(twin[3, 1].item() - twin[3, 0].item()) < 1e-12
 
 
+@pytest.mark.usefixtures("refined_tilt")
 @pytest.mark.parametrize("dense3d", [True, False] if DEV == "cpu" else [None])
 def test_tilt_stop_boundary_kernel_matches_twin(monkeypatch, dense3d):
     mass, lv, rmax = _rows()
