@@ -77,22 +77,21 @@ def tilt_from_hist(w: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
     dev = w.device
     ts = torch.linspace(0.0, 1.0, COARSE + 1, dtype=torch.float64, device=dev)[:-1].expand(R, -1)
     upper = _interval_upper(ts, 1.0 / COARSE, w, a, b, m)  # [R, COARSE]
-    rt = refine_top()
-    if rt == 0:  # the coarse grid alone (the default: ``epilogue_jit.REFINE_TOP``)
-        out = upper.amax(-1).clamp(0.0, 1.0)
-        out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)
-        return torch.where(lvm.amax(-1) > 700.0, torch.ones_like(out), out)
+    rt = refine_top()  # 0 (the default): the coarse grid alone, no interval refined
     order = torch.sort(upper, dim=-1, descending=True, stable=True).indices  # largest first (ties: lowest index)
-    top = order[:, :rt]
-    lo = torch.gather(ts, 1, top)
-    frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
-    sub = lo[..., None] + frac  # [R, TOP, REFINE]
-    sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).reshape(R, rt, REFINE).amax(-1)
-    sub_upper = torch.minimum(sub_upper, torch.gather(upper, 1, top))  # ≤ its coarse value (both sound)
-    # the kernel stops refining once no unrefined interval is above the refined maximum; with refined values
-    # ≤ coarse ones that is exactly the tilt of refining all of them, computed here
+    best = torch.full_like(upper[:, 0], -1.0)  # the refined intervals' maximum (none refined: −1, as the kernel's)
+    if rt:
+        top = order[:, :rt]
+        lo = torch.gather(ts, 1, top)
+        frac = torch.arange(REFINE, dtype=torch.float64, device=dev) * (1.0 / (COARSE * REFINE))
+        sub = lo[..., None] + frac  # [R, TOP, REFINE]
+        sub_upper = _interval_upper(sub.reshape(R, -1), 1.0 / (COARSE * REFINE), w, a, b, m).reshape(R, rt, REFINE)
+        # each at the smaller of its refined maximum and its coarse value (both sound); the kernel stops refining
+        # once no unrefined interval is above the refined maximum: with refined values ≤ coarse ones that is
+        # exactly the tilt of refining all of them, computed here
+        best = torch.minimum(sub_upper.amax(-1), torch.gather(upper, 1, top)).amax(-1)
     rest = torch.gather(upper, 1, order[:, rt : rt + 1])[:, 0] if COARSE > rt else torch.full_like(upper[:, 0], -1.0)
-    out = torch.maximum(sub_upper.amax(-1), rest).clamp(0.0, 1.0)
+    out = torch.maximum(best, rest).clamp(0.0, 1.0)
     # all radii 0 ⇒ TV = 0. (One non-empty bin is NOT one token: a bin holds many tokens of
     # equal level, whose fractional supremum is tanh(L/2) > 0 -- no shortcut for it.)
     out = torch.where(lvm.amax(-1) == 0, torch.zeros_like(out), out)

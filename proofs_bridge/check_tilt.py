@@ -130,13 +130,12 @@ def _check_kernel_endpoints(data):
     for w, x in data:
         t0 = np.arange(N1) / N1
         U = _interval_upper_formula(t0, 1.0 / N1, w, x)
-        if RT == 0:  # the coarse grid alone (the default)
-            want.append(min(1.0, max(0.0, U.max())))
-            continue
-        top = np.argsort(-U, kind="stable")[:RT]  # the RT largest (ties: the lowest index)
-        sub = (t0[top][:, None] + np.arange(NR)[None, :] / (N1 * NR)).reshape(-1)
-        refined = _interval_upper_formula(sub, 1.0 / (N1 * NR), w, x).reshape(RT, NR).max(axis=1)
-        refined = np.minimum(refined, U[top]).max()  # each at min(coarse, refined): the kernel's early stop is exact
+        top = np.argsort(-U, kind="stable")[:RT]  # the RT largest (ties: the lowest index; none at RT 0, the default)
+        refined = -1.0  # none refined (RT 0): −1, as the kernel's
+        if RT:
+            sub = (t0[top][:, None] + np.arange(NR)[None, :] / (N1 * NR)).reshape(-1)
+            refined = _interval_upper_formula(sub, 1.0 / (N1 * NR), w, x).reshape(RT, NR).max(axis=1)
+            refined = np.minimum(refined, U[top]).max()  # each at min(coarse, refined): the kernel's early stop is exact
         rest = np.delete(U, top).max() if N1 > RT else -1.0
         want.append(min(1.0, max(0.0, refined, rest)))
     return (name, _above(got, np.array(want), 1e-9), "")
