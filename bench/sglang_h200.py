@@ -175,7 +175,17 @@ def main():
     ap.add_argument("--defer-tilt", action="store_true",
                     help="install(defer_tilt=True): the captured call's record without its tilt (the graph column); "
                          "the finish of that layer timed apart")
+    ap.add_argument("--one-warp", default="", metavar="SCHEMES",
+                    help="A/B: schemes added to kernels.plan.ONE_WARP_METERED_SCHEMES and SMALL_GRID_SCHEMES for this "
+                         "process (the one-warp metered tile and its small-grid split rule, timed for int8 alone)")
     args = ap.parse_args()
+    if args.one_warp:
+        import kernels.plan as kp
+
+        extra = tuple(x for x in args.one_warp.split(",") if x)
+        kp.ONE_WARP_METERED_SCHEMES = kp.ONE_WARP_METERED_SCHEMES + extra
+        kp.SMALL_GRID_SCHEMES = kp.SMALL_GRID_SCHEMES + extra
+        print(f"# one-warp metered tile and small-grid rule also for {extra}")
     import witcert.integrations.sglang as ws
 
     root = args.sglang_root

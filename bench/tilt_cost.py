@@ -25,6 +25,7 @@ import kernels.decode as kd  # noqa: E402
 import kernels.epilogue as ke  # noqa: E402
 import kernels.epilogue_jit as ej  # noqa: E402
 from bench.decode import bench, graphed, int8_shape  # noqa: E402
+from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 
 def capture(cache, q, bt, sl):
@@ -66,6 +67,16 @@ def shape_rows(B, n, heads, sms, chunks, warps, grids=()):
     med = float(full.tv_upper_a.median())
     t("merge_off", tau=0.1, epi=False, h=None, st=None)
     t("record_no_tilt", tau=0.1)
+    for w in warps:  # the record whose tilt is skipped (a gate's τ) at each warp count
+        t(f"record_no_tilt_w{w}", tau=0.1, w=w)
+    tb = TiltBatch.allocate(1, out["rows"], hist.shape[-1], hist.device)
+
+    def deferred(w):  # the record with its tilt deferred (kernels.tilt_batch: the graphed default)
+        tb.written.clear()
+        return ke.merge(m_out, l_out, acc, hist, stat, qq, sll, consts, tilt_batch=tb, tilt_layer=0, num_warps=w)
+
+    for w in [None, *warps]:
+        out[f"deferred_w{w or 'plan'}_us"] = round(bench(graphed([lambda: deferred(w)]), False) * 1e3, 2)
     mismatch = 0
     for tau, tag in ((-1.0, "full"), (0.5 * med, "lazy")):
         for w in warps:

@@ -82,7 +82,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
-from .epilogue import MergeConstants, MeterRecord, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
+from .epilogue import MergeConstants, MeterRecord, check_outputs, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
 from .exact_window import ExactWindow
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms
 from .key_levels import KEY_LEVELS, X0
@@ -182,6 +182,8 @@ def decode(
     tilt_batch=None,
     tilt_layer: int | None = None,
     unmetered: UnmeteredSlots | None = None,
+    out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -213,7 +215,11 @@ def decode(
     reads one, or a slot outside the pool (slot P − 1 read instead), or any row when its ``every`` flag is set, gets the record of a
     non-finite row (TV⁺ 1, output bound +inf, flagged), counted in the kernel: no launch of its own, no sync.
     A row without any attended token (an empty CSR row, seq_len 0) gets output 0, TV⁺ and output bound 0, no flag (what
-    the reference gives), from the merge; a fully masked row (``token_mask``) after it (``_zero_dead_rows``)."""
+    the reference gives), from the merge; a fully masked row (``token_mask``) after it (``_zero_dead_rows``).
+    ``out`` [B, Hq, D] (float32 / bfloat16 / float16) and ``lse_out`` [B, Hq, W] float32 (``epilogue.check_outputs``;
+    not with ``token_mask``): the caller's buffers, which the merge writes itself (the output in ``out``'s dtype, the
+    log-sum-exp in ``lse_out[..., 0]`` and −inf in its other columns: SGLang's ``o`` and ``attn_lse``, no copy
+    launches after it); ``out.o`` / ``out.lse`` are then those buffers."""
     if tilt_batch is not None:
         from .tilt_batch import TiltBatch
 
@@ -228,6 +234,9 @@ def decode(
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
     if unmetered is not None:
         unmetered.check(csr, meter, q.device, cache.k_codes.shape[0])
+    check_outputs(out, lse_out, Bsz, Hq, D, q.device)
+    if token_mask is not None and (out is not None or lse_out is not None):
+        raise ValueError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,
@@ -246,7 +255,7 @@ def decode(
     compiled, pages = _launch(cache, q, plan, rows, ws, sm, repair if has_rep else None, window if has_win else None,
                               unmetered)
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
-    o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer)
+    o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer, out, lse_out)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
         o = _zero_dead_rows(o, rec, sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
@@ -485,8 +494,9 @@ def _merge_constants(cache: PagedKV, plan: DecodePlan, pages: int, sm: float, de
 
 
 def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, consts: MergeConstants,
-           epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int | None = None):
-    """The split-KV merge and, with the meter and ``epilogue``, the meter record: (o, lse, record or None)."""
+           epilogue: bool, tilt_above: float, tilt_batch=None, tilt_layer: int | None = None, out=None, lse_out=None):
+    """The split-KV merge and, with the meter and ``epilogue``, the meter record: (o, lse, record or None); into
+    ``out`` / ``lse_out`` where given (``decode``)."""
     # (the torch twin has no deferred form: with a tilt_batch the kernel runs on any device)
     if q.device.type != "cuda" and MERGE_OFF_GPU == "torch" and tilt_batch is None:
         # the interpreter runs the fused merge at ~0.1 s per row: off the GPU its torch twin (the
@@ -496,10 +506,17 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
             log.info("decode off the GPU: the merge / meter epilogue runs as kernels.epilogue.merge_torch")
             _LOGGED["merge"] = True
         with_rec = plan.meter and epilogue
-        return merge_torch(ws.m, ws.l, ws.acc, ws.hist if with_rec else None, ws.stat if with_rec else None, q, sl,
-                           consts)
+        o, lse, rec = merge_torch(ws.m, ws.l, ws.acc, ws.hist if with_rec else None, ws.stat if with_rec else None, q,
+                                  sl, consts)
+        if out is not None:  # what the kernel writes into the caller's buffers
+            o = out.copy_(o)
+        if lse_out is not None:
+            lse_out[..., 1:] = float("-inf")
+            lse = lse_out[..., 0].copy_(lse)
+        return o, lse, rec
     return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl, consts,
-                 epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer)
+                 epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer,
+                 out=out, lse_out=lse_out)
 
 
 def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, sl: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:

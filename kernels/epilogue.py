@@ -308,19 +308,43 @@ def _edges(dev, ka: int) -> torch.Tensor:
     return _EDGES[key]
 
 
+def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device) -> None:
+    """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
+    float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
+    contiguous (any other strides). Host checks only (no sync); a ValueError says what is wrong."""
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"out: expected a float32 / bfloat16 / float16 tensor, got {getattr(out, 'dtype', out)!r}")
+        if tuple(out.shape) != (B, Hq, D) or out.stride(-1) != 1 or out.device != torch.device(device):
+            raise ValueError(f"out: expected [{B}, {Hq}, {D}] on {device} with its last dimension contiguous, got "
+                             f"{tuple(out.shape)} on {out.device}, strides {out.stride()}")
+    if lse_out is not None:
+        if not isinstance(lse_out, torch.Tensor) or lse_out.dtype != torch.float32:
+            raise ValueError(f"lse_out: expected a float32 tensor, got {getattr(lse_out, 'dtype', lse_out)!r}")
+        if (lse_out.dim() != 3 or tuple(lse_out.shape[:2]) != (B, Hq) or lse_out.shape[2] < 1 or lse_out.stride(-1) != 1
+                or lse_out.device != torch.device(device)):
+            raise ValueError(f"lse_out: expected [{B}, {Hq}, W ≥ 1] on {device} with its last dimension contiguous, "
+                             f"got {tuple(lse_out.shape)} on {lse_out.device}, strides {lse_out.stride()}")
+
+
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
-          tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int | None = None):
+          tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int | None = None,
+          out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
     record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
     q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec).
     ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``):
-    the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's)."""
+    the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's).
+    ``out`` / ``lse_out`` (``check_outputs``): the caller's buffers, written by the launch itself (o in ``out``'s
+    dtype; the log-sum-exp in ``lse_out[..., 0]``, −inf in its other columns); the returned o / lse are then
+    ``out`` and ``lse_out[..., 0]``."""
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     rows = Bsz * Hq
     meter = hist is not None
-    o = torch.empty(Bsz, Hq, c.D, device=dev, dtype=torch.float32)
-    lse = torch.empty(Bsz, Hq, device=dev, dtype=torch.float32)
+    o = torch.empty(Bsz, Hq, c.D, device=dev, dtype=torch.float32) if out is None else out
+    lse3 = torch.empty(Bsz, Hq, 1, device=dev, dtype=torch.float32) if lse_out is None else lse_out
+    lse = lse3[..., 0]
     KP = triton.next_power_of_2(c.KA)
     f64 = dict(device=dev, dtype=torch.float64)
     defer = tilt_batch is not None
@@ -341,6 +365,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         flag, c.weights if c.weights is not None else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
+        o.stride(0), o.stride(1), lse3.stride(0), lse3.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
@@ -348,7 +373,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         N1=COARSE, RT=refine_top(), NR=REFINE, EPSC=_epsc(KP), DENSE3D=_dense3d(dev),
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
-        RING_TILES=c.ring_tiles, DEFER=defer,
+        RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
         num_warps=warps,
     )
     record = None

@@ -15,7 +15,9 @@ the launches are there too (``merge``, ``tv_from_hist``), the torch twin in ``ke
         STAT_IN     [B·Hq, S, 6]      max ‖W‖, max s, max φ, max ν, non-finite count, max κ
         Q           [B, Hq, D]        the query (strides s_qb, s_qh);  SL [B] int32;  EDGES [KA − 1] float64
         WGT         [Hkv, D]          the sketch radius's channel weights (WEIGHTED)
-        → O [B·Hq, D] fp32, LSE [B·Hq], HOUT [B·Hq, NB] float64, REC [B·Hq, REC_COLS] float64,
+        → O [B, Hq, D] (strides s_ob, s_oh, 1; its own dtype: fp32, or the caller's buffer, e.g. SGLang's bf16 o),
+          LSE [B, Hq, LSE_W] fp32 (strides s_lb, s_lh, 1: the log-sum-exp in column 0, −inf in the others, SGLang's
+          attn_lse; LSE_W = 1 otherwise), HOUT [B·Hq, NB] float64, REC [B·Hq, REC_COLS] float64,
           FLAG [B·Hq] int8;  SCR [B·Hq, 2·(3·KP + N1)] float64 scratch (one region per tier)
 
 The tilt's grid (``COARSE`` intervals, the ``REFINE_TOP`` largest split into ``REFINE``) and the float64
@@ -302,7 +304,7 @@ def _expm1_up(y):
 @triton.jit
 def _merge_meter_kernel(
     M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT,
-    Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh,
+    Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
     METER: tl.constexpr, EPI: tl.constexpr, TIER_B: tl.constexpr,
@@ -310,7 +312,7 @@ def _merge_meter_kernel(
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
-    DEFER: tl.constexpr = False,
+    DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -338,8 +340,10 @@ def _merge_meter_kernel(
     n = tl.load(SL + b)
     dead = n <= 0
     o = tl.where(dead, 0.0, o)
-    tl.store(O + row * D + d, o)
-    tl.store(LSE + row, mx + tl.log(L))
+    # in O's own dtype (the caller's output buffer: no copy after the launch); LSE's columns past the first −inf
+    tl.store(O + b * s_ob + h * s_oh + d, o.to(O.dtype.element_ty))
+    lw = tl.arange(0, LSE_WP)  # (LSE_WP: the next power of two of LSE_W)
+    tl.store(LSE + b * s_lb + h * s_lh + lw, tl.where(lw == 0, mx + tl.log(L), float("-inf")), mask=lw < LSE_W)
     if METER:
         L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
         c = tl.arange(0, NB)

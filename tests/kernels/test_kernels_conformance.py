@@ -79,10 +79,11 @@ def test_decode_conformance_page_levels(case):
     check_case(*case, levels="page")
 
 
-@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 7)], ids=["int8-ragged", "int8-1000"])
+@pytest.mark.parametrize("case", [FIXED[i] for i in (0, 7, 3, 5)], ids=["int8-ragged", "int8-1000", "fp8_e4m3", "fp8_e5m2"])
 def test_decode_conformance_one_warp_tile(case):
-    """The metered int8 kernel in ``tile_config``'s one-warp programs (32-token tiles under the metered register
-    cap: a grid of many programs per SM picks them, run P), which the fixed cases' small grids do not reach."""
+    """The metered 8-bit kernels in ``tile_config``'s one-warp programs (32-token tiles under the metered register
+    cap: a grid of many programs per SM picks them for the ``ONE_WARP_METERED_SCHEMES``, run P), which the fixed
+    cases' small grids do not reach; the fp8 codes too (the tile is the same loop over their conversion)."""
     from kernels.plan import METERED_REGISTER_CAP, Tile
     check_case(*case, tile_kw=dict(pages_per_tile=2, num_warps=1, tile=Tile(32, 1, 1, METERED_REGISTER_CAP)))
 

@@ -155,11 +155,18 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     unmet = side.view_unmetered
     if side.ours is not None and (unmet is None or unmet.slots.data_ptr() != side.bad.data_ptr()):
         unmet = side.view_unmetered = UnmeteredSlots.of(side.bad)  # (codes of ours: no view, no scale check)
+    # the merge writes SGLang's o and attn_lse (the log-sum-exp in column 0, −inf in the others) itself, where their
+    # dtypes and layouts are ones it writes (epilogue.check_outputs); else the copies after it
+    o3, lse3 = o.view(Bsz, q.shape[1], -1), attn_lse[:Bsz, : q.shape[1]]
+    fused = (o3.dtype in (torch.float32, torch.bfloat16, torch.float16) and o3.stride(-1) == 1
+             and lse3.dtype == torch.float32 and lse3.dim() == 3 and lse3.stride(-1) == 1)
     out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
-                 delta_step=STATE.delta_step, validate=False, unmetered=unmet, **defer)
-    o.view(Bsz, q.shape[1], -1).copy_(out.o)
-    attn_lse[:Bsz, : q.shape[1], 0].copy_(out.lse)
-    attn_lse[:Bsz, : q.shape[1], 1:] = float("-inf")
+                 delta_step=STATE.delta_step, validate=False, unmetered=unmet, out=o3 if fused else None,
+                 lse_out=lse3 if fused else None, **defer)
+    if not fused:
+        o3.copy_(out.o)
+        lse3[..., 0].copy_(out.lse)
+        lse3[..., 1:] = float("-inf")
     return side, out, cache
 
 
