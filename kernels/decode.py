@@ -257,7 +257,7 @@ def decode(
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer, out, lse_out)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
-        o = _zero_dead_rows(o, rec, sl, token_mask)
+        o = _zero_dead_rows(o, rec, sl[1:] - sl[:-1] if consts.csr_lens else sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
 
 
@@ -286,8 +286,9 @@ def _check_inputs(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, se
         if block_table.dim() != 1:
             raise ValueError(f"kv_indptr: block_table must be the flat kv_indices [total], got {tuple(block_table.shape)}")
         kv_indptr = kv_indptr[: Bsz + 1].to(device=q.device, dtype=torch.int32)
-        seq_lens = kv_indptr[1:] - kv_indptr[:-1]  # on the device: no sync
+        seq_lens = None  # the kernels read kv_indptr itself (its differences: no launch)
         if validate:
+            seq_lens = kv_indptr[1:] - kv_indptr[:-1]
             if torch.any(seq_lens < 1):
                 raise ValueError("seq_lens: every sequence needs at least one cached token")
             if int(kv_indptr[-1]) > block_table.shape[0] or int(kv_indptr[0]) < 0:
@@ -341,9 +342,12 @@ def _rows(block_table: torch.Tensor, seq_lens: torch.Tensor, kv_indptr: torch.Te
             # witness): it becomes -1, which the unmetered count flags (review, 2026-12-05); SGLang passes int32
             bt = torch.where((bt < -(2**31)) | (bt >= 2**31), -1, bt)
         bt = bt.to(torch.int32)
-    sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
+    if kv_indptr is not None:  # CSR: the kernels read the lengths as kv_indptr's differences (MergeConstants.csr_lens)
+        sl = kv_indptr
+    else:
+        sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
-    lens = sl if kv_indptr is None else kv_indptr.contiguous()
+    lens = sl
     return _Rows(bt=bt, sl=sl, lens=lens, tm=sl if tm is None else tm, masked=tm is not None)
 
 
@@ -489,7 +493,7 @@ def _merge_constants(cache: PagedKV, plan: DecodePlan, pages: int, sm: float, de
         eta=mass_eta_terms(pages * T, plan.hist_split, packed=plan.pack_hist and plan.hist_split == "bf16x2"),
         out_rel0=2.0**-8 if plan.lowp else 0.0,
         weights=cache.weights if plan.weighted else None, gq=gq,
-        ring_tiles=-(-window.columns // (pages * T)) if window is not None else 0,
+        ring_tiles=-(-window.columns // (pages * T)) if window is not None else 0, csr_lens=plan.csr,
     )
 
 

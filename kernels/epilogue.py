@@ -255,6 +255,8 @@ class MergeConstants:
     gq: int = 1
     #: tiles of the exact window's ring pass (split 0): counted into every split's mass error η
     ring_tiles: int = 0
+    #: the merge's ``sl`` is SGLang's kv_indptr [B + 1] (the lengths its differences), not the lengths [B]
+    csr_lens: bool = False
 
 
 _EDGES: dict = {}
@@ -332,7 +334,8 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
           out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
     record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
-    q [B, Hq, D] the query the kernel used; sl [B] int32. Returns (o [B, Hq, D] fp32, lse, rec).
+    q [B, Hq, D] the query the kernel used; sl [B] int32 (``c.csr_lens``: kv_indptr [B + 1] int32). Returns (o [B, Hq, D]
+    fp32, lse, rec).
     ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``):
     the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's).
     ``out`` / ``lse_out`` (``check_outputs``): the caller's buffers, written by the launch itself (o in ``out``'s
@@ -374,6 +377,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
+        SL_CSR=c.csr_lens,
         num_warps=warps,
     )
     record = None
@@ -404,6 +408,8 @@ def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float
 def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     """Torch reference of ``merge`` (the former host-side path: float64 weights, the same Ξ, Λ
     and ``meter_epilogue``); tests pin the kernel to it."""
+    if c.csr_lens:
+        sl = sl[1:] - sl[:-1]
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     M = m_out.max(dim=-1, keepdim=True).values

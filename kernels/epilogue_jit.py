@@ -13,7 +13,8 @@ the launches are there too (``merge``, ``tv_from_hist``), the torch twin in ``ke
         ACC_IN      [B·Hq, S, D]      fp32 split outputs
         HIST_IN     [B·Hq, S, NB]     p̂-mass histograms (tier A bins, tier B bins, Σ p̂ φ last)
         STAT_IN     [B·Hq, S, 6]      max ‖W‖, max s, max φ, max ν, non-finite count, max κ
-        Q           [B, Hq, D]        the query (strides s_qb, s_qh);  SL [B] int32;  EDGES [KA − 1] float64
+        Q           [B, Hq, D]        the query (strides s_qb, s_qh);  SL [B] int32 (SL_CSR: kv_indptr [B + 1]);
+                                      EDGES [KA − 1] float64
         WGT         [Hkv, D]          the sketch radius's channel weights (WEIGHTED)
         → O [B, Hq, D] (strides s_ob, s_oh, 1; its own dtype: fp32, or the caller's buffer, e.g. SGLang's bf16 o),
           LSE [B, Hq, LSE_W] fp32 (strides s_lb, s_lh, 1: the log-sum-exp in column 0, −inf in the others, SGLang's
@@ -312,7 +313,7 @@ def _merge_meter_kernel(
     FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, BIAS: tl.constexpr,
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
-    DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1,
+    DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -337,7 +338,10 @@ def _merge_meter_kernel(
     o = tl.sum(w32[:, None] * acc, axis=0) / L
     # a row without any token (seq_len 0, an empty CSR row): what the reference gives, output 0 and (below) TV⁺ 0,
     # output bound 0, no flag, instead of 0/0
-    n = tl.load(SL + b)
+    if SL_CSR:  # SGLang's CSR rows: SL is kv_indptr, the length its difference (no launch of its own)
+        n = tl.load(SL + b + 1) - tl.load(SL + b)
+    else:
+        n = tl.load(SL + b)
     dead = n <= 0
     o = tl.where(dead, 0.0, o)
     # in O's own dtype (the caller's output buffer: no copy after the launch); LSE's columns past the first −inf
