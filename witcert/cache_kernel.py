@@ -163,9 +163,12 @@ class KernelPath:
 
         st = self._static
         defer = dict(tilt_batch=st.tilt, tilt_layer=layer.layer_idx) if st.tilt is not None else {}
+        # the merge writes the model's dtype itself (no cast launch per layer); not with a padding mask, whose fully
+        # masked rows are zeroed after the merge (decode's out= contract)
+        o = None if st.has_mask else torch.empty(q1.shape, dtype=dtype, device=q1.device)
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
                      validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above,
-                     window=layer.win, **defer)
+                     window=layer.win, out=o, **defer)
         if st.tilt is None:  # (deferred: the step's end copies every layer's columns, witcert.graphs._finish_records)
             r = out.meter
             st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
