@@ -91,8 +91,11 @@ class KernelPath:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
                 tm = None if token_mask is None else token_mask[rows]
                 win = None if win is None else win.select(rows)
+            # ungated, unpadded: the merge writes the model's dtype itself (no cast launch after it)
+            o = (torch.empty(q.shape, dtype=query.dtype, device=q.device)
+                 if rows is None and gate is None and tm is None else None)
             return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, plan=plan, delta_step=ds,
-                          validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win)
+                          validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win, out=o)
 
         out = run()
         if not self.meter:
