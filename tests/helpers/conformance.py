@@ -4,6 +4,7 @@ random paged caches, their fp64 dequantization and stored witnesses, and ``check
 against the fp64 reference."""
 
 import dataclasses
+import itertools
 import math
 import os
 
@@ -246,6 +247,28 @@ def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, l
     for b, n in enumerate(lens):
         for hq in range(Hq):
             _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, levels, outliers, groups)
+
+def csr_int8_cache(lens, Hkv, D, GQ, seed, dev):
+    """An int8 cache of block size 1 (SGLang's token slots) holding ``lens`` random bf16 sequences at random slots of a
+    pool three slots larger, their CSR rows, and a query: (cache, pool, slots [total] int32, indptr [B + 1] int32,
+    q [B, Hkv·GQ, D]; q on the GPU in bf16, its dots' dtype, else fp32 of bf16 values)."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lens)
+    pool = total + 3
+    cache = PagedKV.allocate(pool, Hkv, D, scheme="int8", block_size=1, num_groups=1, device=dev)
+    slots = torch.randperm(pool, generator=g)[:total].int()
+    indptr = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    for b, n in enumerate(lens):
+        if n:
+            bt = slots[indptr[b] : indptr[b + 1]].view(1, n)
+            k = torch.randn(n, Hkv, D, generator=g).bfloat16()
+            v = torch.randn(n, Hkv, D, generator=g).bfloat16()
+            write_kv(cache, k.to(dev), v.to(dev), bt.to(dev), torch.zeros(n, dtype=torch.int64).to(dev),
+                     torch.arange(n).to(dev))
+    q = (torch.randn(len(lens), Hkv * GQ, D, generator=g) * 1.5).bfloat16()
+    q = q.to(dev) if dev == "cuda" else q.float()
+    return cache, pool, slots, indptr, q
+
 
 def to_cpu(out):
 

@@ -7,7 +7,6 @@ deferred record (``tilt_batch``: the kernel on any device) and the torch twin's 
 import math
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,11 +17,9 @@ if DEV == "cpu":
 
 import kernels.decode as Dk  # noqa: E402
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import PagedKV  # noqa: E402
 from kernels.plan import hist_columns  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
-from kernels.write import write_kv  # noqa: E402
-from tests.helpers.conformance import to_cpu  # noqa: E402
+from tests.helpers.conformance import csr_int8_cache, to_cpu  # noqa: E402
 
 D, HKV, GQ = 64, 2, 2
 LENS = [37, 0, 5, 70]  # row 1 has no token
@@ -33,21 +30,7 @@ FIELDS = ("tv_upper_a", "out_err_upper", "xi", "eps_max", "flag")
 
 
 def _cache():
-    g = torch.Generator().manual_seed(21)
-    total = sum(LENS)
-    pool = total + 3
-    cache = PagedKV.allocate(pool, HKV, D, scheme="int8", block_size=1, num_groups=1, device=DEV)
-    slots = torch.randperm(pool, generator=g)[:total].int()
-    indptr = torch.tensor([0] + list(np.cumsum(LENS)), dtype=torch.int32)
-    for b, n in enumerate(LENS):
-        if n:
-            bt = slots[indptr[b] : indptr[b + 1]].view(1, n)
-            k = torch.randn(n, HKV, D, generator=g).bfloat16()
-            v = torch.randn(n, HKV, D, generator=g).bfloat16()
-            write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.int64).to(DEV),
-                     torch.arange(n).to(DEV))
-    q = (torch.randn(len(LENS), HKV * GQ, D, generator=g) * 1.5).bfloat16()
-    q = q.to(DEV) if DEV == "cuda" else q.float()  # (the GPU's dots take q in the model's dtype)
+    cache, _pool, slots, indptr, q = csr_int8_cache(LENS, HKV, D, GQ, 21, DEV)
     return cache, slots.to(DEV), indptr.to(DEV), q
 
 

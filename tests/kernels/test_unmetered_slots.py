@@ -7,7 +7,6 @@ device run, on the GPU (fused Triton merge either way)."""
 import math
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,33 +16,15 @@ if DEV == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before triton is imported"
 
 from kernels.decode import decode  # noqa: E402
-from kernels.paged import PagedKV  # noqa: E402
 from kernels.unmetered import UnmeteredSlots  # noqa: E402
-from kernels.write import write_kv  # noqa: E402
-from tests.helpers.conformance import to_cpu  # noqa: E402
+from tests.helpers.conformance import csr_int8_cache, to_cpu  # noqa: E402
 
 D, HKV, GQ = 64, 2, 2
 LENS = [37, 0, 5, 70]  # row 1 has no token
 
 
 def _cache():
-    g = torch.Generator().manual_seed(11)
-    total = sum(LENS)
-    pool = total + 3
-    cache = PagedKV.allocate(pool, HKV, D, scheme="int8", block_size=1, num_groups=1, device=DEV)
-    slots = torch.randperm(pool, generator=g)[:total].int()
-    indptr = torch.tensor([0] + list(np.cumsum(LENS)), dtype=torch.int32)
-    for b, n in enumerate(LENS):
-        if n == 0:
-            continue
-        bt = slots[indptr[b] : indptr[b + 1]].view(1, n)
-        k = torch.randn(n, HKV, D, generator=g).bfloat16()
-        v = torch.randn(n, HKV, D, generator=g).bfloat16()
-        write_kv(cache, k.to(DEV), v.to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.int64).to(DEV),
-                 torch.arange(n).to(DEV))
-    q = (torch.randn(len(LENS), HKV * GQ, D, generator=g) * 1.5).bfloat16()
-    q = q.to(DEV) if DEV == "cuda" else q.float()  # (the GPU's dots take q in the model's dtype)
-    return cache, pool, slots, indptr, q
+    return csr_int8_cache(LENS, HKV, D, GQ, 11, DEV)
 
 
 def _run(cache, q, slots, indptr, unmetered=None):
