@@ -24,18 +24,26 @@ def _merge_meter_kernel(E, EJ):
            "FLAG": "i8", "WGT": "fp32"}
     sig = {k: "*" + v for k, v in ptr.items()}
     sig |= {"Hq": "i32", "S": "i32", "sm": "fp32", "qn_infl": "fp32", "log_delta": "fp32", "tilt_above": "fp32",
-            "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32"}
+            "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32", "s_ob": "i32", "s_oh": "i32", "s_lb": "i32", "s_lh": "i32"}
     const = {"D": 128, "SP": 4, "T": 16, "PAGES": 8, "NB": 32, "KA": 31, "KP": 32, "METER": True, "EPI": True,
              "TIER_B": False, "GAMMA": 2.0**-16 * 1.25, "EXP_REL": 2.0**-20, "DITHER_U": 0.0, "ETA0": 5.2e-05,
              "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
-             "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False}
+             "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
+             "SL_CSR": False}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 
 def _merge_meter_kernel_deferred(E, EJ):
     fn, sig, const = _merge_meter_kernel(E, EJ)
     return fn, sig, const | {"DEFER": True}
+
+
+def _merge_meter_kernel_sglang(E, EJ):
+    """The merge as the SGLang call launches it: SGLang's bf16 ``o`` and its ``attn_lse`` columns written by the
+    merge, the lengths read from ``kv_indptr``, the tilt deferred."""
+    fn, sig, const = _merge_meter_kernel(E, EJ)
+    return fn, sig | {"O": "*bf16"}, const | {"DEFER": True, "LSE_W": 16, "LSE_WP": 16, "SL_CSR": True}
 
 
 def _finish_tilt_kernel(E, EJ):
@@ -69,7 +77,7 @@ def main(argv: list[str]) -> int:
     bad = 0
     tilted = (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel)
     # the tilt's kernels with the coarse grid alone (RT 0, the default) and with the refinement (RT 8)
-    for rt, makes in ((0, tilted + (_window_write_kernel,)), (8, tilted)):
+    for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _window_write_kernel)), (8, tilted)):
         EJ.REFINE_TOP = rt
         for make in makes:
             fn, sig, const = make(E, EJ)
