@@ -178,7 +178,24 @@ def main():
     ap.add_argument("--one-warp", default="", metavar="SCHEMES",
                     help="A/B: schemes added to kernels.plan.ONE_WARP_METERED_SCHEMES and SMALL_GRID_SCHEMES for this "
                          "process (the one-warp metered tile and its small-grid split rule, timed for int8 alone)")
+    ap.add_argument("--metered-tile", default="", metavar="TOKENS:WARPS:CAP",
+                    help="A/B: the metered tile of the 8-bit schemes for this process (kernels.plan.tile_config; CAP 0: "
+                         "no register cap), e.g. 64:4:168")
     args = ap.parse_args()
+    if args.metered_tile:
+        import kernels.plan as kp
+
+        tok, warps, cap = (int(x) for x in args.metered_tile.split(":"))
+        forced = kp.Tile(tok, 1, warps, cap or None)
+        base_tile = kp.tile_config
+
+        def tile_config(meter, scheme="int8", programs_per_sm=0.0, levels="token", block_size=16):
+            if meter and scheme in kp.EIGHT_BIT_SCHEMES and levels == "token":
+                return forced
+            return base_tile(meter, scheme, programs_per_sm, levels, block_size)
+
+        kp.tile_config = tile_config
+        print(f"# metered 8-bit tile forced to {forced}")
     if args.one_warp:
         import kernels.plan as kp
 
