@@ -229,12 +229,13 @@ def decode(
     seq_lens, kv_indptr = _check_inputs(cache, q, block_table, seq_lens, kv_indptr, delta_step, validate)
     csr = kv_indptr is not None
     Bsz, Hq, D = q.shape
+    q_in = q
     lowp = not INTERPRET and q.device.type == "cuda"  # tensor-core dots in q's dtype (the interpreter: fp32)
     q = (tensor_core_query(q, cache, validate) if lowp else q).contiguous()
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
     if unmetered is not None:
         unmetered.check(csr, meter, q.device, cache.k_codes.shape[0])
-    check_outputs(out, lse_out, Bsz, Hq, D, q.device)
+    check_outputs(out, lse_out, Bsz, Hq, D, q.device, reads=(q, q_in))
     if token_mask is not None and (out is not None or lse_out is not None):
         raise ValueError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync

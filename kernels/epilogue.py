@@ -310,10 +310,32 @@ def _edges(dev, ka: int) -> torch.Tensor:
     return _EDGES[key]
 
 
-def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device) -> None:
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte ranges (from their first to their last element) share memory."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        return lo, lo + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size() + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device,
+                  reads: tuple = ()) -> None:
     """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
     float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
-    contiguous (any other strides). Host checks only (no sync); a ValueError says what is wrong."""
+    contiguous (any other strides), neither sharing memory with the other nor with a tensor of ``reads`` (the query:
+    the merge reads a row's query after writing its output, so an aliased query would meter the output). Host checks
+    only (no sync); a ValueError says what is wrong."""
+    for name, t in (("out", out), ("lse_out", lse_out)):
+        if t is not None and isinstance(t, torch.Tensor):
+            if any(shares_memory(t, r) for r in reads):
+                raise ValueError(f"{name}: shares memory with the query (the merge reads the query after it writes)")
+    if isinstance(out, torch.Tensor) and isinstance(lse_out, torch.Tensor) and shares_memory(out, lse_out):
+        raise ValueError("out / lse_out: share memory")
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"out: expected a float32 / bfloat16 / float16 tensor, got {getattr(out, 'dtype', out)!r}")

@@ -110,6 +110,15 @@ def test_output_buffers_misuse_is_refused():
     for lse, msg in bad_lse:
         with pytest.raises(ValueError, match=msg):
             _decode(cache, slots, indptr, q, lse_out=lse)
+    # an output that shares memory with the query (the merge reads a row's query after writing its output) or with the
+    # other output
+    qbig = torch.zeros(B, Hq, D, dtype=q.dtype, device=DEV)
+    qbig.copy_(q)
+    with pytest.raises(ValueError, match="shares memory with the query"):
+        _decode(cache, slots, indptr, qbig, out=qbig)
+    lse_view = torch.empty(B, Hq, D, device=DEV)
+    with pytest.raises(ValueError, match="share memory"):
+        _decode(cache, slots, indptr, q, out=lse_view, lse_out=lse_view[..., :W])
     lens = torch.tensor([37, 1, 5, 70], dtype=torch.int32, device=DEV)
     mask = torch.ones(B, 70, dtype=torch.bool, device=DEV)
     with pytest.raises(ValueError, match="not with token_mask"):
