@@ -4,13 +4,8 @@
 ROOT=$PWD; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:/tmp/site:$ROOT/.carry/sg
 nvidia-smi -L
-WITCERT_DEVICE=cuda timeout 150 python3 bench/pytest_shards.py -n 15 tests/cache/test_graphs.py tests/kernels/test_sketch_window.py \
+WITCERT_DEVICE=cuda timeout 130 python3 bench/pytest_shards.py -n 15 tests/cache/test_graphs.py tests/kernels/test_sketch_window.py \
   tests/kernels/test_kernel_gate_cache.py tests/kernels/test_head_levels.py tests/kernels/test_window_write.py \
   tests/cache/test_review_store_gate.py tests/kernels/test_decode_outputs.py > $OUT/tests.log 2>&1
 echo "tests rc $?" >> $OUT/tests.log; grep -E "total|FAILED|rc" $OUT/tests.log | tail -12 | cut -c1-250
-SG="--sglang-root $ROOT/.carry/sg/sglang"
-for t in default 64:4:168 128:4:0; do
-  X=""; [ $t != default ] && X="--metered-tile $t"
-  timeout 40 python3 bench/sglang_h200.py $SG --batches 8,32 --lens 32768 --kv fp8 --defer-tilt $X > $OUT/tile_$t.log 2>&1
-  echo "== $t"; grep -E "^\| fp8|forced|Error" $OUT/tile_$t.log | cut -c1-110
-done
+# (the tile sweep that followed was dropped: the session's device time was spent on failed starts)
