@@ -235,7 +235,10 @@ def decode(
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
     if unmetered is not None:
         unmetered.check(csr, meter, q.device, cache.k_codes.shape[0])
-    check_outputs(out, lse_out, Bsz, Hq, D, q.device, reads=(q, q_in))
+    if out is not None or lse_out is not None:  # (what the merge reads after other rows were written)
+        tb = () if tilt_batch is None else (tilt_batch.rec, tilt_batch.hout, tilt_batch.flag)
+        check_outputs(out, lse_out, Bsz, Hq, D, q.device,
+                      reads=(q, q_in, seq_lens, kv_indptr, cache.weights if cache.has_weights else None, *tb))
     if token_mask is not None and (out is not None or lse_out is not None):
         raise ValueError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync

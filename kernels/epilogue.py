@@ -323,17 +323,33 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: the dimensions of more than one element, by increasing stride,
+    must each step past everything the smaller ones span (the sufficient condition: a layout it refuses may still be
+    free of overlap, never the converse)."""
+    span = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda x: x[1]):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
 def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device,
                   reads: tuple = ()) -> None:
     """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
     float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
-    contiguous (any other strides), neither sharing memory with the other nor with a tensor of ``reads`` (the query:
-    the merge reads a row's query after writing its output, so an aliased query would meter the output). Host checks
-    only (no sync); a ValueError says what is wrong."""
+    contiguous (any other strides, no two elements in one place), neither sharing memory with the other nor with a
+    tensor of ``reads`` (what the merge reads: a program reads its row's query, lengths and weights after other programs
+    wrote their rows, so an aliased input would meter the output). Host checks only (no sync); a ValueError says what is
+    wrong."""
     for name, t in (("out", out), ("lse_out", lse_out)):
         if t is not None and isinstance(t, torch.Tensor):
-            if any(shares_memory(t, r) for r in reads):
-                raise ValueError(f"{name}: shares memory with the query (the merge reads the query after it writes)")
+            if any(r is not None and shares_memory(t, r) for r in reads):
+                raise ValueError(f"{name}: shares memory with an input of the decode (the query, the lengths, the "
+                                 "weights or a deferred tilt's records: the merge reads them after it writes)")
+            if overlaps_itself(t):
+                raise ValueError(f"{name}: two of its elements share memory (strides {t.stride()})")
     if isinstance(out, torch.Tensor) and isinstance(lse_out, torch.Tensor) and shares_memory(out, lse_out):
         raise ValueError("out / lse_out: share memory")
     if out is not None:

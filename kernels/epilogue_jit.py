@@ -345,9 +345,12 @@ def _merge_meter_kernel(
     dead = n <= 0
     o = tl.where(dead, 0.0, o)
     # in O's own dtype (the caller's output buffer: no copy after the launch); LSE's columns past the first −inf
-    tl.store(O + b * s_ob + h * s_oh + d, o.to(O.dtype.element_ty))
+    # (int64 offsets: a caller's strided buffer may span more than 2^31 elements)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    tl.store(O + b64 * s_ob + h64 * s_oh + d, o.to(O.dtype.element_ty))
     lw = tl.arange(0, LSE_WP)  # (LSE_WP: the next power of two of LSE_W)
-    tl.store(LSE + b * s_lb + h * s_lh + lw, tl.where(lw == 0, mx + tl.log(L), float("-inf")), mask=lw < LSE_W)
+    tl.store(LSE + b64 * s_lb + h64 * s_lh + lw, tl.where(lw == 0, mx + tl.log(L), float("-inf")), mask=lw < LSE_W)
     if METER:
         L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
         c = tl.arange(0, NB)

@@ -114,11 +114,23 @@ def test_output_buffers_misuse_is_refused():
     # other output
     qbig = torch.zeros(B, Hq, D, dtype=q.dtype, device=DEV)
     qbig.copy_(q)
-    with pytest.raises(ValueError, match="shares memory with the query"):
+    with pytest.raises(ValueError, match="shares memory with an input"):
         _decode(cache, slots, indptr, qbig, out=qbig)
     lse_view = torch.empty(B, Hq, D, device=DEV)
     with pytest.raises(ValueError, match="share memory"):
         _decode(cache, slots, indptr, q, out=lse_view, lse_out=lse_view[..., :W])
+    # the lengths inside the output (the merge reads a row's kv_indptr entries after other rows wrote theirs: an
+    # adversarial review served a 5-token row as 0 with TV⁺ 0 that way)
+    mem = torch.zeros(B * Hq * D, dtype=torch.float32, device=DEV)
+    ind_in = mem.view(torch.int32)[: B + 1]
+    ind_in.copy_(indptr)
+    with pytest.raises(ValueError, match="shares memory with an input"):
+        _decode(cache, slots, ind_in, q, out=mem.view(B, Hq, D))
+    # two elements in one place: a broadcast output, heads of lse_out over each other
+    with pytest.raises(ValueError, match="two of its elements"):
+        _decode(cache, slots, indptr, q, out=torch.empty(1, Hq, D, device=DEV).expand(B, Hq, D))
+    with pytest.raises(ValueError, match="two of its elements"):
+        _decode(cache, slots, indptr, q, lse_out=torch.empty(B * 8, device=DEV).as_strided((B, Hq, W), (8, 1, 1)))
     lens = torch.tensor([37, 1, 5, 70], dtype=torch.int32, device=DEV)
     mask = torch.ones(B, 70, dtype=torch.bool, device=DEV)
     with pytest.raises(ValueError, match="not with token_mask"):
