@@ -82,7 +82,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
-from .epilogue import MergeConstants, MeterRecord, check_outputs, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
+from .epilogue import MergeConstants, MeterRecord, OutputBufferError, check_outputs, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
 from .exact_window import ExactWindow
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms
 from .key_levels import KEY_LEVELS, X0
@@ -235,12 +235,13 @@ def decode(
     has_rep, has_win = _check_overlays(cache, q, repair, window, csr, Bsz, validate, lowp)
     if unmetered is not None:
         unmetered.check(csr, meter, q.device, cache.k_codes.shape[0])
-    if out is not None or lse_out is not None:  # (what the merge reads after other rows were written)
+    if out is not None or lse_out is not None:
+        if token_mask is not None:
+            raise OutputBufferError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
         tb = () if tilt_batch is None else (tilt_batch.rec, tilt_batch.hout, tilt_batch.flag)
+        # (what the merge reads after other rows were written)
         check_outputs(out, lse_out, Bsz, Hq, D, q.device,
                       reads=(q, q_in, seq_lens, kv_indptr, cache.weights if cache.has_weights else None, *tb))
-    if token_mask is not None and (out is not None or lse_out is not None):
-        raise ValueError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,
@@ -351,8 +352,7 @@ def _rows(block_table: torch.Tensor, seq_lens: torch.Tensor, kv_indptr: torch.Te
     else:
         sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     bt, sl = bt.to(dev).contiguous(), sl.to(dev).contiguous()
-    lens = sl
-    return _Rows(bt=bt, sl=sl, lens=lens, tm=sl if tm is None else tm, masked=tm is not None)
+    return _Rows(bt=bt, sl=sl, tm=sl if tm is None else tm, masked=tm is not None)
 
 
 def _token_mask(token_mask: torch.Tensor | None, seq_lens: torch.Tensor, Bsz: int, dev, validate: bool):
@@ -385,8 +385,7 @@ class _Partials(NamedTuple):
 class _Rows(NamedTuple):
     """The rows as the kernel reads them (int32, on q's device)."""
     bt: torch.Tensor  # the block table (CSR: the flat kv_indices)
-    sl: torch.Tensor  # the lengths
-    lens: torch.Tensor  # what the kernel's SL reads: the lengths, or the CSR row pointers
+    sl: torch.Tensor  # what the kernel and the merge read: the lengths, or the CSR row pointers (MergeConstants.csr_lens)
     tm: torch.Tensor  # the uint8 padding mask (without one: a placeholder)
     masked: bool
 
@@ -410,7 +409,7 @@ def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows,
     has_rep, has_win = repair is not None, window is not None
     return (
         q, cache.k_codes, cache.v_codes, cache.k_scale, cache.v_scale, cache.k_zero, cache.v_zero,
-        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, rows.bt, rows.lens, rows.tm,
+        cache.k_wit, cache.v_wit, cache.v_norm, cache.k_norm, rows.bt, rows.sl, rows.tm,
         *((repair.slot, repair.k, repair.v, repair.k_norm, repair.v_norm) if has_rep else (sl, q, q, ws.m, ws.m)),
         cache.k_sketch if skb else sl, cache.weights if plan.weighted else sl,
         *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, ws.m, ws.m)),

@@ -335,36 +335,42 @@ def overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
+class OutputBufferError(ValueError):
+    """``decode(out=, lse_out=)`` was given buffers the merge cannot write (``check_outputs``): raised before any launch,
+    so a caller may decode without them instead (the SGLang adapter then copies)."""
+
+
 def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device,
                   reads: tuple = ()) -> None:
     """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
     float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
     contiguous (any other strides, no two elements in one place), neither sharing memory with the other nor with a
     tensor of ``reads`` (what the merge reads: a program reads its row's query, lengths and weights after other programs
-    wrote their rows, so an aliased input would meter the output). Host checks only (no sync); a ValueError says what is
-    wrong."""
-    for name, t in (("out", out), ("lse_out", lse_out)):
-        if t is not None and isinstance(t, torch.Tensor):
-            if any(r is not None and shares_memory(t, r) for r in reads):
-                raise ValueError(f"{name}: shares memory with an input of the decode (the query, the lengths, the "
-                                 "weights or a deferred tilt's records: the merge reads them after it writes)")
-            if overlaps_itself(t):
-                raise ValueError(f"{name}: two of its elements share memory (strides {t.stride()})")
-    if isinstance(out, torch.Tensor) and isinstance(lse_out, torch.Tensor) and shares_memory(out, lse_out):
-        raise ValueError("out / lse_out: share memory")
+    wrote their rows, so an aliased input would meter the output). Host checks only (no sync); an ``OutputBufferError``
+    says what is wrong."""
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"out: expected a float32 / bfloat16 / float16 tensor, got {getattr(out, 'dtype', out)!r}")
+            raise OutputBufferError(f"out: expected a float32 / bfloat16 / float16 tensor, got "
+                                    f"{getattr(out, 'dtype', out)!r}")
         if tuple(out.shape) != (B, Hq, D) or out.stride(-1) != 1 or out.device != torch.device(device):
-            raise ValueError(f"out: expected [{B}, {Hq}, {D}] on {device} with its last dimension contiguous, got "
-                             f"{tuple(out.shape)} on {out.device}, strides {out.stride()}")
+            raise OutputBufferError(f"out: expected [{B}, {Hq}, {D}] on {device} with its last dimension contiguous, "
+                                    f"got {tuple(out.shape)} on {out.device}, strides {out.stride()}")
     if lse_out is not None:
         if not isinstance(lse_out, torch.Tensor) or lse_out.dtype != torch.float32:
-            raise ValueError(f"lse_out: expected a float32 tensor, got {getattr(lse_out, 'dtype', lse_out)!r}")
+            raise OutputBufferError(f"lse_out: expected a float32 tensor, got {getattr(lse_out, 'dtype', lse_out)!r}")
         if (lse_out.dim() != 3 or tuple(lse_out.shape[:2]) != (B, Hq) or lse_out.shape[2] < 1 or lse_out.stride(-1) != 1
                 or lse_out.device != torch.device(device)):
-            raise ValueError(f"lse_out: expected [{B}, {Hq}, W ≥ 1] on {device} with its last dimension contiguous, "
-                             f"got {tuple(lse_out.shape)} on {lse_out.device}, strides {lse_out.stride()}")
+            raise OutputBufferError(f"lse_out: expected [{B}, {Hq}, W ≥ 1] on {device} with its last dimension "
+                                    f"contiguous, got {tuple(lse_out.shape)} on {lse_out.device}, strides {lse_out.stride()}")
+    for name, t in (("out", out), ("lse_out", lse_out)):
+        if t is not None:
+            if any(r is not None and shares_memory(t, r) for r in reads):
+                raise OutputBufferError(f"{name}: shares memory with an input of the decode (the query, the lengths, "
+                                        "the weights or a deferred tilt's records: the merge reads them after it writes)")
+            if overlaps_itself(t):
+                raise OutputBufferError(f"{name}: two of its elements share memory (strides {t.stride()})")
+    if out is not None and lse_out is not None and shares_memory(out, lse_out):
+        raise OutputBufferError("out / lse_out: share memory")
 
 
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,

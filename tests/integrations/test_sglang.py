@@ -241,6 +241,28 @@ def test_switch_on_meters_sglang_cache(dtype, scale, monkeypatch):
         assert rec.tv_upper_a.max() > 1e-3
 
 
+def test_output_buffers_the_merge_cannot_write_take_the_copies():
+    """SGLang's ``o`` in a dtype the merge does not write (float64): ``decode`` refuses it before any launch
+    (``OutputBufferError``) and the adapter decodes again without it and copies, as before the merge wrote ``o``
+    itself: the same record, lse and −inf columns, the output within one bf16 rounding of the written one."""
+    got = []
+    ws.install(force=True, targets=("decode",), bare=True, on_record=lambda lid, r: got.append(r))
+    q, k, v, slots, indptr = scenario(2)
+    pool = _metered_pool(torch.bfloat16)
+    fill(pool, k, v, slots)
+    o, lse = sglang_decode(SGL.decode_attention_fwd, q, pool, slots, indptr)
+    o64 = torch.zeros(q.shape[0], HQ, D, dtype=torch.float64)
+    lse64 = torch.zeros_like(lse)
+    SGL.decode_attention_fwd(q, pool.k_buffer[0], pool.v_buffer[0], o64, indptr, slots.int(),
+                             torch.zeros(q.shape[0], HQ, MAX_SPLITS, D), lse64,
+                             torch.full((q.shape[0],), MAX_SPLITS, dtype=torch.int32), MAX_SPLITS, 1 / math.sqrt(D), 1.0, 1.0)
+    assert not ws.STATE.unmetered and len(got) == 2
+    assert torch.equal(lse64, lse) and torch.isneginf(lse[..., 1:]).all()
+    assert (o64 - o.double()).abs().max().item() <= 2**-8 * float(o64.abs().max())
+    for f in ("tv_upper_a", "out_err_upper", "flag"):
+        assert torch.equal(getattr(got[0], f), getattr(got[1], f)), f
+
+
 def test_unmeterable_call_falls_back_and_is_counted(monkeypatch):
     ws.install(force=True, targets=("decode",), bare=True)
     q, k, v, slots, indptr = scenario(3)

@@ -137,7 +137,7 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     kernel counts it: ``kernels.unmetered``). ``tilt``: (TiltBatch, layer slot) of a deferred tilt (``_tilt_slot``),
     or None."""
     from kernels.decode import decode
-    from kernels.epilogue import overlaps_itself, shares_memory
+    from kernels.epilogue import OutputBufferError
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
     max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
@@ -156,17 +156,15 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     unmet = side.view_unmetered
     if side.ours is not None and (unmet is None or unmet.slots.data_ptr() != side.bad.data_ptr()):
         unmet = side.view_unmetered = UnmeteredSlots.of(side.bad)  # (codes of ours: no view, no scale check)
-    # the merge writes SGLang's o and attn_lse (the log-sum-exp in column 0, −inf in the others) itself, where their
-    # dtypes and layouts are ones it writes (epilogue.check_outputs); else the copies after it
+    # the merge writes SGLang's o and attn_lse (the log-sum-exp in column 0, −inf in the others) itself; buffers it
+    # cannot write (epilogue.check_outputs, before any launch) are filled by copies after it instead
     o3, lse3 = o.view(Bsz, q.shape[1], -1), attn_lse[:Bsz, : q.shape[1]]
-    fused = (o3.dtype in (torch.float32, torch.bfloat16, torch.float16) and o3.stride(-1) == 1
-             and lse3.dtype == torch.float32 and lse3.dim() == 3 and lse3.stride(-1) == 1
-             and not overlaps_itself(o3) and not overlaps_itself(lse3)
-             and not any(shares_memory(a, b) for a, b in ((o3, q), (lse3, q), (o3, lse3), (o3, indptr), (lse3, indptr))))
-    out = decode(cache, q, kv_indices, None, kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits,
-                 delta_step=STATE.delta_step, validate=False, unmetered=unmet, out=o3 if fused else None,
-                 lse_out=lse3 if fused else None, **defer)
-    if not fused:
+    kw = dict(kv_indptr=indptr, sm_scale=float(sm_scale), num_splits=num_splits, delta_step=STATE.delta_step,
+              validate=False, unmetered=unmet, **defer)
+    try:
+        out = decode(cache, q, kv_indices, None, out=o3, lse_out=lse3, **kw)
+    except OutputBufferError:
+        out = decode(cache, q, kv_indices, None, **kw)
         o3.copy_(out.o)
         lse3[..., 0].copy_(out.lse)
         lse3[..., 1:] = float("-inf")
