@@ -53,8 +53,13 @@ def main(argv=None):
     ap.add_argument("--heads", default="32")
     ap.add_argument("--window", default="4,64")
     ap.add_argument("--caps", default="", help="also time sketch+win under these register caps (e.g. 200,232)")
+    ap.add_argument("--tiles", default="", metavar="TOKENS:WARPS:CAP,...",
+                    help="also time sketch+win with these tiles forced (plan_call's force: pages per tile, warps, "
+                         "register cap; CAP 0: none), e.g. 64:4:168,128:4:168")
+    ap.add_argument("--lean", action="store_true", help="only off, group, sketch+win and the --caps / --tiles variants")
     args = ap.parse_args(argv)
     caps = [int(x) for x in args.caps.split(",") if x]
+    tiles = [tuple(int(v) for v in x.split(":")) for x in args.tiles.split(",") if x]
     dev = "cuda"
     Hkv, D = 8, 128
     sink, recent = (int(x) for x in args.window.split(","))
@@ -83,7 +88,11 @@ def main(argv=None):
                 win.k_norm.fill_(12.0)
                 win.v_norm.fill_(12.0)
                 variants = {
-                    **{f"s+w cap{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win, c) for c in caps},
+                    **{f"s+w cap{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win,
+                                       dict(max_registers=c or None)) for c in caps},
+                    **{f"s+w t{tk}:{wp}:{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win,
+                                              dict(pages_per_tile=tk // 16, num_warps=wp, max_registers=c or None))
+                       for tk, wp, c in tiles},
                     "off": ([(c, bt) for c, bt in base], False, None, None),
                     "group": ([(c, bt) for c, bt in base], True, None, None),
                     "sketch": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, None, None),
@@ -93,29 +102,35 @@ def main(argv=None):
                     # per-head key levels (PagedKV.head_levels, the kernel's HEAD_LEVELS): GQ histogram dots per tile
                     "s+w heads": ([(sketched(c, 2, True, gen, True), bt) for c, bt in base], True, win, None),
                 }
+                if args.lean:
+                    variants = {k: v for k, v in variants.items()
+                                if k in ("off", "group", "sketch+win") or k.startswith(("s+w cap", "s+w t"))}
                 t = {}
                 regs = {}
-                for name, (cs, meter, w, cap) in variants.items():
-                    def run(c, bt, meter=meter, w=w, cap=cap):  # cap: a forced register cap (0: none), None: the plan's
-                        plan = None if cap is None else plan_call(c, q, bt, meter=meter, window=w,
-                                                                  force=dict(max_registers=cap or None))
+                for name, (cs, meter, w, force) in variants.items():
+                    def run(c, bt, meter=meter, w=w, force=force):  # force: DecodePlan fields forced, None: the plan's
+                        plan = None if force is None else plan_call(c, q, bt, meter=meter, window=w, force=force)
                         return decode(c, q, bt, sl, meter=meter, validate=False, window=w, plan=plan)
 
                     def one(c, bt, run=run):
                         return lambda: run(c, bt)
                     try:
                         k = run(cs[0][0], cs[0][1]).compiled
-                        regs[name] = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
+                        pl = plan_call(cs[0][0], q, cs[0][1], meter=meter, window=w, force=force)
+                        regs[name] = (f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
+                                      f"[{pl.pages_per_tile * 16}t{pl.num_warps}w{pl.num_splits}s]")
                         t[name] = bench(graphed([one(c, bt) for c, bt in cs]), False)
                     except Exception as exc:  # a variant that fails to build is reported, not fatal
                         print(f"# {name}: {type(exc).__name__}: {exc}"[:400], flush=True)
                         t[name] = float("nan")
-                print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{t[c]:>11.4f}" for c in cols)
-                      + f" {t['sketch'] / t['group']:>10.3f} {t['sketch+win'] / t['group']:>10.3f}"
-                      f" {t['sketch4+win'] / t['group']:>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items())
-                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / t['group']:.3f})" for c in t if c.startswith("s+w cap"))
-                      + f"  s+w heads: {t['s+w heads']:.4f} ({t['s+w heads'] / t['sketch+win']:.3f} of sketch+win)",
-                      flush=True)
+                g = lambda c: t.get(c, float("nan"))  # noqa: E731 (--lean leaves some out)
+                print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{g(c):>11.4f}" for c in cols)
+                      + f" {g('sketch') / g('group'):>10.3f} {g('sketch+win') / g('group'):>10.3f}"
+                      f" {g('sketch4+win') / g('group'):>9.3f}  regs/spills " + " ".join(f"{k}:{v}" for k, v in regs.items())
+                      + "".join(f"  {c}: {t[c]:.4f} ({t[c] / g('group'):.3f} of group, {t[c] / g('sketch+win'):.3f} of s+w)"
+                                for c in t if c.startswith(("s+w cap", "s+w t")))
+                      + (f"  s+w heads: {g('s+w heads'):.4f} ({g('s+w heads') / g('sketch+win'):.3f} of sketch+win)"
+                         if "s+w heads" in t else ""), flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
 
