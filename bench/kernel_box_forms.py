@@ -21,6 +21,9 @@ run's decode steps (its 1,080 (prompt, step, layer, head) rows at the defaults):
     two_point         per shared √2 level of W_j, the centres replaced by the two-point distribution on their
                       exact range within the level with the same mass and mean of e^{−c} (Edmundson–Madansky:
                       sound, from per-level sums Σ p̂, Σ p̂ e^{−c} and a per-level range)
+    top{K}            the centred box (exact centre and radius) on each row's K tokens of largest served mass p̂,
+                      the kernels' shared √2 level on the rest (K in ``TOP_K``: what a kernel keeping a per-head
+                      reservoir of its heaviest tokens beside today's histogram could meter)
     sv_sqrt2 / sv_q / sv_exact   a different served cache: the keys served sketch-corrected (k̂ + r̃, so the
                       served distribution is p̃), its box symmetric about 0 with the key-side radius c_h W_j
                       (levels √2, 2^(1/4), exact); these forms' ratios are against TV(p̃, p) (``sv_real``,
@@ -49,6 +52,7 @@ from witcert import tightness as T
 from witcert.bounds.dual_grid import TILT_DEFAULT_TOL, _tilt_row_box
 
 X0 = 2.0**-14  # kernels.key_levels.X0 (the grid's first edge)
+TOP_K = (8, 16, 32, 64)
 
 
 def grid_up(x: np.ndarray, ratio_log2: float) -> np.ndarray:
@@ -110,7 +114,8 @@ def two_point_items(w, x, L, lid):
 def forms(rows) -> dict:
     """Each form's bound per row, and the real TV (module doc)."""
     out: dict = {k: [] for k in ("real", "centred", "shared_sqrt2", "shared_q", "per_head_sqrt2", "per_head_q",
-                                 "per_head_exact", "shift_mean", "triangle_exact", "triangle_pinsker", "two_point", "sv_real", "sv_sqrt2", "sv_q", "sv_exact")}
+                                 "per_head_exact", "shift_mean", "triangle_exact", "triangle_pinsker", "two_point", "sv_real", "sv_sqrt2", "sv_q", "sv_exact",
+                                 *(f"top{k}" for k in TOP_K))}
     tvb = lambda s, e, mk, c=None: float(B.tv_bound_logits(s, e, mask=mk, center=c))  # noqa: E731
     for d in rows:
         lg, E, C, P, PE = d["logits"], d["eps"], d["c"], d["p"], d["p_exact"]
@@ -155,6 +160,13 @@ def forms(rows) -> dict:
                 out["triangle_exact"].append(min(1.0, t1 + tvb(st, ch[g] * W, mk)))
                 out["triangle_pinsker"].append(min(1.0, t1_online + tvb(st, ch[g] * grid_up(W, 0.5), mk)))
                 ws = np.exp(s[mk] - s[mk].max())
+                sym = ch[g] * grid_up(W + u, 0.5)[mk]
+                order = np.argsort(-ws)
+                for k in TOP_K:  # δ ∈ [c − ε, c + ε] on the top k (η = −δ), |δ| ≤ the shared level elsewhere
+                    up, down, top = sym.copy(), -sym, order[:k]
+                    up[top] = -c[g][mk][top] + ch[g] * W[mk][top]
+                    down[top] = -c[g][mk][top] - ch[g] * W[mk][top]
+                    out[f"top{k}"].append(_tilt_row_box(ws / ws.sum(), up, down, TILT_DEFAULT_TOL, 1 << 15))
                 Wl = grid_up(W[mk], 0.5)
                 lid = np.round(2 * np.log2(np.maximum(Wl, 1e-300))).astype(int)
                 out["two_point"].append(_tilt_row_box(*two_point_items(ws / ws.sum(), x, ch[g] * Wl, lid),
