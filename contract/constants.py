@@ -8,3 +8,27 @@ DITHER_RESOLUTION_BITS = 23
 #: (≤ 2 ulp of |y| ≤ 127: 2^-16), fp32 rounding of c − u (≤ 2^-18) and of s·(c − u)
 #: (≤ 2^-24·128 = 2^-17). Their sum is < 2^-14.9; 2^-14 covers it with room.
 DITHER_BIAS_FACTOR = 2.0**-14
+#: a served attention output stored in a narrower float than the one it was computed in (the decode's merge writing a
+#: caller's bfloat16 / float16 buffer, an adapter casting the output to the model's dtype): per element
+#: |fl(x) − x| ≤ rel·|x| + abs, with rel one ulp of the stored dtype (round-to-nearest and truncation both) and abs the
+#: spacing of its subnormals, at least 2^-126 (a GPU conversion with .ftz flushes fp32 subnormal inputs), so
+#: ‖fl(o) − o‖₂ ≤ rel·‖o‖₂ + abs·√D; an |x| beyond the dtype's largest finite value may store as ±inf (counted as
+#: non-finite). Stored dtype → (rel, abs); storing into a dtype at least as wide as the computed one adds nothing
+#: (Lean ``WitCert.output_error_stored_le``)
+STORE_ROUNDING = {"float32": (2.0**-23, 2.0**-126), "bfloat16": (2.0**-7, 2.0**-126), "float16": (2.0**-10, 2.0**-24)}
+#: the largest finite value of each stored dtype (a larger |x| may store as ±inf)
+STORE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+#: floats by width, widest first (a store into a dtype at or before the computed one's is exact)
+STORE_WIDTH = ("float64", "float32")
+
+
+def store_rounding(stored: str, computed: str) -> tuple[float, float, float]:
+    """(rel, abs, max) of ``STORE_ROUNDING`` / ``STORE_MAX`` for an output computed in the float named ``computed`` and
+    served in ``stored`` ("float64", "float32", "bfloat16", "float16"); (0, 0, 0) where the store is exact (the same
+    dtype, or one of ``STORE_WIDTH`` at least as wide). A dtype an output cannot be served in raises ValueError."""
+    wider = STORE_WIDTH[: STORE_WIDTH.index(computed) + 1] if computed in STORE_WIDTH else STORE_WIDTH
+    if stored == computed or stored in wider:
+        return 0.0, 0.0, 0.0
+    if stored not in STORE_ROUNDING:
+        raise ValueError(f"stored: an attention output is served as float32, bfloat16 or float16, not {stored!r}")
+    return (*STORE_ROUNDING[stored], STORE_MAX[stored])

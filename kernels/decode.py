@@ -84,7 +84,7 @@ from triton.runtime.errors import OutOfResources
 from .decode_kernel import _decode_kernel
 from .epilogue import MergeConstants, MeterRecord, OutputBufferError, check_outputs, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
 from .exact_window import ExactWindow
-from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms
+from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
 from .key_levels import KEY_LEVELS, X0
 from .paged import SCHEME_IDS, PagedKV, dequantized_fp32, page_scaled_keys
 from .plan import DecodePlan, Tile, check_plan, launch_variant, plan_call
@@ -184,6 +184,7 @@ def decode(
     unmetered: UnmeteredSlots | None = None,
     out: torch.Tensor | None = None,
     lse_out: torch.Tensor | None = None,
+    store_dtype: torch.dtype | None = None,
 ) -> DecodeOutput:
     """See the module docstring. ``validate=False`` skips the checks that need a device sync;
     ``epilogue=False`` (benchmarks) stops after the merge, without the meter record.
@@ -219,7 +220,10 @@ def decode(
     ``out`` [B, Hq, D] (float32 / bfloat16 / float16) and ``lse_out`` [B, Hq, W] float32 (``epilogue.check_outputs``;
     not with ``token_mask``): the caller's buffers, which the merge writes itself (the output in ``out``'s dtype, the
     log-sum-exp in ``lse_out[..., 0]`` and −inf in its other columns: SGLang's ``o`` and ``attn_lse``, no copy
-    launches after it); ``out.o`` / ``out.lse`` are then those buffers."""
+    launches after it); ``out.o`` / ``out.lse`` are then those buffers. ``store_dtype`` (float32 / bfloat16 / float16;
+    None: ``out``'s dtype, else float32): the dtype the output is served in, where the caller casts the float32 output
+    itself; its rounding joins the output bound E⁺ (``fp_bounds.store_terms``), as the merge's own store into a
+    narrower ``out`` does."""
     if tilt_batch is not None:
         from .tilt_batch import TiltBatch
 
@@ -227,6 +231,7 @@ def decode(
             raise ValueError("tilt_batch: expected a kernels.tilt_batch.TiltBatch and tilt_layer, this decode's "
                              f"layer in it (got {type(tilt_batch).__name__}, tilt_layer={tilt_layer!r})")
     seq_lens, kv_indptr = _check_inputs(cache, q, block_table, seq_lens, kv_indptr, delta_step, validate)
+    served = _served_dtype(out, store_dtype)
     csr = kv_indptr is not None
     Bsz, Hq, D = q.shape
     q_in = q
@@ -238,10 +243,11 @@ def decode(
     if out is not None or lse_out is not None:
         if token_mask is not None:
             raise OutputBufferError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
-        tb = () if tilt_batch is None else (tilt_batch.rec, tilt_batch.hout, tilt_batch.flag)
-        # (what the merge reads after other rows were written)
+        # (what the merge reads after other rows were written, and what this and later calls read: the cache, the
+        # block table, the overlays, a deferred tilt's records and scratch)
         check_outputs(out, lse_out, Bsz, Hq, D, q.device,
-                      reads=(q, q_in, seq_lens, kv_indptr, cache.weights if cache.has_weights else None, *tb))
+                      reads=(q, q_in, seq_lens, kv_indptr, block_table, *_tensors_of(cache, repair, window, unmetered,
+                                                                                       tilt_batch)))
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,
@@ -260,10 +266,29 @@ def decode(
     compiled, pages = _launch(cache, q, plan, rows, ws, sm, repair if has_rep else None, window if has_win else None,
                               unmetered)
     consts = _merge_constants(cache, plan, pages, sm, delta_step, window if has_win else None, Hq // cache.num_kv_heads)
+    if served != "float32":  # the output's rounding into the dtype it is served in joins E⁺
+        consts = dataclasses.replace(consts, store=store_terms(served, "float32", D))
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer, out, lse_out)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
         o = _zero_dead_rows(o, rec, sl[1:] - sl[:-1] if consts.csr_lens else sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
+
+
+def _tensors_of(*objs) -> list:
+    """The tensors among the fields of these dataclasses (None skipped): what an output buffer must not overlap."""
+    return [v for o in objs if o is not None for f in dataclasses.fields(o)
+            if isinstance(v := getattr(o, f.name), torch.Tensor)]
+
+
+def _served_dtype(out: torch.Tensor | None, store_dtype: torch.dtype | None) -> str:
+    """The name of the dtype the decode's output is served in (``decode``'s ``store_dtype``)."""
+    if store_dtype is not None:
+        if store_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"store_dtype: expected torch.float32, bfloat16 or float16, got {store_dtype!r}")
+        if out is not None and isinstance(out, torch.Tensor) and out.dtype != store_dtype:
+            raise ValueError(f"store_dtype: {store_dtype} but out is {out.dtype} (the merge stores into out's dtype)")
+    dt = store_dtype if store_dtype is not None else out.dtype if isinstance(out, torch.Tensor) else torch.float32
+    return str(dt).removeprefix("torch.")
 
 
 def _check_inputs(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor | None,
@@ -290,14 +315,14 @@ def _check_inputs(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, se
                              f"{kv_indptr.dtype} {tuple(kv_indptr.shape)}")
         if block_table.dim() != 1:
             raise ValueError(f"kv_indptr: block_table must be the flat kv_indices [total], got {tuple(block_table.shape)}")
-        kv_indptr = kv_indptr[: Bsz + 1].to(device=q.device, dtype=torch.int32)
-        seq_lens = None  # the kernels read kv_indptr itself (its differences: no launch)
-        if validate:
-            seq_lens = kv_indptr[1:] - kv_indptr[:-1]
-            if torch.any(seq_lens < 1):
+        raw = kv_indptr[: Bsz + 1]
+        if validate:  # (on the rows as given: an int64 entry past 2^31 would wrap in the int32 the kernels read)
+            if torch.any(raw[1:] - raw[:-1] < 1):
                 raise ValueError("seq_lens: every sequence needs at least one cached token")
-            if int(kv_indptr[-1]) > block_table.shape[0] or int(kv_indptr[0]) < 0:
+            if int(raw[-1]) > block_table.shape[0] or int(raw[0]) < 0:
                 raise ValueError("kv_indptr: rows reach outside kv_indices")
+        kv_indptr = raw.to(device=q.device, dtype=torch.int32)
+        seq_lens = kv_indptr[1:] - kv_indptr[:-1] if validate else None  # (the kernels read kv_indptr itself)
     else:
         if seq_lens is None or seq_lens.shape != (Bsz,) or block_table.dim() != 2 or block_table.shape[0] != Bsz:
             raise ValueError("seq_lens [B] and block_table [B, max_pages] must match q's batch")

@@ -189,14 +189,17 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
 
 def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None,
-                   xi=None, lam=None, out_rel: float | torch.Tensor = 0.0) -> MeterRecord:
+                   xi=None, lam=None, out_rel: float | torch.Tensor = 0.0,
+                   out_add: float | torch.Tensor = 0.0) -> MeterRecord:
     """Histogram masses [B, Hq, K+2] with per-row bin levels [B, Hq, K+1] (the overflow bin's
     level is ``eps_max`` / ``tb_max``). ``single`` [B, Hq]: rows over exactly one token (TV = 0).
     ``xi``, ``lam`` [B, Hq]: the decode's Ξ and Λ (module doc). ``out_rel``: relative error of
     the kernel's own output accumulation (bf16 p̂·s_v on the GPU, fp32 sums): the output bound
     covers ‖ô_kernel − o‖, not only the exact-arithmetic ô of SPEC §4:
 
-        E⁺ = TV⁺ (2ν_max + φ_max) + Σ p̃ φ + (tanh(Ξ/2) + Λ) φ_max + ν_max (e^{2Ξ + out_rel} − 1)
+        E⁺ = TV⁺ (2ν_max + φ_max) + Σ p̃ φ + (tanh(Ξ/2) + Λ) φ_max + ν_max (e^{2Ξ + out_rel} − 1) + out_add
+
+    (``out_add``: the rounding of an output served in a narrower float, ``MergeConstants.store``.)
     """
     bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
     if xi is not None:
@@ -215,7 +218,8 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
         num = nu_max.double()
         fm = phi_max.double()
         own = num * torch.expm1((2.0 * x + out_rel).clamp(max=700.0))
-        ob = (tv * (2.0 * num + fm) + pphi.double() + (torch.tanh(x / 2.0) + la) * fm + own) * (1.0 + 2.0**-40) + FP64_SLACK
+        ob = (tv * (2.0 * num + fm) + pphi.double() + (torch.tanh(x / 2.0) + la) * fm + own + out_add) \
+            * (1.0 + 2.0**-40) + FP64_SLACK
         return torch.where(bad_rows | ~torch.isfinite(ob), torch.full_like(ob, float("inf")), ob)
 
     tv_b = out_b = None
@@ -257,6 +261,9 @@ class MergeConstants:
     ring_tiles: int = 0
     #: the merge's ``sl`` is SGLang's kv_indptr [B + 1] (the lengths its differences), not the lengths [B]
     csr_lens: bool = False
+    #: the output served in a narrower float than fp32 (``fp_bounds.store_terms``: rel, abs·√D, max): its rounding joins
+    #: E⁺ and an |o_i| above max is non-finite; (0, 0, 0): served as computed
+    store: tuple = (0.0, 0.0, 0.0)
 
 
 _EDGES: dict = {}
@@ -345,8 +352,9 @@ def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int
     """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
     float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
     contiguous (any other strides, no two elements in one place), neither sharing memory with the other nor with a
-    tensor of ``reads`` (what the merge reads: a program reads its row's query, lengths and weights after other programs
-    wrote their rows, so an aliased input would meter the output). Host checks only (no sync); an ``OutputBufferError``
+    tensor of ``reads`` (what the decode reads: a merge program reads its row's query, lengths and weights after other
+    programs wrote their rows, so an aliased input would meter the output; and an output over the cache, its block
+    table or overlays would corrupt what the next call reads). Host checks only (no sync); an ``OutputBufferError``
     says what is wrong."""
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -362,13 +370,22 @@ def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int
                 or lse_out.device != torch.device(device)):
             raise OutputBufferError(f"lse_out: expected [{B}, {Hq}, W ≥ 1] on {device} with its last dimension "
                                     f"contiguous, got {tuple(lse_out.shape)} on {lse_out.device}, strides {lse_out.stride()}")
-    for name, t in (("out", out), ("lse_out", lse_out)):
-        if t is not None:
-            if any(r is not None and shares_memory(t, r) for r in reads):
-                raise OutputBufferError(f"{name}: shares memory with an input of the decode (the query, the lengths, "
-                                        "the weights or a deferred tilt's records: the merge reads them after it writes)")
-            if overlaps_itself(t):
-                raise OutputBufferError(f"{name}: two of its elements share memory (strides {t.stride()})")
+    outs = [(name, t, t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+            for name, t in (("out", out), ("lse_out", lse_out)) if t is not None and t.numel()]
+    for r in reads:  # (an input whose storage lies apart from both outputs' is passed at the cost of two reads)
+        if r is None or not r.numel():
+            continue
+        st = r.untyped_storage()
+        s0 = st.data_ptr()
+        s1 = s0 + st.nbytes()
+        for name, t, o0, o1 in outs:
+            if s0 < o1 and o0 < s1 and shares_memory(t, r):
+                raise OutputBufferError(f"{name}: shares memory with an input of the decode (the query, the lengths, the "
+                                        "cache, the block table, the overlays, the weights or a deferred tilt's records: "
+                                        "the merge reads them after it writes, and the next call reads the cache)")
+    for name, t, _, _ in outs:
+        if overlaps_itself(t):
+            raise OutputBufferError(f"{name}: two of its elements share memory (strides {t.stride()})")
     if out is not None and lse_out is not None and shares_memory(out, lse_out):
         raise OutputBufferError("out / lse_out: share memory")
 
@@ -421,7 +438,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
-        SL_CSR=c.csr_lens,
+        SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2],
         num_warps=warps,
     )
     record = None
@@ -470,6 +487,11 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     h = (w64[..., None] * hist.double()).sum(-2) / L64[..., None]
     mx = stat.amax(dim=-2)
     bad = stat[..., 4].sum(-1) + (~torch.isfinite(L)).double() + (~torch.isfinite(o).all(-1)).double()
+    rel, ab, smax = c.store
+    out_add = 0.0
+    if rel > 0:  # served in a narrower float: the store's rounding (the fused merge's STORE_*)
+        out_add = rel * o.double().norm(dim=-1) + ab
+        bad = bad + (o.abs() > smax).any(-1).double()
     qd = q.double()
     qnorm = qd.norm(dim=-1) * (abs(sm) * (1.0 + KERNEL_REL_SLACK))
     qn_a = qnorm
@@ -494,7 +516,7 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
     rec = meter_epilogue(
         h[..., :KA], h[..., KA : 2 * KA] if c.tier_b else None, lv_a, lv_b, eps_max, tb_max,
         pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
-        single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta,
+        single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta, out_add=out_add,
     )
     return zero_rows(o, rec, dead), lse, rec
 

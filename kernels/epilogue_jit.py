@@ -314,13 +314,16 @@ def _merge_meter_kernel(
     N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr,
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
+    STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
     and, with EPI, the meter record REC[row] (columns ``REC_*``): Ξ, Λ, both tiers' TV⁺ and E⁺.
     The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch.
     DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
-    and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``)."""
+    and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
+    STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
+    ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite."""
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq
@@ -409,6 +412,10 @@ def _merge_meter_kernel(
             e1 = tl.exp(-xi)
             own = num * _expm1_up(tl.minimum(2.0 * xi + out_rel, 700.0))
             extra = pphi + ((1.0 - e1) / (1.0 + e1) + lam) * fm + own
+            if STORE_REL > 0:  # the store's rounding (contract STORE_ROUNDING; Lean output_error_stored_le)
+                o64 = o.to(tl.float64)
+                extra += STORE_REL * tl.sqrt(tl.sum(o64 * o64, axis=0)) + STORE_ABS
+                bad += tl.sum((tl.abs(o) > STORE_MAX).to(tl.float32), axis=0)
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)

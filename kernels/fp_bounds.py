@@ -4,6 +4,7 @@ epilogue share.
     dot_gamma(D, split3=False)                  → γ: |fl(σ s ⟨q, c⟩) − σ s ⟨q, c⟩| ≤ γ σ ‖q‖ κ
     sketch_gamma(scheme, D, bits)               → γ of the decode's key-sketch dot ⟨q, r̃⟩
     mass_eta_terms(tile_tokens, split, packed)  → (a, b) with mass_eta(tiles, …) = a + tiles · b
+    store_terms(stored, computed, D)            → (rel, abs·√D, max) of an output stored in a narrower dtype
 
 * every witness / norm is computed scaled by its largest entry (no squaring underflow), inflated
   by ``KERNEL_REL_SLACK``, floored at ``KERNEL_WITNESS_FLOOR`` for lossy schemes (a residual whose
@@ -17,6 +18,9 @@ epilogue share.
 
 from __future__ import annotations
 
+import math
+
+from contract.constants import store_rounding
 from contract.schemes import SCHEMES
 
 #: relative inflation of every fp32 witness / radius computed in a kernel (covers fp32
@@ -103,3 +107,11 @@ def mass_eta(tiles, tile_tokens: int, split: str = "tf32x3", packed: bool = Fals
     accumulation term grown by ``HIST_TERM_GROWTH[split]``."""
     a, b = mass_eta_terms(tile_tokens, split, packed)
     return a + tiles * b
+
+
+def store_terms(stored: str, computed: str, head_dim: int) -> tuple[float, float, float]:
+    """(rel, abs_norm, max) of an attention output computed in the float ``computed`` and served in ``stored`` (dtype
+    names, e.g. "float32", "bfloat16"; ``contract.constants.store_rounding``): ‖fl(o) − o‖₂ ≤ rel·‖o‖₂ + abs_norm with
+    abs_norm = abs·√D rounded up, and an |o_i| above ``max`` may store as ±inf. (0, 0, 0) where the store is exact."""
+    rel, ab, mx = store_rounding(stored, computed)
+    return rel, math.nextafter(ab * math.sqrt(head_dim), math.inf) if ab else 0.0, mx

@@ -78,6 +78,7 @@ def check_constants():
                 and set(S.available_schemes()) >= set(T.SCHEMES), f"{T.KERNEL_SCHEME_IDS}"))
     out.append(("tilt tolerance default = 2^-12", B.TILT_DEFAULT_TOL == 2.0**-12, f"{B.TILT_DEFAULT_TOL}"))
     out.append(("dither grid = 2^23 points", B.DITHER_RESOLUTION_BITS == 23, f"{B.DITHER_RESOLUTION_BITS}"))
+    out.append(_check_store_table())
     try:
         from kernels import fp_bounds as FB
         from kernels import paged as P
@@ -139,6 +140,7 @@ def check_formulas(seed: int = 0, points: int = 200):
     ok &= all(abs(B.step_budget(1e-3, 30, 9, step=t) - fa(1e-3, 30, 9, t)) <= 1e-18 for t in (1, 2, 1000))
     out.append(("step_budget = both schedules", ok, ""))
     out.append(_check_sketch_radius(B, rng, points))
+    out.append(_check_stored_output(B, rng, points))
     # kernels: Tier B coefficient c with t_j = c·s_j
     try:
         import torch
@@ -154,6 +156,7 @@ def check_formulas(seed: int = 0, points: int = 200):
         # the fused merge runs one interpreter program per point: a few dozen points find a drifted constant
         k = min(points, KERNEL_POINTS)
         out.append(_check_kernel_tier_b(q[:k], sig, (base + bias)[:k]))
+        out.append(_check_kernel_store(rng, k))
     except ImportError as exc:
         out.append(("kernel Tier B coefficient", False, f"cannot import kernels: {exc}"))
     out += check_fp_terms(rng, points)
@@ -192,6 +195,92 @@ def _check_sketch_radius(B, rng, points: int):
     got_shared = B.sketch_radius(qs, rts, ws, sig, a, shared=True)
     got_head = B.sketch_radius(qs, rts, ws, sig, a, shared=False)
     ok = _close_above(got_shared, want_shared, 2.0**-30) and _close_above(got_head, want_head, 2.0**-30)
+    return (name, ok, "")
+
+
+def _check_store_table():
+    """``contract.constants.STORE_ROUNDING`` / ``STORE_MAX`` against the dtypes themselves: rel is one ulp (torch's eps:
+    round-to-nearest and truncation both stay within it), abs at least the smallest subnormal and at least 2^-126 for
+    the dtypes sharing fp32's exponent range (a flush of fp32 subnormals), max the largest finite value."""
+    import torch
+
+    from contract.constants import STORE_MAX, STORE_ROUNDING
+
+    ok = True
+    for name, (rel, ab) in STORE_ROUNDING.items():
+        f = torch.finfo(getattr(torch, name))
+        sub = f.smallest_normal * f.eps
+        ok &= rel == f.eps and ab >= sub and STORE_MAX[name] == f.max
+        ok &= ab >= 2.0**-126 or f.smallest_normal > 2.0**-126
+    return ("contract STORE_ROUNDING: rel = one ulp, abs ≥ the smallest subnormal, max = the largest finite", bool(ok),
+            f"{STORE_ROUNDING}")
+
+
+def _stored_formula(err, onorm, stored, computed, d):
+    """``formulas.STORED_OUTPUT_BOUND`` with the contract's (rel, abs) of storing ``computed`` into ``stored``."""
+    from contract.constants import store_rounding
+
+    rel, ab, _ = store_rounding(stored, computed)
+    c = float(F.STORED_ABS_TERM.subs({F.st_abs: ab, F.st_d: d}))
+    f = sp.lambdify((F.st_err, F.st_rel, F.st_onorm, F.st_c), F.STORED_OUTPUT_BOUND, "numpy")
+    return f(err, rel, onorm, c)
+
+
+def _check_stored_output(B, rng, points: int):
+    """Lean ``output_error_stored_le``: ``witcert.bounds.stored_output_error_bound`` equals err + rel·‖ô‖ + abs·√D
+    (``formulas.STORED_OUTPUT_BOUND``, the contract's STORE_ROUNDING) within its round-up, never below, for each narrow
+    dtype; a store into a wider dtype leaves err unchanged."""
+    name = "stored_output_error_bound = err + rel·‖ô‖ + abs·√D (contract STORE_ROUNDING)"
+    d = 64
+    o = rng.normal(size=(points, d)) * rng.exponential(1.0, (points, 1))
+    err = rng.exponential(0.01, points)
+    ok = True
+    for stored, computed in (("bfloat16", "float32"), ("float16", "float32"), ("float32", "float64")):
+        want = _stored_formula(err, np.linalg.norm(o, axis=-1), stored, computed, d)
+        ok &= _close_above(B.stored_output_error_bound(err, o, stored, computed), want, 2.0**-30)
+    ok &= bool(np.array_equal(B.stored_output_error_bound(err, o, "float32", "float32"), err))
+    return (name, ok, "")
+
+
+def _check_kernel_store(rng, pts: int):
+    """The fused merge's E⁺ with the output served in bfloat16 / float16 (``MergeConstants.store``, the kernel's
+    STORE_REL / STORE_ABS) is its E⁺ served in float32 plus rel·‖o‖ + abs·√D of the contract, within the merge's
+    round-up (Lean ``output_error_stored_le``): a dropped or drifted store term fails here."""
+    import dataclasses
+    import os
+
+    import torch
+
+    name = "kernel record E⁺ of a bf16 / fp16 output = E⁺ + rel·‖o‖ + abs·√D (fused merge)"
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return (name, SKIP, "no CUDA device and TRITON_INTERPRET unset: the kernel was not run")
+    from kernels import epilogue as E
+    from kernels.fp_bounds import dot_gamma, mass_eta_terms, store_terms
+    from kernels.key_levels import KEY_LEVELS
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    D, KA, NB = 16, KEY_LEVELS + 2, 64
+    m = torch.zeros(pts, 1, 1)
+    acc = torch.tensor(rng.normal(size=(pts, 1, 1, D)) * rng.exponential(1.0, (pts, 1, 1, 1)), dtype=torch.float32)
+    hist = torch.zeros(pts, 1, 1, NB)
+    hist[..., 1] = 1.0
+    stat = torch.zeros(pts, 1, 1, 6)
+    stat[..., 0] = 1e-3  # max W: a live row with a small TV⁺
+    stat[..., 3] = acc.norm(dim=-1)  # ν ≥ ‖v̂‖
+    stat[..., 5] = 1.0
+    q = torch.tensor(rng.normal(size=(pts, 1, D)), dtype=torch.float32)
+    c = E.MergeConstants(D=D, T=16, PAGES=8, NB=NB, KA=KA, sm=0.25, tier_b=False, delta_step=None, gamma=dot_gamma(D),
+                         dither_u=0.0, eta=mass_eta_terms(128), out_rel0=0.0)
+    args = [t.to(dev) for t in (m, m + 1.0, acc, hist, stat, q)]
+    sl = torch.full((pts,), 1000, dtype=torch.int32, device=dev)
+    o, _, rec = E.merge(*args, sl, c)
+    base = rec.out_err_upper[:, 0].double().cpu().numpy()
+    onorm = o[:, 0].double().norm(dim=-1).cpu().numpy()
+    ok = True
+    for stored in ("bfloat16", "float16"):
+        _, _, r2 = E.merge(*args, sl, dataclasses.replace(c, store=store_terms(stored, "float32", D)))
+        got = r2.out_err_upper[:, 0].double().cpu().numpy()
+        ok &= _close_above(got, _stored_formula(base, onorm, stored, "float32", D), 2.0**-30)
     return (name, ok, "")
 
 

@@ -28,6 +28,11 @@ BETA = (1 - t) * sp.exp(x) + t * sp.exp(-x)
 HINGE = sp.Max(lam * BETA - 1, 0)
 #: SPEC §4: output_error_le
 OUTPUT_BOUND = tv_up * (D_v + phi_max) + pphi
+#: the output served in a narrower float (a bf16 / fp16 output buffer, a cast to the model's dtype):
+#: output_error_stored_le, err + rel·‖ô‖ + c with c = abs·√D (contract.constants.STORE_ROUNDING)
+st_err, st_rel, st_c, st_onorm, st_abs, st_d = sp.symbols("err rel c onorm abs_ D", nonnegative=True)
+STORED_OUTPUT_BOUND = st_err + st_rel * st_onorm + st_c
+STORED_ABS_TERM = st_abs * sp.sqrt(st_d)
 #: SPEC §5: uniform_mgf_le — sinh(λ s / 2) / (λ s / 2) ≤ exp(λ² (s²/12) / 2)
 UNIFORM_MGF = sp.sinh(lam * s / 2) / (lam * s / 2)
 UNIFORM_MGF_BOUND = sp.exp(lam**2 * (s**2 / 12) / 2)
@@ -48,6 +53,7 @@ THEOREMS = [
     "tilt_tv_le_eform",
     "tilt_tv_le_dual_grid",
     "output_error_le",
+    "output_error_stored_le",
     "uniform_mgf_le",
     "dither_logit_tail",
     "request_budget_sound",
@@ -96,6 +102,11 @@ LEAN_THEOREMS = {
     "output_error_le": ("Output", [("≤", norm(o_hat - o), OUTPUT_BOUND)], {
         "hD": [("=", D_v, 2 * nu_max)],
         "hpphi": [("=", pphi, Sum(UNIV, sp.Lambda(_j, phat(_j) * phi(_j))))],
+    }),
+    "output_error_stored_le": ("Output", [("≤", norm(sp.Symbol("s") - o), STORED_OUTPUT_BOUND.xreplace(
+        {st_err: sp.Symbol("err"), st_rel: sp.Symbol("rel"), st_c: sp.Symbol("c"), st_onorm: norm(o_hat)}))], {
+        "herr": [("≤", norm(o_hat - o), sp.Symbol("err"))],
+        "hs": [("≤", norm(sp.Symbol("s") - o_hat), sp.Symbol("rel") * norm(o_hat) + sp.Symbol("c"))],
     }),
     "uniform_mgf_le": ("SubGaussian", [("≤", UNIFORM_MGF, UNIFORM_MGF_BOUND)], {}),
     "dither_logit_tail": ("SubGaussian", [("≤", _f("μ.real")(setOf(sp.Lambda(_w, sp.Le(

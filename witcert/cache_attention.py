@@ -99,7 +99,7 @@ class ServedAttention:
         al = allowed.view(Bsz, -1, 1, Lq, n) if allowed.shape[1] == 1 else allowed.view(Bsz, self.num_kv_heads, GQ, Lq, n)
         ev = self._evaluate(layer, q, al, sm)
         if self.meter:
-            ev = self._meter_and_gate(layer, q, al, sm, ev)
+            ev = self._meter_and_gate(layer, q, al, sm, ev, query.dtype)
         o = ev["o"].reshape(Bsz, Hq, Lq, D).transpose(1, 2).contiguous()
         return o.to(query.dtype), None
 

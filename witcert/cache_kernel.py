@@ -94,8 +94,10 @@ class KernelPath:
             # ungated, unpadded: the merge writes the model's dtype itself (no cast launch after it)
             o = (torch.empty(q.shape, dtype=query.dtype, device=q.device)
                  if rows is None and gate is None and tm is None else None)
+            # (otherwise the float32 output is cast to the model's dtype below: store_dtype puts that rounding in E⁺)
             return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, plan=plan, delta_step=ds,
-                          validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win, out=o)
+                          validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win, out=o,
+                          store_dtype=query.dtype)
 
         out = run()
         if not self.meter:
@@ -171,7 +173,7 @@ class KernelPath:
         o = None if st.has_mask else torch.empty(q1.shape, dtype=dtype, device=q1.device)
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
                      validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above,
-                     window=layer.win, out=o, **defer)
+                     window=layer.win, out=o, store_dtype=dtype, **defer)
         if st.tilt is None:  # (deferred: the step's end copies every layer's columns, witcert.graphs._finish_records)
             r = out.meter
             st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))

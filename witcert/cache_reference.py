@@ -134,7 +134,9 @@ class ReferencePath:
         return block_risk(ev["p"], ev["logits"], ev["al"], ev["live"], eps, block_size=self.block_size,
                           num_blocks=nb, repaired=layer.repaired, v_wit=ev["view"].phi, tau_v=self.gate.tau_v)
 
-    def _meter_and_gate(self, layer, q, al, sm, ev):
+    def _meter_and_gate(self, layer, q, al, sm, ev, dtype=torch.float64):
+        """The meter (and the gate's repair loop) of a reference-path step; ``dtype``: the dtype the fp64 output is served
+        in (the model's: its rounding joins E⁺, ``bounds.stored_output_error_bound``)."""
         Bsz, Hkv, GQ, Lq, n = ev["p"].shape
         ds = self.delta_step()
         gate = self.gate
@@ -151,7 +153,8 @@ class ReferencePath:
                           levels=METER_LEVELS if c is None else BOX_LEVELS,
                           tilt=Lq <= TILT_MAX_ROWS_PER_HEAD, center=c)
             # the block risk reads a symmetric radius: the box ⊆ |δ| ≤ |c| + ε
-            m = {"tv": r.tv, "err": r.err, "bad": r.bad, "parts": r.parts, "eps": eps if c is None else eps + c.abs()}
+            err = B.stored_output_error_bound(r.err, ev["o"], str(dtype).removeprefix("torch."))
+            m = {"tv": r.tv, "err": err, "bad": r.bad, "parts": r.parts, "eps": eps if c is None else eps + c.abs()}
             if ds is not None:
                 m["tv_b"] = r.tv_b
             return m
@@ -180,7 +183,7 @@ class ReferencePath:
         if gate is not None and gate.policy == "certified":
             flag = flag | over(m)
         red = lambda x: x.amax(-1).reshape(*x.shape[:-4], Bsz, Hkv * GQ).cpu().numpy()  # noqa: E731
-        audit = self._audit(layer, q, al, sm, ev, m) if self.audit else None
+        audit = self._audit(layer, q, al, sm, ev, m, dtype) if self.audit else None
         self._emit(StepRecord(
             step=self.step, layer=layer.layer_idx, tv_a=red(m["tv"]), tv_a_pre=red(pre["tv"]), out_err=red(m["err"]),
             tv_b=red(m["tv_b"]) if ds is not None else None, flag=red(flag.double()) > 0,
@@ -192,13 +195,14 @@ class ReferencePath:
         ))
         return ev
 
-    def _audit(self, layer, q, al, sm, ev, m):
-        """Realised TV and ‖ô − o‖ against exact attention over the backing store (tests, demo)."""
+    def _audit(self, layer, q, al, sm, ev, m, dtype=torch.float64):
+        """Realised TV and ‖ô − o‖ against exact attention over the backing store (tests, demo); ô as served, in
+        ``dtype``."""
         ek = layer.exact_k.to(layer.device).double()
         evv = layer.exact_v.to(layer.device).double()
         p, _ = _softmax(sm * torch.einsum("bhgld,bhnd->bhgln", q, ek), al)
         tv = 0.5 * (p - ev["p"]).abs().sum(-1)
-        err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - ev["o"]).norm(dim=-1)
+        err = (torch.einsum("bhgln,bhnd->bhgld", p, evv) - ev["o"].to(dtype).double()).norm(dim=-1)
         # the audit's own fp64 evaluation error (both sides are fp64 sums over n tokens)
         tol = AUDIT_ABS_TOL * (1.0 + ev["o"].abs().amax(-1))
         viol = ((tv > m["tv"] + AUDIT_ABS_TOL) | (err > m["err"] + tol)) & ev["live"] & ~m["bad"]

@@ -12,6 +12,10 @@ Derivation: `ô − o = Σ (p̂_j − p_j) v̂_j + Σ p_j (v̂_j − v_j)`.
 compute is the instance `D_v = 2 ν_max` proved here.)
 
 * `output_error_le` — SPEC §9.
+* `output_error_stored_le` — the served output is the computed one stored in a narrower float (a bf16 / fp16 output
+  buffer, a cast to the model's dtype): its error is the computed one's plus the store's, `rel · ‖ô‖ + c`
+  (`contract.constants.STORE_ROUNDING`: per element `|s_i − ô_i| ≤ rel · |ô_i| + abs`, so by Minkowski
+  `‖s − ô‖₂ ≤ rel · ‖ô‖₂ + abs · √D` — the hypothesis `hs`, with `c = abs · √D`).
 -/
 
 namespace WitCert
@@ -82,5 +86,16 @@ theorem output_error_le (p phat : ι → ℝ) (hp0 : ∀ j, 0 ≤ p j)
         have e1 : tv p phat * (2 * nu_max) + tv p phat * phi_max
             = tv p phat * (2 * nu_max + phi_max) := by ring
         linarith [h1, h2, h3, h4, e1]
+
+/-- The served output `s` is the computed `o_hat` stored in a narrower float: if the computed output is within `err` of
+exact attention and the store moves it by at most `rel · ‖o_hat‖ + c`, the served output is within
+`err + rel · ‖o_hat‖ + c` (`witcert.bounds.stored_output_error_bound`; the kernels' `STORE_REL` / `STORE_ABS`). -/
+theorem output_error_stored_le (o o_hat s : E) (err rel c : ℝ)
+    (herr : ‖o_hat - o‖ ≤ err) (hs : ‖s - o_hat‖ ≤ rel * ‖o_hat‖ + c) :
+    ‖s - o‖ ≤ err + rel * ‖o_hat‖ + c := by
+  -- `norm_sub_le_norm_sub_add_norm_sub` (to_additive of `norm_div_le_norm_div_add_norm_div`:
+  -- Mathlib/Analysis/Normed/Group/Basic.lean:116)
+  have h := norm_sub_le_norm_sub_add_norm_sub s o_hat o
+  linarith
 
 end WitCert

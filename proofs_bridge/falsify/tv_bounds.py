@@ -88,6 +88,34 @@ def output_error_le(rng, trials):
     return bad
 
 
+def _store(x, bits, tiny, mode):
+    """x stored in a float of ``bits`` significant bits (``mode``: "rn" round to nearest, "rz" truncate), values below
+    ``tiny`` flushed to 0 (a subnormal flush)."""
+    if abs(x) < tiny:
+        return mp.mpf(0)
+    ulp = mp.mpf(2) ** (mp.floor(mp.log(abs(x), 2)) - (bits - 1))
+    y = x / ulp
+    return (mp.nint(y) if mode == "rn" else (mp.floor(y) if y > 0 else mp.ceil(y))) * ulp
+
+
+def output_error_stored_le(rng, trials):
+    """The served output is the computed one stored element by element (one ulp relative, a flush below ``tiny``):
+    ‖s − o‖ ≤ err + rel‖ô‖ + tiny·√D with err = ‖ô − o‖, rel = 2^(1 − bits) (the contract's STORE_ROUNDING model)."""
+    bad = []
+    for _ in range(trials):
+        dv = rng.randint(1, 8)
+        bits = rng.choice([8, 11, 24])
+        tiny = mp.mpf(2) ** -rng.choice([14, 30, 126])
+        o = [mp.mpf(rng.gauss(0, 1)) * mp.mpf(10) ** rng.randint(-6, 3) for _ in range(dv)]
+        oh = [a + mp.mpf(rng.gauss(0, 1)) * mp.mpf(10) ** rng.randint(-9, 0) for a in o]
+        st = [_store(x, bits, tiny, rng.choice(["rn", "rz"])) for x in oh]
+        err = _norm([a - b for a, b in zip(oh, o)])
+        bound = err + mp.mpf(2) ** (1 - bits) * _norm(oh) + tiny * mp.sqrt(dv)
+        if _norm([a - b for a, b in zip(st, o)]) > bound:
+            bad.append((o, oh, bits))
+    return bad
+
+
 def tilt_tv_le_tanh_top2(rng, trials):
     """TV ≤ tanh((ε₍₁₎ + ε₍₂₎)/4) ≤ tanh(ε_max/2), with e12 = 0 for a single token."""
     bad = []

@@ -252,22 +252,46 @@ def csr_int8_cache(lens, Hkv, D, GQ, seed, dev):
     """An int8 cache of block size 1 (SGLang's token slots) holding ``lens`` random bf16 sequences at random slots of a
     pool three slots larger, their CSR rows, and a query: (cache, pool, slots [total] int32, indptr [B + 1] int32,
     q [B, Hkv·GQ, D]; q on the GPU in bf16, its dots' dtype, else fp32 of bf16 values)."""
+    cache, pool, slots, indptr, q, _ = csr_cache(lens, Hkv, D, GQ, seed, dev)
+    return cache, pool, slots, indptr, q
+
+
+def csr_cache(lens, Hkv, D, GQ, seed, dev, scheme="int8", v_of=None, q_scale=1.5, per_token_witness=True):
+    """``csr_int8_cache`` for any ``scheme``, with the values ``v_of(v)`` of the random ones (None: as drawn), the query
+    scaled by ``q_scale``, and the exact K / V kept: (cache, pool, slots, indptr, q, [(k, v) bf16 [n, Hkv, D] per
+    sequence])."""
     g = torch.Generator().manual_seed(seed)
     total = sum(lens)
     pool = total + 3
-    cache = PagedKV.allocate(pool, Hkv, D, scheme="int8", block_size=1, num_groups=1, device=dev)
+    cache = PagedKV.allocate(pool, Hkv, D, scheme=scheme, block_size=1, num_groups=1, device=dev,
+                             per_token_witness=per_token_witness)
     slots = torch.randperm(pool, generator=g)[:total].int()
     indptr = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    exact = []
     for b, n in enumerate(lens):
+        k = torch.randn(n, Hkv, D, generator=g).bfloat16()
+        v = torch.randn(n, Hkv, D, generator=g)
+        v = (v if v_of is None else v_of(v)).bfloat16()
+        exact.append((k, v))
         if n:
             bt = slots[indptr[b] : indptr[b + 1]].view(1, n)
-            k = torch.randn(n, Hkv, D, generator=g).bfloat16()
-            v = torch.randn(n, Hkv, D, generator=g).bfloat16()
             write_kv(cache, k.to(dev), v.to(dev), bt.to(dev), torch.zeros(n, dtype=torch.int64).to(dev),
                      torch.arange(n).to(dev))
-    q = (torch.randn(len(lens), Hkv * GQ, D, generator=g) * 1.5).bfloat16()
+    q = (torch.randn(len(lens), Hkv * GQ, D, generator=g) * q_scale).bfloat16()
     q = q.to(dev) if dev == "cuda" else q.float()
-    return cache, pool, slots, indptr, q
+    return cache, pool, slots, indptr, q, exact
+
+
+def exact_attention(q, exact, sm, gq):
+    """fp64 attention [B, Hq, D] of ``q`` over ``csr_cache``'s exact K / V (a row without tokens: 0)."""
+    B, Hq, D = q.shape
+    o = torch.zeros(B, Hq, D, dtype=torch.float64)
+    for b, (k, v) in enumerate(exact):
+        if k.shape[0]:
+            kk, vv = k.double().repeat_interleave(gq, dim=1), v.double().repeat_interleave(gq, dim=1)  # [n, Hq, D]
+            p = torch.softmax(sm * torch.einsum("nhd,hd->hn", kk, q[b].double().cpu()), dim=-1)
+            o[b] = torch.einsum("hn,nhd->hd", p, vv)
+    return o
 
 
 def to_cpu(out):

@@ -17,6 +17,11 @@ except the six ``*kivi2*`` configurations: re-recorded (branch kivi2-kernel) whe
 kernels' arithmetic (fp16 scale rounded up / zero rounded down, ``witcert.schemes._asym_f16``),
 which moves its served values; every other array was checked unchanged (within the cross-host
 tolerance) before the merge, and no discrete kivi2 field (ids, page-ins, flags, audit) changed.
+Re-recorded 2026-12-06 when E⁺ took the rounding of the served output into the model's dtype (the reference path
+computes in float64 and serves the model's float32: ``bounds.stored_output_error_bound``, Lean
+``output_error_stored_le``) and the audit's realised error became the served output's: only ``out_err`` (123 arrays,
+every value up, by 6e-8 relative up to the store's ~1e-7·‖o‖ on repaired rows whose E⁺ was ~1e-12, below the served
+float32 output's own error) and ``out_err_real`` (121) moved; no discrete field, no page-in, no flag.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ import kernels.decode as Dk  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.plan import hist_columns  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
-from tests.helpers.conformance import csr_int8_cache, to_cpu  # noqa: E402
+from tests.helpers.conformance import csr_cache, csr_int8_cache, exact_attention, to_cpu  # noqa: E402
+from witcert import bounds as Bnd  # noqa: E402
 
 D, HKV, GQ = 64, 2, 2
 LENS = [37, 0, 5, 70]  # row 1 has no token
@@ -72,7 +73,105 @@ def test_merge_writes_the_callers_buffers(monkeypatch, merge_off_gpu, defer, dty
     assert torch.isneginf(lse_buf[:B, :, 1:]).all()
     assert (o_buf[B:] == SENTINEL).all() and (lse_buf[B:] == SENTINEL).all()  # rows past the batch untouched
     for f in FIELDS:
+        if f == "out_err_upper" and dtype != torch.float32:
+            continue
         assert torch.equal(getattr(got.meter, f), getattr(base.meter, f)), f
+    if dtype != torch.float32:  # E⁺ adds the bf16 store's rounding, rel·‖o‖ + abs·√D (Lean output_error_stored_le)
+        want = Bnd.stored_output_error_bound(base.meter.out_err_upper.double(), base.o.double(), "bfloat16", "float32")
+        want = torch.where(base.meter.out_err_upper == 0, 0.0, want)  # the row without tokens: E⁺ 0, as served
+        assert torch.allclose(got.meter.out_err_upper.double(), want, rtol=2.0**-30, atol=0.0)
+        assert (got.meter.out_err_upper > base.meter.out_err_upper)[base.meter.out_err_upper > 0].all()
+
+
+# the output bound of an output served in bf16 / fp16: scheme none (exact values, φ = 0), values near a common vector and
+# a small query, so E⁺ is the floating-point terms alone and a store's rounding (2^-8 relative) would exceed it
+STORE_LENS = [40, 9, 1]
+
+
+def _store_case(scheme="none", v_of=lambda v: 1.5 + 0.01 * v, q_scale=0.05, per_token_witness=True):
+    cache, _pool, slots, indptr, q, exact = csr_cache(STORE_LENS, 1, D, GQ, 3, DEV, scheme=scheme, v_of=v_of,
+                                                      q_scale=q_scale, per_token_witness=per_token_witness)
+    return cache, slots.to(DEV), indptr.to(DEV), q, exact_attention(q, exact, 1 / math.sqrt(D), GQ)
+
+
+@pytest.mark.parametrize("how", ["kernel", "kernel-deferred", "torch", "cast"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_output_bound_covers_the_stored_output(monkeypatch, how, dtype):
+    """E⁺ bounds the output as served: stored by the merge into a bf16 / fp16 ``out`` (the fused kernel, its deferred
+    record, the torch twin's copy) or cast by the caller (``store_dtype``). Before the store term an adversarial review
+    measured 4 of 6 rows above E⁺, up to 3× (the store rounds by up to one ulp, which no other term covers); for bf16 the
+    default call's E⁺ is below the realised error here, so dropping the term fails this test."""
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "torch" if how in ("torch", "cast") else "kernel")
+    cache, slots, indptr, q, o_exact = _store_case()
+    B, Hq = len(STORE_LENS), GQ
+    kw = _deferred(B * Hq) if how == "kernel-deferred" else {}
+    if how == "cast":
+        got = _decode(cache, slots, indptr, q, store_dtype=dtype, **kw)
+        served = got.o.to(dtype)
+    else:
+        got = _decode(cache, slots, indptr, q, out=torch.empty(B, Hq, D, dtype=dtype, device=DEV), **kw)
+        served = got.o
+    err = (served.double().cpu() - o_exact).norm(dim=-1)
+    bound = got.meter.out_err_upper.double().cpu()
+    assert (err <= bound).all(), (err / bound).max()
+    base = _decode(cache, slots, indptr, q, **({} if how != "kernel-deferred" else _deferred(B * Hq)))
+    if dtype == torch.bfloat16:  # the store's term is what covers it (fp16 rounds 8× finer: within E⁺ here)
+        assert (err > base.meter.out_err_upper.double().cpu()).any()
+    assert not got.meter.flag.any()
+
+
+@pytest.mark.parametrize("how", ["out", "cast"])
+def test_an_output_beyond_float16_is_flagged(monkeypatch, how):
+    """An output above fp16's range stores as ±inf: the row is flagged (E⁺ +inf), even where the witnesses are float32
+    (whose ν does not overflow: the review served inf unflagged with E⁺ 52-6552)."""
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+
+    def big(v):
+        v[..., 0] = 1.0e5
+        return v
+
+    cache, slots, indptr, q, _ = _store_case(v_of=big, q_scale=1.0, per_token_witness=False)
+    B, Hq = len(STORE_LENS), GQ
+    kw = dict(store_dtype=torch.float16) if how == "cast" else dict(out=torch.empty(B, Hq, D, dtype=torch.float16,
+                                                                                     device=DEV))
+    got = _decode(cache, slots, indptr, q, **kw)
+    assert got.meter.flag.all() and torch.isinf(got.meter.out_err_upper).all()
+    assert not _decode(cache, slots, indptr, q).meter.flag.any()  # served in float32 it is finite and unflagged
+
+
+def test_outputs_over_what_later_calls_read_are_refused():
+    """An output buffer over the cache (its codes) or a deferred tilt's scratch (and, by the same check, the block table,
+    the witnesses, the overlays): the next call would read the output as its input (an adversarial review: TV⁺ 0.064
+    against a realised TV 0.106 on the call after an output over the key codes; the served output overwritten by the
+    tilt's finish)."""
+    cache, slots, indptr, q = _cache()
+    B, Hq = len(LENS), HKV * GQ
+    n = B * Hq * D
+    tb = _deferred(B * Hq)
+    for name, mem in (("k_codes", cache.k_codes), ("v_codes", cache.v_codes), ("tilt scratch", tb["tilt_batch"].scr)):
+        flat = mem.view(-1).view(torch.uint8)
+        assert flat.numel() >= 2 * n, name
+        with pytest.raises(ValueError, match="shares memory with an input"):
+            _decode(cache, slots, indptr, q, out=flat[: 2 * n].view(torch.bfloat16).view(B, Hq, D), **tb)
+
+
+def test_int64_rows_past_int32_are_refused_before_narrowing():
+    """kv_indptr in int64 is read as int32 by the kernels: validate checks the rows as given (an entry past 2^32 used
+    to wrap into a valid-looking row and be served)."""
+    cache, slots, indptr, q = _cache()
+    wide = torch.tensor([0, 37, 38, 43, 112], dtype=torch.int64, device=DEV)  # every row non-empty: valid as int32
+    wide[1:] += 2**32
+    with pytest.raises(ValueError, match="rows reach outside kv_indices"):
+        decode(cache, q, slots, None, kv_indptr=wide, num_splits=2, validate=True, sm_scale=1 / math.sqrt(D))
+
+
+def test_store_dtype_misuse_is_refused():
+    cache, slots, indptr, q = _cache()
+    B, Hq = len(LENS), HKV * GQ
+    with pytest.raises(ValueError, match="store_dtype: expected"):
+        _decode(cache, slots, indptr, q, store_dtype=torch.int8)
+    with pytest.raises(ValueError, match="store_dtype: torch.bfloat16 but out is torch.float32"):
+        _decode(cache, slots, indptr, q, out=torch.empty(B, Hq, D, device=DEV), store_dtype=torch.bfloat16)
 
 
 def test_one_lse_column_and_an_unmetered_call(monkeypatch):

@@ -44,7 +44,7 @@ formulas live in modules named after what they hold:
 * ``dual_grid`` -- §3(c) for one row: the dual values, the tight λ, the branch and bound;
 * ``tv_bounds`` -- §3 from exact p̂: ``tv``, the tanh / e-form / tilt bounds, ``round_levels``;
 * ``tv_logits`` -- §3 and §7 from served logits (log domain, the underflow term);
-* ``output_error`` -- §4: the output error bound;
+* ``output_error`` -- §4: the output error bound (and served in a narrower float: ``stored_output_error_bound``);
 * ``tier_b`` -- §5: the dither's variance proxy, bias, radius and the failure budget.
 """
 
@@ -55,7 +55,7 @@ from contract.constants import DITHER_BIAS_FACTOR, DITHER_RESOLUTION_BITS
 
 from .dual_grid import TILT_DEFAULT_TOL
 from .inputs import PROB_SUM_TOL
-from .output_error import output_error_bound
+from .output_error import output_error_bound, stored_output_error_bound
 from .rounding import FP64_ABS_SLACK, FP64_REL_SLACK
 from .sketch_window import sketch_center, sketch_decode, sketch_encode, sketch_radius, sketch_witness, window_mask
 from .tier_b import dither_bias_bound, dither_radius, dither_variance_proxy, step_budget
@@ -103,6 +103,7 @@ __all__ = [
     "sketch_radius",
     "window_mask",
     "output_error_bound",
+    "stored_output_error_bound",
     "dither_variance_proxy",
     "dither_bias_bound",
     "dither_radius",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.constants import store_rounding
+
 from .inputs import _as_np, _check_nonneg, _check_prob, _mask_np, _wrap
 from .rounding import _EPS64, FP64_ABS_SLACK, _round_up_rel, _safe_norm
 
@@ -47,3 +49,34 @@ def output_error_bound(p_hat, v_hat, value_witness_per_token, tv_upper, mask=Non
         out = _round_up_rel(out * (1.0 + 4 * pa.shape[-1] * _EPS64)) + FP64_ABS_SLACK
         out = np.where(finite_in & np.isfinite(ta_b) & np.isfinite(out), out, np.inf)
     return _wrap(out, p_hat, v_hat, value_witness_per_token, tv_upper)
+
+
+def stored_output_error_bound(out_err, o, stored: str, computed: str = "float64"):
+    """E⁺ of an output served in the float ``stored`` ("float32", "bfloat16", "float16") after it was computed as ``o``
+    in ``computed`` (Lean ``WitCert.output_error_stored_le``; ``contract.constants.STORE_ROUNDING``): if ‖ô − o_exact‖ ≤
+    ``out_err`` and each stored element is within rel·|ô_i| + abs of ô_i, the served output is within
+
+        out_err + rel·‖ô‖₂ + abs·√D
+
+    of o_exact (rounded up). ``o``: ``[..., D]``; ``out_err``: ``[...]``. +inf where an |ô_i| exceeds the stored dtype's
+    largest finite value (it may store as ±inf) or anything is not finite; ``out_err`` unchanged where the store is
+    exact (the same or a wider dtype)."""
+    ea = _as_np(out_err, "out_err")
+    oa = _as_np(o, "o")
+    if oa.ndim < 1:
+        raise ValueError("o: expected [..., D]")
+    _check_nonneg(ea, "out_err")
+    rel, ab, mx = store_rounding(stored, computed)
+    if rel == 0.0:
+        return _wrap(ea, out_err, o)
+    d = oa.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        nrm = _round_up_rel(_safe_norm(oa, axis=-1))
+        try:
+            out = ea + rel * nrm + ab * np.sqrt(d)
+        except ValueError:
+            raise ValueError(f"out_err {ea.shape} and o {oa.shape} have incompatible leading shapes") from None
+        out = _round_up_rel(out * (1.0 + 4 * _EPS64))
+        fits = np.all(np.isfinite(oa) & (np.abs(oa) <= mx), axis=-1)
+        out = np.where(fits & np.isfinite(out), out, np.inf)
+    return _wrap(out, out_err, o)

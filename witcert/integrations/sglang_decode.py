@@ -131,13 +131,18 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     return tb, i
 
 
+#: the dtypes an output is served in (``kernels.decode.decode``'s ``store_dtype``)
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def metered_decode(args, kwargs, num_splits=None, tilt=None):
-    """Run the metered kernel on SGLang's arguments; writes ``o`` and ``attn_lse``, returns
+    """Run the metered kernel on SGLang's arguments (a list); writes ``o`` and ``attn_lse``, returns
     (side, DecodeOutput, the PagedKV it read); a row reading an unmetered slot has the saturated record already (the
     kernel counts it: ``kernels.unmetered``). ``tilt``: (TiltBatch, layer slot) of a deferred tilt (``_tilt_slot``),
-    or None."""
+    or None. Where ``o`` shares memory with ``q`` and the output is copied into it, ``args[0]`` becomes a copy of
+    the query taken before (what later readers of ``args``, the gate, must see)."""
     from kernels.decode import decode
-    from kernels.epilogue import OutputBufferError
+    from kernels.epilogue import OutputBufferError, shares_memory
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
     max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
@@ -164,7 +169,10 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     try:
         out = decode(cache, q, kv_indices, None, out=o3, lse_out=lse3, **kw)
     except OutputBufferError:
-        out = decode(cache, q, kv_indices, None, **kw)
+        # (the copy rounds into o's dtype: store_dtype puts that in E⁺, as the merge's own store does)
+        out = decode(cache, q, kv_indices, None, store_dtype=o.dtype if o.dtype in _OUT_DTYPES else None, **kw)
+        if shares_memory(o3, q):  # the copy overwrites the query: whoever reads it after (the gate) gets it as it was
+            args[0] = q.clone()
         o3.copy_(out.o)
         lse3[..., 0].copy_(out.lse)
         lse3[..., 1:] = float("-inf")
@@ -219,9 +227,9 @@ def _wrap_decode(orig):
                 "cannot run inside a CUDA graph: serve the gate with --disable-cuda-graph, or install the meter "
                 "without gate= (the metered decode and its record step capture)")
         if why is None:
+            margs = args[:13]  # (metered_decode may replace the query by its copy: see there)
             try:
-                side, out, cache = metered_decode(args[:13], kw,
-                                                  tilt=_tilt_slot(args[0], args[1]) if capturing else None)
+                side, out, cache = metered_decode(margs, kw, tilt=_tilt_slot(args[0], args[1]) if capturing else None)
             except _Skip as e:
                 why = str(e)
             else:
@@ -231,17 +239,24 @@ def _wrap_decode(orig):
                     return None
                 rec, report = out.meter, None
                 if STATE.gate is not None:
+                    writing = None
                     try:
-                        rec, report = G.gate_call(args[:13], side, cache, out)
+                        rec, report, pending = G.gate_call(margs, side, cache, out)
                         if rec is not out.meter:  # a row reading an unmetered slot stays unmetered
-                            _saturate_rows(rec, _unmetered_rows(args, side))
-                    except Exception as e:  # serve the first pass (o, lse and record still agree)
+                            _saturate_rows(rec, _unmetered_rows(margs, side))
+                        if pending is not None:  # o / lse of the repaired rows: last, once the record is final
+                            writing = pending[0]
+                            G.write_repaired(pending, args[3], args[7], margs[0])
+                    except Exception as e:  # serve the first pass (o, lse and record agree, but for rows being written)
                         STATE.unmetered[f"gate: {type(e).__name__}: {e}"] += 1
                         log.exception("WitCert gate failed on layer %s; served the ungated pass", layer_id)
                         rec, report = out.meter, G._failed_gate_report(layer_id, out.meter, cache.num_kv_heads)
+                        if writing is not None:  # a write that failed part way: those rows are no longer the record's
+                            hit = torch.zeros(rec.flag.shape[0], 1, dtype=torch.bool, device=rec.flag.device)
+                            _saturate_rows(rec, hit.index_fill_(0, writing, True))
                 STATE.emit(layer_id, rec)
                 if STATE.trace is not None:
-                    T._queue_trace(layer_id, cache, out.meter, rec, report, args[0])
+                    T._queue_trace(layer_id, cache, out.meter, rec, report, margs[0])
                 return None
         STATE.unmetered[f"decode: {why}"] += 1
         return orig(*args[:13], **kw)

@@ -106,6 +106,7 @@ class GateReport:
     rejected: int  # page-ins refused (the store's value is farther from k̂ than the slot's witness)
     overlay: object = None  # the last overlay (PagedKV, rows' compacted tokens) and its index
     exact_dtype: torch.dtype | None = None
+    store_dtype: torch.dtype | None = None  # SGLang's o: the overlay pass's output is served in it (its rounding in E⁺)
 
 
 def _check_gate(gate, exact_store, scheme):
@@ -355,30 +356,35 @@ class _RepairLoop:
         from kernels.decode import decode
 
         self.out = decode(self.ov, self.q_rows, self.bt, self.len_t, sm_scale=self.sm, num_splits=self.splits,
-                          delta_step=None)
+                          delta_step=None, store_dtype=self.store_dtype)
         self.rec = self.out.meter
 
 
-def _serve_repaired(rec, loop, fixed, o, attn_lse):
-    """The record with the repaired rows (``fixed``: indices into ``loop.rows``) from the last overlay pass, and
-    their output and log-sum-exp written into SGLang's ``o`` / ``attn_lse``; ``rec`` where none was repaired."""
+def _repaired(rec, loop, fixed):
+    """(the record with the repaired rows, ``fixed``: indices into ``loop.rows``, from the last overlay pass; what
+    ``write_repaired`` writes into SGLang's ``o`` / ``attn_lse``, or None) — ``rec`` and None where none was repaired.
+    Nothing is written here: the caller writes last, once the record is final."""
     if not (fixed and loop.rec is not None):
-        return rec
-    Bsz, Hq = loop.q.shape[:2]
-    rows, q = loop.rows, loop.q
-    rows_t = torch.tensor([rows[i] for i in fixed], device=q.device)
+        return rec, None
+    q = loop.q
+    rows_t = torch.tensor([loop.rows[i] for i in fixed], device=q.device)
     sel_t = torch.tensor(fixed, device=q.device)
     po = loop.out
-    final = _merge_rows(rec, po.meter, rows_t, sel_t)  # before the writes: a failure leaves the first pass
-    new_o, new_lse = po.o[sel_t].to(o.dtype), po.lse[sel_t].to(attn_lse.dtype)
-    o.view(Bsz, Hq, -1)[rows_t] = new_o
-    attn_lse[rows_t, :Hq, 0] = new_lse
-    return final
+    return _merge_rows(rec, po.meter, rows_t, sel_t), (rows_t, po.o[sel_t], po.lse[sel_t])
+
+
+def write_repaired(pending, o, attn_lse, q) -> None:
+    """The repaired rows' output and log-sum-exp (``_repaired``'s ``pending``) into SGLang's ``o`` / ``attn_lse``."""
+    rows_t, new_o, new_lse = pending
+    Bsz, Hq = q.shape[:2]
+    o.view(Bsz, Hq, -1)[rows_t] = new_o.to(o.dtype)
+    attn_lse[rows_t, :Hq, 0] = new_lse.to(attn_lse.dtype)
 
 
 def gate_call(args, side, cache, out):
-    """The gate on one metered decode call (module doc "Gate"); returns (record, GateReport|None).
-    Rewrites the rows of SGLang's ``o`` / ``attn_lse`` it repaired."""
+    """The gate on one metered decode call (module doc "Gate"); returns (record, GateReport|None, pending): ``pending``
+    the repaired rows' output for SGLang's ``o`` / ``attn_lse`` (``write_repaired``, which the caller runs last, once
+    nothing else can fail: o, lse and the record it serves then agree), or None."""
     from witcert.gate import exceeds, repair
 
     gate = STATE.gate
@@ -391,7 +397,7 @@ def gate_call(args, side, cache, out):
     GQ = Hq // H
     over0 = exceeds(gate, rec.tv_upper_a, rec.tv_upper_b, rec.out_err_upper)  # [B, Hq]
     if gate.max_pagein_blocks == 0 or not bool(over0.any()):  # the gate's one host sync per call
-        return _unrepaired(gate, rec, over0, layer_id, Bsz, H)
+        return (*_unrepaired(gate, rec, over0, layer_id, Bsz, H), None)
     rows = torch.nonzero(over0.any(-1)).flatten().tolist()
     R = len(rows)
     kbl, vbl = _as_logical(kb, side.dtype), _as_logical(vb, side.dtype)
@@ -409,15 +415,16 @@ def gate_call(args, side, cache, out):
     loop = _RepairLoop(gate, side, q, rows, kbl, vbl, ks, vs, slots_r, offs, lens, ov, bt, len_t, q_rows, sm, splits,
                        repaired=torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device),
                        over_rows=over0[rows].view(R, H, GQ))
+    loop.store_dtype = o.dtype if o.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
     res = repair(gate, over=loop.over, risk=loop.risk, page_in=loop.page_in, remeasure=loop.remeasure)
     pagein = np.zeros((Bsz, H), dtype=np.int64)
     pagein[rows] = res.pagein
     fixed = [i for i in range(R) if res.pagein[i].sum() > 0]
-    final = _serve_repaired(rec, loop, fixed, o, attn_lse)
+    final, pending = _repaired(rec, loop, fixed)
     budget = np.zeros((Bsz, Hq), dtype=bool)
     if gate.policy == "certified":
         budget = exceeds(gate, final.tv_upper_a, final.tv_upper_b, final.out_err_upper).cpu().numpy()
     report = GateReport(layer_id, rows, [rows[i] for i in fixed], loop.paged, pagein, budget, rec.tv_upper_a,
                         final.tv_upper_a, loop.rejected, (ov, slots, offs, lens, rows), loop.exact_dtype)
     STATE.gate_log.append(report)
-    return final, report
+    return final, report, pending
