@@ -30,7 +30,7 @@ def _merge_meter_kernel(E, EJ):
              "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
              "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
-             "SL_CSR": False}
+             "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 
@@ -41,9 +41,13 @@ def _merge_meter_kernel_deferred(E, EJ):
 
 def _merge_meter_kernel_sglang(E, EJ):
     """The merge as the SGLang call launches it: SGLang's bf16 ``o`` and its ``attn_lse`` columns written by the
-    merge, the lengths read from ``kv_indptr``, the tilt deferred."""
+    merge (the store's rounding in E⁺), the lengths read from ``kv_indptr``, the tilt deferred."""
+    from kernels.fp_bounds import store_terms
+
     fn, sig, const = _merge_meter_kernel(E, EJ)
-    return fn, sig | {"O": "*bf16"}, const | {"DEFER": True, "LSE_W": 16, "LSE_WP": 16, "SL_CSR": True}
+    rel, ab, mx = store_terms("bfloat16", "float32", const["D"])
+    return fn, sig | {"O": "*bf16"}, const | {"DEFER": True, "LSE_W": 16, "LSE_WP": 16, "SL_CSR": True,
+                                                "STORE_REL": rel, "STORE_ABS": ab, "STORE_MAX": mx}
 
 
 def _finish_tilt_kernel(E, EJ):
