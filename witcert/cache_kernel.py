@@ -108,7 +108,8 @@ class KernelPath:
         args = (self.step, layer.layer_idx, out.meter, ds, Bsz, pre, pagein, flag)
         if self.audit:
             self.host_cost.sync("records")
-            self._emit(self._kernel_record(*args, audit=self._kernel_audit(layer, q1, token_mask, sm, out.meter)))
+            self._emit(self._kernel_record(*args, audit=self._kernel_audit(layer, q1, token_mask, sm, out.meter,
+                                                                           out.o.to(query.dtype))))
         elif self.trace is None:  # stays on the device until cache.records is read
             self._lazy.append(args)
         else:  # tracing reads the record now (its cost is one transfer per (step, layer))
@@ -246,13 +247,14 @@ class KernelPath:
         risk[rows.to(dev)] = r
         return risk
 
-    def _kernel_audit(self, layer, q1, token_mask, sm, rec):
+    def _kernel_audit(self, layer, q1, token_mask, sm, rec, served):
         """The reference path's audit (``_audit``: realised TV and ‖ô − o‖ against exact attention
-        over the backing store) on the kernel path's served values and bounds:
+        over the backing store) on the kernel path's served values and bounds, ‖ô − o‖ for the output ``served``
+        [B, Hq, D] as the model gets it (the kernel's arithmetic and its rounding into the model's dtype included):
         (tv_real [B, Hq], err_real [B, Hq], violations)."""
         ev = self._kernel_served(layer, q1, token_mask, sm)
-        ev["o"] = torch.einsum("bhgln,bhnd->bhgld", ev["p"], ev["vh"])
         shp, dev = ev["live"].shape, ev["kh"].device  # [B, Hkv, GQ, 1]
+        ev["o"] = served.to(dev).double().view(*shp, served.shape[-1])
         m = {"tv": rec.tv_upper_a.to(dev).double().view(shp), "err": rec.out_err_upper.to(dev).double().view(shp),
              "bad": rec.flag.to(dev).view(shp)}
         tv, err, viol = self._audit(layer, ev["q"], ev["al"], sm, ev, m)

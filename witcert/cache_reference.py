@@ -154,7 +154,9 @@ class ReferencePath:
                           tilt=Lq <= TILT_MAX_ROWS_PER_HEAD, center=c)
             # the block risk reads a symmetric radius: the box ⊆ |δ| ≤ |c| + ε
             err = B.stored_output_error_bound(r.err, ev["o"], str(dtype).removeprefix("torch."))
-            m = {"tv": r.tv, "err": err, "bad": r.bad, "parts": r.parts, "eps": eps if c is None else eps + c.abs()}
+            # an output past the served dtype's range (E⁺ +inf there) is non-finite, as the kernels count it
+            bad = r.bad | (torch.isinf(err) & ~torch.isinf(r.err))
+            m = {"tv": r.tv, "err": err, "bad": bad, "parts": r.parts, "eps": eps if c is None else eps + c.abs()}
             if ds is not None:
                 m["tv_b"] = r.tv_b
             return m

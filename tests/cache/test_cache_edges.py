@@ -536,3 +536,29 @@ def test_generate_takes_cache_implementation_witcert():
         model.generate(ids, cache_implementation="witcert", cache_config="int8", **kw)
     with pytest.raises(ValueError, match="scheme"):
         model.generate(ids, cache_implementation="witcert", cache_config=dict(scheme="int7"), **kw)
+
+
+def test_reference_path_output_past_float16_is_flagged():
+    """A float16 model whose served output passes 65504 (values at fp16's max, int8 dequantization above it): the
+    reference path's E⁺ is +inf (``bounds.stored_output_error_bound``) and the row is flagged non-finite, as the kernel
+    path counts it (a review found E⁺ +inf beside flag False)."""
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, head_dim=64, num_hidden_layers=1,
+                      intermediate_size=32, vocab_size=16)
+    cache = WitCertCache(cfg, scheme="int8", backend="reference", audit=True, seed=0, window=None)
+    D, n = 64, 4
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 1, n, D, generator=g).half()
+    v = torch.randn(1, 1, n, D, generator=g).half()
+    v[..., 0] = 65504.0
+    cache.update(k[:, :, :-1], v[:, :, :-1], 0)
+    cache.layers[0]._pending = None
+    cache.update(k[:, :, -1:], v[:, :, -1:], 0)
+
+    class _Attn(torch.nn.Module):
+        layer_idx = 0
+
+    q = torch.randn(1, 1, 1, D, generator=g).half()
+    o, _ = cache.served_attention(_Attn(), q, torch.ones(1, 1, 1, n, dtype=torch.bool), 1.0 / 8)
+    r = cache.records[-1]
+    assert not torch.isfinite(o).all()
+    assert np.isinf(r.out_err).all() and r.flag.all() and r.nonfinite.all()

@@ -107,3 +107,35 @@ def test_a_failed_write_saturates_the_rows_it_was_writing(monkeypatch):
     rest = torch.ones(rec1.flag.shape[0], dtype=torch.bool)
     rest[rows] = False
     assert torch.equal(rec_f.tv_upper_a[rest], rec1.tv_upper_a[rest])
+
+
+def test_an_o_over_the_kv_cache_is_refused():
+    """An ``o`` over SGLang's key buffer: decode refuses it, and the copies must not write it either (a second review:
+    the next call was metered over overwritten codes at 2.39× its E⁺, unflagged)."""
+    q, k, v, slots, indptr = scenario(0)
+    ws.install(force=True, targets=("decode",), bare=True)
+    pool = _metered_pool(torch.float8_e4m3fn)
+    fill(pool, k, v, slots, 0.25, 0.25)
+    kb = pool.k_buffer[0]
+    before = kb.clone()
+    B, n = q.shape[0], q.shape[0] * HQ * D
+    o_bad = kb.view(torch.uint8).view(-1)[: 2 * n].view(torch.bfloat16).view(B, HQ, D)
+    with pytest.raises(SD.OutputOverCacheError, match="share memory with the KV cache"):
+        _call(q.clone(), o_bad, pool, slots, indptr)
+    assert torch.equal(kb.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_an_o_the_meter_cannot_bound_is_served_unmetered():
+    """An ``o`` in float8 (its rounding is outside every bound: the review measured 6 of 8 rows above E⁺, up to 2.2×):
+    SGLang's own kernel serves it, counted unmetered, and no record is emitted."""
+    q, k, v, slots, indptr = scenario(2)
+    ws.install(force=True, targets=("decode",), bare=True)
+    pool = _metered_pool(torch.float8_e4m3fn)
+    fill(pool, k, v, slots, 0.25, 0.25)
+    B = q.shape[0]
+    lse = torch.zeros(B, HQ, MAX_SPLITS)
+    SGL.decode_attention_fwd(q, pool.k_buffer[0], pool.v_buffer[0], torch.zeros(B, HQ, D, dtype=torch.float8_e4m3fn),
+                             indptr, slots.int(), torch.zeros(B, HQ, MAX_SPLITS, D), lse,
+                             torch.full((B,), MAX_SPLITS, dtype=torch.int32), MAX_SPLITS, 1 / math.sqrt(D), 0.25, 0.25)
+    assert not ws.STATE.records
+    assert any("o in torch.float8_e4m3fn" in key for key in ws.STATE.unmetered)
