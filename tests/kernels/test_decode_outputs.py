@@ -115,7 +115,8 @@ def test_output_bound_covers_the_stored_output(monkeypatch, how, dtype):
     bound = got.meter.out_err_upper.double().cpu()
     assert (err <= bound).all(), (err / bound).max()
     base = _decode(cache, slots, indptr, q, **({} if how != "kernel-deferred" else _deferred(B * Hq)))
-    if dtype == torch.bfloat16:  # the store's term is what covers it (fp16 rounds 8× finer: within E⁺ here)
+    if dtype == torch.bfloat16 and DEV == "cpu":  # the store's term is what covers it (fp16 rounds 8× finer: within
+        # E⁺ here; on the GPU the bf16 PV operands' 2^-8 term of E⁺ happens to cover a round-to-nearest store too)
         assert (err > base.meter.out_err_upper.double().cpu()).any()
     assert not got.meter.flag.any()
 
