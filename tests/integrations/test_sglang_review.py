@@ -30,6 +30,7 @@ from tests.integrations.test_sglang import (  # noqa: E402, F401 (_clean: the au
 from witcert.gate import Gate  # noqa: E402
 
 FIELDS = ("tv_upper_a", "out_err_upper", "xi", "eps_max", "flag")
+GATE_LOG: list = []  # the last _run's STATE.gate_log
 
 
 def _call(q, o, pool, slots, indptr):
@@ -53,6 +54,7 @@ def _run(o_is_q=False, gate=True, fail=None, monkeypatch=None):
     o = qbuf if o_is_q else torch.zeros(q.shape[0], HQ, D, dtype=q.dtype)
     o, lse, rec = _call(qbuf, o, pool, slots, indptr)
     report = ws.STATE.gate_log[-1] if ws.STATE.gate_log else None
+    GATE_LOG[:] = ws.STATE.gate_log
     unmetered = dict(ws.STATE.unmetered)
     ws.uninstall()
     return o, lse, rec, report, unmetered, exact_attention(q, k, v, slots, indptr)
@@ -100,9 +102,11 @@ def test_a_failed_write_saturates_the_rows_it_was_writing(monkeypatch):
     rep_ok = _run()[3]
     o1, _, rec1, _, _, _ = _run(gate=False)
     monkeypatch.setattr(SG, "write_repaired", half)
-    _, _, rec_f, _, unmetered, _ = _run()
+    _, _, rec_f, rep_f, unmetered, _ = _run()
     rows = torch.tensor(rep_ok.repaired_rows)
     assert any(k.startswith("gate: RuntimeError") for k in unmetered)
+    # the failed call's report alone, not beside the gate's report of repairs that were never served
+    assert not rep_f.repaired_rows and all(not r.repaired_rows for r in GATE_LOG)
     assert rec_f.flag[rows].all() and (rec_f.tv_upper_a[rows] == 1).all() and torch.isinf(rec_f.out_err_upper[rows]).all()
     rest = torch.ones(rec1.flag.shape[0], dtype=torch.bool)
     rest[rows] = False

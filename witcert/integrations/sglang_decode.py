@@ -262,6 +262,8 @@ def _wrap_decode(orig):
                     except Exception as e:  # serve the first pass (o, lse and record agree, but for rows being written)
                         STATE.unmetered[f"gate: {type(e).__name__}: {e}"] += 1
                         log.exception("WitCert gate failed on layer %s; served the ungated pass", layer_id)
+                        if report is not None and STATE.gate_log and STATE.gate_log[-1] is report:
+                            STATE.gate_log.pop()  # (the gate's report of repairs that were not served)
                         rec, report = out.meter, G._failed_gate_report(layer_id, out.meter, cache.num_kv_heads)
                         if writing is not None:  # a write that failed part way: those rows are no longer the record's
                             hit = torch.zeros(rec.flag.shape[0], 1, dtype=torch.bool, device=rec.flag.device)
