@@ -82,7 +82,17 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
-from .epilogue import MergeConstants, MeterRecord, OutputBufferError, check_outputs, merge, merge_torch, tier_b_coefficients, zero_rows  # noqa: F401 (re-export)
+from .epilogue import (  # noqa: F401 (re-export)
+    OUT_DTYPES,
+    MergeConstants,
+    MeterRecord,
+    OutputBufferError,
+    check_outputs,
+    merge,
+    merge_torch,
+    tier_b_coefficients,
+    zero_rows,
+)
 from .exact_window import ExactWindow
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
 from .key_levels import KEY_LEVELS, X0
@@ -245,9 +255,8 @@ def decode(
             raise OutputBufferError("out / lse_out: not with token_mask (its fully masked rows are zeroed after the merge)")
         # (what the merge reads after other rows were written, and what this and later calls read: the cache, the
         # block table, the overlays, a deferred tilt's records and scratch)
-        check_outputs(out, lse_out, Bsz, Hq, D, q.device,
-                      reads=(q, q_in, seq_lens, kv_indptr, block_table, *_tensors_of(cache, repair, window, unmetered,
-                                                                                       tilt_batch)))
+        check_outputs(out, lse_out, Bsz, Hq, D, q.device, query=(q, q_in),
+                      reads=(seq_lens, kv_indptr, block_table, *_tensors_of(cache, repair, window, unmetered, tilt_batch)))
     if plan is None:  # the split count from the table's capacity (CSR: the mean length), not seq_lens: no sync
         plan = plan_call(cache, q, block_table, csr, meter=meter, levels=levels, hist_split=hist_split,
                          delta_step=delta_step, repair=repair, window=window, num_splits=num_splits, tile=tile,
@@ -283,7 +292,7 @@ def _tensors_of(*objs) -> list:
 def _served_dtype(out: torch.Tensor | None, store_dtype: torch.dtype | None) -> str:
     """The name of the dtype the decode's output is served in (``decode``'s ``store_dtype``)."""
     if store_dtype is not None:
-        if store_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if store_dtype not in OUT_DTYPES:
             raise ValueError(f"store_dtype: expected torch.float32, bfloat16 or float16, got {store_dtype!r}")
         if out is not None and isinstance(out, torch.Tensor) and out.dtype != store_dtype:
             raise ValueError(f"store_dtype: {store_dtype} but out is {out.dtype} (the merge stores into out's dtype)")

@@ -342,47 +342,62 @@ def overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
+#: the dtypes a decode's output is served in: the merge writes them (``check_outputs``) and ``decode(store_dtype=)``
+#: meters a caller's cast into them (``contract.constants.STORE_ROUNDING``)
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class OutputBufferError(ValueError):
     """``decode(out=, lse_out=)`` was given buffers the merge cannot write (``check_outputs``): raised before any launch,
-    so a caller may decode without them instead (the SGLang adapter then copies)."""
+    so a caller may decode without them instead (the SGLang adapter then copies). ``kind``: "input" (a buffer shares
+    memory with what this or a later call reads: no write into it is sound), "query" (with the query alone: a copy
+    after the decode is, if the query is kept), "layout" (dtype, shape, device, strides)."""
+
+    def __init__(self, msg: str, kind: str = "layout"):
+        super().__init__(msg)
+        self.kind = kind
 
 
 def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int, Hq: int, D: int, device,
-                  reads: tuple = ()) -> None:
-    """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D]
-    float32 / bfloat16 / float16, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension
-    contiguous (any other strides, no two elements in one place), neither sharing memory with the other nor with a
-    tensor of ``reads`` (what the decode reads: a merge program reads its row's query, lengths and weights after other
-    programs wrote their rows, so an aliased input would meter the output; and an output over the cache, its block
-    table or overlays would corrupt what the next call reads). Host checks only (no sync); an ``OutputBufferError``
-    says what is wrong."""
+                  reads: tuple = (), query: tuple = ()) -> None:
+    """A decode's own output buffers (``decode(out=, lse_out=)``, SGLang's ``o`` and ``attn_lse``): ``out`` [B, Hq, D] in
+    one of ``OUT_DTYPES``, ``lse_out`` [B, Hq, W ≥ 1] float32, each on ``device`` with its last dimension contiguous (any
+    other strides, no two elements in one place), neither sharing memory with the other, with a tensor of ``reads``
+    (what the decode reads besides the query: a merge program reads its row's lengths and weights after other programs
+    wrote their rows, and an output over the cache, its block table or overlays would corrupt what the next call reads)
+    nor with one of ``query`` (read by a merge program after others wrote). The sharing is checked first, so its
+    ``OutputBufferError.kind`` ("input", then "query") is never hidden by a layout error. Host checks only (no sync)."""
+    for name, t in (("out", out), ("lse_out", lse_out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise OutputBufferError(f"{name}: expected a tensor, got {type(t).__name__}")
+    outs = [(name, t, t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+            for name, t in (("out", out), ("lse_out", lse_out)) if t is not None and t.numel()]
+    for kind, group in (("input", reads), ("query", query)):
+        for r in group:  # (an input whose storage lies apart from both outputs' is passed at the cost of two reads)
+            if r is None or not r.numel():
+                continue
+            st = r.untyped_storage()
+            s0 = st.data_ptr()
+            s1 = s0 + st.nbytes()
+            for name, t, o0, o1 in outs:
+                if s0 < o1 and o0 < s1 and shares_memory(t, r):
+                    what = ("the lengths, the cache, the block table, the overlays, the weights or a deferred tilt's "
+                            "records: the merge reads some after it writes, the next call reads the cache"
+                            if kind == "input" else "the query, which the merge reads after it writes")
+                    raise OutputBufferError(f"{name}: shares memory with an input of the decode ({what})", kind)
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise OutputBufferError(f"out: expected a float32 / bfloat16 / float16 tensor, got "
-                                    f"{getattr(out, 'dtype', out)!r}")
+        if out.dtype not in OUT_DTYPES:
+            raise OutputBufferError(f"out: expected a float32 / bfloat16 / float16 tensor, got {out.dtype!r}")
         if tuple(out.shape) != (B, Hq, D) or out.stride(-1) != 1 or out.device != torch.device(device):
             raise OutputBufferError(f"out: expected [{B}, {Hq}, {D}] on {device} with its last dimension contiguous, "
                                     f"got {tuple(out.shape)} on {out.device}, strides {out.stride()}")
     if lse_out is not None:
-        if not isinstance(lse_out, torch.Tensor) or lse_out.dtype != torch.float32:
-            raise OutputBufferError(f"lse_out: expected a float32 tensor, got {getattr(lse_out, 'dtype', lse_out)!r}")
+        if lse_out.dtype != torch.float32:
+            raise OutputBufferError(f"lse_out: expected a float32 tensor, got {lse_out.dtype!r}")
         if (lse_out.dim() != 3 or tuple(lse_out.shape[:2]) != (B, Hq) or lse_out.shape[2] < 1 or lse_out.stride(-1) != 1
                 or lse_out.device != torch.device(device)):
             raise OutputBufferError(f"lse_out: expected [{B}, {Hq}, W ≥ 1] on {device} with its last dimension "
                                     f"contiguous, got {tuple(lse_out.shape)} on {lse_out.device}, strides {lse_out.stride()}")
-    outs = [(name, t, t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-            for name, t in (("out", out), ("lse_out", lse_out)) if t is not None and t.numel()]
-    for r in reads:  # (an input whose storage lies apart from both outputs' is passed at the cost of two reads)
-        if r is None or not r.numel():
-            continue
-        st = r.untyped_storage()
-        s0 = st.data_ptr()
-        s1 = s0 + st.nbytes()
-        for name, t, o0, o1 in outs:
-            if s0 < o1 and o0 < s1 and shares_memory(t, r):
-                raise OutputBufferError(f"{name}: shares memory with an input of the decode (the query, the lengths, the "
-                                        "cache, the block table, the overlays, the weights or a deferred tilt's records: "
-                                        "the merge reads them after it writes, and the next call reads the cache)")
     for name, t, _, _ in outs:
         if overlaps_itself(t):
             raise OutputBufferError(f"{name}: two of its elements share memory (strides {t.stride()})")

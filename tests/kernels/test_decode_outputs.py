@@ -152,8 +152,13 @@ def test_outputs_over_what_later_calls_read_are_refused():
     for name, mem in (("k_codes", cache.k_codes), ("v_codes", cache.v_codes), ("tilt scratch", tb["tilt_batch"].scr)):
         flat = mem.view(-1).view(torch.uint8)
         assert flat.numel() >= 2 * n, name
-        with pytest.raises(ValueError, match="shares memory with an input"):
+        with pytest.raises(Dk.OutputBufferError, match="shares memory with an input") as e:
             _decode(cache, slots, indptr, q, out=flat[: 2 * n].view(torch.bfloat16).view(B, Hq, D), **tb)
+        assert e.value.kind == "input"  # (no write into it is sound: the SGLang adapter must not copy there either)
+        # the sharing is found before a layout error could hide it (a buffer of a dtype the merge does not write)
+        with pytest.raises(Dk.OutputBufferError) as e:
+            _decode(cache, slots, indptr, q, out=flat[: 2 * n].view(torch.int16).view(B, Hq, D), **tb)
+        assert e.value.kind == "input"
 
 
 def test_int64_rows_past_int32_are_refused_before_narrowing():
@@ -214,8 +219,9 @@ def test_output_buffers_misuse_is_refused():
     # other output
     qbig = torch.zeros(B, Hq, D, dtype=q.dtype, device=DEV)
     qbig.copy_(q)
-    with pytest.raises(ValueError, match="shares memory with an input"):
+    with pytest.raises(Dk.OutputBufferError, match="shares memory with an input") as e:
         _decode(cache, slots, indptr, qbig, out=qbig)
+    assert e.value.kind == "query"  # (a copy after the decode is sound if the query is kept: the SGLang adapter's)
     lse_view = torch.empty(B, Hq, D, device=DEV)
     with pytest.raises(ValueError, match="share memory"):
         _decode(cache, slots, indptr, q, out=lse_view, lse_out=lse_view[..., :W])

@@ -132,12 +132,9 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
 
 
 class OutputOverCacheError(ValueError):
-    """SGLang's ``o`` / ``attn_lse`` share memory with the KV cache, its indices or the meter's side buffers: writing
-    the output would change what later calls read under witnesses taken before (no bound could vouch for them)."""
-
-
-#: the dtypes an output is served in (``kernels.decode.decode``'s ``store_dtype``)
-_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+    """SGLang's ``o`` / ``attn_lse`` share memory with the KV cache, its indices or the meter's side buffers (decode's
+    ``OutputBufferError`` of kind "input"): writing the output would change what later calls read under witnesses taken
+    before (no bound could vouch for them)."""
 
 
 def metered_decode(args, kwargs, num_splits=None, tilt=None):
@@ -147,7 +144,7 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     or None. Where ``o`` shares memory with ``q`` and the output is copied into it, ``args[0]`` becomes a copy of
     the query taken before (what later readers of ``args``, the gate, must see)."""
     from kernels.decode import decode
-    from kernels.epilogue import OutputBufferError, shares_memory
+    from kernels.epilogue import OUT_DTYPES, OutputBufferError
 
     q, kb, vb, o, kv_indptr, kv_indices, attn_logits, attn_lse = args[:8]
     max_kv_splits, sm_scale, k_scale, v_scale = args[9:13]
@@ -173,17 +170,14 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
               validate=False, unmetered=unmet, **defer)
     try:
         out = decode(cache, q, kv_indices, None, out=o3, lse_out=lse3, **kw)
-    except OutputBufferError:
-        if o.dtype not in (torch.float64, *_OUT_DTYPES):  # (its rounding would be outside every bound)
+    except OutputBufferError as e:
+        if e.kind == "input":  # writing o would overwrite what later calls read (codes no longer their witnesses')
+            raise OutputOverCacheError(f"WitCert: SGLang's o / attn_lse: {e}") from None
+        if o.dtype not in (torch.float64, *OUT_DTYPES):  # (its rounding would be outside every bound)
             raise _Skip(f"o in {o.dtype}: only float64 / float32 / bfloat16 / float16 outputs are metered") from None
-        cache_t = (kb, vb, kv_indptr, kv_indices, *(t for t in vars(side).values() if isinstance(t, torch.Tensor)))
-        if any(shares_memory(o3, t) or shares_memory(lse3, t) for t in cache_t):
-            # writing o would overwrite the cache the next call reads (codes no longer their witnesses'): refuse
-            raise OutputOverCacheError("WitCert: SGLang's o / attn_lse share memory with the KV cache, its indices or the "
-                                    "meter's side buffers; the output would overwrite what later calls read")
         # (the copy rounds into o's dtype: store_dtype puts that in E⁺, as the merge's own store does)
-        out = decode(cache, q, kv_indices, None, store_dtype=o.dtype if o.dtype in _OUT_DTYPES else None, **kw)
-        if shares_memory(o3, q):  # the copy overwrites the query: whoever reads it after (the gate) gets it as it was
+        out = decode(cache, q, kv_indices, None, store_dtype=o.dtype if o.dtype in OUT_DTYPES else None, **kw)
+        if e.kind == "query":  # the copy overwrites the query: whoever reads it after (the gate) gets it as it was
             args[0] = q.clone()
         o3.copy_(out.o)
         lse3[..., 0].copy_(out.lse)

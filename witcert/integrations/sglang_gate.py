@@ -106,7 +106,6 @@ class GateReport:
     rejected: int  # page-ins refused (the store's value is farther from k̂ than the slot's witness)
     overlay: object = None  # the last overlay (PagedKV, rows' compacted tokens) and its index
     exact_dtype: torch.dtype | None = None
-    store_dtype: torch.dtype | None = None  # SGLang's o: the overlay pass's output is served in it (its rounding in E⁺)
 
 
 def _check_gate(gate, exact_store, scheme):
@@ -290,6 +289,7 @@ class _RepairLoop:
     paged: list = dataclasses.field(default_factory=list)
     rejected: int = 0
     exact_dtype: torch.dtype | None = None
+    store_dtype: torch.dtype | None = None  # SGLang's o: the overlay pass's output is served in it (its rounding in E⁺)
 
     def over(self):
         from witcert.gate import exceeds
@@ -385,6 +385,7 @@ def gate_call(args, side, cache, out):
     """The gate on one metered decode call (module doc "Gate"); returns (record, GateReport|None, pending): ``pending``
     the repaired rows' output for SGLang's ``o`` / ``attn_lse`` (``write_repaired``, which the caller runs last, once
     nothing else can fail: o, lse and the record it serves then agree), or None."""
+    from kernels.epilogue import OUT_DTYPES
     from witcert.gate import exceeds, repair
 
     gate = STATE.gate
@@ -415,7 +416,7 @@ def gate_call(args, side, cache, out):
     loop = _RepairLoop(gate, side, q, rows, kbl, vbl, ks, vs, slots_r, offs, lens, ov, bt, len_t, q_rows, sm, splits,
                        repaired=torch.zeros(R, H, nmax, dtype=torch.bool, device=q.device),
                        over_rows=over0[rows].view(R, H, GQ))
-    loop.store_dtype = o.dtype if o.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
+    loop.store_dtype = o.dtype if o.dtype in OUT_DTYPES else None
     res = repair(gate, over=loop.over, risk=loop.risk, page_in=loop.page_in, remeasure=loop.remeasure)
     pagein = np.zeros((Bsz, H), dtype=np.int64)
     pagein[rows] = res.pagein
