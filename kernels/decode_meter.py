@@ -46,8 +46,12 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
             # the sketch's chunks of q (chunk k: channels k·D/c …, contract.sketch), loaded once: two-bit codes
             CPB0: tl.constexpr = 8 // SKB
             DB0: tl.constexpr = D // CPB0
-            qrow = Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + tl.arange(0, DB0)[:, None]
-            qmask = (hcol < GQ)[None, :]
+            # a chunk's rows padded to the dot's K ≥ 16 (d 64 with a one-bit sketch: 8 channels a chunk), the padding
+            # rows of q 0: they add exact zeros to the dot (``_sketch_ratio_int8``)
+            DBP0: tl.constexpr = ((DB0 + 15) // 16) * 16
+            qi = tl.arange(0, DBP0)
+            qrow = Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + qi[:, None]
+            qmask = (hcol < GQ)[None, :] & (qi < DB0)[:, None]
             qk0 = tl.load(qrow, mask=qmask, other=0.0)
             qk1 = tl.load(qrow + DB0, mask=qmask, other=0.0)
             if CPB0 >= 4:
@@ -95,7 +99,7 @@ def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, 
                 qk = qk3
             else:  # (one-bit sketch: chunks 4…7 reloaded per tile)
                 qk = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + (kq * DB + dbi)[:, None],
-                             mask=(hcol < GQ)[None, :], other=0.0)  # [D/c, H]
+                             mask=(hcol < GQ)[None, :] & (dbi < DB)[:, None], other=0.0)  # [D/c (padded), H]
             if MAGIC_BF16:
                 dT += tl.dot(_sketch_bf16(byt16, 3 - SKB * kq, SKB), qk)
             else:
@@ -135,9 +139,13 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
         CPB: tl.constexpr = 8 // SKB
         DB: tl.constexpr = D // CPB
         skoff = blk * s_skb + kvh * s_skh + off * s_skt
-        dbi = tl.arange(0, DB)
-        # the packed bytes once [N, D/c]; chunk k (bits k·b…) holds channels k·D/c … (contract.sketch)
-        byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None], other=0)
+        # the packed bytes once [N, D/c]; chunk k (bits k·b…) holds channels k·D/c … (contract.sketch). The int8
+        # family dots each chunk against q: its width is padded to the dot's K ≥ 16 (d 64 with a one-bit sketch has
+        # 8-byte chunks; tl.dot refuses K < 16 on the GPU, the interpreter does not), the padding bytes 0 and their
+        # rows of q 0, so they add exact zeros
+        DBP: tl.constexpr = ((DB + 15) // 16) * 16
+        dbi = tl.arange(0, DBP)
+        byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None] & (dbi < DB)[None, :], other=0)
         if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
             u_tok = _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, q_sum, inv_c,
                                        qk0, qk1, qk2, qk3, inv_a_norm, sm_scale, GQ, D, BLOCK_N, BLOCK_H, SKB,

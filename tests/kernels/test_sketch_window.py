@@ -217,6 +217,7 @@ def test_dropping_the_sketch_dot_allowance_fails_the_witness_check(monkeypatch):
 
 @pytest.mark.parametrize("scheme,bits,window,gq", [
     ("int8", 2, (4, 16), 4), ("int8", 0, (3, 0), 3), ("int8_dither", 2, (0, 8), 2), ("fp8_e4m3", 2, (4, 16), 4),
+    ("int8", 1, (2, 4), 3),  # d 64, one bit: 8-channel chunks padded to the dot's K = 16 (test_kernel_codegen)
     ("fp8_e4m3_scaled", 1, None, 1), ("int4_group", 4, (4, 16), 4), ("kivi2", 4, (2, 20), 8), ("fp8_e5m2", 4, (1, 1), 2),
 ])
 def test_decode_meters_the_sketch_radius_and_serves_the_window(monkeypatch, scheme, bits, window, gq):
