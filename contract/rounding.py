@@ -47,3 +47,10 @@ def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype, check: bool = True) -
         out = torch.where(over | torch.isnan(t64), bad.expand_as(out), out)
         return out
     raise ValueError(f"round_up_to_dtype: unsupported storage dtype {dtype}")
+
+
+def saturate(x: torch.Tensor, code_max: float) -> torch.Tensor:
+    """x clipped to [−code_max, code_max], NaN kept (``contract.schemes`` ``code_max``: the raw fp8 casts saturate on
+    every path — the reference, the interpreter's precoded codes, the GPU write kernel — whatever torch's own cast
+    does with an out-of-range float)."""
+    return torch.where(x > code_max, code_max, torch.where(x < -code_max, -code_max, x))

@@ -71,6 +71,11 @@ class Scheme:
     #: median TV⁺ shared → per head: kivi2 0.319 → 0.238, fp8_e4m3 0.077 → 0.068; bench/TIGHTNESS.md); off for
     #: int8 / int8_dither, whose lean tile loop grows +41 % (the H200: +13-31 % of the metered call, run U)
     kernel_head_levels: bool = False
+    #: the largest finite code (fp8: e4m3fn 448, e5m2 57344): the raw casts saturate there, |x| beyond it is
+    #: stored as ±code_max (NaN stays NaN) on every path — torch's own cast of an out-of-range float differs by
+    #: version and format (2.13 saturates e4m3fn, 2.11 gives NaN; e5m2 gives ±inf), the GPU kernel's cast
+    #: saturates; the witness measures the clipped residual, so the bound covers it. None: no such clip
+    code_max: float | None = None
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -108,13 +113,15 @@ _ROWS = (
            "token", "token", "token", 126.5, position_keyed=True),
     # fp8 residual ranges: e4m3 has 3 mantissa bits (half a spacing ≤ |x̂|·2^-4, smallest subnormal step 2^-9),
     # e5m2 2 bits (≤ |x̂|·2^-3, step 2^-16)
-    Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast)", "token", "none", "none",
-           residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10, kernel_head_levels=True),
-    Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast)", "token", "none", "none",
-           residual_range="fp8", residual_rel=2.0**-3, residual_floor=2.0**-17, kernel_head_levels=True),
+    Scheme("fp8_e4m3", 3, "float8_e4m3fn", 8, "none (raw cast, saturating at ±448)", "token", "none", "none",
+           residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10, kernel_head_levels=True,
+           code_max=448.0),
+    Scheme("fp8_e5m2", 4, "float8_e5m2", 8, "none (raw cast, saturating at ±57344)", "token", "none", "none",
+           residual_range="fp8", residual_rel=2.0**-3, residual_floor=2.0**-17, kernel_head_levels=True,
+           code_max=57344.0),
     Scheme("fp8_e4m3_scaled", 5, "float8_e4m3fn", 8, "per-token fp16 rounded up (amax/448)", "token", "token",
            "token", 448.0, residual_range="fp8", residual_rel=2.0**-4, residual_floor=2.0**-10,
-           kernel_head_levels=True),
+           kernel_head_levels=True, code_max=448.0),
     Scheme("int4_group", 6, "uint8", 4,
            "per-32-channel fp16 scale (rounded up, range/15) + zero (rounded down); two codes per byte",
            "channel-group", "group", "group", 15.0, codes_per_byte=2, default_sketch_bits=4, kernel_head_levels=True),

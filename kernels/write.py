@@ -29,16 +29,18 @@ import torch
 import triton
 import triton.language as tl
 
-from contract.rounding import round_up_to_dtype
+from contract.rounding import round_up_to_dtype, saturate
 from contract.schemes import SCHEMES
 
 from .fp_bounds import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, sketch_gamma
 from .ids import (
     FP8_E4M3_ID,
+    FP8_E4M3_MAX,
     FP8_E4M3_RES_FLOOR,
     FP8_E4M3_RES_REL,
     FP8_E4M3_SCALED_ID,
     FP8_E5M2_ID,
+    FP8_E5M2_MAX,
     FP8_E5M2_RES_FLOOR,
     FP8_E5M2_RES_REL,
     FP8_SCALED_DIVISOR,
@@ -280,7 +282,15 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
     if PRECODED:
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
-        code = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0)).to(C.dtype.element_ty)
+        y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
+        # saturated at the format's largest finite code, NaN kept (the comparisons are false for it; a min / max
+        # would drop it on the GPU): the same codes as ``witcert.schemes`` on any torch, whatever the cast does
+        # past the range (contract.schemes ``code_max``)
+        if SCHEME == FP8_E5M2_ID:
+            y = tl.where(y > FP8_E5M2_MAX, FP8_E5M2_MAX, tl.where(y < -FP8_E5M2_MAX, -FP8_E5M2_MAX, y))
+        else:
+            y = tl.where(y > FP8_E4M3_MAX, FP8_E4M3_MAX, tl.where(y < -FP8_E4M3_MAX, -FP8_E4M3_MAX, y))
+        code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh
 
@@ -593,4 +603,4 @@ def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
     if row.divisor is not None:  # fp8_e4m3_scaled
         s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / row.divisor, torch.float16).float()
         xf = xf / torch.where(s > 0, s, torch.ones_like(s))
-    return xf.to(dt).contiguous()
+    return saturate(xf, row.code_max).to(dt).contiguous()

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from contract.rounding import round_up_f32, round_up_to_dtype  # noqa: F401 (re-exported)
+from contract.rounding import round_up_f32, round_up_to_dtype, saturate  # noqa: F401 (re-exported)
 from contract.schemes import INT4_GROUP, SCHEMES
 
 __all__ = [
@@ -159,9 +159,9 @@ def _none(x, ctx):
     return x.to(torch.float32).clone(), {}
 
 
-def _fp8_raw(dtype):
+def _fp8_raw(dtype, code_max):
     def fn(x, ctx):
-        codes = x.to(torch.float32).to(dtype)
+        codes = saturate(x.to(torch.float32), code_max).to(dtype)
         return codes.to(torch.float32), {"codes": codes}
 
     return fn
@@ -171,7 +171,7 @@ def _fp8_e4m3_scaled(x, ctx):
     x = x.to(torch.float32)
     s = _absmax_scale(x, FP8_E4M3_MAX)
     safe = torch.where(s > 0, s, torch.ones_like(s))
-    codes = (x / safe).to(torch.float8_e4m3fn)
+    codes = saturate(x / safe, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # (|x/s| ≤ 448 by the rounded-up s)
     return codes.to(torch.float32) * s, {"codes": codes, "scale": s[..., 0]}
 
 
@@ -394,8 +394,8 @@ def quantize(name: str, x, ctx: QuantContext | None = None) -> tuple[torch.Tenso
 
 _BUILTINS = {
     "none": _none,
-    "fp8_e4m3": _fp8_raw(torch.float8_e4m3fn),
-    "fp8_e5m2": _fp8_raw(torch.float8_e5m2),
+    "fp8_e4m3": _fp8_raw(torch.float8_e4m3fn, SCHEMES["fp8_e4m3"].code_max),
+    "fp8_e5m2": _fp8_raw(torch.float8_e5m2, SCHEMES["fp8_e5m2"].code_max),
     "fp8_e4m3_scaled": _fp8_e4m3_scaled,
     "int8": _int8,
     "int8_dither": _int8_dither,

@@ -116,14 +116,20 @@ def test_user_registered_scheme_gets_the_same_machinery():
 
 
 def test_raw_fp8_overflow_is_metered_not_hidden():
-    # keys beyond e4m3's range (448) are clipped by the raw cast: the witness sees the residual
+    # keys beyond the fp8 range are saturated by the raw casts (contract.schemes code_max, on every torch: 2.13's own
+    # e4m3fn cast saturates, 2.11's gives NaN, e5m2's ±inf): the witness sees the clipped residual
     x = torch.tensor([[[1000.0, 1.0, 0.0, 0.0]]])
-    xh, _ = S.quantize("fp8_e4m3", x)
+    xh, meta = S.quantize("fp8_e4m3", x)
+    assert xh[0, 0, 0].item() == 448.0 and meta["codes"].dtype == torch.float8_e4m3fn
     W = B.key_witness(x.double(), xh.double(), B.group_slices(4, 1), 1)
     assert float(W.max()) >= 552.0
-    # e5m2 overflows to inf: the bound saturates
-    xh5, _ = S.quantize("fp8_e5m2", torch.tensor([[[1e6, 1.0]]]))
-    W5 = B.key_witness(torch.tensor([[[1e6, 1.0]]]).double(), xh5.double(), B.group_slices(2, 1), 1)
+    xh5, _ = S.quantize("fp8_e5m2", torch.tensor([[[1e6, -1e6, float("inf"), float("nan")]]]))
+    assert xh5[0, 0, :2].tolist() == [57344.0, -57344.0] and xh5[0, 0, 2].item() == 57344.0
+    assert torch.isnan(xh5[0, 0, 3])
+    x5 = torch.tensor([[[1e6, 1.0]]])
+    W5 = B.key_witness(x5.double(), S.quantize("fp8_e5m2", x5)[0].double(), B.group_slices(2, 1), 1)
+    assert float(W5.max()) >= 1e6 - 57344
+    # the bound saturates on such a radius
     eps = B.logit_radius(torch.ones(1, 2, dtype=torch.float64), W5, B.group_slices(2, 1), 0.5, 1)
     assert B.tv_bound(torch.tensor([[1.0]]), eps).item() <= 1.0
     assert B.tv_bound(torch.tensor([[0.5, 0.5]]), torch.cat([eps, eps], -1)).item() == 1.0

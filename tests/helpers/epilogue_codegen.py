@@ -1,10 +1,10 @@
-"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``) and the
-exact window's write (``kernels.exact_window``)
-for sm_90 on the CPU, without a GPU: ``python -m tests.helpers.epilogue_codegen WARPS...`` prints ``ok <kernel> <warps>`` per compile, or
-``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run without ``TRITON_INTERPRET`` (under it a
-jitted function is an interpreter object). The constants are the GPU's: ``DENSE3D`` off (``epilogue._dense3d``),
-the tilt's grid and chunk from the modules, the merge's from an int8 metered decode (D 128, 4 splits, GQ 4,
-sketch weights; captured from ``kernels.epilogue.merge``)."""
+"""Compile the epilogue's kernels (``kernels.epilogue_jit``; the merge with DEFER, ``kernels.tilt_batch``), the
+exact window's write (``kernels.exact_window``) and the fp8 schemes' KV write with its own saturated cast
+(``kernels.write``) for sm_90 on the CPU, without a GPU: ``python -m tests.helpers.epilogue_codegen WARPS...``
+prints ``ok <kernel> <warps>`` per compile, or ``FAILED <kernel> <warps>: <error>``, and exits 1 on any failure. Run
+without ``TRITON_INTERPRET`` (under it a jitted function is an interpreter object). The constants are the GPU's:
+``DENSE3D`` off (``epilogue._dense3d``), the tilt's grid and chunk from the modules, the merge's from an int8 metered
+decode (D 128, 4 splits, GQ 4, sketch weights; captured from ``kernels.epilogue.merge``)."""
 from __future__ import annotations
 
 import sys
@@ -70,6 +70,31 @@ def _window_write_kernel(E, EJ):
     return W._window_write_kernel, sig | {k: "constexpr" for k in const}, const
 
 
+def _write_kernel_fp8(scheme):
+    """The KV write kernel of a raw / scaled fp8 scheme as the GPU launches it (its own cast, saturated: PRECODED off,
+    which the interpreter never runs); D 128, G 1 per-token witnesses, the 2-bit sketch with weights."""
+    def make(E, EJ):
+        from kernels import write as W
+        from kernels.ids import FP8_E4M3_ID, FP8_E4M3_SCALED_ID, FP8_E5M2_ID
+
+        code = {"fp8_e4m3": "fp8e4nv", "fp8_e5m2": "fp8e5", "fp8_e4m3_scaled": "fp8e4nv"}[scheme]
+        sid = {"fp8_e4m3": FP8_E4M3_ID, "fp8_e5m2": FP8_E5M2_ID, "fp8_e4m3_scaled": FP8_E4M3_SCALED_ID}[scheme].value
+        ptr = {"K": "bf16", "V": "bf16", "SLOT": "i64", "POS": "i64", "GID": "i32", "KC": code, "VC": code,
+               "KS": "fp16", "VS": "fp16", "KZ": "fp16", "VZ": "fp16", "KW": "fp16", "VW": "fp16", "VN": "fp16",
+               "KN": "fp16", "EK": "bf16", "EV": "bf16", "PK": code, "PV": code, "SK": "u8", "WGT": "fp32"}
+        sig = {k: "*" + v for k, v in ptr.items()}
+        sig |= {k: "i32" for k in ("seed", "layer", "N", "s_kn", "s_kh", "s_vn", "s_vh", "s_cb", "s_ch", "s_ct", "s_sb",
+                                    "s_sh", "s_st", "s_vsb", "s_vsh", "s_vst", "s_eb", "s_eh", "s_et", "s_wb", "s_wh",
+                                    "s_wt", "s_vwb", "s_vwh", "s_skb", "s_skh", "s_skt")}
+        const = {"INFL": 1.0 + 2.0**-12, "FLOOR": 2.0**-126, "DIV_INT8": 127.0, "DIV_DITHER": 126.5, "D": 128, "T": 16,
+                 "G": 1, "BLOCK_T": 4, "SCHEME": sid, "PRECODED": False, "PER_TOKEN": True, "STORE_EXACT": False,
+                 "SKB": 2, "WEIGHTED": True, "SK_GAMMA": 2.0**-16}
+        return W._write_kernel, sig | {k: "constexpr" for k in const}, const
+
+    make.__name__ = f"_write_kernel[{scheme}]"
+    return make
+
+
 def main(argv: list[str]) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -81,7 +106,8 @@ def main(argv: list[str]) -> int:
     bad = 0
     tilted = (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel)
     # the tilt's kernels with the coarse grid alone (RT 0, the default) and with the refinement (RT 8)
-    for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _window_write_kernel)), (8, tilted)):
+    writes = tuple(_write_kernel_fp8(s) for s in ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled"))
+    for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _window_write_kernel) + writes), (8, tilted)):
         EJ.REFINE_TOP = rt
         for make in makes:
             fn, sig, const = make(E, EJ)
