@@ -33,9 +33,17 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long soak test, run only with --soak")
     config.addinivalue_line("markers", "default_window: the cache's library default exact window (4, 64) stays on")
+    config.addinivalue_line("markers", "interpreter: the kernel path on a CPU model through Triton's interpreter; "
+                                       "skipped in the device run (WITCERT_DEVICE=cuda), where bench/tightness_gpu.py "
+                                       "meters the model on the kernel path")
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("WITCERT_DEVICE", "cpu") == "cuda":
+        cpu_model = pytest.mark.skip(reason="a CPU model through Triton's interpreter (off in the device run)")
+        for item in items:
+            if "interpreter" in item.keywords:
+                item.add_marker(cpu_model)
     if config.getoption("--soak"):
         return
     skip = pytest.mark.skip(reason="soak test: run with --soak")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import secrets
 import weakref
 
@@ -315,6 +316,10 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         float64 model stays on the reference path under "auto" and is refused under "kernel"."""
         lowp = dtype is None or dtype in (torch.bfloat16, torch.float16)
         if self.backend == "kernel":
+            if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+                raise ValueError(f"backend='kernel': this layer's tensors are on {device.type}, where the Triton kernels "
+                                 "run only in Triton's interpreter (set TRITON_INTERPRET=1 before importing triton); "
+                                 "move the model to CUDA, or use backend='reference'")
             if device.type == "cuda" and not lowp:
                 raise ValueError(f"backend='kernel': on the GPU the kernels serve bf16 / fp16 models, this one is {dtype} "
                                  "(its queries would be rounded without being metered); use backend='reference'")

@@ -194,6 +194,7 @@ def _side_by_side(model, enc, first, second, steps=5):
     return stack(first, "tv_a"), stack(second, "tv_a"), stack(first, "tv_real")
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither"])
 def test_kernel_backend_meters_like_the_reference(smollm2, scheme):
     """The Triton path (interpreter here, CUDA on the H200) against the fp64 reference path:
@@ -248,6 +249,7 @@ def test_centred_sketch_box_on_the_reference_path(smollm2):
 
 
 
+@pytest.mark.interpreter
 def test_per_head_sketch_box_on_both_paths(smollm2):
     """``sketch_box="per-head"``: each query head's own symmetric radius, the same formula on both paths. The
     kernel path (its per-head key levels) covers the realised TV and stays within its tolerance of the reference

@@ -291,6 +291,7 @@ def test_exact_store_appends_and_grows():
     assert torch.equal(st.data, ref[[1, 1], :, :10])
 
 
+@pytest.mark.interpreter
 def test_kernel_path_grows_past_max_tokens():
     """The kernel path's paged cache doubles instead of refusing past max_tokens; the served
     ids and the records equal those of a cache allocated large enough up front."""
@@ -345,6 +346,20 @@ def test_kernel_backend_without_cuda_or_interpreter_is_refused(monkeypatch):
         WitCertCache(model.config, scheme="int8", backend="kernel")
 
 
+def test_kernel_backend_on_a_cpu_model_without_the_interpreter_is_refused_by_name(monkeypatch):
+    """backend='kernel' with a CUDA device present but the layer's tensors on the CPU and the interpreter off (a GPU
+    machine's test run of a CPU model, run A4): a clear error naming the fix, not Triton's "Pointer argument cannot
+    be accessed from Triton (cpu tensor?)" from inside the first write."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cache = WitCertCache(tiny().config, scheme="int8", backend="kernel")
+    with pytest.raises(ValueError, match="interpreter.*TRITON_INTERPRET=1.*backend='reference'"):
+        cache.use_kernel(torch.device("cpu"), 1, torch.float32)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cache.use_kernel(torch.device("cpu"), 1, torch.float32)
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend,scheme", [("reference", "kivi2"), ("reference", "int8"), ("kernel", "int8")])
 def test_beam_search_stays_metered(backend, scheme):
     """generate(num_beams=2): the cache reorders every per-sequence store; the reference path's

@@ -322,6 +322,7 @@ def test_prometheus_metrics_count_the_records():
     assert named.value("witcert_tv_upper_count", layer="0", scheme="kivi2", model="tiny-llama", tier="A") == Hq
 
 
+@pytest.mark.interpreter
 def test_kernel_path_records_are_traced():
     """backend='kernel' (Triton; the interpreter on the CPU) records through the same hook."""
     import json as _json
