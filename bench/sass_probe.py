@@ -30,6 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import kernels.decode_kernel as kk  # noqa: E402
 import kernels.key_levels as kl  # noqa: E402
 import kernels.plan as kp  # noqa: E402
+from kernels.decode_steps import MAGIC_SKETCH_BITS  # noqa: E402
 from kernels.paged import SCHEME_IDS  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -133,7 +134,7 @@ def main(argv=None):
                     help="another constexpr of the kernel (e.g. PAGE_LEVELS=1, TIER_B=1, PACK_HIST=0), repeatable")
     args = ap.parse_args(argv)
     extra = dict(SKB=args.sketch_bits, WEIGHTED=bool(args.weighted), HAS_WIN=bool(args.window),
-                 MAGIC_BF16=args.sketch_bits > 0, HEAD_LEVELS=bool(args.head_levels))
+                 MAGIC_BF16=args.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=bool(args.head_levels))
     for kv in args.const:
         name, _, val = kv.partition("=")
         if name not in kk._decode_kernel.arg_names or not val.lstrip("-").isdigit():

@@ -82,6 +82,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from .decode_kernel import _decode_kernel
+from .decode_steps import MAGIC_SKETCH_BITS
 from .epilogue import (  # noqa: F401 (re-export)
     OUT_DTYPES,
     MergeConstants,
@@ -478,7 +479,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PREFETCH_BT=plan.prefetch_bt, CSR=plan.csr, HAS_REP=has_rep,
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
-        MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits > 0, HEAD_LEVELS=plan.head_levels,
+        MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
         HAS_UNMET=has_unmet,
     )
 

@@ -12,6 +12,8 @@ import triton.language as tl
 #: shared ratio is; int8 family). Skipped tiles hold at most tiles·2^-17 of a split's mass (0.8 % at 1024 tiles),
 #: so the looser radius costs little tightness; on attention that spreads over the whole context no tile is cold
 SKETCH_COLD_MASS = tl.constexpr(2.0**-17)
+#: sketch widths whose codes the int8 family's tile turns into bf16 by the magic number (``_sketch_bf16``)
+MAGIC_SKETCH_BITS = (2, 4)
 
 
 @triton.jit
@@ -20,7 +22,10 @@ def _sketch_bf16(x, SH: tl.constexpr, SKB: tl.constexpr):
     ``x`` holds a packed byte per int16 lane; the code of chunk k is (byte >> SKB·k) & (L − 1) and its bf16
     16 + code has the code in mantissa bits 3…6 (exact for L ≤ 16), i.e. ((byte shifted by SH) & ((L − 1) << 3))
     | bf16(16) per lane (SH = 3 − SKB·k: left for SH > 0, right for SH < 0). The shift of the packed pair
-    crosses lanes only into bits the mask clears."""
+    crosses lanes only into bits the mask clears. Two- and four-bit sketches only (``MAGIC_SKETCH_BITS``): a one-bit
+    sketch took the four-bit masks on the GPU (run A5, 2026-12-06: its radius 5-8× too wide on SmolLM2), and now
+    takes the fp32 dot of its levels (bf16 q and the odd levels are exact in tf32)."""
+    tl.static_assert(SKB == 2 or SKB == 4, "the bf16 magic-number sketch codes: 2 or 4 bits")
     if SKB == 2:
         if SH == 3:
             return tl.inline_asm_elementwise("{.reg .b32 t; shl.b32 t, $1, 3; and.b32 t, t, 0x00180018; or.b32 $0, t, 0x41804180;}",
