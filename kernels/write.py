@@ -283,16 +283,15 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
         y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-        # saturated at the format's largest finite code, NaN kept (propagate_nan: the GPU's plain min / max drop a
-        # NaN operand): the same codes as ``witcert.schemes`` on any torch, whatever the cast does past the range
-        # (contract.schemes ``code_max``). (A nested tl.where here miscompiled on the H100 with Triton 3.6.0: the
-        # value witnesses came out wrong, ν below ‖v̂‖; run A5, 2026-12-06)
+        # saturated at the format's largest finite code: the same codes as ``witcert.schemes`` on any torch, whatever
+        # the cast does past the range (contract.schemes ``code_max``). The GPU's min / max drop a NaN operand, so a
+        # NaN x is stored as a finite ±code_max here where torch keeps NaN: its witness ‖x̂ − x‖ is NaN either way,
+        # which flags the row. (A NaN-keeping nested tl.where miscompiled on the H100 with Triton 3.6.0, the value
+        # witnesses wrong, ν below ‖v̂‖; this form passed there: run A5, 2026-12-06)
         if SCHEME == FP8_E5M2_ID:
-            y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_E5M2_MAX,
-                           propagate_nan=tl.PropagateNan.ALL)
+            y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX), FP8_E5M2_MAX)
         else:
-            y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_E4M3_MAX,
-                           propagate_nan=tl.PropagateNan.ALL)
+            y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX), FP8_E4M3_MAX)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh

@@ -57,9 +57,13 @@ def smollm2():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once per session (the
     first load on a machine converts the GGUF into the user cache, ~20 s)."""
     pytest.importorskip("transformers")
+    from tests.helpers.embedded import skip_without_embedded_model
+
+    skip_without_embedded_model()
     from witcert.model import load_model
 
     return load_model()
+
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,6 +44,9 @@ def test_real_model_meter_smoke(capsys):
     import pytest
 
     pytest.importorskip("transformers")
+    from tests.helpers.embedded import skip_without_embedded_model
+
+    skip_without_embedded_model()
     mod = load_bench("real_model")
     mod.main(["--tokens", "96", "--queries", "1", "--schemes", "int8_dither"])
     out = capsys.readouterr().out
