@@ -465,3 +465,17 @@ def test_tightness_command_json(capsys):
         with pytest.raises(SystemExit) as e:
             cli.main(["tightness", *bad])
         assert e.value.code == 2
+
+
+def test_tightness_auto_backend_is_the_kernels_on_a_gpu():
+    """``witcert tightness --device cuda`` meters the kernels (its docs say so): its audited cache would take
+    ``WitCertCache``'s "auto" to the float64 reference path on CUDA (run A2 measured the reference path thinking it the
+    kernels'). A float32 model stays on the reference path (the GPU kernels serve bf16 / fp16 models)."""
+    from witcert.tightness import resolve_backend
+
+    assert resolve_backend("auto", "cuda", torch.bfloat16) == "kernel"
+    assert resolve_backend("auto", "cuda:1", torch.float16) == "kernel"
+    assert resolve_backend("auto", "cuda", torch.float32) == "reference"
+    assert resolve_backend("auto", "cpu", torch.float32) == "reference"
+    assert resolve_backend("reference", "cuda", torch.bfloat16) == "reference"
+    assert resolve_backend("kernel", "cpu", torch.float32) == "kernel"

@@ -1,0 +1,9 @@
+#!/bin/bash
+# run A5 (2026-12-06, sixteenth session): the whole suite on the GPU after the fixes of A4's findings (the one-bit
+# sketch's chunk dots, the fp8 casts' saturation, the suite's device hygiene); stashes the GGUF's first half for A6
+ROOT=$PWD; mkdir -p /tmp/m && cp .carry/m1/part /tmp/m/part1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:/tmp/site:$ROOT/.carry/sg
+nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+WITCERT_DEVICE=cuda timeout 420 python3 bench/pytest_shards.py -n 15 tests > $OUT/gpu_tests.log 2>&1
+echo "tests rc $?"; grep -E "^(FAILED|ERROR)" $OUT/gpu_tests.log | sort -u | cut -c1-200; tail -3 $OUT/gpu_tests.log | cut -c1-300
