@@ -141,3 +141,66 @@ def test_epilogue_kernels_compile_for_sm90():
     # o, attn_lse columns and kv_indptr lengths), the window write and the three fp8 KV writes (their own saturated
     # casts, which the interpreter never runs) once)
     assert r.returncode == 0 and len(lines) == 26 and all(x.startswith("ok ") for x in lines), r.stdout + r.stderr[-2000:]
+
+
+def _magic_asm(skb: int, sh: int):
+    """The inline PTX ``kernels.decode_steps._sketch_bf16`` emits for (SKB, SH), found by walking its source's
+    constexpr ``if`` tree (None where its static assert refuses the width)."""
+    import ast
+    import inspect
+
+    from kernels import decode_steps
+
+    src = inspect.getsource(decode_steps._sketch_bf16.fn if hasattr(decode_steps._sketch_bf16, "fn")
+                            else decode_steps._sketch_bf16)
+    fn = ast.parse(src).body[0]
+    env = {"SKB": skb, "SH": sh}
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                    getattr(node.value.func, "attr", "") == "static_assert":
+                if not eval(compile(ast.Expression(node.value.args[0]), "<assert>", "eval"), {}, env):
+                    return None
+            elif isinstance(node, ast.If):
+                branch = node.body if eval(compile(ast.Expression(node.test), "<if>", "eval"), {}, env) else node.orelse
+                return walk(branch)
+            elif isinstance(node, ast.Return):
+                return node.value.args[0].value
+        return None
+
+    return walk(fn.body)
+
+
+def _emulate(asm: str, packed: int) -> int:
+    """One 32-bit register through the shift / and / or of ``asm``."""
+    ops = dict(re.findall(r"(shl|shr|and|or)\.b32 [^,]+, [^,]+, (0x[0-9a-f]+|\d+);", asm))
+    t = (packed << int(ops["shl"], 0)) & 0xFFFFFFFF if "shl" in ops else packed >> int(ops["shr"], 0)
+    return (t & int(ops["and"], 0)) | int(ops["or"], 0)
+
+
+@pytest.mark.parametrize("skb", [1, 2, 4])
+def test_magic_number_sketch_codes_are_16_plus_the_code(skb):
+    """The bf16 magic-number conversion of the int8 family's sketch codes (GPU only: inline PTX the interpreter never
+    runs), emulated on every pair of packed bytes: each lane must read bf16 16 + (byte >> SKB·k) & (L − 1) for chunk k.
+    A one-bit sketch took the four-bit masks on the GPU (run A5): its width is refused now (static assert), and
+    decode passes MAGIC_BF16 only for ``MAGIC_SKETCH_BITS``."""
+    import numpy as np
+    import torch
+
+    from kernels.decode_steps import MAGIC_SKETCH_BITS
+
+    L = 1 << skb
+    if skb not in MAGIC_SKETCH_BITS:
+        assert _magic_asm(skb, 3) is None
+        return
+    for k in range(8 // skb):
+        asm = _magic_asm(skb, 3 - skb * k)
+        assert asm is not None
+        lo = np.arange(256, dtype=np.uint32)[:, None]
+        hi = np.arange(256, dtype=np.uint32)[None, :]
+        out = np.vectorize(lambda a, b: _emulate(asm, int(a) | (int(b) << 16)))(lo, hi).astype(np.uint32)
+        for lane, byte in ((out & 0xFFFF, lo), (out >> 16, hi)):
+            val = torch.from_numpy(lane.astype(np.int16).reshape(-1)).view(torch.bfloat16).float().numpy()
+            want = (16 + ((np.broadcast_to(byte, (256, 256)).reshape(-1) >> (skb * k)) & (L - 1))).astype(np.float32)
+            assert np.array_equal(val, want), (skb, k)
