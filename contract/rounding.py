@@ -51,6 +51,6 @@ def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype, check: bool = True) -
 
 def saturate(x: torch.Tensor, code_max: float) -> torch.Tensor:
     """x clipped to [−code_max, code_max], NaN kept (``contract.schemes`` ``code_max``: the raw fp8 casts saturate on
-    every path — the reference, the interpreter's precoded codes, the GPU write kernel — whatever torch's own cast
-    does with an out-of-range float)."""
+    every path — here for the reference and the interpreter's precoded codes, in ``kernels.write._fp8_codes`` for the
+    GPU — whatever torch's own cast does with an out-of-range float)."""
     return torch.where(x > code_max, code_max, torch.where(x < -code_max, -code_max, x))

@@ -72,9 +72,10 @@ class Scheme:
     #: int8 / int8_dither, whose lean tile loop grows +41 % (the H200: +13-31 % of the metered call, run U)
     kernel_head_levels: bool = False
     #: the largest finite code (fp8: e4m3fn 448, e5m2 57344): the raw casts saturate there, |x| beyond it is
-    #: stored as ±code_max (NaN stays NaN) on every path — torch's own cast of an out-of-range float differs by
-    #: version and format (2.13 saturates e4m3fn, 2.11 gives NaN; e5m2 gives ±inf), the GPU kernel's cast
-    #: saturates; the witness measures the clipped residual, so the bound covers it. None: no such clip
+    #: stored as ±code_max on every path — torch's own cast of an out-of-range float differs by version and format
+    #: (2.13 saturates e4m3fn, 2.11 gives NaN; e5m2 gives ±inf); the witness measures the clipped residual, so the
+    #: bound covers it. A NaN x stays NaN in torch and becomes a finite code in the GPU write kernel; its witness
+    #: is NaN either way, which flags the row. None: no such clip
     code_max: float | None = None
 
     def __post_init__(self):
