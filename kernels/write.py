@@ -55,7 +55,21 @@ from .ids import (
 )
 from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _interpret_knob() -> bool:
+    """Whether Triton runs its interpreter: its own knob (``TRITON_INTERPRET`` = 1, true, on or yes), read when this
+    module is imported, as Triton's ``@jit`` decides it for the kernels' modules (``"true"`` was taken for "off"
+    here while Triton interpreted: the fp8 codes then came from the interpreter's cast; a review, 2026-12-06)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):  # (a Triton without knobs: its environment parse)
+        return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+#: the kernels run in Triton's interpreter (the CPU path): every interpreter-only branch reads this one flag
+INTERPRET = _interpret_knob()
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
 #: value by proofs_bridge: a drift of either the table or these fails the bridge)
 KERNEL_DITHER_DIVISOR = SCHEMES["int8_dither"].divisor

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import secrets
 import weakref
 
@@ -316,7 +315,9 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         float64 model stays on the reference path under "auto" and is refused under "kernel"."""
         lowp = dtype is None or dtype in (torch.bfloat16, torch.float16)
         if self.backend == "kernel":
-            if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            from kernels import write as _kw
+
+            if device.type != "cuda" and not _kw.INTERPRET:
                 raise ValueError(f"backend='kernel': this layer's tensors are on {device.type}, where the Triton kernels "
                                  "run only in Triton's interpreter (set TRITON_INTERPRET=1 before importing triton); "
                                  "move the model to CUDA, or use backend='reference'")

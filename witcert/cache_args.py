@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 
 import numpy as np
 import torch
@@ -123,7 +122,9 @@ def check_backend(backend, scheme: str, D: int, num_groups: int, witness: str, b
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
         why = []
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        from kernels import write as _kw
+
+        if not torch.cuda.is_available() and not _kw.INTERPRET:
             why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "
                        "triton to run the kernels on the CPU, slowly)")
         if not _kernel_scheme(scheme):

@@ -108,16 +108,20 @@ def memory_by_context(scheme: str, sketch_bits: int, window) -> dict:
     return out
 
 
-def resolve_backend(backend: str, device: str, dtype) -> str:
-    """The cache backend ``run`` asks for: "auto" is the kernels on a GPU with a bf16 / fp16 model (the audit the
-    command needs would otherwise send ``WitCertCache``'s "auto" to the float64 reference path there), the reference
-    path elsewhere; "reference" / "kernel" as given."""
+def resolve_backend(backend: str, device: str, dtype, scheme: str = "int8") -> str:
+    """The cache backend ``run`` asks for: "auto" is the kernels on a GPU with a bf16 / fp16 model and a scheme the
+    kernels meter (the audit the command needs would otherwise send ``WitCertCache``'s "auto" to the float64
+    reference path there), the reference path elsewhere (scheme "none", a scheme without a kernel, a float32 model,
+    the CPU); "reference" / "kernel" as given."""
     import torch
+
+    from contract.schemes import kernel_supported
 
     if backend != "auto":
         return backend
     gpu = not str(device).startswith("cpu")
-    return "kernel" if gpu and dtype in (torch.bfloat16, torch.float16) else "reference"
+    metered = scheme != "none" and kernel_supported(scheme)
+    return "kernel" if gpu and metered and dtype in (torch.bfloat16, torch.float16) else "reference"
 
 
 def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: int | None = None, window="default",
@@ -139,7 +143,7 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
         if sketch_bits is None else sketch_bits
     win = DEFAULT_WINDOW if window == "default" else window
     dt = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-    backend = resolve_backend(backend, device, dt)
+    backend = resolve_backend(backend, device, dt, scheme)
     model, tok = load_model(dtype=dt)
     model.to(device)
     from .cache import use_witcert

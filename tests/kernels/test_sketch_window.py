@@ -479,3 +479,8 @@ def test_tightness_auto_backend_is_the_kernels_on_a_gpu():
     assert resolve_backend("auto", "cpu", torch.float32) == "reference"
     assert resolve_backend("reference", "cuda", torch.bfloat16) == "reference"
     assert resolve_backend("kernel", "cpu", torch.float32) == "kernel"
+    # scheme none (lossless: the kernel path serves lossy schemes) and a user scheme without a kernel: the reference
+    # path (a review found "none" refused after the first form of this choice)
+    assert resolve_backend("auto", "cuda", torch.bfloat16, "none") == "reference"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, "my_user_scheme") == "reference"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, "kivi2") == "kernel"
