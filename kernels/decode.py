@@ -96,12 +96,12 @@ from .epilogue import (  # noqa: F401 (re-export)
 )
 from .exact_window import ExactWindow
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
+from .interpret import INTERPRET
 from .key_levels import KEY_LEVELS, X0
 from .paged import SCHEME_IDS, PagedKV, dequantized_fp32, page_scaled_keys
 from .plan import DecodePlan, Tile, check_plan, launch_variant, plan_call
 from .repair import RepairOverlay
 from .unmetered import UnmeteredSlots
-from .write import INTERPRET
 
 
 @dataclasses.dataclass

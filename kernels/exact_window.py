@@ -16,8 +16,8 @@ import triton.language as tl
 from contract.sketch import check_window
 
 from .fp_bounds import KERNEL_REL_SLACK
+from .interpret import INTERPRET
 from .repair import RepairOverlay
-from .write import INTERPRET
 
 
 @triton.jit

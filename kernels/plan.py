@@ -26,10 +26,10 @@ import triton
 from contract.schemes import SCHEMES
 
 from .exact_window import ExactWindow
+from .interpret import INTERPRET
 from .key_levels import KEY_LEVELS
 from .paged import SCHEME_IDS, PagedKV
 from .repair import RepairOverlay
-from .write import INTERPRET
 
 log = logging.getLogger("witcert.kernels")
 _LOGGED: dict = {}

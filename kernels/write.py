@@ -23,13 +23,10 @@ float→fp8 cast is wrong, so fp8 codes are made by torch first and the kernel o
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from contract.rounding import round_up_to_dtype, saturate
 from contract.schemes import SCHEMES
 
 from .fp_bounds import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, sketch_gamma
@@ -53,23 +50,9 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
+from .interpret import INTERPRET, torch_fp8_codes
 from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
-
-def _interpret_knob() -> bool:
-    """Whether Triton runs its interpreter: its own knob (``TRITON_INTERPRET`` = 1, true, on or yes), read when this
-    module is imported, as Triton's ``@jit`` decides it for the kernels' modules (``"true"`` was taken for "off"
-    here while Triton interpreted: the fp8 codes then came from the interpreter's cast; a review, 2026-12-06)."""
-    try:
-        from triton import knobs
-
-        return bool(knobs.runtime.interpret)
-    except (ImportError, AttributeError):  # (a Triton without knobs: its environment parse)
-        return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-#: the kernels run in Triton's interpreter (the CPU path): every interpreter-only branch reads this one flag
-INTERPRET = _interpret_knob()
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
 #: value by proofs_bridge: a drift of either the table or these fails the bridge)
 KERNEL_DITHER_DIVISOR = SCHEMES["int8_dither"].divisor
@@ -563,8 +546,8 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     precoded = INTERPRET and row.code_dtype is not None and row.code_dtype.startswith("float8")
     pk = pv = k  # unused placeholders
     if precoded:  # interpreter only: torch makes the fp8 codes (same rounding as the GPU cast)
-        pk = _torch_fp8_codes(cache.scheme, k)
-        pv = _torch_fp8_codes(cache.scheme, v)
+        pk = torch_fp8_codes(cache.scheme, k)
+        pv = torch_fp8_codes(cache.scheme, v)
     kw = cache.k_wit
     lossy = row.lossy or k.dtype != cache.k_codes.dtype
     skb = cache.sketch_bits if cache.scheme != "none" else 0
@@ -611,12 +594,3 @@ def _check_whole_pages(T: int, seq_ids: torch.Tensor, positions: torch.Tensor) -
                          "r of one page of one sequence; the last page may be partial): a key block is quantized "
                          "over all its tokens at once")
 
-
-def _torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
-    row = SCHEMES[scheme]
-    dt = getattr(torch, row.code_dtype)
-    xf = x.float()
-    if row.divisor is not None:  # fp8_e4m3_scaled
-        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / row.divisor, torch.float16).float()
-        xf = xf / torch.where(s > 0, s, torch.ones_like(s))
-    return saturate(xf, row.code_max).to(dt).contiguous()

@@ -315,7 +315,7 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         float64 model stays on the reference path under "auto" and is refused under "kernel"."""
         lowp = dtype is None or dtype in (torch.bfloat16, torch.float16)
         if self.backend == "kernel":
-            from kernels import write as _kw
+            from kernels import interpret as _kw
 
             if device.type != "cuda" and not _kw.INTERPRET:
                 raise ValueError(f"backend='kernel': this layer's tensors are on {device.type}, where the Triton kernels "

@@ -122,7 +122,7 @@ def check_backend(backend, scheme: str, D: int, num_groups: int, witness: str, b
         from kernels.paged import SUPPORTED_HEAD_DIMS
 
         why = []
-        from kernels import write as _kw
+        from kernels import interpret as _kw
 
         if not torch.cuda.is_available() and not _kw.INTERPRET:
             why.append("no CUDA device, and Triton's interpreter is off (set TRITON_INTERPRET=1 before importing "

@@ -339,7 +339,7 @@ def test_summary_and_records_serialize_to_json():
 
 
 def test_kernel_backend_without_cuda_or_interpreter_is_refused(monkeypatch):
-    import kernels.write as Wk
+    import kernels.interpret as Wk
 
     monkeypatch.setattr(Wk, "INTERPRET", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -352,7 +352,7 @@ def test_kernel_backend_on_a_cpu_model_without_the_interpreter_is_refused_by_nam
     """backend='kernel' with a CUDA device present but the layer's tensors on the CPU and the interpreter off (a GPU
     machine's test run of a CPU model, run A4): a clear error naming the fix, not Triton's "Pointer argument cannot
     be accessed from Triton (cpu tensor?)" from inside the first write."""
-    import kernels.write as Wk
+    import kernels.interpret as Wk
 
     monkeypatch.setattr(Wk, "INTERPRET", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -366,10 +366,10 @@ def test_kernel_backend_on_a_cpu_model_without_the_interpreter_is_refused_by_nam
 @pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("On", True), ("yes", True), ("0", False),
                                       ("", False), ("off", False)])
 def test_the_interpreter_flag_is_tritons_own(monkeypatch, value, on):
-    """``kernels.write.INTERPRET`` follows Triton's knob: ``TRITON_INTERPRET=true`` runs Triton's interpreter, which
+    """``kernels.interpret.INTERPRET`` follows Triton's knob: ``TRITON_INTERPRET=true`` runs Triton's interpreter, which
     WitCert took for "off" (refusing backend='kernel' on the CPU, and making the fp8 codes with the interpreter's cast
     instead of torch's; a review, 2026-12-06)."""
-    import kernels.write as Wk
+    import kernels.interpret as Wk
 
     monkeypatch.setenv("TRITON_INTERPRET", value)
     assert Wk._interpret_knob() is on

@@ -369,7 +369,7 @@ def test_a_float32_model_on_cuda_stays_on_the_reference_path():
     with pytest.raises(ValueError, match="bf16 / fp16 models"):
         WitCertCache(cfg, scheme="int8", backend="kernel").use_kernel(cuda, 2, torch.float32)
     # a CPU layer: the interpreter's kernels (the device run has it off: refused by name, not by Triton)
-    import kernels.write as Wk
+    import kernels.interpret as Wk
 
     if Wk.INTERPRET:
         assert WitCertCache(cfg, scheme="int8", backend="kernel").use_kernel(torch.device("cpu"), 2, torch.float32)

@@ -1,0 +1,43 @@
+"""Triton's interpreter (the kernels on the CPU): whether it runs, and what the write path does differently there.
+
+    INTERPRET                    Triton's own knob, read at import (as its ``@jit`` decides for the kernels' modules)
+    torch_fp8_codes(scheme, x)   the fp8 codes torch makes for the write kernel to load (the interpreter's float → fp8
+                                 cast is wrong): saturated at the format's largest code, as the GPU kernel's own cast
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from contract.rounding import round_up_to_dtype, saturate
+from contract.schemes import SCHEMES
+
+
+def _interpret_knob() -> bool:
+    """Whether Triton runs its interpreter: its own knob (``TRITON_INTERPRET`` = 1, true, on or yes), read when this
+    module is imported, as Triton's ``@jit`` decides it for the kernels' modules (``"true"`` was taken for "off"
+    here while Triton interpreted: the fp8 codes then came from the interpreter's cast; a review, 2026-12-06)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):  # (a Triton without knobs: its environment parse)
+        return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+#: the kernels run in Triton's interpreter (the CPU path): every interpreter-only branch reads this one flag
+INTERPRET = _interpret_knob()
+
+
+def torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
+    """The codes of an fp8 scheme (``contract.schemes`` row) for rows ``x``, as the GPU write kernel makes them: the
+    scaled scheme's per-token scale rounded up into fp16, the value saturated at ``code_max``, then torch's cast."""
+    row = SCHEMES[scheme]
+    dt = getattr(torch, row.code_dtype)
+    xf = x.float()
+    if row.divisor is not None:  # fp8_e4m3_scaled
+        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / row.divisor, torch.float16).float()
+        xf = xf / torch.where(s > 0, s, torch.ones_like(s))
+    return saturate(xf, row.code_max).to(dt).contiguous()
