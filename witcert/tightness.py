@@ -108,11 +108,11 @@ def memory_by_context(scheme: str, sketch_bits: int, window) -> dict:
     return out
 
 
-def resolve_backend(backend: str, device: str, dtype, scheme: str = "int8") -> str:
+def resolve_backend(backend: str, device: str, dtype, scheme: str = "int8", sketch_box: str = "auto") -> str:
     """The cache backend ``run`` asks for: "auto" is the kernels on a GPU with a bf16 / fp16 model and a scheme the
     kernels meter (the audit the command needs would otherwise send ``WitCertCache``'s "auto" to the float64
     reference path there), the reference path elsewhere (scheme "none", a scheme without a kernel, a float32 model,
-    the CPU); "reference" / "kernel" as given."""
+    the CPU, or ``sketch_box="centred"``, which only the reference path meters); "reference" / "kernel" as given."""
     import torch
 
     from contract.schemes import kernel_supported
@@ -120,7 +120,7 @@ def resolve_backend(backend: str, device: str, dtype, scheme: str = "int8") -> s
     if backend != "auto":
         return backend
     gpu = not str(device).startswith("cpu")
-    metered = scheme != "none" and kernel_supported(scheme)
+    metered = scheme != "none" and kernel_supported(scheme) and sketch_box != "centred"
     return "kernel" if gpu and metered and dtype in (torch.bfloat16, torch.float16) else "reference"
 
 
@@ -143,7 +143,7 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
         if sketch_bits is None else sketch_bits
     win = DEFAULT_WINDOW if window == "default" else window
     dt = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-    backend = resolve_backend(backend, device, dt, scheme)
+    backend = resolve_backend(backend, device, dt, scheme, sketch_box)
     model, tok = load_model(dtype=dt)
     model.to(device)
     from .cache import use_witcert

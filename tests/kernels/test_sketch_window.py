@@ -491,3 +491,5 @@ def test_tightness_auto_backend_is_the_kernels_on_a_gpu():
     assert resolve_backend("auto", "cuda", torch.bfloat16, "none") == "reference"
     assert resolve_backend("auto", "cuda", torch.bfloat16, "my_user_scheme") == "reference"
     assert resolve_backend("auto", "cuda", torch.bfloat16, "kivi2") == "kernel"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, "int8", "centred") == "reference"  # the reference's own box
+    assert resolve_backend("auto", "cuda", torch.bfloat16, "int8", "per-head") == "kernel"
