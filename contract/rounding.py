@@ -54,3 +54,18 @@ def saturate(x: torch.Tensor, code_max: float) -> torch.Tensor:
     every path — here for the reference and the interpreter's precoded codes, in ``kernels.write._fp8_codes`` for the
     GPU — whatever torch's own cast does with an out-of-range float)."""
     return torch.where(x > code_max, code_max, torch.where(x < -code_max, -code_max, x))
+
+
+def fp8_codes(x: torch.Tensor, code_dtype: torch.dtype, code_max: float, divisor: float | None = None):
+    """The codes of an fp8 scheme for rows ``x`` [..., D]: (codes in ``code_dtype``, the per-token scale [..., 1] float32
+    or None). ``divisor`` None: a raw cast; else the scale is the smallest float16 with s·divisor ≥ max|x| and the codes
+    are x / s. Either way saturated at ``code_max`` before torch's cast (``saturate``). The one definition the
+    reference (``witcert.schemes``) and the interpreter's precoded codes (``kernels.interpret``) share; the GPU write
+    kernel computes the same (``kernels.write._fp8_codes``)."""
+    xf = x.to(torch.float32)
+    s = None
+    if divisor is not None:
+        s = round_up_to_dtype(xf.abs().amax(dim=-1, keepdim=True).to(torch.float64) / divisor, torch.float16).to(
+            torch.float32)
+        xf = xf / torch.where(s > 0, s, torch.ones_like(s))
+    return saturate(xf, code_max).to(code_dtype), s

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from contract.rounding import round_up_to_dtype, saturate
+from contract.rounding import fp8_codes
 from contract.schemes import SCHEMES
 
 
@@ -32,12 +32,7 @@ INTERPRET = _interpret_knob()
 
 
 def torch_fp8_codes(scheme: str, x: torch.Tensor) -> torch.Tensor:
-    """The codes of an fp8 scheme (``contract.schemes`` row) for rows ``x``, as the GPU write kernel makes them: the
-    scaled scheme's per-token scale rounded up into fp16, the value saturated at ``code_max``, then torch's cast."""
+    """The codes of an fp8 scheme (``contract.schemes`` row) for rows ``x``, as the GPU write kernel makes them
+    (``contract.rounding.fp8_codes``, the reference's own)."""
     row = SCHEMES[scheme]
-    dt = getattr(torch, row.code_dtype)
-    xf = x.float()
-    if row.divisor is not None:  # fp8_e4m3_scaled
-        s = round_up_to_dtype(xf.abs().amax(-1, keepdim=True).double() / row.divisor, torch.float16).float()
-        xf = xf / torch.where(s > 0, s, torch.ones_like(s))
-    return saturate(xf, row.code_max).to(dt).contiguous()
+    return fp8_codes(x, getattr(torch, row.code_dtype), row.code_max, row.divisor)[0].contiguous()

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from contract.rounding import round_up_f32, round_up_to_dtype, saturate  # noqa: F401 (re-exported)
+from contract.rounding import fp8_codes, round_up_f32, round_up_to_dtype  # noqa: F401 (re-exported)
 from contract.schemes import INT4_GROUP, SCHEMES
 
 __all__ = [
@@ -161,17 +161,14 @@ def _none(x, ctx):
 
 def _fp8_raw(dtype, code_max):
     def fn(x, ctx):
-        codes = saturate(x.to(torch.float32), code_max).to(dtype)
+        codes, _ = fp8_codes(x, dtype, code_max)
         return codes.to(torch.float32), {"codes": codes}
 
     return fn
 
 
 def _fp8_e4m3_scaled(x, ctx):
-    x = x.to(torch.float32)
-    s = _absmax_scale(x, FP8_E4M3_MAX)
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    codes = saturate(x / safe, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # (|x/s| ≤ 448 by the rounded-up s)
+    codes, s = fp8_codes(x, torch.float8_e4m3fn, FP8_E4M3_MAX, FP8_E4M3_MAX)  # (|x/s| ≤ 448 by the rounded-up s)
     return codes.to(torch.float32) * s, {"codes": codes, "scale": s[..., 0]}
 
 
