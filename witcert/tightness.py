@@ -108,20 +108,21 @@ def memory_by_context(scheme: str, sketch_bits: int, window) -> dict:
     return out
 
 
-def resolve_backend(backend: str, device: str, dtype, scheme: str = "int8", sketch_box: str = "auto") -> str:
-    """The cache backend ``run`` asks for: "auto" is the kernels on a GPU with a bf16 / fp16 model and a scheme the
-    kernels meter (the audit the command needs would otherwise send ``WitCertCache``'s "auto" to the float64
-    reference path there), the reference path elsewhere (scheme "none", a scheme without a kernel, a float32 model,
-    the CPU, or ``sketch_box="centred"``, which only the reference path meters); "reference" / "kernel" as given."""
+def resolve_backend(backend: str, device: str, dtype, config, scheme: str = "int8", sketch_box: str = "auto") -> str:
+    """The cache backend ``run`` asks for: "auto" is what ``WitCertCache(backend="auto").use_kernel`` picks for this
+    model, device, dtype and scheme without the audit the command needs (the audit alone sends the cache's "auto" to the
+    float64 reference path), and the reference path for ``sketch_box="centred"`` (only it meters that box);
+    "reference" / "kernel" as given."""
     import torch
 
-    from contract.schemes import kernel_supported
+    from .cache import WitCertCache
 
     if backend != "auto":
         return backend
-    gpu = not str(device).startswith("cpu")
-    metered = scheme != "none" and kernel_supported(scheme) and sketch_box != "centred"
-    return "kernel" if gpu and metered and dtype in (torch.bfloat16, torch.float16) else "reference"
+    if sketch_box == "centred":
+        return "reference"
+    probe = WitCertCache(config, scheme=scheme, backend="auto")
+    return "kernel" if probe.use_kernel(torch.device(device), 1, dtype) else "reference"
 
 
 def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: int | None = None, window="default",
@@ -143,8 +144,8 @@ def run(scheme: str = "int8", tokens: int = 1024, steps: int = 2, sketch_bits: i
         if sketch_bits is None else sketch_bits
     win = DEFAULT_WINDOW if window == "default" else window
     dt = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-    backend = resolve_backend(backend, device, dt, scheme, sketch_box)
     model, tok = load_model(dtype=dt)
+    backend = resolve_backend(backend, device, dt, model.config, scheme, sketch_box)
     model.to(device)
     from .cache import use_witcert
 

@@ -474,22 +474,28 @@ def test_tightness_command_json(capsys):
         assert e.value.code == 2
 
 
-def test_tightness_auto_backend_is_the_kernels_on_a_gpu():
+def test_tightness_auto_backend_is_the_kernels_on_a_gpu(monkeypatch):
     """``witcert tightness --device cuda`` meters the kernels (its docs say so): its audited cache would take
     ``WitCertCache``'s "auto" to the float64 reference path on CUDA (run A2 measured the reference path thinking it the
-    kernels'). A float32 model stays on the reference path (the GPU kernels serve bf16 / fp16 models)."""
+    kernels'). Otherwise the cache's own "auto" decides: a float32 model, scheme none, a scheme without a kernel and the
+    CPU take the reference path (a review found scheme none refused by a first form that restated the rule), and
+    the centred sketch box, which only the reference path meters."""
+    import witcert.schemes as S
     from witcert.tightness import resolve_backend
 
-    assert resolve_backend("auto", "cuda", torch.bfloat16) == "kernel"
-    assert resolve_backend("auto", "cuda:1", torch.float16) == "kernel"
-    assert resolve_backend("auto", "cuda", torch.float32) == "reference"
-    assert resolve_backend("auto", "cpu", torch.float32) == "reference"
-    assert resolve_backend("reference", "cuda", torch.bfloat16) == "reference"
-    assert resolve_backend("kernel", "cpu", torch.float32) == "kernel"
-    # scheme none (lossless: the kernel path serves lossy schemes) and a user scheme without a kernel: the reference
-    # path (a review found "none" refused after the first form of this choice)
-    assert resolve_backend("auto", "cuda", torch.bfloat16, "none") == "reference"
-    assert resolve_backend("auto", "cuda", torch.bfloat16, "my_user_scheme") == "reference"
-    assert resolve_backend("auto", "cuda", torch.bfloat16, "kivi2") == "kernel"
-    assert resolve_backend("auto", "cuda", torch.bfloat16, "int8", "centred") == "reference"  # the reference's own box
-    assert resolve_backend("auto", "cuda", torch.bfloat16, "int8", "per-head") == "kernel"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2,
+                      intermediate_size=128, vocab_size=128)
+    assert resolve_backend("auto", "cuda", torch.bfloat16, cfg) == "kernel"
+    assert resolve_backend("auto", "cuda:1", torch.float16, cfg, "kivi2") == "kernel"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, cfg, "int8", "per-head") == "kernel"
+    assert resolve_backend("auto", "cuda", torch.float32, cfg) == "reference"
+    assert resolve_backend("auto", "cpu", torch.float32, cfg) == "reference"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, cfg, "none") == "reference"
+    assert resolve_backend("auto", "cuda", torch.bfloat16, cfg, "int8", "centred") == "reference"
+    monkeypatch.setitem(S._REGISTRY, "tight_user_scheme", lambda x, ctx: (x, {}))  # (a user scheme, removed after)
+    assert resolve_backend("auto", "cuda", torch.bfloat16, cfg, "tight_user_scheme") == "reference"
+    assert resolve_backend("reference", "cuda", torch.bfloat16, cfg) == "reference"
+    assert resolve_backend("kernel", "cpu", torch.float32, cfg) == "kernel"
