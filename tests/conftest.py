@@ -65,7 +65,6 @@ def smollm2():
     return load_model()
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_default_window():
     """The suite's caches default to **no** exact window: its tiny models and prompts (tens of tokens)
