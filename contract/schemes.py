@@ -74,8 +74,8 @@ class Scheme:
     #: the largest finite code (fp8: e4m3fn 448, e5m2 57344): the raw casts saturate there, |x| beyond it is
     #: stored as ±code_max on every path — torch's own cast of an out-of-range float differs by version and format
     #: (2.13 saturates e4m3fn, 2.11 gives NaN; e5m2 gives ±inf); the witness measures the clipped residual, so the
-    #: bound covers it. A NaN x stays NaN in torch and becomes a finite code in the GPU write kernel; its witness
-    #: is NaN either way, which flags the row. None: no such clip
+    #: bound covers it. A NaN x stays a NaN code (torch, and the GPU write kernel's saturating cast); its witness
+    #: is NaN, which flags the row. None: no such clip
     code_max: float | None = None
 
     def __post_init__(self):

@@ -32,12 +32,10 @@ from contract.schemes import SCHEMES
 from .fp_bounds import KERNEL_REL_SLACK, KERNEL_WITNESS_FLOOR, sketch_gamma
 from .ids import (
     FP8_E4M3_ID,
-    FP8_E4M3_MAX,
     FP8_E4M3_RES_FLOOR,
     FP8_E4M3_RES_REL,
     FP8_E4M3_SCALED_ID,
     FP8_E5M2_ID,
-    FP8_E5M2_MAX,
     FP8_E5M2_RES_FLOOR,
     FP8_E5M2_RES_REL,
     FP8_SCALED_DIVISOR,
@@ -280,15 +278,12 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
         y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-        # saturated at the format's largest finite code: the same codes as ``witcert.schemes`` on any torch, whatever
-        # the cast does past the range (contract.schemes ``code_max``). The GPU's min / max drop a NaN operand, so a
-        # NaN x is stored as a finite ±code_max here where torch keeps NaN: its witness ‖x̂ − x‖ is NaN either way,
-        # which flags the row. (A NaN-keeping nested tl.where miscompiled on the H100 with Triton 3.6.0, the value
-        # witnesses wrong, ν below ‖v̂‖; this form passed there: run A5, 2026-12-06)
-        if SCHEME == FP8_E5M2_ID:
-            y = tl.minimum(tl.maximum(y, -FP8_E5M2_MAX), FP8_E5M2_MAX)
-        else:
-            y = tl.minimum(tl.maximum(y, -FP8_E4M3_MAX), FP8_E4M3_MAX)
+        # saturated at the format's largest finite code by the cast itself: Triton lowers float32 → fp8e4nv / fp8e5 on
+        # sm_89+ to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as ``witcert.schemes`` on any
+        # torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py pins the instruction). No clip
+        # before it: every explicit one (nested tl.where, min / max with or without NaN propagation, tl.clamp) made
+        # the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to an order of magnitude, growing
+        # with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/fp8_witness_probe.py)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh

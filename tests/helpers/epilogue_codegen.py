@@ -95,6 +95,25 @@ def _write_kernel_fp8(scheme):
     return make
 
 
+#: the fp8 write's saturation is its cast's (``kernels.write._fp8_codes``): PTX's satfinite conversion of each format,
+#: with no clip against ±code_max before it (an explicit clip miscompiled on the H100, runs A5 / B3)
+SATFINITE = {"fp8_e4m3": "cvt.rn.satfinite.e4m3x2.f32", "fp8_e4m3_scaled": "cvt.rn.satfinite.e4m3x2.f32",
+             "fp8_e5m2": "cvt.rn.satfinite.e5m2x2.f32"}
+#: ±448 and ±57344 as PTX float32 immediates (a min / max against one is a clip)
+CODE_MAX_IMMEDIATES = ("0f43E00000", "0fC3E00000", "0f47600000", "0fC7600000")
+
+
+def _check_saturating_cast(name: str, ptx: str) -> None:
+    """Raise unless the write's PTX converts with its format's satfinite cvt and never clips at ±code_max."""
+    scheme = name[name.index("[") + 1:-1]
+    if SATFINITE[scheme] not in ptx:
+        raise AssertionError(f"{SATFINITE[scheme]} not in the PTX: the fp8 codes would not saturate at code_max")
+    clips = [line.strip() for line in ptx.splitlines()
+             if line.strip().startswith(("min.", "max.")) and any(imm in line for imm in CODE_MAX_IMMEDIATES)]
+    if clips:
+        raise AssertionError(f"a clip at ±code_max ({clips}) before the cast")
+
+
 def main(argv: list[str]) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -113,8 +132,10 @@ def main(argv: list[str]) -> int:
             fn, sig, const = make(E, EJ)
             for warps in (int(w) for w in argv):
                 try:
-                    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 64),
-                                   options={"num_warps": warps})
+                    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                                       target=GPUTarget("cuda", 90, 64), options={"num_warps": warps})
+                    if make in writes:
+                        _check_saturating_cast(make.__name__, k.asm["ptx"])
                     print(f"ok {make.__name__} RT {const.get('RT')} {warps}")
                 except Exception as exc:  # noqa: BLE001 - reported, and the exit status says it
                     bad += 1

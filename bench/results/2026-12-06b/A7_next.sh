@@ -1,5 +1,5 @@
 #!/bin/bash
-# NOT RUN (2026-12-06, sixteenth session: the device budget was spent): the GPU check of 8b521b0 / 281a813 for the
+# RAN as runs B1 / B2 (seventeenth session, bench/results/2026-12-06c/). NOT RUN in the sixteenth session (its device budget was spent): the GPU check of 8b521b0 / 281a813 for the
 # next session, one call after A5_run.sh-style setup (carry .carry/sg, .whl; the GGUF halves as in A5 / A6 for the
 # tightness part). (1) the suite on the GPU; (2) the one-bit sketch's tightness now that it takes the exact tf32 dot
 # (before: 0.1299 / ratio 57.3 from the four-bit masks; the reference path's one-bit figure on the CPU is 0.0208 / 6.93)
