@@ -283,7 +283,10 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         # torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py pins the instruction). No clip
         # before it: every explicit one (nested tl.where, min / max with or without NaN propagation, tl.clamp) made
         # the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to an order of magnitude, growing
-        # with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/fp8_witness_probe.py)
+        # with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/fp8_witness_probe.py). Below sm_90
+        # (not run here): sm_89's e4m3 cast goes through fp16 to the same satfinite cvt; e5m2 on sm_80 / sm_89 is
+        # Triton's software conversion, with no satfinite: an overflow there may store ±inf, a non-finite witness that
+        # flags the row (sound, but not the reference's code)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh
