@@ -278,15 +278,15 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
         y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-        # saturated at the format's largest finite code by the cast itself: Triton lowers float32 → fp8e4nv / fp8e5 on
-        # sm_89+ to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as ``witcert.schemes`` on any
+        # saturated at the format's largest finite code by the cast itself: on sm_90 Triton lowers float32 → fp8e4nv /
+        # fp8e5 to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as ``witcert.schemes`` on any
         # torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py pins the instruction). No clip
-        # before it: every explicit one (nested tl.where, min / max with or without NaN propagation, tl.clamp) made
-        # the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to an order of magnitude, growing
-        # with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/fp8_witness_probe.py). Below sm_90
-        # (not run here): sm_89's e4m3 cast goes through fp16 to the same satfinite cvt; e5m2 on sm_80 / sm_89 is
-        # Triton's software conversion, with no satfinite: an overflow there may store ±inf, a non-finite witness that
-        # flags the row (sound, but not the reference's code)
+        # before it: every explicit one (nested tl.where, min / max with or without NaN propagation, tl.clamp) made the
+        # H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to an order of
+        # magnitude, growing with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/). Below
+        # sm_90 (not run here): sm_89's e4m3 cast goes through fp16 to the same satfinite cvt; e5m2 on sm_80 / sm_89
+        # is Triton's software conversion, with no satfinite: an overflow there may store ±inf, a non-finite witness
+        # that flags the row (sound, but not the reference's code)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh
