@@ -51,8 +51,8 @@ def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype, check: bool = True) -
 
 def saturate(x: torch.Tensor, code_max: float) -> torch.Tensor:
     """x clipped to [−code_max, code_max], NaN kept (``contract.schemes`` ``code_max``: the raw fp8 casts saturate on
-    every path — here for the reference and the interpreter's precoded codes, in ``kernels.write._fp8_codes`` for the
-    GPU — whatever torch's own cast does with an out-of-range float)."""
+    every path — here for the reference and the interpreter's precoded codes, by the GPU's own satfinite cast on sm_90
+    (``kernels.write._fp8_codes``, which says what differs below) — whatever torch's own cast does with an out-of-range float)."""
     return torch.where(x > code_max, code_max, torch.where(x < -code_max, -code_max, x))
 
 
@@ -61,7 +61,7 @@ def fp8_codes(x: torch.Tensor, code_dtype: torch.dtype, code_max: float, divisor
     or None). ``divisor`` None: a raw cast; else the scale is the smallest float16 with s·divisor ≥ max|x| and the codes
     are x / s. Either way saturated at ``code_max`` before torch's cast (``saturate``). The one definition the
     reference (``witcert.schemes``) and the interpreter's precoded codes (``kernels.interpret``) share; the GPU write
-    kernel computes the same (``kernels.write._fp8_codes``)."""
+    kernel computes the same on sm_90 (``kernels.write._fp8_codes``)."""
     xf = x.to(torch.float32)
     s = None
     if divisor is not None:

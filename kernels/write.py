@@ -120,12 +120,14 @@ def f16_round_up(x):
 @triton.jit
 def scaled_norm(x, sel):
     """Row norms of x over the columns where ``sel``, computed as m·sqrt(Σ (x/m)²), m = max|x|:
-    squares cannot underflow (or overflow); ≥ m; not yet inflated or rounded."""
+    squares cannot underflow (or overflow); ≥ m; not yet inflated or rounded. A NaN entry gives NaN (the GPU's max
+    drops a NaN operand: the reduction's m does, so the last max keeps the sum's NaN explicitly; run B8, 2026-12-06:
+    a NaN key input stored a finite witness on the H100, 0.039, where the interpreter stored NaN)."""
     xm = tl.where(sel, x, 0.0)
     am = tl.max(tl.abs(xm), axis=1)
     safe = tl.where(am > 0, am, 1.0)
     y = xm / safe[:, None]
-    return tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)) * am, am)
+    return tl.maximum(tl.sqrt(tl.sum(y * y, axis=1)) * am, am, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -278,15 +280,17 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
         y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-        # saturated at the format's largest finite code by the cast itself: on sm_90 Triton lowers float32 → fp8e4nv /
-        # fp8e5 to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as ``witcert.schemes`` on any
-        # torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py pins the instruction). No clip
-        # before it: every explicit one (nested tl.where, min / max with or without NaN propagation, tl.clamp) made the
-        # H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to an order of
-        # magnitude, growing with the program id; runs A5 and B3, 2026-12-06, bench/results/2026-12-06c/). Below
-        # sm_90 (not run here): sm_89's e4m3 cast goes through fp16 to the same satfinite cvt; e5m2 on sm_80 / sm_89
-        # is Triton's software conversion, with no satfinite: an overflow there may store ±inf, a non-finite witness
-        # that flags the row (sound, but not the reference's code)
+        # saturated at the format's largest finite code by the cast itself: on sm_90 Triton (3.6.0 and 3.7.1) lowers
+        # float32 → fp8e4nv / fp8e5 to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as
+        # ``witcert.schemes`` on any torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py requires
+        # the cast's operand to be this division). No clip before it: every explicit one tried (nested tl.where in A5;
+        # min / max, with NaN propagation, tl.clamp, min / max then an fp16 trip for e4m3 in B3; min / max for e5m2)
+        # made the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to two orders
+        # of magnitude either way, growing with the program id; bench/results/2026-12-06c/). Below sm_90 (read in the
+        # PTX, not run): for sm_89 Triton 3.7.1 rounds to fp16 first, then the satfinite cvt (a double rounding: a
+        # code can differ from the reference's where y is not exact in fp16, the scaled scheme's; the witness is the
+        # stored code's, so sound), and 3.6.0 converts e5m2 in software, with no satfinite (an overflow may store
+        # ±inf: a non-finite witness that flags the row)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh

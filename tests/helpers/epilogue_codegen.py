@@ -7,6 +7,7 @@ without ``TRITON_INTERPRET`` (under it a jitted function is an interpreter objec
 decode (D 128, 4 splits, GQ 4, sketch weights; captured from ``kernels.epilogue.merge``)."""
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -96,22 +97,30 @@ def _write_kernel_fp8(scheme):
 
 
 #: the fp8 write's saturation is its cast's (``kernels.write._fp8_codes``): PTX's satfinite conversion of each format,
-#: with no clip against ±code_max before it (an explicit clip miscompiled on the H100, runs A5 / B3)
+#: fed by the division by the scale and nothing else (any clip between them miscompiled on the H100, runs A5 / B3)
 SATFINITE = {"fp8_e4m3": "cvt.rn.satfinite.e4m3x2.f32", "fp8_e4m3_scaled": "cvt.rn.satfinite.e4m3x2.f32",
              "fp8_e5m2": "cvt.rn.satfinite.e5m2x2.f32"}
-#: ±448 and ±57344 as PTX float32 immediates (a min / max against one is a clip)
-CODE_MAX_IMMEDIATES = ("0f43E00000", "0fC3E00000", "0f47600000", "0fC7600000")
 
 
 def _check_saturating_cast(name: str, ptx: str) -> None:
-    """Raise unless the write's PTX converts with its format's satfinite cvt and never clips at ±code_max."""
+    """Raise unless the write's PTX converts with its format's satfinite cvt and every operand of those casts is
+    defined by a ``div.rn.f32`` (x / s): a clip in any form (min / max, ``min.xorsign.abs`` from ``tl.clamp``,
+    ``selp`` from a nested ``tl.where``, an fp16 round trip) would define them instead."""
     scheme = name[name.index("[") + 1:-1]
-    if SATFINITE[scheme] not in ptx:
+    lines = ptx.splitlines()
+    casts = [line for line in lines if SATFINITE[scheme] in line]
+    if not casts:
         raise AssertionError(f"{SATFINITE[scheme]} not in the PTX: the fp8 codes would not saturate at code_max")
-    clips = [line.strip() for line in ptx.splitlines()
-             if line.strip().startswith(("min.", "max.")) and any(imm in line for imm in CODE_MAX_IMMEDIATES)]
-    if clips:
-        raise AssertionError(f"a clip at ±code_max ({clips}) before the cast")
+    defs: dict[str, list[str]] = {}
+    for line in lines:
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+(%r\d+)\s*,", line)
+        if m:
+            defs.setdefault(m.group(2), []).append(m.group(1))
+    for line in casts:
+        for reg in re.findall(r"%r\d+\b", line.split(SATFINITE[scheme], 1)[1]):
+            if defs.get(reg) != ["div.rn.f32"]:
+                raise AssertionError(f"the cast's operand {reg} is defined by {defs.get(reg)}, not the division alone: "
+                                     f"a clip before the cast ({line.strip()})")
 
 
 def main(argv: list[str]) -> int:
