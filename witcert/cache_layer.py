@@ -125,12 +125,17 @@ class WitCertLayer(CacheLayerMixin):
         from kernels.paged import PagedKV
         from kernels.repair import RepairOverlay
 
+        from .selftest import check_write_kernel
+
         o = self.owner
         self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
                                       per_token_witness=True, model_dtype=self.dtype, device=self.device,
                                       seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
                                       weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]),
                                       head_levels=o.kernel_head_levels)
+        # the compiled write on this device, once per configuration and process (witcert.selftest: a canary's
+        # stored witnesses against its stored codes; raises rather than meter with unsound witnesses)
+        check_write_kernel(self.paged, self.dtype)
         self.block_table = torch.arange(Bsz * per_seq, dtype=torch.int32, device=self.device).view(Bsz, per_seq)
         # the overlay: the gate's repaired pages, and a block scheme's partial last page (held exact)
         if o.gate is not None or o.scheme in BLOCK_SCHEMES:
