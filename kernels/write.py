@@ -418,7 +418,9 @@ def _group_witnesses(waddr, r, xh, gid, rmask, INFL: tl.constexpr, FLOOR: tl.con
         _store_up(waddr + g, ng, rmask, PER_TOKEN)
 
 
-@triton.jit
+# N, seed and layer are not specialized on (a value of 1 or a multiple of 16 would compile its own binary): every
+# call of a configuration runs one binary, the one ``witcert.selftest`` checks with its canary
+@triton.jit(do_not_specialize=["N", "seed", "layer"])
 def _write_kernel(
     K, V, SLOT, POS, GID,
     KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, EK, EV, PK, PV, SK, WGT,

@@ -125,7 +125,7 @@ class WitCertLayer(CacheLayerMixin):
         from kernels.paged import PagedKV
         from kernels.repair import RepairOverlay
 
-        from .selftest import check_write_kernel
+        from .selftest import check_window_kernel, check_write_kernel
 
         o = self.owner
         self.paged = PagedKV.allocate(Bsz * per_seq, H, D, scheme=o.scheme, block_size=o.block_size, num_groups=1,
@@ -145,6 +145,7 @@ class WitCertLayer(CacheLayerMixin):
             from kernels.exact_window import ExactWindow
 
             self.win = ExactWindow.allocate(Bsz, H, D, self.dtype, *o.window, device=self.device)
+            check_window_kernel(self.win, self.dtype)
         held = o._storage.storage
         if o.cuda_graph and held is not None and held.layers[self.layer_idx] is None:
             held.layers[self.layer_idx] = (self.paged, self.block_table, self.win)
