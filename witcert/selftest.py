@@ -31,8 +31,10 @@ log = logging.getLogger("witcert.selftest")
 
 #: configurations already checked in this process (``_key``)
 _CHECKED: set = set()
-#: the canary's pages: 8 × 16 tokens, 32 write programs on the GPU, in blocks 2 … 9 in descending order
+#: the canary's pages: 8 × 16 tokens, 32 write programs on the GPU, in blocks 2 … 9 in descending order; at least
+#: 32 tokens whatever the block size
 CANARY_PAGES = 8
+CANARY_MIN_TOKENS = 32
 
 
 class WriteSelfTestError(RuntimeError):
@@ -112,7 +114,8 @@ def check_write_kernel(cache, dtype: torch.dtype) -> WriteSelfTest | None:
     from .cache_kernel import served_kv, served_sketch
 
     H, D, T, dev = cache.num_kv_heads, cache.head_dim, cache.block_size, cache.k_codes.device
-    P = CANARY_PAGES
+    N = max(CANARY_PAGES * T, CANARY_MIN_TOKENS)  # (SGLang's side: T = 1)
+    P = -(-N // T)
     N = P * T
     c = PagedKV.allocate(P + 2, H, D, scheme=cache.scheme, block_size=T, num_groups=cache.num_groups,
                          per_token_witness=cache.per_token_witness, model_dtype=dtype, device=dev, seed=cache.seed,

@@ -337,10 +337,12 @@ def _side_for(pool_like_buffer: torch.Tensor, layer_id: int, dtype: torch.dtype)
                          mismatched=torch.zeros((), dtype=torch.int64, device=dev))
         if STATE.scheme != "sglang":
             from kernels.paged import PagedKV
+            from witcert.selftest import check_write_kernel
 
+            md = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
             side.ours = PagedKV.allocate(size + 1, H, D, scheme=STATE.scheme, block_size=1, num_groups=STATE.num_groups,
-                                         model_dtype=dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16,
-                                         device=dev, layer=layer_id)
+                                         model_dtype=md, device=dev, layer=layer_id)
+            check_write_kernel(side.ours, md)  # once per configuration and process (witcert.selftest)
         STATE.layers[key] = side
     STATE.by_buffer[key] = side.layer_id
     return side
