@@ -164,8 +164,8 @@ def check_write_kernel(cache, dtype: torch.dtype) -> WriteSelfTest | None:
             f"WitCert's write kernel failed its self-check on {name} (Triton {triton.__version__}, torch "
             f"{torch.__version__}; scheme {cache.scheme}, head dim {D}, model dtype {dtype}, configuration {key}): "
             f"the stored {field} of canary token {tok}, kv head {head} is {worst:.3g}× the norm it bounds, so the meter "
-            f"would not be sound here. Use WitCertCache(backend='reference'), or report it with these versions "
-            f"(witcert/selftest.py)")
+            f"would not be sound here. Use the reference path (WitCertCache(backend='reference'); in SGLang "
+            f"scheme='sglang'), or report it with these versions (witcert/selftest.py)")
     _CHECKED.add(key)
     log.info("write kernel self-check passed: %s (worst witness / norm %.4g over %d tokens × %d kv heads)",
              key, worst, N, H)
