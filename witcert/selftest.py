@@ -51,6 +51,13 @@ class WriteSelfTest:
     worst_ratio: float
 
 
+def _logged(message: str) -> WriteSelfTestError:
+    """The error, logged first: a caller that keeps serving on it (the SGLang adapter leaves the layer unmetered)
+    still leaves the reason in the log, not only in a counter."""
+    log.error(message)
+    return WriteSelfTestError(message)
+
+
 def _key(cache, dtype: torch.dtype) -> tuple:
     """What the write kernel is compiled for (``kernels.write.write_kv``'s constexprs) and where it runs."""
     dev = cache.k_codes.device
@@ -160,7 +167,7 @@ def check_write_kernel(cache, dtype: torch.dtype) -> WriteSelfTest | None:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
         import triton
 
-        raise WriteSelfTestError(
+        raise _logged(
             f"WitCert's write kernel failed its self-check on {name} (Triton {triton.__version__}, torch "
             f"{torch.__version__}; scheme {cache.scheme}, head dim {D}, model dtype {dtype}, configuration {key}): "
             f"the stored {field} of canary token {tok}, kv head {head} is {worst:.3g}× the norm it bounds, so the meter "
@@ -205,7 +212,7 @@ def check_window_kernel(win, dtype: torch.dtype) -> WriteSelfTest | None:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
         import triton
 
-        raise WriteSelfTestError(
+        raise _logged(
             f"WitCert's exact-window write failed its self-check on {name} (Triton {triton.__version__}, torch "
             f"{torch.__version__}; window ({win.sink}, {win.recent}), head dim {D}, model dtype {dtype}): {what}, so "
             f"the meter would not be sound here. Use WitCertCache(backend='reference'), or report it with these "

@@ -27,7 +27,7 @@ def test_our_scheme_side_checks_its_write(monkeypatch):
     assert key[0] == "int8" and key[3] == 1  # (scheme, …, block size 1)
 
 
-def test_a_faulty_write_stops_the_first_recorded_write(monkeypatch):
+def test_a_faulty_write_stops_the_first_recorded_write(monkeypatch, caplog):
     monkeypatch.setattr(ST, "_CHECKED", set())
     real = W.write_kv
 
@@ -42,3 +42,6 @@ def test_a_faulty_write_stops_the_first_recorded_write(monkeypatch):
     # … but the layer has no witness side: its decodes are served unmetered and counted, with the reason
     assert ws.side_of(pool.k_buffer[0]) is None and not ST._CHECKED
     assert any("WriteSelfTestError" in why and "scheme int8" in why for why in ws.STATE.unmetered)
+    # and logged as an error, not only counted
+    assert any(r.levelname == "ERROR" and r.name == "witcert.selftest" and "self-check" in r.getMessage()
+               for r in caplog.records)
