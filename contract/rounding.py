@@ -50,9 +50,9 @@ def round_up_to_dtype(t: torch.Tensor, dtype: torch.dtype, check: bool = True) -
 
 
 def saturate(x: torch.Tensor, code_max: float) -> torch.Tensor:
-    """x clipped to [−code_max, code_max], NaN kept (``contract.schemes`` ``code_max``: the raw fp8 casts saturate on
-    every path — here for the reference and the interpreter's precoded codes, by the GPU's own satfinite cast on sm_90
-    (``kernels.write._fp8_codes``, which says what differs below) — whatever torch's own cast does with an out-of-range float)."""
+    """x clipped to [−code_max, code_max], NaN kept (``contract.schemes`` ``code_max``): the raw fp8 casts saturate on
+    every path, here for the reference and the interpreter's precoded codes, on sm_90 by the GPU's own satfinite cast
+    (``kernels.write._fp8_codes``, which says what differs below), whatever torch's own cast does out of range."""
     return torch.where(x > code_max, code_max, torch.where(x < -code_max, -code_max, x))
 
 

@@ -23,9 +23,6 @@ KIVI2_ID = tl.constexpr(kernel_id("kivi2"))
 
 #: fp8_e4m3_scaled: s = the smallest fp16 with s·448 ≥ max|x|
 FP8_SCALED_DIVISOR = tl.constexpr(float(SCHEMES["fp8_e4m3_scaled"].divisor))
-#: the raw fp8 casts' saturation (``contract.schemes`` ``code_max``): the largest finite e4m3fn / e5m2 code
-FP8_E4M3_MAX = tl.constexpr(float(SCHEMES["fp8_e4m3"].code_max))
-FP8_E5M2_MAX = tl.constexpr(float(SCHEMES["fp8_e5m2"].code_max))
 #: int4_group: s = the smallest fp16 with s·15 ≥ max − z (codes 0 … 15)
 INT4_DIVISOR = tl.constexpr(float(SCHEMES["int4_group"].divisor))
 #: kivi2: s = the smallest fp16 with s·3 ≥ max − z (codes 0 … 3), keys per channel of a page,

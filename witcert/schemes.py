@@ -168,7 +168,8 @@ def _fp8_raw(dtype, code_max):
 
 
 def _fp8_e4m3_scaled(x, ctx):
-    codes, s = fp8_codes(x, torch.float8_e4m3fn, FP8_E4M3_MAX, FP8_E4M3_MAX)  # (|x/s| ≤ 448 by the rounded-up s)
+    row = SCHEMES["fp8_e4m3_scaled"]  # (|x/s| ≤ 448 by the rounded-up s; the saturation is for a NaN / inf row)
+    codes, s = fp8_codes(x, torch.float8_e4m3fn, row.code_max, row.divisor)
     return codes.to(torch.float32) * s, {"codes": codes, "scale": s[..., 0]}
 
 

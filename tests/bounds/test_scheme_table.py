@@ -57,10 +57,10 @@ def test_consumers_read_the_table():
     assert {n: I.__dict__[n.upper() + "_ID"].value for n in P.SCHEME_IDS} == P.SCHEME_IDS
     assert (I.INT4_DIVISOR.value, I.FP8_SCALED_DIVISOR.value, I.GROUP.value, I.KIVI2_DIVISOR.value) == (15.0, 448.0, 32, 3.0)
     assert (W.KERNEL_DITHER_DIVISOR, W.KERNEL_INT8_DIVISOR) == (126.5, 127.0)
-    # the raw fp8 casts' saturation: the code dtype's largest finite value, in the table and the kernels' constexprs
+    # the raw fp8 casts' saturation: the code dtype's largest finite value (the GPU write saturates there by its own
+    # satfinite cast, which the sm_90 codegen test requires; no kernel constant)
     assert {n: r.code_max for n, r in T.SCHEMES.items() if r.code_max is not None} == {
         n: float(torch.finfo(P.CODE_DTYPES[n]).max) for n in ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled")}
-    assert (I.FP8_E4M3_MAX.value, I.FP8_E5M2_MAX.value) == (448.0, 57344.0)
     assert (S.INT8_DITHER_DIVISOR, S.INT8_DIVISOR, S.FP8_E4M3_MAX, S.INT4_DIVISOR, S.KIVI2_DIVISOR) == (
         126.5, 127.0, 448.0, 15.0, 3.0)
     assert C.BLOCK_SCHEMES is T.BLOCK_SCHEMES
