@@ -102,6 +102,7 @@ class WitCertLayer(CacheLayerMixin):
         self.paged = None
         self.rep = None  # kernel path, gated: the repaired pages (kernels.repair.RepairOverlay)
         self.win = None  # kernel path: the exact window's rings (kernels.exact_window.ExactWindow)
+        self.decode_checked = None  # kernel path: the launch last checked by witcert.selftest_decode (its memo)
         if o.use_kernel(self.device, Bsz, self.dtype):
             per_seq = -(-o.max_tokens // o.block_size)
             kept = self._pooled_storage(Bsz, per_seq) if o.cuda_graph else None
