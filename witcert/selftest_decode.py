@@ -26,8 +26,10 @@ The canary: two sequences (a few pages past the exact window, not whole pages), 
 pages in permuted blocks, written by the write kernel (itself self-checked), the exact window's rings written as the
 cache writes them, a random query in the model's dtype at the caller's softmax scale, the tilt on every row. Once per
 configuration and process; never inside a CUDA-graph capture (logged); raises ``DecodeSelfTestError`` (logged first).
-Not part of the canary: the gate's repaired-page overlay (HAS_REP; kivi2's cache always has one), the graphed step's
-deferred tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's CSR rows.
+Where the caller reads a repaired-page overlay with pages in it (a gated cache after a page-in; kivi2's held partial
+page), the canary pages in one page of each sequence (HAS_REP); where it passes a padding mask, the canary masks the
+front of its second sequence (HAS_MASK). Not part of the canary: the graphed step's deferred
+tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's CSR rows.
 
     check_decode_kernel(...) → DecodeSelfTest | None (None: already checked, or skipped in a capture)
 """
@@ -50,6 +52,8 @@ log = logging.getLogger("witcert.selftest")
 _CHECKED: set = set()
 #: the canary's sequences: this many pages past the exact window, less a few tokens (a partial last page)
 CANARY_EXTRA_PAGES = (3, 1)
+#: masked tokens at the front of the canary's second sequence when the caller passes a padding mask (HAS_MASK)
+CANARY_PADDING = 3
 #: the fractional supremum's branch-and-bound tolerance, subtracted from it (the conformance suite's)
 SUP_TOL = 2.0**-14
 #: float64 evaluation slack of the lower check (the conformance suite's; the kernel's own slack is far larger)
@@ -83,13 +87,15 @@ def split_class(num_splits: int) -> int:
     return 1 if num_splits == 1 else 16 if num_splits % 16 == 0 else 2
 
 
-def decode_key(paged, plan, q_dtype: torch.dtype, window) -> tuple:
+def decode_key(paged, plan, q_dtype: torch.dtype, window, repair=None, masked: bool = False) -> tuple:
     """What the decode is compiled for: the cache's configuration, the plan (tile, kernel variant; the split count's
-    ``split_class``), the query dtype, the window and the device."""
+    ``split_class``), the query dtype, the window, whether a repaired-page overlay (HAS_REP) and a padding mask
+    (HAS_MASK) are read, and the device."""
     dev = paged.k_codes.device
     win = None if window is None or window.columns == 0 else (window.sink, window.recent)
     return (paged.scheme, paged.head_dim, paged.num_kv_heads, paged.block_size, paged.num_groups,
             paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, str(q_dtype), win,
+            repair is not None and repair.count > 0, bool(masked),
             dataclasses.replace(plan, num_splits=split_class(plan.num_splits)), dev.type, dev.index)
 
 
@@ -110,10 +116,10 @@ def _keys(N: int, H: int, D: int, dtype: torch.dtype, seed: int) -> torch.Tensor
     return x.to(dtype)
 
 
-def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, int]) -> np.ndarray:
+def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, int], repaired=None) -> np.ndarray:
     """float64 radii [Hq, n] of sequence b: the sketch radius in the kernel's form (a sketch or channel weights; shared
     by a kv head's query heads, or per head with ``head_levels``) or the group radius, from the canary's stored
-    witnesses (and sketch), 0 on the window's tokens."""
+    witnesses (and sketch), 0 on the window's tokens and on ``repaired`` ones ([n] bool, every kv head)."""
     from . import bounds as B
     from .cache_kernel import served_sketch
 
@@ -125,6 +131,8 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
     off = j % T if c.per_token_witness else torch.zeros_like(j)
     W = c.k_wit[blk, :, off].double().cpu().numpy()  # [n, H, G]
     exact = B.window_mask(n, win) if sum(win) else np.zeros(n, dtype=bool)
+    if repaired is not None:
+        exact = exact | repaired
     qd = q.double().cpu().numpy().reshape(H, GQ, -1)
     out = np.zeros((H, GQ, n))
     if c.weighted:
@@ -145,12 +153,15 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
 
 
 def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_heads: int, window=None,
-                        delta_step: float | None = None) -> DecodeSelfTest | None:
+                        delta_step: float | None = None, repair=None, masked: bool = False) -> DecodeSelfTest | None:
     """Check the metered decode for ``paged``'s configuration (a ``kernels.paged.PagedKV``), launched with ``plan``
     (``kernels.plan.DecodePlan``) on ``q_heads`` query heads of ``q_dtype`` at softmax scale ``sm_scale``, with the
-    exact ``window`` (``kernels.exact_window.ExactWindow`` or None) and Tier B's ``delta_step``, once per configuration
-    and process; raise ``DecodeSelfTestError`` where a row's bound is below the float64 check (module doc)."""
-    key = decode_key(paged, plan, q_dtype, window)
+    exact ``window`` (``kernels.exact_window.ExactWindow`` or None), Tier B's ``delta_step`` and the caller's
+    repaired-page overlay ``repair`` (``kernels.repair.RepairOverlay`` or None: with pages in it, the canary pages in
+    one page of each sequence too) and whether the caller passes a padding mask (``masked``: the canary's second
+    sequence then has CANARY_PADDING masked tokens in front), once per configuration and process; raise
+    ``DecodeSelfTestError`` where a row's bound is below the float64 check (module doc)."""
+    key = decode_key(paged, plan, q_dtype, window, repair, masked)
     if key in _CHECKED:
         return None
     dev = paged.k_codes.device
@@ -161,6 +172,7 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     from kernels.exact_window import ExactWindow
     from kernels.paged import PagedKV
     from kernels.plan import plan_decode
+    from kernels.repair import RepairOverlay
     from kernels.write import write_kv
 
     from . import bounds as B
@@ -190,15 +202,28 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
         write_kv(c, k, v, bt, seq, pos, store_exact=False)
         if rings is not None:
             rings.write(seq, pos, k, v, n)
+    ov, repaired = None, [None, None]
+    if repair is not None and repair.count > 0:  # one page of each sequence served exact from an overlay (HAS_REP)
+        ov = RepairOverlay.allocate(nb, H, T, D, q_dtype, device=dev).bind(c)
+        for b, (n, (k, v)) in enumerate(zip(lens, exact)):
+            pg = min(1, pages[b] - 1)
+            lo, hi = pg * T, min((pg + 1) * T, n)
+            for h in range(H):
+                ov.page_in(int(bt[b, pg]), h, k[lo:hi, h], v[lo:hi, h])
+            repaired[b] = (np.arange(n) >= lo) & (np.arange(n) < hi)
     q = (torch.randn(2, q_heads, D, generator=torch.Generator().manual_seed(7))).to(q_dtype).to(dev)
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    tm = None
+    if masked:  # left padding on the second sequence, as a batch's shorter prompt has it
+        tm = torch.ones(2, bt.shape[1] * T, dtype=torch.bool, device=dev)
+        tm[1, :CANARY_PADDING] = False
     # the caller's tile and split count; the variant follows the canary's cache, window and Tier B (as the caller's)
     cplan = plan_decode(c, 2, q_heads, q_dtype, dev, bt.shape[1] * T, meter=True, levels=plan.levels,
-                        delta_step=delta_step, window=rings, num_splits=plan.num_splits, tile=plan.tile)
+                        delta_step=delta_step, repair=ov, window=rings, num_splits=plan.num_splits, tile=plan.tile)
     if dataclasses.replace(cplan, pages_per_tile=plan.pages_per_tile, auto_tile=plan.auto_tile) != plan:
         log.info("decode self-check: the canary's plan differs from the caller's (%s against %s)", cplan, plan)
     out = decode(c, q, bt, sl, sm_scale=sm_scale, meter=True, plan=cplan, delta_step=delta_step, tilt_above=-1.0,
-                 window=rings, store_dtype=q_dtype)
+                 token_mask=tm, repair=ov, window=rings, store_dtype=q_dtype)
     rec = out.meter
     tv_k = rec.tv_upper_a.double().cpu().numpy()
     err_k = rec.out_err_upper.double().cpu().numpy()
@@ -207,14 +232,15 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     GQ = q_heads // H
     margins, tv_ratios, ratios, fails = [], [], [], []
     for b, (n, (k, v)) in enumerate(zip(lens, exact)):
-        kh, _ = served_kv(c, bt, n, rows=torch.tensor([b]), window=None if rings is None else rings)
+        kh, _ = served_kv(c, bt, n, repair=ov, rows=torch.tensor([b]), window=rings)
         kh = kh[0].repeat_interleave(GQ, dim=0)  # [Hq, n, D]
         kx = k.double().movedim(0, 1).repeat_interleave(GQ, dim=0)
         vx = v.double().movedim(0, 1).repeat_interleave(GQ, dim=0)
         qq = q[b].double()
-        p_hat = torch.softmax(sm_scale * torch.einsum("hd,hnd->hn", qq, kh), -1)
-        p = torch.softmax(sm_scale * torch.einsum("hd,hnd->hn", qq, kx), -1)
-        eps = _radius(c, bt, b, n, q[b], sm_scale, win)
+        live = torch.ones(n, dtype=torch.bool, device=dev) if tm is None else tm[b, :n]
+        p_hat = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kh)).masked_fill(~live, -torch.inf), -1)
+        p = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kx)).masked_fill(~live, -torch.inf), -1)
+        eps = _radius(c, bt, b, n, q[b], sm_scale, win, repaired[b]) * live.cpu().numpy()
         sup = B.tv_bound_tilt(p_hat.cpu().numpy(), eps, tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
         real = (0.5 * (p - p_hat).abs().sum(-1)).cpu().numpy()
         err = (torch.einsum("hn,hnd->hd", p, vx) - served[b]).norm(dim=-1).cpu().numpy()

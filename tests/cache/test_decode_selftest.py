@@ -19,6 +19,7 @@ import kernels.decode as KD  # noqa: E402
 from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.plan import plan_decode  # noqa: E402
+from kernels.repair import RepairOverlay  # noqa: E402
 from witcert import selftest_decode as SD  # noqa: E402
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
@@ -32,14 +33,25 @@ def _fresh(monkeypatch):
 
 
 def _case(scheme="int8", bits=2, weights=True, window=(4, 64), head_levels=False, G=1, delta=None, splits=None,
-          qdt=QDT):
-    """(paged, plan, window, delta_step) of a cache configuration as WitCertCache's kernel path allocates it."""
+          qdt=QDT, rep=False, masked=False):
+    """(paged, plan, window, delta_step, overlay, masked) of a cache configuration as WitCertCache's kernel path
+    allocates it (``rep``: an overlay with a page in it, as a gated cache after a page-in or kivi2's held page)."""
     w = 2.0 ** torch.randint(-1, 2, (H, D), generator=torch.Generator().manual_seed(3)).float() if weights else None
     p = PagedKV.allocate(8, H, D, scheme=scheme, num_groups=G, sketch_bits=bits, weights=w, with_exact=False,
                          device=DEV, head_levels=head_levels)
     win = ExactWindow.allocate(2, H, D, qdt, *window, device=DEV) if window else None
-    plan = plan_decode(p, 2, H * GQ, qdt, DEV, 512, meter=True, window=win, delta_step=delta, num_splits=splits)
-    return p, plan, win, delta
+    ov = None
+    if rep:
+        ov = RepairOverlay.allocate(8, H, 16, D, qdt, device=DEV).bind(p)
+        ov.page_in(0, 0, torch.randn(16, D).to(qdt), torch.randn(16, D).to(qdt))
+    plan = plan_decode(p, 2, H * GQ, qdt, DEV, 512, meter=True, window=win, delta_step=delta, num_splits=splits,
+                       repair=ov)
+    return p, plan, win, delta, ov, masked
+
+
+def _check(case):
+    p, plan, win, ds, ov, masked = case
+    return SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds, repair=ov, masked=masked)
 
 
 CASES = {  # the defaults of each scheme on the kernel path, and the forms without a sketch or window
@@ -50,18 +62,23 @@ CASES = {  # the defaults of each scheme on the kernel path, and the forms witho
     "fp8_e5m2 per-head levels": dict(scheme="fp8_e5m2", head_levels=True),
     "int4_group per-head levels": dict(scheme="int4_group", bits=4, head_levels=True),
     "kivi2 per-head levels": dict(scheme="kivi2", bits=4, head_levels=True),
+    # the overlay (HAS_REP: a gated cache after a page-in; kivi2's cache always holds its partial page there) and the
+    # padding mask (HAS_MASK)
+    "int8 sketch window, overlay, padding mask": dict(rep=True, masked=True),
+    "kivi2 overlay": dict(scheme="kivi2", bits=4, head_levels=True, rep=True),
+    "int8 group radius, padding mask": dict(bits=0, weights=False, window=None, masked=True),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_form_passes_once(name):
-    p, plan, win, ds = _case(**CASES[name])
-    r = SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds)
+    case = _case(**CASES[name])
+    r = _check(case)
     assert r is not None and r.rows == 2 * H * GQ
     # every canary row says something (TV⁺ < 1) and the kernel's bound is above the box's supremum, by the binning
     assert r.informative_rows == r.rows and r.worst_tv_margin > 0 and 1.0 < r.worst_tv_ratio < 2.0
     assert 0 < r.worst_err_ratio <= 1.0
-    assert SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds) is None  # once
+    assert _check(case) is None  # once
 
 
 def _patched_decode(monkeypatch, change):
@@ -86,39 +103,37 @@ FAULTS = {  # (the record's change, what the message names)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("name", ["int8 sketch window (shared levels)", "kivi2 per-head levels"])
+@pytest.mark.parametrize("name", ["int8 sketch window (shared levels)", "kivi2 overlay"])
 def test_a_low_bound_is_refused(monkeypatch, name, fault):
     change, named = FAULTS[fault]
     _patched_decode(monkeypatch, change)
-    p, plan, win, ds = _case(**CASES[name])
+    case = _case(**CASES[name])
     with pytest.raises(SD.DecodeSelfTestError, match=named):
-        SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds)
+        _check(case)
     assert not SD._CHECKED  # a failed configuration is checked again next time
 
 
 def test_the_realised_tv_check_is_not_the_only_one(monkeypatch):
     """A TV⁺ lowered to just above the realised TV passes that check but not the supremum's: the lower check reads
     the stored box, not only this canary's realised error."""
-    p, plan, win, ds = _case()
+    case = _case()
     real = KD.decode
-    seen = {}
 
     def low(*a, **kw):
         out = real(*a, **kw)
-        seen["tv"] = out.meter.tv_upper_a.clone()
         out.meter.tv_upper_a.mul_(0.5)
         return out
 
     monkeypatch.setattr(KD, "decode", low)
     with pytest.raises(SD.DecodeSelfTestError) as e:
-        SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds)
+        _check(case)
     assert "fractional supremum" in str(e.value) and "realised TV" not in str(e.value)
 
 
 def test_the_key_follows_the_launch():
     """Another tile, query dtype, window or class of split count (Triton's specialization of an int: 1, a multiple of
     16, other) is another binary: checked again; another split count of the same class is not."""
-    p, plan, win, ds = _case(splits=3)
+    p, plan, win, ds, ov, _ = _case(splits=3)
     assert SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win) is not None
     same = dataclasses.replace(plan, num_splits=5)
     assert SD.check_decode_kernel(p, same, QDT, D ** -0.5, H * GQ, window=win) is None
@@ -127,6 +142,11 @@ def test_the_key_follows_the_launch():
         assert SD.decode_key(p, other, QDT, win) != SD.decode_key(p, plan, QDT, win)
     assert SD.decode_key(p, plan, torch.float16, win) != SD.decode_key(p, plan, QDT, win)
     assert SD.decode_key(p, plan, QDT, None) != SD.decode_key(p, plan, QDT, win)
+    assert SD.decode_key(p, plan, QDT, win, masked=True) != SD.decode_key(p, plan, QDT, win)
+    ov = RepairOverlay.allocate(8, H, 16, D, QDT, device=DEV).bind(p)
+    assert SD.decode_key(p, plan, QDT, win, ov) == SD.decode_key(p, plan, QDT, win)  # an empty overlay: HAS_REP off
+    ov.page_in(0, 0, torch.zeros(4, D, dtype=QDT), torch.zeros(4, D, dtype=QDT))
+    assert SD.decode_key(p, plan, QDT, win, ov) != SD.decode_key(p, plan, QDT, win)
     assert SD.check_decode_kernel(p, dataclasses.replace(plan, num_splits=16), QDT, D ** -0.5, H * GQ,
                                   window=win) is not None
     assert len(SD._CHECKED) == 2
