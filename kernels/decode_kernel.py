@@ -17,7 +17,9 @@ from .decode_tile import _byte_tile, _group_tile, _prefetch_next_tile, _repair_s
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID
 
 
-@triton.jit
+# seed and layer (int8_dither's dither hash) are not specialized: one binary for every layer of a configuration, the
+# one witcert.selftest_decode's canary runs (Triton would otherwise compile layers 1, multiples of 16 and the others apart)
+@triton.jit(do_not_specialize=["seed", "layer"])
 def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,

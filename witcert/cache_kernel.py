@@ -86,8 +86,6 @@ class KernelPath:
             # validate=False: the cache guarantees 1 ≤ n ≤ the table's capacity (no per-layer host sync);
             # rows: only these sequences, at the whole batch's split count and tile (its smaller grid would
             # pick another tile), so the rows are the whole batch's sums
-            if self.meter:  # (before a gate's re-decode too: a page-in may have turned the overlay on)
-                self._check_decode(layer, q1, sm, ds, plan=plan, masked=token_mask is not None)
             q, bt, lens, tm, win = q1, layer.block_table, sl, token_mask, layer.win
             if rows is not None:
                 q, bt, lens = q1[rows], layer.block_table[rows], sl[rows]
@@ -96,6 +94,8 @@ class KernelPath:
             # ungated, unpadded: the merge writes the model's dtype itself (no cast launch after it)
             o = (torch.empty(q.shape, dtype=query.dtype, device=q.device)
                  if rows is None and gate is None and tm is None else None)
+            if self.meter:  # (before a gate's re-decode too: a page-in may have turned the overlay on)
+                self._check_decode(layer, q, sm, ds, plan=plan, token_mask=tm, out=o)
             # (otherwise the float32 output is cast to the model's dtype below: store_dtype puts that rounding in E⁺)
             return decode(layer.paged, q, bt, lens, sm_scale=sm, meter=self.meter, plan=plan, delta_step=ds,
                           validate=False, token_mask=tm, tilt_above=tilt, repair=layer.rep, window=win, out=o,
@@ -174,7 +174,8 @@ class KernelPath:
         # the merge writes the model's dtype itself (no cast launch per layer); not with a padding mask, whose fully
         # masked rows are zeroed after the merge (decode's out= contract)
         o = None if st.has_mask else torch.empty(q1.shape, dtype=dtype, device=q1.device)
-        self._check_decode(layer, q1, sm, None, num_splits=st.splits, masked=st.has_mask)  # (eager: a capture skips it)
+        self._check_decode(layer, q1, sm, None, num_splits=st.splits, token_mask=st.mask if st.has_mask else None,
+                           out=o)  # (in the eager step: a capture skips it)
         out = decode(layer.paged, q1, layer.block_table, st.lens, sm_scale=sm, meter=True, num_splits=st.splits,
                      validate=False, token_mask=st.mask if st.has_mask else None, tilt_above=self.tilt_above,
                      window=layer.win, out=o, store_dtype=dtype, **defer)
@@ -183,13 +184,17 @@ class KernelPath:
             st.rec[layer.layer_idx].copy_(torch.stack([getattr(r, f).double() for f in GraphedRecords.FIELDS]))
         return out.o[:, None].to(dtype), None
 
-    def _check_decode(self, layer, q1, sm, ds, plan=None, num_splits=None, masked=False):
-        """The compiled metered decode checked on a canary with this launch's configuration before its first use
-        (``witcert.selftest_decode``: once per configuration and process; raises ``DecodeSelfTestError`` rather than
-        meter with a decode whose bound comes out below its float64 check). ``plan`` None: the plan ``decode`` makes
-        for ``num_splits`` (the graphed step's), made only when the layer's memo changes."""
+    def _check_decode(self, layer, q, sm, ds, plan=None, num_splits=None, token_mask=None, out=None):
+        """The compiled metered decode checked on a canary shaped as this launch before it runs
+        (``witcert.selftest_decode``: once per launch configuration and process; raises ``DecodeSelfTestError`` rather
+        than meter with a decode whose bound comes out below its float64 check). ``q``: the decode's query (its batch);
+        ``plan`` None: the plan ``decode`` makes for ``num_splits`` (the graphed step's), made only when the layer's
+        memo changes; ``token_mask`` / ``out``: the decode's."""
         rep_on = layer.rep is not None and layer.rep.count > 0
-        memo = (plan, q1.shape, q1.dtype, ds is None, num_splits, id(layer.paged), id(layer.win), rep_on, masked)
+        mstride = None if token_mask is None else token_mask.stride(0)
+        odt = None if out is None else out.dtype
+        memo = (plan, q.shape, q.dtype, ds is None, num_splits, id(layer.paged), id(layer.win), rep_on, mstride, odt,
+                layer.block_table.shape[1])
         if layer.decode_checked == memo:
             return
         from .selftest_decode import check_decode_kernel
@@ -197,10 +202,12 @@ class KernelPath:
         if plan is None:
             from kernels.plan import plan_call
 
-            plan = plan_call(layer.paged, q1, layer.block_table, num_splits=num_splits, window=layer.win)
-        check_decode_kernel(layer.paged, plan, q1.dtype, sm, q1.shape[1], window=layer.win, delta_step=ds,
-                            repair=layer.rep, masked=masked)
-        layer.decode_checked = memo
+            plan = plan_call(layer.paged, q, layer.block_table, num_splits=num_splits, window=layer.win)
+        check_decode_kernel(layer.paged, plan, q.dtype, sm, q.shape[1], window=layer.win, delta_step=ds,
+                            repair=layer.rep, token_mask=token_mask, batch=q.shape[0],
+                            table_width=layer.block_table.shape[1], out_dtype=odt)
+        if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # (skipped there: not checked)
+            layer.decode_checked = memo
 
     def _kernel_served(self, layer, q1, token_mask, sm, rows=None):
         """Float64 served logits / p̂ of the kernel path for the sequences ``rows``: q [B', Hkv, GQ, 1, D],

@@ -1,5 +1,5 @@
 """A once-per-process check of the compiled metered decode on the device it runs on (the kernel path's
-``WitCertCache`` calls it before a layer's first metered decode of each launch configuration).
+``WitCertCache`` calls it before a layer's decode calls whenever their launch configuration is one it has not checked).
 
 ``witcert.selftest`` checks the write: every witness the kernel stores bounds the norm of the codes it stored. The
 decode then turns those witnesses into TV⁺ and E⁺ through the sketch dot, the key levels, the histogram dots, the
@@ -8,28 +8,39 @@ the L2 prefetch, tensor-core dots whose lowering differs between sm_80, sm_89 an
 that arithmetic on the CPU (the interpreter) and on the GPUs the project has run; a user's GPU, driver or Triton may
 compile it differently, and a bound that comes out low raises nothing.
 
-``check_decode_kernel(paged, plan, q_dtype, sm_scale, q_heads, window=, delta_step=)`` runs the decode on a canary
-with the caller's launch configuration (the plan's tile, split count and kernel variant: the binary the caller is about
-to run; a later split count of the same ``split_class`` is not checked again) and checks every (sequence, query head)
-row against float64, from what the canary's cache stores:
+``check_decode_kernel(paged, plan, q_dtype, sm_scale, q_heads, ...)`` runs the decode on a canary shaped as the
+caller's launch, so that it runs the binaries the caller is about to run: the plan's tile, split count and kernel
+variant, the caller's batch size (the merge's warps follow its rows), block-table width, padding-mask stride, output
+buffer dtype, repaired-page overlay, exact window and Tier B (ints Triton specializes by ``int_class``; the kernel does
+not specialize the cache's seed and layer). It checks the rows of its two distinct sequences against float64, from what the canary's cache
+stores:
 
 * TV⁺ ≥ the fractional supremum of TV over the box of the kernel's radius form before its binning and float32
   inflation: |δ_hj| ≤ c_h (W_j + max_h' |σ⟨q_h', r̃_j⟩| / c_h') (the shared sketch radius, ``bounds.sketch_radius``),
   c_h W_j + |σ⟨q_h, r̃_j⟩| (``head_levels``: ``shared=False``) or σ Σ_g ‖q_g‖ W_g (the group radius, ≤ the kernel's
-  σ‖q‖‖W‖₂; ``bounds.logit_radius``), window tokens radius 0. The kernel's binned box contains it, so a sound kernel
-  is never below its supremum;
+  σ‖q‖‖W‖₂; ``bounds.logit_radius``), window and repaired tokens radius 0. The kernel's binned box contains it, so a
+  sound kernel is never below its supremum; with Tier B (int8_dither and a ``delta_step``) its TV⁺ likewise over the
+  dither radius (``bounds.dither_radius``, with the fewest tokens the union bound could count);
 * the realised TV against exact attention (the canary's exact keys) ≤ TV⁺, and the served output's distance to exact
   attention ≤ E⁺;
-* no row flagged (the canary is finite: a flagged row would be a meter that says nothing).
+* no row flagged (the canary is finite: a flagged row would be a meter that says nothing);
 
-The canary: two sequences (a few pages past the exact window, not whole pages), moderate keys with two outlier channels,
-pages in permuted blocks, written by the write kernel (itself self-checked), the exact window's rings written as the
-cache writes them, a random query in the model's dtype at the caller's softmax scale, the tilt on every row. Once per
-configuration and process; never inside a CUDA-graph capture (logged); raises ``DecodeSelfTestError`` (logged first).
-Where the caller reads a repaired-page overlay with pages in it (a gated cache after a page-in; kivi2's held partial
-page), the canary pages in one page of each sequence (HAS_REP); where it passes a padding mask, the canary masks the
-front of its second sequence (HAS_MASK). Not part of the canary: the graphed step's deferred
-tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's CSR rows.
+and the rows of every other sequence (copies of the two) against theirs, bit for bit: a fault that depends on where a
+program runs in the grid (the fp8 write's was one) shows there.
+
+The canary: its first sequence spans at least two of the caller's tiles per split (up to ``CANARY_MAX_TOKENS``), with a
+page of keys three times larger (larger radii) and a run of keys pointing away from the queries (tiles the sketch's
+cold path may skip); its second is a few pages past the window, with ``CANARY_PADDING`` masked tokens in front when the
+caller passes a mask; moderate keys with two outlier channels, pages in permuted blocks, written by the write kernel,
+the window's rings written as the cache writes them, one page of each sequence in an overlay when the caller's has
+pages, a random query in the model's dtype at the caller's softmax scale, the tilt on every row.
+
+What it does not see (run C4's canary rows and a review's injected faults): a fault lowering TV⁺ by less than ~15 % on
+every row (the canary's smallest TV⁺ / supremum is 1.04-1.17), faults confined to a few tokens or splits, the rounding
+terms Ξ and η (below its resolution), E⁺'s value-side terms (E⁺ is 5-30× the canary's realised output error), Tier B's
+E⁺, the graphed step's deferred tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's
+CSR rows. Once per configuration and process; never inside a CUDA-graph capture (logged); raises
+``DecodeSelfTestError`` (logged first).
 
     check_decode_kernel(...) → DecodeSelfTest | None (None: already checked, or skipped in a capture)
 """
@@ -41,6 +52,7 @@ import logging
 
 import numpy as np
 import torch
+import triton
 
 from contract.schemes import BLOCK_SCHEMES
 
@@ -50,8 +62,11 @@ log = logging.getLogger("witcert.selftest")
 
 #: launch configurations already checked in this process (``decode_key``)
 _CHECKED: set = set()
-#: the canary's sequences: this many pages past the exact window, less a few tokens (a partial last page)
-CANARY_EXTRA_PAGES = (3, 1)
+#: the canary's second sequence: this many pages past the exact window (less a few tokens: a partial last page)
+CANARY_SHORT_PAGES = 1
+#: the first sequence's tokens past the window: two of the caller's tiles per split, at least 3 pages, at most this
+#: many (on the GPU; Triton's interpreter takes the CPU cap)
+CANARY_MAX_TOKENS = {"cuda": 4096, "cpu": 256}
 #: masked tokens at the front of the canary's second sequence when the caller passes a padding mask (HAS_MASK)
 CANARY_PADDING = 3
 #: the fractional supremum's branch-and-bound tolerance, subtracted from it (the conformance suite's)
@@ -67,10 +82,11 @@ class DecodeSelfTestError(WriteSelfTestError):
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSelfTest:
-    """The outcome of one check: the configuration, the canary's rows (sequence × query head), the smallest
-    TV⁺ − max(fractional supremum, realised TV) over them and the smallest TV⁺ / fractional supremum (how far a
-    fault may lower TV⁺ before the check sees it), the largest realised output error / E⁺, and how many rows had
-    TV⁺ < 1 (rows where the check says something)."""
+    """The outcome of one check: the configuration, the canary's rows checked against float64 (two sequences × query
+    heads; the other sequences' rows are compared with theirs), the smallest TV⁺ − max(fractional supremum, realised
+    TV) over them and the smallest TV⁺ / fractional supremum over the rows whose supremum is > 1e-9 (how far a fault may
+    lower TV⁺ before the check sees it; inf without such a row), the largest realised output error / E⁺, and how many
+    rows had TV⁺ < 1 (rows where the check says something; 0 is logged as a warning)."""
 
     key: tuple
     rows: int
@@ -80,40 +96,75 @@ class DecodeSelfTest:
     informative_rows: int
 
 
-def split_class(num_splits: int) -> int:
-    """The split count as the compiled kernels see it: Triton specializes an int argument on being 1 and on being a
-    multiple of 16, so 1, 16 and 2 stand for the three binaries (a decode's split count follows its length: keying on
-    the count itself would check again at every new count, ~50-80 ms each on an H100, run C2)."""
-    return 1 if num_splits == 1 else 16 if num_splits % 16 == 0 else 2
+def int_class(x: int) -> int:
+    """An int argument as a compiled Triton kernel sees it: specialized on being 1 and on being a multiple of 16 (the
+    pinned Triton's and 3.6.0's rule), so 1, 16 and 2 stand for its three binaries."""
+    return 1 if x == 1 else 16 if x % 16 == 0 else 2
 
 
-def decode_key(paged, plan, q_dtype: torch.dtype, window, repair=None, masked: bool = False) -> tuple:
-    """What the decode is compiled for: the cache's configuration, the plan (tile, kernel variant; the split count's
-    ``split_class``), the query dtype, the window, whether a repaired-page overlay (HAS_REP) and a padding mask
-    (HAS_MASK) are read, and the device."""
+def _at_least(x: int, m: int) -> int:
+    """The smallest int ≥ m of ``x``'s ``int_class`` (x itself when x ≥ m)."""
+    if x >= m:
+        return x
+    if int_class(x) == 16:
+        return -(-m // 16) * 16
+    if int_class(x) == 2:
+        return m if int_class(m) == 2 else m + 1
+    return m  # (x = 1: no wider int shares its class)
+
+
+def decode_key(paged, plan, q_dtype: torch.dtype, q_heads: int, window=None, repair=None, token_mask=None,
+               batch: int = 2, table_width: int | None = None, out_dtype: torch.dtype | None = None) -> tuple:
+    """What the decode and its merge are compiled for: the cache's configuration (not its seed and layer: the decode
+    kernel does not specialize them), the plan (tile, kernel variant; the split count's class and its power of two, the merge's SP), the
+    query dtype, the window, the overlay (HAS_REP), the padding mask (HAS_MASK, its stride's class), the batch's class
+    and the merge's warps (they follow its rows), the block table's width class, the output buffer's dtype, the
+    device."""
+    from kernels.epilogue import _sms, merge_warps
+
     dev = paged.k_codes.device
     win = None if window is None or window.columns == 0 else (window.sink, window.recent)
+    S = plan.num_splits
+    sp = triton.next_power_of_2(S)
     return (paged.scheme, paged.head_dim, paged.num_kv_heads, paged.block_size, paged.num_groups,
-            paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, str(q_dtype), win,
-            repair is not None and repair.count > 0, bool(masked),
-            dataclasses.replace(plan, num_splits=split_class(plan.num_splits)), dev.type, dev.index)
+            paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, str(q_dtype), q_heads, win,
+            repair is not None and repair.count > 0,
+            None if token_mask is None else int_class(token_mask.stride(0)),
+            int_class(batch), merge_warps(sp, paged.head_dim, True, batch * q_heads, _sms(dev)),
+            None if table_width is None else int_class(table_width),
+            None if out_dtype is None else str(out_dtype),
+            dataclasses.replace(plan, num_splits=(int_class(S), sp)), dev.type, dev.index)
 
 
-def _canary_lens(T: int, win: tuple[int, int], scheme: str) -> tuple[int, int]:
-    """Two sequence lengths a few pages past the window: partial last pages, except for the block schemes (whole pages
-    per write)."""
+def _lens(T: int, win: tuple[int, int], scheme: str, plan, cap: int) -> tuple[int, int]:
+    """The two distinct sequences' lengths: the first past the window by two of the caller's tiles per split (≥ 3
+    pages, ≤ ``cap`` tokens), the second by ``CANARY_SHORT_PAGES``; partial last pages except for the block schemes
+    (whole pages per write)."""
     base = -(-(win[0] + win[1]) // T) * T
-    if scheme in BLOCK_SCHEMES:
-        return tuple(base + p * T for p in CANARY_EXTRA_PAGES)
-    return tuple(base + p * T - 3 * (i + 1) + 2 for i, p in enumerate(CANARY_EXTRA_PAGES))
+    body = max(3 * T, min(2 * plan.pages_per_tile * T * plan.num_splits, cap))
+    body = -(-body // T) * T
+    lens = (base + body, base + CANARY_SHORT_PAGES * T)
+    return lens if scheme in BLOCK_SCHEMES else (lens[0] - 1, lens[1] - 4)
 
 
-def _keys(N: int, H: int, D: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """[N, H, D] moderate rows with two outlier channels (×4): logits spread enough for a peaked, unsaturated row."""
+def _canary_kv(n: int, H: int, D: int, dtype: torch.dtype, seed: int, q: torch.Tensor | None, T: int,
+               base: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact K, V [n, H, D]: moderate rows with two outlier channels (×4); with ``q`` [Hq, D] (the first sequence) a
+    page of keys ×3 at ``base + T`` and, from the middle, a quarter of the tokens (at least a page) pointing away from
+    the mean query of their kv head (logits far below the row's maximum: tiles the sketch's cold path may take)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, H, D, generator=g)
-    x[..., :2] *= 4
-    return x.to(dtype)
+    k = torch.randn(n, H, D, generator=g)
+    k[..., :2] *= 4
+    v = torch.randn(n, H, D, generator=g)
+    if q is not None:
+        if base + 2 * T <= n:
+            k[base + T: base + 2 * T] *= 3
+        qm = q.float().cpu().view(H, -1, D).mean(1)
+        qm = qm / qm.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        lo = n // 2
+        hi = min(n, lo + max(T, n // 4))
+        k[lo:hi] = -5 * k[lo:hi].norm(dim=-1, keepdim=True) * qm[None] + 0.1 * k[lo:hi]
+    return k.to(dtype), v.to(dtype)
 
 
 def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, int], repaired=None) -> np.ndarray:
@@ -152,21 +203,44 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
     return out.reshape(H * GQ, n)
 
 
+def _tier_b_radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, delta: float, exact: np.ndarray) -> np.ndarray:
+    """float64 Tier B radii [Hq, n] of sequence b (SPEC §5, ``bounds.dither_radius`` with its bias) from the canary's
+    stored key scales, with the union bound over only the compressed live tokens (the kernel counts the whole length:
+    a larger radius), 0 where ``exact``."""
+    from . import bounds as B
+
+    T, H = c.block_size, c.num_kv_heads
+    dev = c.k_codes.device
+    GQ = q.shape[0] // H
+    j = torch.arange(n, device=dev)
+    scales = c.k_scale[bt[b, j // T].long(), :, j % T].double().cpu().numpy()  # [n, H]
+    m = max(1, int(np.sum(~exact)))
+    out = np.zeros((H * GQ, n))
+    for hq in range(H * GQ):
+        qq, s = q[hq].double().cpu().numpy(), scales[:, hq // GQ]
+        out[hq] = B.dither_radius(B.dither_variance_proxy(qq, s, sm), m, delta, bias=B.dither_bias_bound(qq, s, sm))
+    out[:, exact] = 0.0
+    return out
+
+
 def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_heads: int, window=None,
-                        delta_step: float | None = None, repair=None, masked: bool = False) -> DecodeSelfTest | None:
+                        delta_step: float | None = None, repair=None, token_mask=None, batch: int = 2,
+                        table_width: int | None = None, out_dtype: torch.dtype | None = None) -> DecodeSelfTest | None:
     """Check the metered decode for ``paged``'s configuration (a ``kernels.paged.PagedKV``), launched with ``plan``
-    (``kernels.plan.DecodePlan``) on ``q_heads`` query heads of ``q_dtype`` at softmax scale ``sm_scale``, with the
-    exact ``window`` (``kernels.exact_window.ExactWindow`` or None), Tier B's ``delta_step`` and the caller's
-    repaired-page overlay ``repair`` (``kernels.repair.RepairOverlay`` or None: with pages in it, the canary pages in
-    one page of each sequence too) and whether the caller passes a padding mask (``masked``: the canary's second
-    sequence then has CANARY_PADDING masked tokens in front), once per configuration and process; raise
-    ``DecodeSelfTestError`` where a row's bound is below the float64 check (module doc)."""
-    key = decode_key(paged, plan, q_dtype, window, repair, masked)
+    (``kernels.plan.DecodePlan``) on ``batch`` sequences of ``q_heads`` query heads of ``q_dtype`` at softmax scale
+    ``sm_scale``, with the exact ``window`` (``kernels.exact_window.ExactWindow`` or None), Tier B's ``delta_step``, the
+    repaired-page overlay ``repair`` (``kernels.repair.RepairOverlay`` or None), the padding mask ``token_mask`` (the
+    caller's, or None), a block table ``table_width`` pages wide and an output buffer of ``out_dtype`` (None: float32,
+    cast by the caller), once per configuration (``decode_key``) and process; raise ``DecodeSelfTestError`` where a row
+    fails the float64 check (module doc)."""
+    if token_mask is not None:
+        out_dtype = None  # (decode writes a caller's buffer only without a mask)
+    key = decode_key(paged, plan, q_dtype, q_heads, window, repair, token_mask, batch, table_width, out_dtype)
     if key in _CHECKED:
         return None
     dev = paged.k_codes.device
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        log.info("decode self-check skipped inside a CUDA-graph capture: %s", key[:11])
+        log.info("decode self-check skipped inside a CUDA-graph capture: %s", key[:14])
         return None
     from kernels.decode import decode
     from kernels.exact_window import ExactWindow
@@ -179,59 +253,75 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     from .cache_kernel import served_kv
 
     H, D, T = paged.num_kv_heads, paged.head_dim, paged.block_size
+    GQ = q_heads // H
+    Bc = max(2, batch)
     win = (0, 0) if window is None or window.columns == 0 else (window.sink, window.recent)
-    lens = _canary_lens(T, win, paged.scheme)
+    base = -(-(win[0] + win[1]) // T) * T
+    lens = _lens(T, win, paged.scheme, plan, CANARY_MAX_TOKENS["cuda" if dev.type == "cuda" else "cpu"])
     pages = [-(-n // T) for n in lens]
-    nb = sum(pages) + 2
+    seq_pages = [pages[b % 2] for b in range(Bc)]
+    nb = sum(seq_pages) + 2
     c = PagedKV.allocate(nb, H, D, scheme=paged.scheme, block_size=T, num_groups=paged.num_groups,
                          per_token_witness=paged.per_token_witness, model_dtype=q_dtype, device=dev, seed=paged.seed,
                          layer=paged.layer, with_exact=False, sketch_bits=paged.sketch_bits,
                          weights=paged.weights if paged.has_weights else None, head_levels=paged.head_levels)
     c.group_id = paged.group_id.clone()  # the caller's channel groups (RoPE bands)
-    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(5))
-    bt = torch.zeros(2, max(pages), dtype=torch.int32)
-    bt[0, : pages[0]] = perm[: pages[0]].int()
-    bt[1, : pages[1]] = perm[pages[0]: pages[0] + pages[1]].int()
+    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(5)).int()
+    W = max(pages) if table_width is None else _at_least(table_width, max(pages))
+    bt = torch.zeros(Bc, W, dtype=torch.int32)
+    first = 0
+    for b in range(Bc):
+        bt[b, : seq_pages[b]] = perm[first: first + seq_pages[b]]
+        first += seq_pages[b]
     bt = bt.to(dev)
-    exact = [(_keys(n, H, D, q_dtype, 11 + b).to(dev), _keys(n, H, D, q_dtype, 21 + b).to(dev))
-             for b, n in enumerate(lens)]
-    rings = ExactWindow.allocate(2, H, D, q_dtype, *win, device=dev) if sum(win) else None
-    for b, (n, (k, v)) in enumerate(zip(lens, exact)):
-        seq = torch.full((n,), b, dtype=torch.long, device=dev)
-        pos = torch.arange(n, device=dev)
-        write_kv(c, k, v, bt, seq, pos, store_exact=False)
+    q = torch.randn(Bc, q_heads, D, generator=torch.Generator().manual_seed(7)).to(q_dtype)
+    q[2:] = q[torch.arange(2, Bc) % 2]  # copies of the two distinct sequences
+    q = q.to(dev)
+    exact = [tuple(t.to(dev) for t in _canary_kv(lens[0], H, D, q_dtype, 11, q[0], T, base)),
+             tuple(t.to(dev) for t in _canary_kv(lens[1], H, D, q_dtype, 12, None, T, base))]
+    rings = ExactWindow.allocate(Bc, H, D, q_dtype, *win, device=dev) if sum(win) else None
+    for par in (0, 1):
+        n, (k, v) = lens[par], exact[par]
+        seqs = torch.arange(par, Bc, 2, device=dev)
+        seq = seqs.repeat_interleave(n)
+        pos = torch.arange(n, device=dev).repeat(len(seqs))
+        kk, vv = k.repeat(len(seqs), 1, 1), v.repeat(len(seqs), 1, 1)
+        write_kv(c, kk, vv, bt, seq, pos, store_exact=False)
         if rings is not None:
-            rings.write(seq, pos, k, v, n)
-    ov, repaired = None, [None, None]
+            rings.write(seq, pos, kk, vv, n)
+    ov, repaired = None, [np.zeros(n, dtype=bool) for n in lens]
     if repair is not None and repair.count > 0:  # one page of each sequence served exact from an overlay (HAS_REP)
         ov = RepairOverlay.allocate(nb, H, T, D, q_dtype, device=dev).bind(c)
-        for b, (n, (k, v)) in enumerate(zip(lens, exact)):
-            pg = min(1, pages[b] - 1)
+        for b in range(Bc):
+            n, (k, v) = lens[b % 2], exact[b % 2]
+            pg = min(1, pages[b % 2] - 1)
             lo, hi = pg * T, min((pg + 1) * T, n)
             for h in range(H):
                 ov.page_in(int(bt[b, pg]), h, k[lo:hi, h], v[lo:hi, h])
-            repaired[b] = (np.arange(n) >= lo) & (np.arange(n) < hi)
-    q = (torch.randn(2, q_heads, D, generator=torch.Generator().manual_seed(7))).to(q_dtype).to(dev)
-    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+            repaired[b % 2] = (np.arange(n) >= lo) & (np.arange(n) < hi)
+    sl = torch.tensor([lens[b % 2] for b in range(Bc)], dtype=torch.int32, device=dev)
     tm = None
-    if masked:  # left padding on the second sequence, as a batch's shorter prompt has it
-        tm = torch.ones(2, bt.shape[1] * T, dtype=torch.bool, device=dev)
-        tm[1, :CANARY_PADDING] = False
-    # the caller's tile and split count; the variant follows the canary's cache, window and Tier B (as the caller's)
-    cplan = plan_decode(c, 2, q_heads, q_dtype, dev, bt.shape[1] * T, meter=True, levels=plan.levels,
-                        delta_step=delta_step, repair=ov, window=rings, num_splits=plan.num_splits, tile=plan.tile)
+    if token_mask is not None:  # left padding on the odd sequences, in rows of the caller's stride class
+        L = W * T
+        tm = torch.ones(Bc, _at_least(token_mask.stride(0), L), dtype=torch.bool, device=dev)[:, :L]
+        tm[1::2, :CANARY_PADDING] = False
+    cplan = plan_decode(c, Bc, q_heads, q_dtype, dev, W * T, meter=True, levels=plan.levels, delta_step=delta_step,
+                        repair=ov, window=rings, num_splits=plan.num_splits, tile=plan.tile)
     if dataclasses.replace(cplan, pages_per_tile=plan.pages_per_tile, auto_tile=plan.auto_tile) != plan:
-        log.info("decode self-check: the canary's plan differs from the caller's (%s against %s)", cplan, plan)
+        log.warning("decode self-check: the canary's plan differs from the caller's, so it checks another kernel "
+                    "variant (%s against %s)", cplan, plan)
+    o = None if out_dtype is None else torch.empty(Bc, q_heads, D, dtype=out_dtype, device=dev)
     out = decode(c, q, bt, sl, sm_scale=sm_scale, meter=True, plan=cplan, delta_step=delta_step, tilt_above=-1.0,
-                 token_mask=tm, repair=ov, window=rings, store_dtype=q_dtype)
+                 token_mask=tm, repair=ov, window=rings, out=o, store_dtype=None if o is not None else q_dtype)
     rec = out.meter
     tv_k = rec.tv_upper_a.double().cpu().numpy()
+    tvb_k = None if rec.tv_upper_b is None else rec.tv_upper_b.double().cpu().numpy()
     err_k = rec.out_err_upper.double().cpu().numpy()
     flag = rec.flag.cpu().numpy()
-    served = out.o.to(q_dtype).double()
-    GQ = q_heads // H
+    served = out.o.double() if o is not None else out.o.to(q_dtype).double()
     margins, tv_ratios, ratios, fails = [], [], [], []
-    for b, (n, (k, v)) in enumerate(zip(lens, exact)):
+    for b in (0, 1):
+        n, (k, v) = lens[b], exact[b]
         kh, _ = served_kv(c, bt, n, repair=ov, rows=torch.tensor([b]), window=rings)
         kh = kh[0].repeat_interleave(GQ, dim=0)  # [Hq, n, D]
         kx = k.double().movedim(0, 1).repeat_interleave(GQ, dim=0)
@@ -240,16 +330,21 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
         live = torch.ones(n, dtype=torch.bool, device=dev) if tm is None else tm[b, :n]
         p_hat = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kh)).masked_fill(~live, -torch.inf), -1)
         p = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kx)).masked_fill(~live, -torch.inf), -1)
-        eps = _radius(c, bt, b, n, q[b], sm_scale, win, repaired[b]) * live.cpu().numpy()
-        sup = B.tv_bound_tilt(p_hat.cpu().numpy(), eps, tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
+        livec = live.cpu().numpy()
+        eps = _radius(c, bt, b, n, q[b], sm_scale, win, repaired[b]) * livec
+        ph = p_hat.cpu().numpy()
+        sup = B.tv_bound_tilt(ph, eps, tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
         real = (0.5 * (p - p_hat).abs().sum(-1)).cpu().numpy()
         err = (torch.einsum("hn,hnd->hd", p, vx) - served[b]).norm(dim=-1).cpu().numpy()
-        margin = tv_k[b] - np.maximum(sup, real)
-        ratio = err / np.where(err_k[b] > 0, err_k[b], np.inf)
-        ratio = np.where((err_k[b] == 0) & (err > 0), np.inf, ratio)
-        margins.append(margin)
-        tv_ratios.append(tv_k[b] / np.maximum(sup, 1e-300))
+        ratio = np.where(err_k[b] > 0, err / np.where(err_k[b] > 0, err_k[b], 1.0), np.where(err > 0, np.inf, 0.0))
+        margins.append(tv_k[b] - np.maximum(sup, real))
+        tv_ratios.append(np.where(sup > 1e-9, tv_k[b] / np.maximum(sup, 1e-300), np.inf))
         ratios.append(ratio)
+        supb = None
+        if tvb_k is not None:
+            exact_tok = (B.window_mask(n, win) if sum(win) else np.zeros(n, dtype=bool)) | repaired[b] | ~livec
+            tb = _tier_b_radius(c, bt, b, n, q[b], sm_scale, delta_step, exact_tok)
+            supb = B.tv_bound_tilt(ph, tb, tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
         for h in range(q_heads):
             why = []
             if flag[b, h]:
@@ -258,28 +353,35 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
                 why.append(f"TV⁺ {tv_k[b, h]:.6g} below the fractional supremum {sup[h]:.6g} of its stored box")
             if not tv_k[b, h] >= real[h]:
                 why.append(f"TV⁺ {tv_k[b, h]:.6g} below the realised TV {real[h]:.6g}")
+            if supb is not None and not tvb_k[b, h] >= supb[h]:
+                why.append(f"Tier B's TV⁺ {tvb_k[b, h]:.6g} below the fractional supremum {supb[h]:.6g} of its box")
             if not ratio[h] <= 1.0 + 1e-9:
                 why.append(f"E⁺ {err_k[b, h]:.6g} below the served output's error {err[h]:.6g}")
             if why:
                 fails.append(f"sequence {b} head {h}: " + "; ".join(why))
+    for b in range(2, Bc):  # the copies: the same rows, bit for bit, wherever their programs ran
+        same = [np.array_equal(tv_k[b], tv_k[b % 2]), np.array_equal(err_k[b], err_k[b % 2]),
+                np.array_equal(flag[b], flag[b % 2]), bool(torch.equal(served[b], served[b % 2]))]
+        if not all(same):
+            fails.append(f"sequence {b} (a copy of sequence {b % 2}): its record or output differs from the copy's")
     margins, tv_ratios, ratios = np.concatenate(margins), np.concatenate(tv_ratios), np.concatenate(ratios)
     if fails:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
-        import triton
-
-        msg = (
-            f"WitCert's metered decode failed its self-check on {name} (Triton {triton.__version__}, torch "
-            f"{torch.__version__}; scheme {paged.scheme}, head dim {D}, query dtype {q_dtype}, window {win}, tile "
-            f"{plan.tile}, {plan.num_splits} splits): {len(fails)} of {margins.size} canary rows — "
-            + " | ".join(fails[:4]) + ". The meter would not be sound here. Use the reference path "
-            "(WitCertCache(backend='reference')), or report it with these versions (witcert/selftest_decode.py)")
+        msg = (f"WitCert's metered decode failed its self-check on {name} (Triton {triton.__version__}, torch "
+               f"{torch.__version__}; scheme {paged.scheme}, head dim {D}, query dtype {q_dtype}, window {win}, tile "
+               f"{plan.tile}, {plan.num_splits} splits, batch {batch}): {len(fails)} canary rows — "
+               + " | ".join(fails[:4]) + ". The meter would not be sound here. Use the reference path "
+               "(WitCertCache(backend='reference')), or report it with these versions (witcert/selftest_decode.py)")
         log.error(msg)  # logged first: a caller that keeps serving on it leaves the reason in the log
         raise DecodeSelfTestError(msg)
     _CHECKED.add(key)
     res = DecodeSelfTest(key=key, rows=int(margins.size), worst_tv_margin=float(margins.min()),
-                         worst_tv_ratio=float(tv_ratios.min()),
-                         worst_err_ratio=float(ratios.max()), informative_rows=int(np.sum(tv_k < 1.0)))
-    log.info("decode self-check passed: %s (%d rows, %d with TV⁺ < 1; worst TV⁺ margin %.3g, TV⁺ / supremum ≥ %.4g, "
-             "worst error / E⁺ %.3g)", key[:11], res.rows, res.informative_rows, res.worst_tv_margin, res.worst_tv_ratio,
-             res.worst_err_ratio)
+                         worst_tv_ratio=float(tv_ratios.min()), worst_err_ratio=float(ratios.max()),
+                         informative_rows=int(np.sum(tv_k[:2] < 1.0)))
+    if res.informative_rows == 0:
+        log.warning("decode self-check: every canary row's TV⁺ is 1 at softmax scale %g, so the check said nothing "
+                    "about this configuration: %s", sm_scale, key[:14])
+    log.info("decode self-check passed: %s (%d rows of %d sequences, %d with TV⁺ < 1; worst TV⁺ margin %.3g, TV⁺ / "
+             "supremum ≥ %.4g, worst error / E⁺ %.3g)", key[:14], res.rows, Bc, res.informative_rows,
+             res.worst_tv_margin, res.worst_tv_ratio, res.worst_err_ratio)
     return res

@@ -46,12 +46,14 @@ def _case(scheme="int8", bits=2, weights=True, window=(4, 64), head_levels=False
         ov.page_in(0, 0, torch.randn(16, D).to(qdt), torch.randn(16, D).to(qdt))
     plan = plan_decode(p, 2, H * GQ, qdt, DEV, 512, meter=True, window=win, delta_step=delta, num_splits=splits,
                        repair=ov)
-    return p, plan, win, delta, ov, masked
+    tm = torch.ones(2, 512, dtype=torch.bool, device=DEV) if masked else None
+    return p, plan, win, delta, ov, tm
 
 
-def _check(case):
-    p, plan, win, ds, ov, masked = case
-    return SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds, repair=ov, masked=masked)
+def _check(case, **kw):
+    p, plan, win, ds, ov, tm = case
+    return SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win, delta_step=ds, repair=ov, token_mask=tm,
+                                  table_width=32, **kw)
 
 
 CASES = {  # the defaults of each scheme on the kernel path, and the forms without a sketch or window
@@ -131,25 +133,51 @@ def test_the_realised_tv_check_is_not_the_only_one(monkeypatch):
 
 
 def test_the_key_follows_the_launch():
-    """Another tile, query dtype, window or class of split count (Triton's specialization of an int: 1, a multiple of
-    16, other) is another binary: checked again; another split count of the same class is not."""
+    """What Triton compiles apart is checked apart: another tile, query dtype, window, overlay with pages, padding mask
+    (and its stride's class), batch class or merge warps, table width class, output dtype, or split
+    count class (an int is specialized on 1 and on multiples of 16) or its power of two (the merge's SP); another split
+    count of the same class and power of two, or another layer, is not checked again."""
     p, plan, win, ds, ov, _ = _case(splits=3)
+    key = lambda pl=plan, dt=QDT, w=win, **kw: SD.decode_key(p, pl, dt, H * GQ, w, **kw)  # noqa: E731
+    base = key()
     assert SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win) is not None
-    same = dataclasses.replace(plan, num_splits=5)
-    assert SD.check_decode_kernel(p, same, QDT, D ** -0.5, H * GQ, window=win) is None
-    for other in (dataclasses.replace(plan, num_splits=1), dataclasses.replace(plan, num_splits=32),
+    same = dataclasses.replace(plan, num_splits=2)  # (class 2, power of two... 2 ≠ 4: another SP)
+    assert key(same) != base
+    assert key(dataclasses.replace(plan, num_splits=3)) == base
+    for other in (dataclasses.replace(plan, num_splits=1), dataclasses.replace(plan, num_splits=5),
                   dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, warps=2))):
-        assert SD.decode_key(p, other, QDT, win) != SD.decode_key(p, plan, QDT, win)
-    assert SD.decode_key(p, plan, torch.float16, win) != SD.decode_key(p, plan, QDT, win)
-    assert SD.decode_key(p, plan, QDT, None) != SD.decode_key(p, plan, QDT, win)
-    assert SD.decode_key(p, plan, QDT, win, masked=True) != SD.decode_key(p, plan, QDT, win)
+        assert key(other) != base
+    assert key(dt=torch.float16) != base and key(w=None) != base
+    mask = torch.ones(2, 512, dtype=torch.bool)
+    assert key(token_mask=mask) != base and key(token_mask=mask) != key(token_mask=torch.ones(2, 500, dtype=torch.bool))
+    assert key(batch=16) != base and key(table_width=32) != key(table_width=33) and key(out_dtype=QDT) != base
     ov = RepairOverlay.allocate(8, H, 16, D, QDT, device=DEV).bind(p)
-    assert SD.decode_key(p, plan, QDT, win, ov) == SD.decode_key(p, plan, QDT, win)  # an empty overlay: HAS_REP off
+    assert key(repair=ov) == base  # an empty overlay: HAS_REP off
     ov.page_in(0, 0, torch.zeros(4, D, dtype=QDT), torch.zeros(4, D, dtype=QDT))
-    assert SD.decode_key(p, plan, QDT, win, ov) != SD.decode_key(p, plan, QDT, win)
-    assert SD.check_decode_kernel(p, dataclasses.replace(plan, num_splits=16), QDT, D ** -0.5, H * GQ,
-                                  window=win) is not None
-    assert len(SD._CHECKED) == 2
+    assert key(repair=ov) != base
+    p.layer, p.seed = 3, 1  # (the decode kernel does not specialize them: one binary, checked once)
+    assert key() == base
+    assert SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, window=win) is None
+    assert len(SD._CHECKED) == 1
+
+
+def test_the_caller_batch_and_copies(monkeypatch):
+    """With the caller's batch the canary decodes copies of its two sequences, whose rows must equal theirs bit for
+    bit: a fault in one program of the grid (as the fp8 write's clip was) is refused."""
+    case = _case()
+    r = _check(case, batch=5, out_dtype=QDT)
+    assert r is not None and r.rows == 2 * H * GQ
+    monkeypatch.setattr(SD, "_CHECKED", set())
+    _patched_decode(monkeypatch, lambda rec: rec.tv_upper_a[4].mul_(0.999))
+    with pytest.raises(SD.DecodeSelfTestError, match="copy of sequence 0"):
+        _check(case, batch=5, out_dtype=QDT)
+
+
+def test_tier_b_is_checked(monkeypatch):
+    """int8_dither with a delta_step: Tier B's TV⁺ against the fractional supremum over the dither radius."""
+    _patched_decode(monkeypatch, lambda rec: rec.tv_upper_b.mul_(0.5))
+    with pytest.raises(SD.DecodeSelfTestError, match="Tier B"):
+        _check(_case(**CASES["int8_dither Tier B"]))
 
 
 def _model():
