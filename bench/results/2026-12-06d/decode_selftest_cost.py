@@ -1,7 +1,7 @@
 """Run C2 (2026-12-06, eighteenth session): the one-time cost of witcert.selftest_decode's check on the GPU, at
 Llama-8B's attention shapes (Hkv 8, GQ 4, d 128) with the int8 defaults (2-bit sketch, channel weights, window (4, 64))
 and the plan of a B 1 / 32K and a B 8 / 32K decode: the first call (the canary's write and decode compile too) and a
-second one after the process's memo is cleared (the check alone). Prints one JSON line per plan."""
+second one after the process's memo is cleared (the check alone). Prints one JSON line per plan. (C2 ran it before the canary took the caller's batch, table width and output dtype.)"""
 import json
 import sys
 import time
@@ -26,7 +26,8 @@ for B, n in ((1, 32768), (8, 32768)):
         SD._CHECKED.clear()
         torch.cuda.synchronize()
         t = time.perf_counter()
-        r = SD.check_decode_kernel(p, plan, torch.bfloat16, D ** -0.5, H * GQ, window=win)
+        r = SD.check_decode_kernel(p, plan, torch.bfloat16, D ** -0.5, H * GQ, window=win, batch=B,
+                                   table_width=n // 16, out_dtype=torch.bfloat16)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     print(json.dumps(dict(B=B, n=n, splits=plan.num_splits, tile=str(plan.tile), seconds=times, rows=r.rows,
