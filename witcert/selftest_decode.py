@@ -26,15 +26,17 @@ stores:
   attention ≤ E⁺;
 * no row flagged (the canary is finite: a flagged row would be a meter that says nothing);
 
-and the rows of every other sequence (copies of the two) against theirs, bit for bit: a fault that depends on where a
-program runs in the grid (the fp8 write's was one) shows there.
+and the rows of every other sequence (copies of the two) against theirs, bit for bit (TV⁺, E⁺, Tier B's two, the flag
+and the float32 output): a fault that depends on where a program runs in the grid (the fp8 write's was one) shows there.
+A caller's batch of 1 runs as 2 (the merge's warps agree unless Hq is in the hundreds).
 
 The canary: its first sequence spans two of the caller's tiles per split (up to ``CANARY_MAX_TOKENS``), with a
 page of keys three times larger (larger radii) and a run of keys pointing away from the queries (tiles the sketch's
-cold path may skip); its second is a few pages past the window, with ``CANARY_PADDING`` masked tokens in front when the
-caller passes a mask; moderate keys with two outlier channels, pages in permuted blocks, written by the write kernel,
-the window's rings written as the cache writes them, one page of each sequence in an overlay when the caller's has
-pages, a random query in the model's dtype at the caller's softmax scale, the tilt on every row.
+cold path may skip); its second is one page past the window, with ``CANARY_PADDING`` masked tokens in front when the
+caller passes a mask (a one-page table: one page each); moderate keys with two outlier channels, pages in permuted
+blocks, written by the write kernel, the window's rings written as the cache writes them, one page of each sequence in
+an overlay when the caller's has pages, a random query in the model's dtype at the caller's softmax scale, the tilt on
+every row.
 
 What it does not see (run C4's canary rows and a review's injected faults): a fault lowering TV⁺ by less than ~15 % on
 every row (the canary's smallest TV⁺ / supremum is 1.04-1.17), faults confined to a few tokens or splits, the rounding
@@ -74,6 +76,7 @@ CANARY_PADDING = 3
 #: the fractional supremum's branch-and-bound tolerance, subtracted from it (the conformance suite's)
 SUP_TOL = 2.0**-14
 #: the lower check's radii are rounded down onto powers of 2^(1/SHRINK_STEPS) (``_shrunk``): at most 1.1 % smaller
+#: (1.7 % at subnormal radii)
 SHRINK_STEPS = 64
 #: float64 evaluation slack of the lower check (the conformance suite's; the kernel's own slack is far larger)
 SUP_ABS_SLACK = 1e-7
@@ -117,6 +120,11 @@ def _at_least(x: int, m: int) -> int:
     return m  # (x = 1: no wider int shares its class)
 
 
+def _mask_stride(token_mask: torch.Tensor) -> int:
+    """The row stride of the padding mask as the kernel reads it (``kernels.decode`` makes rows contiguous first)."""
+    return token_mask.stride(0) if token_mask.stride(1) == 1 else token_mask.shape[1]
+
+
 def decode_key(paged, plan, q_dtype: torch.dtype, q_heads: int, window=None, repair=None, token_mask=None,
                batch: int = 2, table_width: int | None = None, out_dtype: torch.dtype | None = None) -> tuple:
     """What the decode and its merge are compiled for: the cache's configuration (not its seed and layer: the decode
@@ -133,17 +141,20 @@ def decode_key(paged, plan, q_dtype: torch.dtype, q_heads: int, window=None, rep
     return (paged.scheme, paged.head_dim, paged.num_kv_heads, paged.block_size, paged.num_groups,
             paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, str(q_dtype), q_heads, win,
             repair is not None and repair.count > 0,
-            None if token_mask is None else int_class(token_mask.stride(0)),
+            None if token_mask is None else int_class(_mask_stride(token_mask)),
             int_class(batch), merge_warps(sp, paged.head_dim, True, batch * q_heads, _sms(dev)),
             None if table_width is None else int_class(table_width),
             None if out_dtype is None else str(out_dtype),
             dataclasses.replace(plan, num_splits=(int_class(S), sp)), dev.type, dev.index)
 
 
-def _lens(T: int, win: tuple[int, int], scheme: str, plan, cap: int) -> tuple[int, int]:
+def _lens(T: int, win: tuple[int, int], scheme: str, plan, cap: int, table_width: int | None) -> tuple[int, int]:
     """The two distinct sequences' lengths: the first past the window by two of the caller's tiles per split (≥ 3
     pages, ≤ ``cap`` tokens), the second by ``CANARY_SHORT_PAGES``; partial last pages except for the block schemes
-    (whole pages per write)."""
+    (whole pages per write). A one-page block table (a cache of ≤ T tokens) takes one page each: no wider table has
+    its ``int_class``."""
+    if table_width == 1:
+        return (T, T) if scheme in BLOCK_SCHEMES else (T - 1, max(1, T - 4))
     base = -(-(win[0] + win[1]) // T) * T
     body = max(3 * T, min(2 * plan.pages_per_tile * T * plan.num_splits, cap))
     body = -(-body // T) * T
@@ -270,7 +281,7 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     Bc = max(2, batch)
     win = (0, 0) if window is None or window.columns == 0 else (window.sink, window.recent)
     base = -(-(win[0] + win[1]) // T) * T
-    lens = _lens(T, win, paged.scheme, plan, CANARY_MAX_TOKENS["cuda" if dev.type == "cuda" else "cpu"])
+    lens = _lens(T, win, paged.scheme, plan, CANARY_MAX_TOKENS["cuda" if dev.type == "cuda" else "cpu"], table_width)
     pages = [-(-n // T) for n in lens]
     seq_pages = [pages[b % 2] for b in range(Bc)]
     nb = sum(seq_pages) + 2
@@ -316,7 +327,7 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     tm = None
     if token_mask is not None:  # left padding on the odd sequences, in rows of the caller's stride class
         L = W * T
-        tm = torch.ones(Bc, _at_least(token_mask.stride(0), L), dtype=torch.bool, device=dev)[:, :L]
+        tm = torch.ones(Bc, _at_least(_mask_stride(token_mask), L), dtype=torch.bool, device=dev)[:, :L]
         tm[1::2, :CANARY_PADDING] = False
     cplan = plan_decode(c, Bc, q_heads, q_dtype, dev, W * T, meter=True, levels=plan.levels, delta_step=delta_step,
                         repair=ov, window=rings, num_splits=plan.num_splits, tile=plan.tile)
@@ -372,9 +383,13 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
                 why.append(f"E⁺ {err_k[b, h]:.6g} below the served output's error {err[h]:.6g}")
             if why:
                 fails.append(f"sequence {b} head {h}: " + "; ".join(why))
+    errb_k = None if rec.out_err_upper_b is None else rec.out_err_upper_b.double().cpu().numpy()
+    raw = out.o.double()  # (the copies are compared before the cast into the model's dtype)
     for b in range(2, Bc):  # the copies: the same rows, bit for bit, wherever their programs ran
         same = [np.array_equal(tv_k[b], tv_k[b % 2]), np.array_equal(err_k[b], err_k[b % 2]),
-                np.array_equal(flag[b], flag[b % 2]), bool(torch.equal(served[b], served[b % 2]))]
+                np.array_equal(flag[b], flag[b % 2]), bool(torch.equal(raw[b], raw[b % 2]))]
+        if tvb_k is not None:  # (a Tier B gate decides on min(TV⁺_A, TV⁺_B))
+            same += [np.array_equal(tvb_k[b], tvb_k[b % 2]), np.array_equal(errb_k[b], errb_k[b % 2])]
         if not all(same):
             fails.append(f"sequence {b} (a copy of sequence {b % 2}): its record or output differs from the copy's")
     margins, tv_ratios, ratios = np.concatenate(margins), np.concatenate(tv_ratios), np.concatenate(ratios)

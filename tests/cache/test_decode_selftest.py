@@ -150,6 +150,9 @@ def test_the_key_follows_the_launch():
     assert key(dt=torch.float16) != base and key(w=None) != base
     mask = torch.ones(2, 512, dtype=torch.bool)
     assert key(token_mask=mask) != base and key(token_mask=mask) != key(token_mask=torch.ones(2, 500, dtype=torch.bool))
+    # a strided mask is read as its contiguous copy (row stride = its width): keyed so
+    strided = torch.ones(2, 1040, dtype=torch.bool)[:, ::2]
+    assert key(token_mask=strided) == key(token_mask=torch.ones(2, 520, dtype=torch.bool)) != key(token_mask=mask)
     assert key(batch=16) != base and key(table_width=32) != key(table_width=33) and key(out_dtype=QDT) != base
     ov = RepairOverlay.allocate(8, H, 16, D, QDT, device=DEV).bind(p)
     assert key(repair=ov) == base  # an empty overlay: HAS_REP off
@@ -171,6 +174,21 @@ def test_the_caller_batch_and_copies(monkeypatch):
     _patched_decode(monkeypatch, lambda rec: rec.tv_upper_a[4].mul_(0.999))
     with pytest.raises(SD.DecodeSelfTestError, match="copy of sequence 0"):
         _check(case, batch=5, out_dtype=QDT)
+
+
+def test_a_copy_with_a_low_tier_b_bound_is_refused(monkeypatch):
+    """Tier B's TV⁺ (a Tier B gate decides on min(TV⁺_A, TV⁺_B)) of a copy is compared with its sequence's too."""
+    case = _case(**CASES["int8_dither Tier B"])
+    _patched_decode(monkeypatch, lambda rec: rec.tv_upper_b[2].mul_(0.5))
+    with pytest.raises(SD.DecodeSelfTestError, match="copy of sequence 0"):
+        _check(case, batch=3)
+
+
+def test_a_one_page_table_runs_one_page_sequences():
+    """A cache of ≤ T tokens has a one-page block table (an int Triton specializes as 1): the canary's too."""
+    p, plan, win, ds, ov, tm = _case(window=None)
+    r = SD.check_decode_kernel(p, plan, QDT, D ** -0.5, H * GQ, table_width=1)
+    assert r is not None and r.rows == 2 * H * GQ
 
 
 def test_tier_b_is_checked(monkeypatch):
