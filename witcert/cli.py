@@ -184,9 +184,10 @@ def build_parser() -> A.OneLineParser:
     ap = A.OneLineParser(prog="witcert", description="Sound runtime meter for KV-cache quantization")
     ap.add_argument("--version", action="version", version=f"witcert {__version__}")
     ap.add_argument("-v", "--verbose", action="store_true", help="log decisions (INFO)")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,tightness,trace}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,eval,tightness,selftest,trace}")
     d, e, g, t = _add_demo(sub), _add_eval(sub), _add_tightness(sub), _add_trace(sub)
-    ap.subcommands = {"demo": d, "eval": e, "tightness": g, "trace": t}
+    s = _add_selftest(sub)
+    ap.subcommands = {"demo": d, "eval": e, "tightness": g, "selftest": s, "trace": t}
     return ap
 
 
@@ -257,6 +258,31 @@ def _add_tightness(sub) -> A.OneLineParser:
                         "own symmetric radius, both paths)")
     g.set_defaults(func=_tightness)
     return g
+
+
+def _add_selftest(sub) -> A.OneLineParser:
+    """``witcert selftest``: the kernel path's self-checks on this device for a serving configuration."""
+    s = sub.add_parser("selftest", help="check the compiled write and metered decode on this device for a serving "
+                                        "configuration (what the kernel path checks at first use); exit 1 on a failure")
+    s.add_argument("--scheme", type=A.scheme_list, default=["int8"], help="KV scheme(s), comma-separated (default int8)")
+    s.add_argument("--device", type=A.device, default="auto", help="cuda[:N], auto, or cpu (needs TRITON_INTERPRET=1)")
+    s.add_argument("--dtype", type=A.dtype_name, default="auto", help="the model's dtype (auto: bfloat16 on CUDA)")
+    s.add_argument("--head-dim", type=int, choices=(64, 128, 256), default=128)
+    s.add_argument("--kv-heads", type=A.int_at_least(1), default=8)
+    s.add_argument("--q-heads", type=A.int_at_least(1), default=32, help="a multiple of --kv-heads (GQ ≤ 8)")
+    s.add_argument("--batch", type=A.int_at_least(1), default=1, help="sequences per decode call")
+    s.add_argument("--context", type=A.int_at_least(16), default=32768, help="the decode's capacity in tokens")
+    s.add_argument("--window", type=_window, default=(4, 64), help="exact window SINK,RECENT (default 4,64; 0,0 none)")
+    s.add_argument("--sketch-bits", type=A.sketch_bits, default=None, help="0, 1, 2 or 4 (default: the scheme's)")
+    s.add_argument("--json", action="store_true", help="print the results as JSON")
+    s.set_defaults(func=_selftest)
+    return s
+
+
+def _selftest(args) -> int:
+    from .selftest_run import main
+
+    return main(args)
 
 
 def _add_trace(sub) -> A.OneLineParser:
