@@ -15,11 +15,11 @@ import torch
 if os.environ.get("WITCERT_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels.decode as KD  # noqa: E402
 from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.plan import plan_decode  # noqa: E402
 from kernels.repair import RepairOverlay  # noqa: E402
+from tests.helpers.faulty_decode import patch_decode  # noqa: E402
 from witcert import selftest_decode as SD  # noqa: E402
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
@@ -83,16 +83,7 @@ def test_every_form_passes_once(name):
     assert _check(case) is None  # once
 
 
-def _patched_decode(monkeypatch, change):
-    """``kernels.decode.decode`` with ``change(record)`` applied to its meter record (a fault in the compiled decode)."""
-    real = KD.decode
-
-    def faulty(*a, **kw):
-        out = real(*a, **kw)
-        change(out.meter)
-        return out
-
-    monkeypatch.setattr(KD, "decode", faulty)
+_patched_decode = patch_decode
 
 
 FAULTS = {  # (the record's change, what the message names)
@@ -119,14 +110,7 @@ def test_the_realised_tv_check_is_not_the_only_one(monkeypatch):
     """A TV⁺ lowered to just above the realised TV passes that check but not the supremum's: the lower check reads
     the stored box, not only this canary's realised error."""
     case = _case()
-    real = KD.decode
-
-    def low(*a, **kw):
-        out = real(*a, **kw)
-        out.meter.tv_upper_a.mul_(0.5)
-        return out
-
-    monkeypatch.setattr(KD, "decode", low)
+    _patched_decode(monkeypatch, lambda rec: rec.tv_upper_a.mul_(0.5))
     with pytest.raises(SD.DecodeSelfTestError) as e:
         _check(case)
     assert "fractional supremum" in str(e.value) and "realised TV" not in str(e.value)

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.helpers.faulty_decode import patch_decode
 from witcert import cli
 
 DEV = os.environ.get("WITCERT_DEVICE", "cpu")
@@ -23,16 +24,7 @@ def test_a_pass_exits_0_with_a_line_per_scheme(capsys):
 
 
 def test_a_faulty_decode_exits_1(monkeypatch, capsys):
-    import kernels.decode as KD
-
-    real = KD.decode
-
-    def low(*a, **k):
-        out = real(*a, **k)
-        out.meter.tv_upper_a.mul_(0.5)
-        return out
-
-    monkeypatch.setattr(KD, "decode", low)
+    patch_decode(monkeypatch, lambda rec: rec.tv_upper_a.mul_(0.5))
     assert cli.main(["selftest", "--scheme", "int8", *SMALL]) == 1
     out = capsys.readouterr().out
     assert "int8" in out and "FAILED" in out and "fractional supremum" in out
