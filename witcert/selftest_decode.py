@@ -221,7 +221,7 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
 def _shrunk(eps: np.ndarray) -> np.ndarray:
     """Radii rounded **down** onto the grid 2^(k/``SHRINK_STEPS``) (0 stays 0): each token's box shrinks, so the
     supremum over the shrunk boxes is still below a sound kernel's TV⁺, and the branch and bound has ≤ a few hundred
-    distinct radii per row instead of one per token (a 4,096-token canary row)."""
+    distinct radii per row instead of one per token (canary rows of up to 8,192 tokens)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         e = np.exp2(np.floor(np.log2(eps) * SHRINK_STEPS) / SHRINK_STEPS)
     return np.where(eps > 0, np.minimum(np.where(np.isfinite(e), e, eps), eps), eps)
