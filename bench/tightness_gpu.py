@@ -7,6 +7,7 @@ given overrides; the JSON adds ``dtype`` and the device's name.
 
     python bench/tightness_gpu.py --configs "int8;int8:backend=reference;int8:sketch_box=per-head;kivi2" \
         [--dtypes bf16,fp32] [--out results.jsonl]
+    python bench/tightness_gpu.py --show results.jsonl     # one summary line per configuration
 
 A configuration is ``SCHEME[:key=value,...]`` with keys ``backend``, ``sketch_box``, ``sketch_bits``, ``window``
 (``S/R``), ``weights``. The exit status is 1 if any row of any configuration is a violation (TV⁺ < realised TV).
@@ -40,13 +41,30 @@ def parse_config(text: str) -> tuple[str, dict]:
     return scheme, kw
 
 
+def show(path: str) -> None:
+    """One line per JSON line of ``path`` (``--out``'s file): the configuration, dtype, box, violations, medians,
+    coverage at 0.05, memory and seconds, or its error."""
+    for text in open(path):
+        d = json.loads(text)
+        if "error" in d:
+            print(d["config"], "ERROR", d["error"][-900:])
+            continue
+        print(f"{d['config']:52s} {d['dtype']} {d['sketch_box']:9s} viol {d['violations']} med {d['median_bound']:.6f} "
+              f"real {d['median_real']:.6f} ratio {d['median_ratio']:.3f} cov05 {d['cov_05']:.4f} "
+              f"x{d['tokens_at_equal_memory']:.3f} {d['wall_s']}s")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--show", default=None, metavar="JSONL", help="print the summary of an --out file, and stop")
     ap.add_argument("--configs", default="int8")
     ap.add_argument("--dtypes", default="bf16", help="model dtypes: bf16, fp16, fp32")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = ap.parse_args(argv)
+    if args.show:
+        show(args.show)
+        return 0
     import torch
 
     from witcert.tightness import run
