@@ -103,12 +103,12 @@ def _dither_magnitudes(c, bt: torch.Tensor, N: int) -> tuple[torch.Tensor, torch
     return out[0], out[1]
 
 
-def check_write_kernel(cache, dtype: torch.dtype) -> WriteSelfTest | None:
+def check_write_kernel(cache, dtype: torch.dtype, force: bool = False) -> WriteSelfTest | None:
     """Check the write kernel for ``cache``'s configuration (a ``kernels.paged.PagedKV``) and model ``dtype`` once
     per process; raise ``WriteSelfTestError`` if a stored witness is below the norm it bounds. None: already
-    checked, or skipped inside a CUDA-graph capture (logged)."""
+    checked (``force``: run anyway), or skipped inside a CUDA-graph capture (logged)."""
     key = _key(cache, dtype)
-    if key in _CHECKED:
+    if key in _CHECKED and not force:
         return None
     if cache.k_codes.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         log.info("write kernel self-check skipped inside a CUDA-graph capture: %s", key)
@@ -179,13 +179,13 @@ def check_write_kernel(cache, dtype: torch.dtype) -> WriteSelfTest | None:
     return WriteSelfTest(key=key, tokens=N * H, worst_ratio=worst)
 
 
-def check_window_kernel(win, dtype: torch.dtype) -> WriteSelfTest | None:
+def check_window_kernel(win, dtype: torch.dtype, force: bool = False) -> WriteSelfTest | None:
     """The same check for the exact window's write (``kernels.exact_window``, radius 0 on its tokens): a canary
     written into a fresh ring of ``win``'s shape, in two launches (the second with the lengths as a tensor, as a
     captured step passes them), must hold the values bit for bit and norms κ, ν ≥ their float64 norms."""
     H, D, dev = win.k.shape[1], win.k.shape[-1], win.k.device
     key = ("window", win.sink, win.recent, D, H, str(dtype), dev.type, dev.index)
-    if key in _CHECKED or win.columns == 0:
+    if (key in _CHECKED and not force) or win.columns == 0:
         return None
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
         log.info("window write self-check skipped inside a CUDA-graph capture: %s", key)

@@ -249,18 +249,19 @@ def _tier_b_radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, delta: flo
 
 def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_heads: int, window=None,
                         delta_step: float | None = None, repair=None, token_mask=None, batch: int = 2,
-                        table_width: int | None = None, out_dtype: torch.dtype | None = None) -> DecodeSelfTest | None:
+                        table_width: int | None = None, out_dtype: torch.dtype | None = None,
+                        force: bool = False) -> DecodeSelfTest | None:
     """Check the metered decode for ``paged``'s configuration (a ``kernels.paged.PagedKV``), launched with ``plan``
     (``kernels.plan.DecodePlan``) on ``batch`` sequences of ``q_heads`` query heads of ``q_dtype`` at softmax scale
     ``sm_scale``, with the exact ``window`` (``kernels.exact_window.ExactWindow`` or None), Tier B's ``delta_step``, the
     repaired-page overlay ``repair`` (``kernels.repair.RepairOverlay`` or None), the padding mask ``token_mask`` (the
     caller's, or None), a block table ``table_width`` pages wide and an output buffer of ``out_dtype`` (None: float32,
     cast by the caller), once per configuration (``decode_key``) and process; raise ``DecodeSelfTestError`` where a row
-    fails the float64 check (module doc)."""
+    fails the float64 check (module doc). ``force``: run even if this process has checked the configuration."""
     if token_mask is not None:
         out_dtype = None  # (decode writes a caller's buffer only without a mask)
     key = decode_key(paged, plan, q_dtype, q_heads, window, repair, token_mask, batch, table_width, out_dtype)
-    if key in _CHECKED:
+    if key in _CHECKED and not force:
         return None
     dev = paged.k_codes.device
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -53,19 +53,14 @@ def run_one(scheme: str, *, device: str, dtype: torch.dtype, head_dim: int, kv_h
         paged = PagedKV.allocate(8, kv_heads, head_dim, scheme=scheme, num_groups=1, per_token_witness=True,
                                  model_dtype=dtype, device=device, with_exact=False, sketch_bits=bits,
                                  head_levels=head_levels)
-        selftest._CHECKED.discard(selftest._key(paged, dtype))  # (on demand: run even if this process checked it)
-        selftest.check_write_kernel(paged, dtype)
+        selftest.check_write_kernel(paged, dtype, force=True)  # (on demand: even if this process checked it)
         win = ExactWindow.allocate(batch, kv_heads, head_dim, dtype, *window, device=device) if sum(window) else None
         if win is not None:
-            selftest._CHECKED.discard(("window", win.sink, win.recent, head_dim, kv_heads, str(dtype),
-                                       win.k.device.type, win.k.device.index))
-            selftest.check_window_kernel(win, dtype)
+            selftest.check_window_kernel(win, dtype, force=True)
         plan = plan_decode(paged, batch, q_heads, dtype, device, context, meter=True, window=win)
         width = -(-context // paged.block_size)
-        selftest_decode._CHECKED.discard(selftest_decode.decode_key(paged, plan, dtype, q_heads, win, batch=batch,
-                                                                    table_width=width, out_dtype=dtype))
         r = selftest_decode.check_decode_kernel(paged, plan, dtype, head_dim ** -0.5, q_heads, window=win, batch=batch,
-                                                table_width=width, out_dtype=dtype)
+                                                table_width=width, out_dtype=dtype, force=True)
     except selftest.WriteSelfTestError as e:  # (DecodeSelfTestError is one)
         return SelfTestLine(scheme=scheme, passed=False, error=str(e))
     return SelfTestLine(scheme=scheme, passed=True, decode_rows=r.rows, worst_tv_ratio=r.worst_tv_ratio,

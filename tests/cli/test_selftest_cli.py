@@ -50,3 +50,15 @@ def test_a_scheme_without_a_kernel_fails_clearly(capsys):
     line = run_one("nonexistent", device=DEV, dtype=torch.float32, head_dim=64, kv_heads=2, q_heads=4, batch=1,
                    context=64, window=(0, 0), sketch_bits=None)
     assert not line.passed and "has no kernel" in line.error
+
+
+def test_on_demand_runs_again():
+    """``witcert selftest`` runs the checks even where this process already passed them (``force``)."""
+    import torch
+
+    from witcert.selftest_run import run_one
+
+    kw = dict(device=DEV, dtype=torch.float32 if DEV == "cpu" else torch.bfloat16, head_dim=64, kv_heads=2, q_heads=4,
+              batch=2, context=128, window=(2, 8), sketch_bits=None)
+    first, again = run_one("int8", **kw), run_one("int8", **kw)
+    assert first.passed and again.passed and again.decode_rows == first.decode_rows == 8
