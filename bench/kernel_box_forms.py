@@ -75,8 +75,8 @@ def capture_rows(scheme: str) -> tuple[list, object]:
             cur["m"]["mask"] = None if mask is None else mask.detach().cpu().numpy()
         return measure0(logits, radius, mask=mask, p_hat=p_hat, center=center, **kw)
 
-    def audit(self, layer, q, al, sm, ev, m):
-        out = audit0(self, layer, q, al, sm, ev, m)
+    def audit(self, layer, q, al, sm, ev, m, *rest):
+        out = audit0(self, layer, q, al, sm, ev, m, *rest)
         if "m" in cur and q.shape[-2] == 1:
             ek = layer.exact_k.to(layer.device).double()
             p, _ = CR._softmax(sm * torch.einsum("bhgld,bhnd->bhgln", q.double(), ek), al)
