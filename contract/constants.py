@@ -1,6 +1,8 @@
 """Constants of the contract (SPEC §5) that the fp64 reference, the kernels and the proofs
 bridge all read from here (never restated)."""
 
+import math
+
 #: the dither u takes 2**DITHER_RESOLUTION_BITS values, (2k+1)·2^-24 − ½ (see witcert.schemes).
 DITHER_RESOLUTION_BITS = 23
 #: per channel, |served residual − s·X| ≤ DITHER_BIAS_FACTOR · s, X the centred 2^23-point
@@ -18,6 +20,28 @@ DITHER_BIAS_FACTOR = 2.0**-14
 STORE_ROUNDING = {"float32": (2.0**-23, 2.0**-126), "bfloat16": (2.0**-7, 2.0**-126), "float16": (2.0**-10, 2.0**-24)}
 #: the largest finite value of each stored dtype (a larger |x| may store as ±inf)
 STORE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+#: the unbinned centred tilt's fixed grid (SPEC §3(c), ``sketch_box="grid"``): [0, 1] cut into GRID_TILT_INTERVALS
+#: equal intervals; at every grid point the dual D(t, λ) at the GRID_TILT_CANDIDATES multipliers λ_k = e^{k·δ}, k
+#: centred on 0, δ = GRID_TILT_LOG_STEP, rounded to float32 (``grid_tilt_lambdas``: a kernel's constants and the fp64
+#: reference's exact values); each interval takes the candidate (or λ = 0, the cap t_{i+1}) whose larger end value is
+#: smallest. Any cover and any λ ≥ 0 are sound (Lean ``tilt_tv_le_dual_grid_box_endpoints``); these three are the
+#: tightness / cost choice of bench/TIGHTNESS.md "A fixed (t, λ) grid" ((N + 1)·K = 27 sums per token and head)
+GRID_TILT_INTERVALS = 8
+GRID_TILT_CANDIDATES = 3
+GRID_TILT_LOG_STEP = 0.05
+
+
+def grid_tilt_lambdas(candidates: int = GRID_TILT_CANDIDATES, log_step: float = GRID_TILT_LOG_STEP) -> tuple:
+    """The grid's multipliers e^{k·log_step}, k = −(K − 1)/2 … (K − 1)/2 (K odd), each rounded to the nearest float32
+    (returned as Python floats, exact in float32 and float64)."""
+    import struct
+
+    if candidates < 1 or candidates % 2 == 0:
+        raise ValueError(f"candidates: an odd count ≥ 1, got {candidates}")
+    half = candidates // 2
+    return tuple(struct.unpack("f", struct.pack("f", math.exp(k * log_step)))[0] for k in range(-half, half + 1))
+
+
 #: floats by width, widest first (a store into a dtype at or before the computed one's is exact)
 STORE_WIDTH = ("float64", "float32")
 

@@ -48,8 +48,9 @@ WEIGHT_EXP_MAX = 8
 #: how a cache meters the sketch box (``WitCertCache(sketch_box=)``): "centred" |δ − σ⟨q_h, r̃⟩| ≤ c_h W (the reference
 #: path), "symmetric" |δ| ≤ c_h (W + max_h |σ⟨q_h, r̃⟩| / c_h) (one level per token: the kernels' default), "per-head"
 #: |δ| ≤ c_h W + |σ⟨q_h, r̃⟩| (one level per (token, head); both paths), "auto" (centred on the reference path;
-#: on the kernel path per-head or symmetric by the scheme's ``contract.schemes`` ``kernel_head_levels``)
-SKETCH_BOXES = ("auto", "centred", "symmetric", "per-head")
+#: on the kernel path per-head or symmetric by the scheme's ``contract.schemes`` ``kernel_head_levels``), "grid" the
+#: centred box unbinned on the fixed (t, λ) grid of ``contract.constants`` (the reference path: a kernel's one-pass form)
+SKETCH_BOXES = ("auto", "centred", "symmetric", "per-head", "grid")
 
 
 def check_bits(bits) -> int:

@@ -179,7 +179,8 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         # tightest; the reference path only), "symmetric" (|δ| ≤ c_h (W + u), u the largest over a kv head's query
         # heads: the kernels' default form), "per-head" (|δ| ≤ c_h W + |σ⟨q_h, r̃⟩| for each head: both paths, the
         # kernels bin one level per (token, head)), "auto" (centred where the reference path meters; where the
-        # kernels do, per-head or symmetric by the scheme's kernel_head_levels)
+        # kernels do, per-head or symmetric by the scheme's kernel_head_levels), "grid" (the centred box unbinned,
+        # its tilt on the fixed (t, λ) grid of contract.constants: the reference path only, a one-pass kernel's form)
         self.sketch_box = check_sketch_box(sketch_box, backend, self.sketch_bits, scheme)
         # the kernel path bins one key level per (token, query head): "per-head", or "auto" on a scheme whose
         # kernels default to it (contract.schemes ``kernel_head_levels``: int4_group, kivi2, the fp8 schemes)
@@ -437,10 +438,12 @@ class WitCertCache(ServedAttention, KernelPath, ReferencePath, HostStores, Cache
         return (ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw), ExactStore(Bsz, H, D, key_states.dtype, "cpu", **kw))
 
     def metered_sketch_box(self, kernel: bool) -> str:
-        """The sketch box the ``kernel`` (else the reference) path meters: "centred", "per-head" or "symmetric"
-        (without a sketch every form is the symmetric one)."""
+        """The sketch box the ``kernel`` (else the reference) path meters: "centred", "grid", "per-head" or "symmetric"
+        (without a sketch every form is the symmetric one; "grid" without one: the symmetric box on the grid)."""
         if kernel:
             return "per-head" if self.kernel_head_levels else "symmetric"
+        if self.sketch_box == "grid":
+            return "grid"
         if self.centred_box:
             return "centred"
         return "per-head" if self.sketch_bits > 0 and self.sketch_box == "per-head" else "symmetric"

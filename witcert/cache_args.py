@@ -93,16 +93,16 @@ _LOGGED_BOX: list = []  # the "auto" box decision, logged once per process and s
 
 
 def check_sketch_box(sketch_box, backend, sketch_bits: int, scheme: str) -> str:
-    """``sketch_box`` (``WitCertCache``): "centred" needs the reference path (the kernels bin the symmetric
+    """``sketch_box`` (``WitCertCache``): "centred" and "grid" need the reference path (the kernels bin the symmetric
     box) and a sketch (without one the centre is 0: the same bound); "per-head" (each query head's own symmetric
     radius, c_h W_j + |σ⟨q_h, r̃_j⟩|: one key level per (token, head) in the kernels) runs on both paths;
     "auto" is logged when it matters."""
     if sketch_box not in SKETCH_BOXES:
         raise ValueError(f"sketch_box: expected one of {SKETCH_BOXES}, got {sketch_box!r}")
-    if sketch_box == "centred" and backend != "reference":
-        raise ValueError("sketch_box='centred': the kernels bin the symmetric sketch box |δ| ≤ c_h (W + u); the "
-                         "centred box is metered on the reference path only (backend='reference'), or pass "
-                         "sketch_box='auto'")
+    if sketch_box in ("centred", "grid") and backend != "reference":
+        raise ValueError(f"sketch_box={sketch_box!r}: the kernels bin the symmetric sketch box |δ| ≤ c_h (W + u); the "
+                         "centred box (on levels, or unbinned on the fixed grid) is metered on the reference path only "
+                         "(backend='reference'), or pass sketch_box='auto'")
     if sketch_box == "auto" and sketch_bits and backend != "reference" and scheme not in _LOGGED_BOX:
         _LOGGED_BOX.append(scheme)  # once per process and scheme
         row = SCHEMES.get(scheme)

@@ -100,8 +100,8 @@ class ReferencePath:
 
     @property
     def centred_box(self) -> bool:
-        """Whether this path meters the centred sketch box: a sketch, and ``sketch_box`` "auto" or "centred"."""
-        return self.sketch_bits > 0 and self.sketch_box in ("auto", "centred")
+        """Whether this path meters the centred sketch box: a sketch, and ``sketch_box`` "auto", "centred" or "grid"."""
+        return self.sketch_bits > 0 and self.sketch_box in ("auto", "centred", "grid")
 
     def _sketch_radii(self, view, layer, q, sm):
         """The centred sketch box, ``(ε, c)`` [B, Hkv, GQ, Lq, n]: |δ − c| ≤ ε with c = σ⟨q_h, r̃_j⟩ per head
@@ -151,7 +151,7 @@ class ReferencePath:
             r = M.measure(ev["logits"], eps, mask=ev["al"], p_hat=ev["p"], values=view.vh[:, :, None, None],
                           value_witness=view.phi[:, :, None, None], radius_b=tb,
                           levels=METER_LEVELS if c is None else BOX_LEVELS,
-                          tilt=Lq <= TILT_MAX_ROWS_PER_HEAD, center=c)
+                          tilt=Lq <= TILT_MAX_ROWS_PER_HEAD, center=c, grid=self.sketch_box == "grid")
             # the block risk reads a symmetric radius: the box ⊆ |δ| ≤ |c| + ε
             err = B.stored_output_error_bound(r.err, ev["o"], str(dtype).removeprefix("torch."))
             # an output past the served dtype's range (E⁺ +inf there) is non-finite, as the kernels count it

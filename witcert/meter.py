@@ -127,7 +127,7 @@ def tier_b_radius(q, scales, scale, n: int, delta_step):
 
 
 def _tv_parts(logits: np.ndarray, radius: np.ndarray, mask: np.ndarray, live: np.ndarray, levels, tilt: bool,
-              center: np.ndarray | None = None):
+              center: np.ndarray | None = None, grid: bool = False):
     """[3, rows] parts and [rows] bad for flat [rows, n] inputs (``center``: the centred box, or None)."""
     finite = ~(mask & ~np.isfinite(logits)).any(-1) & ~(mask & np.isnan(radius)).any(-1)
     if center is not None:
@@ -138,13 +138,14 @@ def _tv_parts(logits: np.ndarray, radius: np.ndarray, mask: np.ndarray, live: np
         parts[:, ok] = np.stack(B.tv_bound_parts_logits(logits[ok], np.where(mask[ok], radius[ok], 0.0), mask=mask[ok],
                                                         levels=levels, tilt=tilt,
                                                         center=None if center is None else
-                                                        np.where(mask[ok], center[ok], 0.0)))
+                                                        np.where(mask[ok], center[ok], 0.0), grid=grid))
     bad = live & ~finite
     return np.where(bad, 1.0, np.where(live, parts, 0.0)), bad
 
 
 def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness=None, radius_b=None, levels=None,
-            tilt: bool = True, risk: bool = False, tau_v: float | None = None, center=None) -> MeterResult:
+            tilt: bool = True, risk: bool = False, tau_v: float | None = None, center=None,
+            grid: bool = False) -> MeterResult:
     """One meter step (module doc).
 
     ``logits`` ŝ, ``radius`` ε, ``mask`` (True = attended; None: all), ``radius_b`` (Tier B t):
@@ -153,7 +154,8 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
     [..., n] (broadcastable): E⁺. ``levels``: the tilt's radius levels (``bounds.round_levels``);
     ``tilt=False``: the closed forms only (tilt reported as 1). ``risk``: also the per-token risk
     (``token_risk``, with φ / τ_v when ``tau_v`` is given). ``center`` c (broadcast to [..., n]; None: 0):
-    Tier A's box is centred, |δ_j − c_j| ≤ ε_j (``bounds.tv_bound_parts_logits``); the risk reads |c| + ε."""
+    Tier A's box is centred, |δ_j − c_j| ≤ ε_j (``bounds.tv_bound_parts_logits``); the risk reads |c| + ε. ``grid``:
+    Tier A's tilt on the fixed (t, λ) grid over the unbinned box (``bounds.tv_bound_parts_logits(grid=True)``)."""
     is_t = isinstance(logits, torch.Tensor)
     dev = logits.device if is_t else None
     ln_full = _np(logits, np.float64)
@@ -171,7 +173,7 @@ def measure(logits, radius, *, mask=None, p_hat=None, values=None, value_witness
             cn_full = np.broadcast_to(cn, ln_full.shape)
         except ValueError:
             raise ValueError(f"center: shape {cn.shape} does not broadcast to the logits' {ln_full.shape}") from None
-    parts, bad = _tv_parts(ln_, en, mk, lv, levels, tilt, None if cn_full is None else cn_full.reshape(-1, n))
+    parts, bad = _tv_parts(ln_, en, mk, lv, levels, tilt, None if cn_full is None else cn_full.reshape(-1, n), grid)
     tv = parts.min(0)
 
     def out(x):  # [k, rows] -> [k, ...], [rows] -> [...], in the library type of ``logits``

@@ -111,7 +111,7 @@ def memory_by_context(scheme: str, sketch_bits: int, window) -> dict:
 def resolve_backend(backend: str, device: str, dtype, config, scheme: str = "int8", sketch_box: str = "auto") -> str:
     """The cache backend ``run`` asks for: "auto" is what ``WitCertCache(backend="auto").use_kernel`` picks for this
     model, device, dtype and scheme without the audit the command needs (the audit alone sends the cache's "auto" to the
-    float64 reference path), and the reference path for ``sketch_box="centred"`` (only it meters that box);
+    float64 reference path), and the reference path for ``sketch_box="centred"`` / ``"grid"`` (only it meters them);
     "reference" / "kernel" as given."""
     import torch
 
@@ -119,7 +119,7 @@ def resolve_backend(backend: str, device: str, dtype, config, scheme: str = "int
 
     if backend != "auto":
         return backend
-    if sketch_box == "centred":
+    if sketch_box in ("centred", "grid"):
         return "reference"
     probe = WitCertCache(config, scheme=scheme, backend="auto")
     return "kernel" if probe.use_kernel(torch.device(device), 1, dtype) else "reference"

@@ -248,6 +248,25 @@ def test_centred_sketch_box_on_the_reference_path(smollm2):
         WitCertCache(model.config, scheme="int8", sketch_box="centered")
 
 
+def test_grid_sketch_box_on_the_reference_path(smollm2):
+    """``sketch_box="grid"``: the centred box unbinned, its tilt on the fixed (t, λ) grid (a one-pass kernel's form):
+    it covers the realised TV (audit) on the same request as the centred box on levels, and stays within 15 % of it
+    in the median; refused off the reference path."""
+    model, tok = smollm2
+    use_witcert(model)
+    enc = _batch(tok, [PROMPTS[1]])
+    kw = dict(scheme="int8", backend="reference", audit=True, window=None)
+    cen = WitCertCache(model.config, **kw)
+    grid = WitCertCache(model.config, sketch_box="grid", **kw)
+    assert grid.metered_sketch_box(False) == "grid" and cen.metered_sketch_box(False) == "centred"
+    tv_c, tv_g, real = _side_by_side(model, enc, cen, grid)
+    assert sum(r.audit_violations for r in grid.records) == 0
+    assert np.all(tv_g >= real)
+    assert np.median(tv_g) < 1.15 * np.median(tv_c)
+    with pytest.raises(ValueError, match="reference path only"):
+        WitCertCache(model.config, scheme="int8", backend="kernel", sketch_box="grid")
+
+
 
 @pytest.mark.interpreter
 def test_per_head_sketch_box_on_both_paths(smollm2):

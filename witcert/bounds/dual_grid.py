@@ -103,6 +103,38 @@ def _tilt_row_box(w: np.ndarray, up: np.ndarray, down: np.ndarray, tol: float, m
     return _branch_and_bound(wu, np.exp(pairs[:, 0]), np.exp(pairs[:, 1]), tol, max_points)
 
 
+def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: int, lams) -> float:
+    """The centred (box) form of §3(c) for one row on a **fixed** grid, without levels: the items of
+    ``_tilt_row_box`` (a_j = e^{up_j}, b_j = e^{down_j}, m = Σ p̂ b) **unshifted** (a kernel's multipliers λ are fixed
+    before it sees the row, so the scale is the box's own), [0, 1] cut into ``intervals`` equal intervals, and for each
+    interval the smallest over the candidates λ ∈ ``lams`` (and λ = 0, whose value is t_{i+1}) of its larger end value
+    t − D(t, λ) (D's float error bounded and subtracted: ``_dual_at``); the bound is the largest over the intervals
+    (Lean ``tilt_tv_le_dual_grid_box_endpoints``: any cover, any λ_i ≥ 0). The ends are rounded outward; a box
+    end past ±700 saturates (1); a constant box (every η_j equal) gives 0."""
+    keep = w > 0
+    w, up, down = w[keep], up[keep], down[keep]
+    if w.size <= 1:
+        return 0.0
+    if not (np.all(np.isfinite(up)) and np.all(np.isfinite(down))) or np.any(down > up):
+        return 1.0
+    if float(np.max(up)) > 700.0 or float(np.min(down)) < -700.0:  # e^{±700}: the unshifted items overflow
+        return 1.0
+    if float(down.min()) == float(up.max()):
+        return 0.0
+    w = w / w.sum()
+    a = np.exp(np.nextafter(up, np.inf))
+    b = np.exp(np.nextafter(down, -np.inf))
+    m = float(np.dot(w, b))
+    ts = np.arange(intervals + 1, dtype=np.float64) / intervals
+    best = ts[1:].copy()  # λ = 0: D = 0, the cap t_{i+1}
+    for lam in lams:
+        lv = np.full(intervals, float(lam))
+        left = ts[:-1] - _dual_at(ts[:-1], lv, w, a, b, m)
+        right = ts[1:] - _dual_at(ts[1:], lv, w, a, b, m)
+        best = np.minimum(best, np.maximum(left, right))
+    return float(min(1.0, max(0.0, float(np.max(best))) + FP64_ABS_SLACK))
+
+
 def _branch_and_bound(wu: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float, max_points: int) -> float:
     """max over a refined grid of t of the intervals' endpoint upper values (``_tilt_row``), for items of mass
     ``wu`` (a distribution) with a_k = e^{up_k} ≥ b_k = e^{down_k}, m = Σ wu b."""

@@ -8,7 +8,9 @@ import math
 
 import numpy as np
 
-from .dual_grid import TILT_DEFAULT_TOL, _tilt_row, _tilt_row_box
+from contract.constants import GRID_TILT_INTERVALS, grid_tilt_lambdas
+
+from .dual_grid import TILT_DEFAULT_TOL, _tilt_row, _tilt_row_box, _tilt_row_grid
 from .inputs import _as_np, _broadcast, _check_nonneg, _mask_np, _wrap
 from .rounding import _EPS64, FP64_ABS_SLACK
 from .tv_bounds import box_levels, round_levels
@@ -30,7 +32,7 @@ def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, tilt: bool = True,
-                          center=None):
+                          center=None, grid: bool = False):
     """The three §3 bounds ``(tanh, e-form, tilt)`` from served **logits** ŝ (SPEC §3, §7).
 
     ``logits``, ``radius``, ``mask``: ``[..., n]`` (mask True = attended; None: all). p̂ =
@@ -52,6 +54,11 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
     − min(c − ε) (Lean ``tilt_tv_le_tanh_osc``), (b) the e-form at |c| + ε (⊇ the box), (c) the centred tilt
     (``dual_grid._tilt_row_box``, Lean ``tilt_tv_le_dual_grid_box_endpoints``; with ``levels`` the box is
     first widened onto them, ``box_levels``), and the underflow term uses the box's ends.
+
+    ``grid=True``: (c) on the box as given, **unbinned** (``levels`` then only widen the symmetric alternative), on
+    the fixed (t, λ) grid of ``contract.constants`` (``GRID_TILT_INTERVALS``, ``grid_tilt_lambdas``:
+    ``dual_grid._tilt_row_grid``), the smaller of it and the symmetric tilt at |c| + ε on ``levels``: the form a
+    one-pass kernel can accumulate (SPEC §3(c), "grid"). Without ``center`` the box is |δ_j| ≤ ε_j.
     """
     la = _as_np(logits, "logits")
     ea = _as_np(radius, "radius")
@@ -75,15 +82,16 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
     out = np.ones((3, fl_l.shape[0]))
     for i in range(fl_l.shape[0]):
         out[:, i] = _parts_logits_row(fl_l[i], fl_e[i], fl_live[i], levels, float(tol), bool(tilt),
-                                      None if fl_c is None else fl_c[i])
+                                      None if fl_c is None else fl_c[i], bool(grid))
     shp = la.shape[:-1]
     return tuple(_wrap(out[k].reshape(shp), logits, radius) for k in range(3))
 
 
-def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, center=None):
+def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, center=None,
+                    grid: bool = False):
     """``min(tanh, e-form, tilt)`` of ``tv_bound_parts_logits``."""
     a, b, c = (_as_np(x, "bound") for x in tv_bound_parts_logits(logits, radius, mask=mask, levels=levels, tol=tol,
-                                                                  center=center))
+                                                                  center=center, grid=grid))
     return _wrap(np.minimum(np.minimum(a, b), c), logits, radius)
 
 
@@ -96,7 +104,7 @@ def _box_ends(c: np.ndarray, e: np.ndarray):
 
 
 def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, tol: float, tilt: bool = True,
-                      c: np.ndarray | None = None) -> np.ndarray:
+                      c: np.ndarray | None = None, grid: bool = False) -> np.ndarray:
     if not live.any():
         return np.zeros(3)
     s, e = s[live], e[live]
@@ -147,7 +155,11 @@ def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, to
             e = _as_np(round_levels(e, levels), "radius")
         return _tilt_row(w, e[V], tol, 1 << 15) + 2.0 * eta + underflow(e, -e)
 
-    if c is None:
+    if grid:  # the fixed (t, λ) grid on the unbinned box (c = 0 without a centre), or the symmetric tilt on levels
+        gu, gd = _box_ends(np.zeros_like(e) if c is None else c, e)
+        tilt = min(_tilt_row_grid(w, gu[V], gd[V], GRID_TILT_INTERVALS, grid_tilt_lambdas()) + 2.0 * eta
+                   + underflow(gu, gd), symmetric(e if c is None else esym))
+    elif c is None:
         tilt = symmetric(e)
     else:
         if levels is not None:

@@ -1,23 +1,26 @@
-"""Could the decode kernel meter the centred box exactly, with the dual's λ carried from the previous step?
-(issue 33: the kernel path's ratio; offline, fp64, not built)
+"""The centred sketch box metered without binning, in one pass (issue 33: the kernel path's ratio; offline, fp64,
+not built).
 
 SPEC §3(c) holds for **any** cover of [0, 1] by intervals and **any** λ_i ≥ 0 (Lean
 ``tilt_tv_le_dual_grid_box_endpoints``): TV ≤ max_i max(t_i − D(t_i, λ_i), t_{i+1} − D(t_{i+1}, λ_i)), with
-D(t, λ) = λ t m − Σ_j p̂_j (λ β_j(t) − 1)₊ linear in p̂. With the grid and the λ_i fixed before a pass, a kernel
-could accumulate those sums over the exact per-(token, head) centred box (a_j = e^{−c_j+ε_j}, b_j = e^{−c_j−ε_j})
-beside its softmax, as online sums rescaled like the softmax's (no binning: the binned forms stop at ratio ≥ 4.91
-on int8, bench/TIGHTNESS.md). The λ_i would come from the same (layer, head)'s previous decode step: any λ is
-sound, a stale one is only looser. This script measures, on the second decode step's rows of one
-``witcert tightness`` run (540 of its 1,080 rows; the first step has no previous step), the bound with
+D(t, λ) = λ t m − Σ_j p̂_j (λ β_j(t) − 1)₊, β_j(t) = (1 − t) a_j + t b_j, m = Σ_j p̂_j b_j: linear in p̂. So with the
+grid points t_i and the candidate λ's fixed before the pass, a kernel could accumulate the sums
+Σ_j ŵ_j (λ β_j(t_i) − 1)₊ over the **exact** per-(token, head) centred box (a_j = e^{−c_j+ε_j}, b_j = e^{−c_j−ε_j})
+beside its softmax, rescaled with it as the histogram is, and no token is binned (every binned form stops at int8
+ratio ≥ 4.91, bench/TIGHTNESS.md). Two ways to fix the λ's:
 
-    ref            the reference path's centred box (``witcert tightness``' own TV⁺)
-    cur{N}         N uniform intervals, λ_i tight for the row itself (the ideal: a second pass)
-    prev{N}        N uniform intervals, λ_i tight for the previous step's row (carried)
-    prev{N}k{K}    the same with K candidates λ_i·e^{k·1 %} per interval (k centred on 0), the best per interval
+    fixed N×K δ    stateless: N uniform intervals, the same K candidates λ = e^{kδ} (k centred on 0) at every grid
+                   point, each interval taking the candidate whose larger end value is smallest (λ = 0, the cap t_{i+1},
+                   is always a candidate). (N + 1)·K sums per (token, head); every row of the run.
+    cur{N}         N uniform intervals, λ_i tight at t_i for the row itself (the ideal of one λ per interval)
+    prev{N}        the same with λ_i tight for the same (layer, head)'s previous decode step (carried state: any λ
+                   is sound); prev{N}k{K} with K candidates λ_i·e^{k/100}. 2N·K sums; the second step's rows only
 
-A kernel pays 2N·K evaluations (≈ 4 fp32 operations each) per (token, head) for the form prev{N}k{K}.
+Each sum costs ~4 fp32 operations per (token, query head) (a multiply-add for β, one for λβŵ − ŵ, a max, an add),
+plus two exps per (token, head) for a and b. ``ref`` is the reference path's own TV⁺ (``witcert tightness``: the
+centred box on 2^(1/16) levels, branch and bound). Every form is sound; the real TV is against exact attention in fp64.
 
-    python bench/carried_lambda.py [--scheme int8] [--out FILE.json]
+    python bench/unbinned_box.py [--scheme int8] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from witcert.bounds.dual_grid import _dual_at, _lambda_at
 
 GRIDS = (16, 32, 64)
 CANDIDATES = ((32, 3), (32, 5), (64, 3))
-STEP = 0.01  # the candidates' spacing in log λ
+STEP = 0.01  # the carried candidates' spacing in log λ
+FIXED = ((4, 5, 0.04), (6, 3, 0.06), (8, 3, 0.05), (6, 5, 0.04), (8, 5, 0.03), (8, 9, 0.02), (16, 9, 0.02))
 
 
 def items(d, h, g):
@@ -60,7 +64,28 @@ def tight(w, a, b, ts):
     return _lambda_at(ts, w, a, b, float(np.dot(w, b)))
 
 
-def forms(rows) -> dict:
+def fixed_forms(rows) -> dict:
+    """The stateless fixed grids (``FIXED``: N, K, δ) on every row."""
+    out: dict = {"real": [], "ref": []}
+    for d in rows:
+        _, Hkv, GQ, _, _ = d["logits"].shape
+        mk_all = np.ones(d["logits"].shape, bool) if d["mask"] is None else np.broadcast_to(d["mask"],
+                                                                                              d["logits"].shape)
+        for h in range(Hkv):
+            for g in range(GQ):
+                mk = mk_all[0, h, g, 0]
+                out["real"].append(0.5 * np.abs(d["p"][0, h, g, 0] - d["p_exact"][0, h, g, 0])[mk].sum())
+                out["ref"].append(float(d["tv"][0, h, g, 0]))
+                w, a, b = items(d, h, g)
+                for n, k, step in FIXED:
+                    ts = np.linspace(0.0, 1.0, n + 1)
+                    lams = [np.full(n, np.exp(j * step)) for j in range(-(k // 2), k // 2 + 1)]
+                    out.setdefault(f"fixed {n}x{k} {step:g} ({(n + 1) * k} sums)", []).append(bound(w, a, b, ts, lams))
+    return out
+
+
+def carried_forms(rows) -> dict:
+    """The carried λ's, on the second (and later) decode steps' rows."""
     out: dict = {"real": [], "ref": []}
     steps = len(rows) // 60  # rows: prompt-major, then decode step, then layer (30)
     for i, d in enumerate(rows):
@@ -96,9 +121,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     t0 = time.time()
     rows, _ = KB.capture_rows(a.scheme)
-    out = forms(rows)
-    s = KB.summary(out)
-    s.update(scheme=a.scheme, seconds=round(time.time() - t0, 1))
+    s = {"scheme": a.scheme, "all_rows": KB.summary(fixed_forms(rows)), "later_steps": KB.summary(carried_forms(rows)),
+         "seconds": round(time.time() - t0, 1)}
     text = json.dumps(s, indent=1)
     print(text)
     if a.out:
