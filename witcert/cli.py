@@ -255,7 +255,8 @@ def _add_tightness(sub) -> A.OneLineParser:
     g.add_argument("--sketch-box", choices=SKETCH_BOXES, default="auto",
                    help="the sketch box: centred (|δ − σ⟨q, r̃⟩| ≤ c_h W, the reference path's default; needs "
                         "--backend reference), symmetric (the kernels' default form), per-head (each query head's "
-                        "own symmetric radius, both paths)")
+                        "own symmetric radius, both paths), grid (the centred box unbinned on a fixed (t, λ) grid; "
+                        "the reference path)")
     g.set_defaults(func=_tightness)
     return g
 
