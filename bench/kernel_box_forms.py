@@ -194,20 +194,30 @@ def summary(out: dict) -> dict:
     return {"rows": int(r.size), "median_real": float(np.median(r)), "forms": res}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(doc: str, argv=None) -> argparse.Namespace:
+    """``--scheme`` (default int8) and ``--out`` (the JSON file) of an offline forms script (``doc``: its docstring)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--scheme", default="int8")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    a = parse_args(__doc__, argv)
     t0 = time.time()
     rows, res = capture_rows(a.scheme)
     s = summary(forms(rows))
     s.update(scheme=a.scheme, tightness_median_bound=res.median_bound, tightness_rows=res.rows,
              seconds=round(time.time() - t0, 1))
-    text = json.dumps(s, indent=1)
+    emit(s, a.out)
+
+
+def emit(summary: dict, out: str | None) -> None:
+    """Print a run's summary as JSON, and write it to ``out`` (if given)."""
+    text = json.dumps(summary, indent=1)
     print(text)
-    if a.out:
-        with open(a.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
 
 

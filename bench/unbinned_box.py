@@ -25,8 +25,6 @@ centred box on 2^(1/16) levels, branch and bound). Every form is sound; the real
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import kernel_box_forms as KB
@@ -64,10 +62,14 @@ def tight(w, a, b, ts):
     return _lambda_at(ts, w, a, b, float(np.dot(w, b)))
 
 
-def fixed_forms(rows) -> dict:
-    """The stateless fixed grids (``FIXED``: N, K, δ) on every row."""
-    out: dict = {"real": [], "ref": []}
-    for d in rows:
+def head_rows(rows, out: dict, later: bool):
+    """Each (row, query head) as (its decode step's capture, the previous step's, h, g), its real TV and the reference
+    path's TV⁺ appended to ``out``; ``later``: the second and later decode steps only (rows are prompt-major, then
+    decode step, then layer: 30 a step)."""
+    steps = len(rows) // 60
+    for i, d in enumerate(rows):
+        if later and (i // 30) % steps == 0:
+            continue
         _, Hkv, GQ, _, _ = d["logits"].shape
         mk_all = np.ones(d["logits"].shape, bool) if d["mask"] is None else np.broadcast_to(d["mask"],
                                                                                               d["logits"].shape)
@@ -76,58 +78,45 @@ def fixed_forms(rows) -> dict:
                 mk = mk_all[0, h, g, 0]
                 out["real"].append(0.5 * np.abs(d["p"][0, h, g, 0] - d["p_exact"][0, h, g, 0])[mk].sum())
                 out["ref"].append(float(d["tv"][0, h, g, 0]))
-                w, a, b = items(d, h, g)
-                for n, k, step in FIXED:
-                    ts = np.linspace(0.0, 1.0, n + 1)
-                    lams = [np.full(n, np.exp(j * step)) for j in range(-(k // 2), k // 2 + 1)]
-                    out.setdefault(f"fixed {n}x{k} {step:g} ({(n + 1) * k} sums)", []).append(bound(w, a, b, ts, lams))
+                yield d, rows[i - 30] if later else None, h, g
+
+
+def fixed_forms(rows) -> dict:
+    """The stateless fixed grids (``FIXED``: N, K, δ) on every row."""
+    out: dict = {"real": [], "ref": []}
+    for d, _, h, g in head_rows(rows, out, later=False):
+        w, a, b = items(d, h, g)
+        for n, k, step in FIXED:
+            ts = np.linspace(0.0, 1.0, n + 1)
+            lams = [np.full(n, np.exp(j * step)) for j in range(-(k // 2), k // 2 + 1)]
+            out.setdefault(f"fixed {n}x{k} {step:g} ({(n + 1) * k} sums)", []).append(bound(w, a, b, ts, lams))
     return out
 
 
 def carried_forms(rows) -> dict:
     """The carried λ's, on the second (and later) decode steps' rows."""
     out: dict = {"real": [], "ref": []}
-    steps = len(rows) // 60  # rows: prompt-major, then decode step, then layer (30)
-    for i, d in enumerate(rows):
-        if (i // 30) % steps == 0:
-            continue
-        dp = rows[i - 30]
-        _, Hkv, GQ, _, _ = d["logits"].shape
-        mk_all = np.ones(d["logits"].shape, bool) if d["mask"] is None else np.broadcast_to(d["mask"],
-                                                                                              d["logits"].shape)
-        for h in range(Hkv):
-            for g in range(GQ):
-                mk = mk_all[0, h, g, 0]
-                out["real"].append(0.5 * np.abs(d["p"][0, h, g, 0] - d["p_exact"][0, h, g, 0])[mk].sum())
-                out["ref"].append(float(d["tv"][0, h, g, 0]))
-                w, a, b = items(d, h, g)
-                wp, ap, bp = items(dp, h, g)
-                for n in GRIDS:
-                    ts = np.linspace(0.0, 1.0, n + 1)
-                    out.setdefault(f"cur{n}", []).append(bound(w, a, b, ts, [tight(w, a, b, ts[:-1])]))
-                    out.setdefault(f"prev{n}", []).append(bound(w, a, b, ts, [tight(wp, ap, bp, ts[:-1])]))
-                for n, k in CANDIDATES:
-                    ts = np.linspace(0.0, 1.0, n + 1)
-                    lp = tight(wp, ap, bp, ts[:-1])
-                    lams = [lp * np.exp(j * STEP) for j in range(-(k // 2), k // 2 + 1)]
-                    out.setdefault(f"prev{n}k{k}", []).append(bound(w, a, b, ts, lams))
+    for d, dp, h, g in head_rows(rows, out, later=True):
+        w, a, b = items(d, h, g)
+        wp, ap, bp = items(dp, h, g)
+        for n in GRIDS:
+            ts = np.linspace(0.0, 1.0, n + 1)
+            out.setdefault(f"cur{n}", []).append(bound(w, a, b, ts, [tight(w, a, b, ts[:-1])]))
+            out.setdefault(f"prev{n}", []).append(bound(w, a, b, ts, [tight(wp, ap, bp, ts[:-1])]))
+        for n, k in CANDIDATES:
+            ts = np.linspace(0.0, 1.0, n + 1)
+            lp = tight(wp, ap, bp, ts[:-1])
+            lams = [lp * np.exp(j * STEP) for j in range(-(k // 2), k // 2 + 1)]
+            out.setdefault(f"prev{n}k{k}", []).append(bound(w, a, b, ts, lams))
     return out
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scheme", default="int8")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
+    a = KB.parse_args(__doc__, argv)
     t0 = time.time()
     rows, _ = KB.capture_rows(a.scheme)
-    s = {"scheme": a.scheme, "all_rows": KB.summary(fixed_forms(rows)), "later_steps": KB.summary(carried_forms(rows)),
-         "seconds": round(time.time() - t0, 1)}
-    text = json.dumps(s, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    KB.emit({"scheme": a.scheme, "all_rows": KB.summary(fixed_forms(rows)),
+             "later_steps": KB.summary(carried_forms(rows)), "seconds": round(time.time() - t0, 1)}, a.out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.corners import corner_sup
+from tests.helpers.corners import box_instances, corner_sup
 from witcert import bounds as B
 from witcert.bounds.tv_logits import _box_ends
 
@@ -21,17 +21,6 @@ BF_ERR = 1e-14
 LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-224, 65) / 16.0)])
 
 
-@st.composite
-def boxes(draw, n_max=8):
-    n = draw(st.integers(1, n_max))
-    seed = draw(st.integers(0, 2**31))
-    rng = np.random.default_rng(seed)
-    p = rng.dirichlet(np.ones(n) * draw(st.sampled_from([0.05, 0.5, 5.0])))
-    p = np.maximum(p, 1e-300)
-    p /= p.sum()
-    e = rng.exponential(draw(st.sampled_from([1e-6, 0.01, 0.3, 2.0])), n) * (rng.random(n) < 0.85)
-    c = rng.normal(0, draw(st.sampled_from([0.0, 1e-3, 0.3, 3.0, 30.0])), n)
-    return p, c, e
 
 
 def test_bruteforce_matches_corner_search():
@@ -44,7 +33,7 @@ def test_bruteforce_matches_corner_search():
 
 
 @settings(max_examples=300, deadline=None)
-@given(boxes())
+@given(box_instances())
 def test_every_centred_bound_at_least_exact_supremum(inst):
     p, c, e = inst
     sup = float(B.tv_sup_bruteforce(p, e, center=c))
@@ -56,7 +45,7 @@ def test_every_centred_bound_at_least_exact_supremum(inst):
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes())
+@given(box_instances())
 def test_centred_tilt_never_looser_than_symmetric(inst):
     """The box lies inside |δ| ≤ |c| + ε: its tilt is at most the symmetric one's (up to the tolerances)."""
     p, c, e = inst

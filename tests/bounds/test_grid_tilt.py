@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.constants import GRID_TILT_CANDIDATES, GRID_TILT_INTERVALS, GRID_TILT_LOG_STEP, grid_tilt_lambdas
+from tests.helpers.corners import box_instances
 from witcert import bounds as B
 from witcert.bounds import dual_grid as DG
 from witcert.bounds.rounding import FP64_ABS_SLACK
@@ -21,20 +22,10 @@ LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-224, 65) / 16.0)])
 LAMS = grid_tilt_lambdas()
 
 
-@st.composite
-def boxes(draw, n_max=8):
-    n = draw(st.integers(1, n_max))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    p = rng.dirichlet(np.ones(n) * draw(st.sampled_from([0.05, 0.5, 5.0])))
-    p = np.maximum(p, 1e-300)
-    p /= p.sum()
-    e = rng.exponential(draw(st.sampled_from([1e-6, 0.01, 0.3, 2.0])), n) * (rng.random(n) < 0.85)
-    c = rng.normal(0, draw(st.sampled_from([0.0, 1e-3, 0.3, 3.0, 30.0])), n)
-    return p, c, e
 
 
 @settings(max_examples=300, deadline=None)
-@given(boxes())
+@given(box_instances())
 def test_every_grid_bound_at_least_exact_supremum(inst):
     p, c, e = inst
     logits = np.log(p)
@@ -51,7 +42,7 @@ def test_every_grid_bound_at_least_exact_supremum(inst):
 
 
 @settings(max_examples=100, deadline=None)
-@given(boxes(), st.integers(1, 12), st.lists(st.floats(0.0, 50.0), max_size=4))
+@given(box_instances(), st.integers(1, 12), st.lists(st.floats(0.0, 50.0), max_size=4))
 def test_any_grid_and_any_multipliers_are_sound(inst, intervals, lams):
     """SPEC §3(c): any cover and any λ ≥ 0 (the kernel's constants are one choice among them)."""
     p, c, e = inst

@@ -6,6 +6,21 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from hypothesis import strategies as st
+
+
+@st.composite
+def box_instances(draw, n_max=8):
+    """(p̂, c, ε) of up to ``n_max`` tokens: Dirichlet masses (some tiny), radii over 1e-6 … 2 (15 % exact), centres
+    over 0 … 30 (the centred-box tests' property inputs)."""
+    n = draw(st.integers(1, n_max))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    p = rng.dirichlet(np.ones(n) * draw(st.sampled_from([0.05, 0.5, 5.0])))
+    p = np.maximum(p, 1e-300)
+    p /= p.sum()
+    e = rng.exponential(draw(st.sampled_from([1e-6, 0.01, 0.3, 2.0])), n) * (rng.random(n) < 0.85)
+    c = rng.normal(0, draw(st.sampled_from([0.0, 1e-3, 0.3, 3.0, 30.0])), n)
+    return p, c, e
 
 
 def corner_sup(p, eps, center=None):

@@ -75,6 +75,18 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
     return _branch_and_bound(wu, np.exp(eu), np.exp(-eu), tol, max_points)
 
 
+def _box_row(w: np.ndarray, up: np.ndarray, down: np.ndarray):
+    """A box row's tokens of positive mass ``(w, up, down, None)``, or its value decided before any tilt: 0 for at most
+    one such token (p = p̂), 1 for a non-finite or inverted (down > up) box."""
+    keep = w > 0
+    w, up, down = w[keep], up[keep], down[keep]
+    if w.size <= 1:
+        return w, up, down, 0.0
+    if not (np.all(np.isfinite(up)) and np.all(np.isfinite(down))) or np.any(down > up):
+        return w, up, down, 1.0
+    return w, up, down, None
+
+
 def _tilt_row_box(w: np.ndarray, up: np.ndarray, down: np.ndarray, tol: float, max_points: int) -> float:
     """The centred (box) form of §3(c) for one row (Lean ``tilt_tv_le_dual_grid_box_endpoints``): the exact
     distribution is p ∝ p̂·e^{η} with every η_j in [down_j, up_j] (δ = −η: a box |δ_j − c_j| ≤ ε_j has
@@ -84,12 +96,9 @@ def _tilt_row_box(w: np.ndarray, up: np.ndarray, down: np.ndarray, tol: float, m
     The box is shifted by M = max up (the bound is invariant under a common shift of η) and the shifted ends
     are rounded outward (one ulp), so a, b carry only exp's rounding, as in the symmetric case. A spread
     max up − min down above 700 saturates (1)."""
-    keep = w > 0
-    w, up, down = w[keep], up[keep], down[keep]
-    if w.size <= 1:
-        return 0.0
-    if not (np.all(np.isfinite(up)) and np.all(np.isfinite(down))) or np.any(down > up):
-        return 1.0
+    w, up, down, early = _box_row(w, up, down)
+    if early is not None:
+        return early
     M = float(up.max())
     if M - float(down.min()) > 700.0:  # e^{up − down} overflows: the bound is saturated
         return 1.0
@@ -111,12 +120,9 @@ def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: i
     t − D(t, λ) (D's float error bounded and subtracted: ``_dual_at``); the bound is the largest over the intervals
     (Lean ``tilt_tv_le_dual_grid_box_endpoints``: any cover, any λ_i ≥ 0). The ends are rounded outward; a box
     end past ±700 saturates (1); a constant box (every η_j equal) gives 0."""
-    keep = w > 0
-    w, up, down = w[keep], up[keep], down[keep]
-    if w.size <= 1:
-        return 0.0
-    if not (np.all(np.isfinite(up)) and np.all(np.isfinite(down))) or np.any(down > up):
-        return 1.0
+    w, up, down, early = _box_row(w, up, down)
+    if early is not None:
+        return early
     if float(np.max(up)) > 700.0 or float(np.min(down)) < -700.0:  # e^{±700}: the unshifted items overflow
         return 1.0
     if float(down.min()) == float(up.max()):
