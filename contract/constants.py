@@ -36,9 +36,11 @@ def grid_tilt_lambdas(candidates: int = GRID_TILT_CANDIDATES, log_step: float = 
     (returned as Python floats, exact in float32 and float64)."""
     import struct
 
-    if candidates < 1 or candidates % 2 == 0:
-        raise ValueError(f"candidates: an odd count ≥ 1, got {candidates}")
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1 or candidates % 2 == 0:
+        raise ValueError(f"candidates: an odd count ≥ 1, got {candidates!r}")
     half = candidates // 2
+    if not (math.isfinite(log_step) and 0.0 <= log_step * half <= 40.0):
+        raise ValueError(f"log_step: finite, ≥ 0 and at most 40 / (candidates // 2) (float32's range), got {log_step!r}")
     return tuple(struct.unpack("f", struct.pack("f", math.exp(k * log_step)))[0] for k in range(-half, half + 1))
 
 

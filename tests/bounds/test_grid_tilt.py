@@ -144,3 +144,54 @@ def test_grid_follows_the_centred_tilt_at_the_real_rows_scale():
         assert grid >= box - 2 * B.TILT_DEFAULT_TOL
         ratios.append(grid / box)
     assert float(np.median(ratios)) < 1.15
+
+
+@pytest.mark.parametrize("lam", [1e5, 1e300])
+def test_a_multiplier_whose_dual_overflows_tells_nothing(lam):
+    """helper-39's reproducer: a large λ on a box shifted far from 0 overflows D to inf − inf (NaN); that candidate is
+    ignored (its intervals keep the cap or another candidate), never read as 0."""
+    p, up, down = np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0])
+    sup = float(B.tv_sup_bruteforce(p, np.array([0.5, 0.0])))
+    for shift in (0.0, 30.0, 699.0):
+        assert DG._tilt_row_grid(p, up + shift, down + shift, 8, (lam,)) >= sup
+        assert DG._tilt_row_grid(p, up + shift, down + shift, 8, (*LAMS, lam)) >= sup
+
+
+@pytest.mark.parametrize("lams", [(float("nan"),), (float("inf"),), (-1.0,), (1.0, -1e-300)])
+def test_bad_multipliers_are_refused(lams):
+    with pytest.raises(ValueError, match="lams"):
+        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), 8, lams)
+
+
+@pytest.mark.parametrize("intervals", [0, -1, 2.5, True])
+def test_bad_interval_counts_are_refused(intervals):
+    with pytest.raises(ValueError, match="intervals"):
+        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), intervals, LAMS)
+
+
+@pytest.mark.parametrize("w", [[np.nan, 1.0], [np.inf, 1.0], [-0.5, 1.0]])
+def test_bad_masses_saturate(w):
+    """A non-finite or negative mass is not dropped silently: the row saturates (both box forms)."""
+    up, down = np.array([0.5, 0.0]), np.array([-0.5, 0.0])
+    assert DG._tilt_row_grid(np.array(w), up, down, 8, LAMS) == 1.0
+    assert DG._tilt_row_box(np.array(w), up, down, B.TILT_DEFAULT_TOL, 1 << 15) == 1.0
+
+
+@pytest.mark.parametrize("args", [(2, 0.05), (3, float("nan")), (3, float("inf")), (3, -0.1), (3, 80.0)])
+def test_bad_grid_constants_are_refused(args):
+    with pytest.raises(ValueError):
+        grid_tilt_lambdas(*args)
+
+
+def test_a_common_centre_shift_loosens_the_grid_but_not_the_metered_bound():
+    """helper-39: the grid works on the unshifted box, so a centre common to every token (no error at all) makes its
+    own value looser; the metered tilt is the smaller of it and the symmetric tilt at |c| + ε, so it never exceeds
+    the latter, and stays ≥ the supremum."""
+    s, e = np.array([0.0, 1.0, -1.0, 0.5]), np.full(4, 0.05)
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    sup = float(B.tv_sup_bruteforce(p, e))
+    for shift in (0.0, 0.2, 1.0, 5.0):
+        c = np.full(4, shift)
+        tilt = float(B.tv_bound_parts_logits(s, e, center=c, grid=True)[2])
+        assert sup - BF_ERR <= tilt <= float(B.tv_bound_parts_logits(s, np.abs(c) + e)[2]) + 1e-12

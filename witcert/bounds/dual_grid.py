@@ -5,6 +5,8 @@ fractional knapsack, and each interval's upper value at its two ends (Lean
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .rounding import _EPS64, FP64_ABS_SLACK
@@ -77,7 +79,9 @@ def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> fl
 
 def _box_row(w: np.ndarray, up: np.ndarray, down: np.ndarray):
     """A box row's tokens of positive mass ``(w, up, down, None)``, or its value decided before any tilt: 0 for at most
-    one such token (p = p̂), 1 for a non-finite or inverted (down > up) box."""
+    one such token (p = p̂), 1 for a non-finite or negative mass or a non-finite or inverted (down > up) box."""
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        return w, up, down, 1.0
     keep = w > 0
     w, up, down = w[keep], up[keep], down[keep]
     if w.size <= 1:
@@ -119,7 +123,14 @@ def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: i
     interval the smallest over the candidates λ ∈ ``lams`` (and λ = 0, whose value is t_{i+1}) of its larger end value
     t − D(t, λ) (D's float error bounded and subtracted: ``_dual_at``); the bound is the largest over the intervals
     (Lean ``tilt_tv_le_dual_grid_box_endpoints``: any cover, any λ_i ≥ 0). The ends are rounded outward; a box
-    end past ±700 saturates (1); a constant box (every η_j equal) gives 0."""
+    end past ±700 saturates (1); a constant box (every η_j equal) gives 0; a value that is not a number (a large λ
+    times a large box overflows D to inf − inf) saturates (1). ``intervals`` must be a positive int and every λ finite
+    and ≥ 0 (ValueError otherwise)."""
+    if isinstance(intervals, bool) or not isinstance(intervals, (int, np.integer)) or intervals < 1:
+        raise ValueError(f"intervals: a positive int, got {intervals!r}")
+    lams = [float(x) for x in lams]
+    if not all(math.isfinite(x) and x >= 0.0 for x in lams):
+        raise ValueError(f"lams: every multiplier finite and ≥ 0, got {lams!r}")
     w, up, down, early = _box_row(w, up, down)
     if early is not None:
         return early
@@ -135,10 +146,16 @@ def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: i
     best = ts[1:].copy()  # λ = 0: D = 0, the cap t_{i+1}
     for lam in lams:
         lv = np.full(intervals, float(lam))
-        left = ts[:-1] - _dual_at(ts[:-1], lv, w, a, b, m)
-        right = ts[1:] - _dual_at(ts[1:], lv, w, a, b, m)
-        best = np.minimum(best, np.maximum(left, right))
-    return float(min(1.0, max(0.0, float(np.max(best))) + FP64_ABS_SLACK))
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing D is handled below
+            left = ts[:-1] - _dual_at(ts[:-1], lv, w, a, b, m)
+            right = ts[1:] - _dual_at(ts[1:], lv, w, a, b, m)
+        cand = np.maximum(left, right)
+        # a candidate whose D overflowed (NaN, or a −inf never produced but guarded) tells nothing: +inf, never the best
+        best = np.minimum(best, np.where(np.isnan(cand) | (cand == -np.inf), np.inf, cand))
+    top = float(np.max(best))
+    if not math.isfinite(top):  # (the cap t_{i+1} keeps every interval finite; guarded all the same)
+        return 1.0
+    return float(min(1.0, max(0.0, top) + FP64_ABS_SLACK))
 
 
 def _branch_and_bound(wu: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float, max_points: int) -> float:
