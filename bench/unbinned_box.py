@@ -30,12 +30,14 @@ import time
 import kernel_box_forms as KB
 import numpy as np
 
+from witcert import bounds as B
 from witcert.bounds.dual_grid import _dual_at, _lambda_at
 
 GRIDS = (16, 32, 64)
 CANDIDATES = ((32, 3), (32, 5), (64, 3))
 STEP = 0.01  # the carried candidates' spacing in log λ
-FIXED = ((4, 5, 0.04), (6, 3, 0.06), (8, 3, 0.05), (6, 5, 0.04), (8, 5, 0.03), (8, 9, 0.02), (16, 9, 0.02))
+FIXED = ((1, 1, 0.0), (4, 1, 0.0), (2, 3, 0.05), (4, 5, 0.04), (6, 3, 0.06), (8, 3, 0.05), (6, 5, 0.04), (8, 5, 0.03),
+         (8, 9, 0.02), (16, 9, 0.02))
 
 
 def items(d, h, g):
@@ -81,8 +83,22 @@ def head_rows(rows, out: dict, later: bool):
                 yield d, rows[i - 30] if later else None, h, g
 
 
+def shared_sqrt2(d, h, g) -> float:
+    """The kernels' binned form today on the row (``kernel_box_forms``' ``shared_sqrt2``: one √2 level per token of
+    W_j + max_h |c_hj| / c_h, shared by the heads of kv head h)."""
+    lg, E, C = d["logits"], d["eps"], d["c"]
+    GQ = lg.shape[2]
+    mk = np.ones(lg.shape[-1], bool) if d["mask"] is None else np.broadcast_to(d["mask"], lg.shape)[0, h, g, 0]
+    e, c = E[0, h, :, 0], C[0, h, :, 0]
+    nz = e[0] > 0
+    ch = np.array([np.median(e[j][nz] / e[0][nz]) for j in range(GQ)])
+    u = np.max(np.abs(c) / ch[:, None], axis=0)
+    return float(B.tv_bound_logits(lg[0, h, g, 0], ch[g] * KB.grid_up(e[0] + u, 0.5), mask=mk))
+
+
 def fixed_forms(rows) -> dict:
-    """The stateless fixed grids (``FIXED``: N, K, δ) on every row."""
+    """The stateless fixed grids (``FIXED``: N, K, δ) on every row; the two sums of 1 × 1 (λ = 1 at t = 0 and 1:
+    max(Σ p̂ (a − 1)₊, Σ p̂ (1 − b)₊)) also as the smaller of it and the kernels' binned form today."""
     out: dict = {"real": [], "ref": []}
     for d, _, h, g in head_rows(rows, out, later=False):
         w, a, b = items(d, h, g)
@@ -90,6 +106,9 @@ def fixed_forms(rows) -> dict:
             ts = np.linspace(0.0, 1.0, n + 1)
             lams = [np.full(n, np.exp(j * step)) for j in range(-(k // 2), k // 2 + 1)]
             out.setdefault(f"fixed {n}x{k} {step:g} ({(n + 1) * k} sums)", []).append(bound(w, a, b, ts, lams))
+        binned = shared_sqrt2(d, h, g)
+        out.setdefault("shared sqrt2 (the kernels today)", []).append(binned)
+        out.setdefault("min(fixed 1x1, shared sqrt2)", []).append(min(binned, out["fixed 1x1 0 (2 sums)"][-1]))
     return out
 
 
