@@ -195,3 +195,21 @@ def test_a_common_centre_shift_loosens_the_grid_but_not_the_metered_bound():
         c = np.full(4, shift)
         tilt = float(B.tv_bound_parts_logits(s, e, center=c, grid=True)[2])
         assert sup - BF_ERR <= tilt <= float(B.tv_bound_parts_logits(s, np.abs(c) + e)[2]) + 1e-12
+
+
+def test_one_interval_and_lambda_one_is_the_two_sum_closed_form():
+    """The grid's smallest case (one interval, λ = 1) is max(Σ p̂ (a − 1)₊, Σ p̂ (1 − b)₊): t − D(t, 1) at t = 0 and 1
+    (the kernels' cheapest unbinned form, bench/TIGHTNESS.md), ≥ the supremum; and more intervals with λ = 1 alone
+    gain nothing beyond the caps t_{i+1} (t − D(t, 1) is convex in t: its maximum is at an end)."""
+    rng = np.random.default_rng(8)
+    for _ in range(50):
+        n = int(rng.integers(2, 7))
+        p = rng.dirichlet(np.ones(n))
+        c, e = rng.normal(0, 0.1, n), rng.exponential(0.05, n)
+        a, b = np.exp(-c + e), np.exp(-c - e)
+        closed = max(float(np.dot(p, np.maximum(a - 1, 0))), float(np.dot(p, np.maximum(1 - b, 0))))
+        one = DG._tilt_row_grid(p, -c + e, -c - e, 1, (1.0,))
+        assert abs(one - min(1.0, closed)) <= 1e-12
+        assert one >= float(B.tv_sup_bruteforce(p, e, center=c)) - BF_ERR
+        four = DG._tilt_row_grid(p, -c + e, -c - e, 4, (1.0,))
+        assert four <= one + 1e-12 and (four >= one - 1e-12 or four >= 0.25)
