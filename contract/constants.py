@@ -2,6 +2,7 @@
 bridge all read from here (never restated)."""
 
 import math
+import struct
 
 #: the dither u takes 2**DITHER_RESOLUTION_BITS values, (2k+1)·2^-24 − ½ (see witcert.schemes).
 DITHER_RESOLUTION_BITS = 23
@@ -25,7 +26,8 @@ STORE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38
 #: centred on 0, δ = GRID_TILT_LOG_STEP, rounded to float32 (``grid_tilt_lambdas``: a kernel's constants and the fp64
 #: reference's exact values); each interval takes the candidate (or λ = 0, the cap t_{i+1}) whose larger end value is
 #: smallest. Any cover and any λ ≥ 0 are sound (Lean ``tilt_tv_le_dual_grid_box_endpoints``); these three are the
-#: tightness / cost choice of bench/TIGHTNESS.md "A fixed (t, λ) grid" ((N + 1)·K = 27 sums per token and head)
+#: tightness / cost choice of bench/TIGHTNESS.md "The centred box unbinned, in one pass" ((N + 1)·K = 27 sums per
+#: token and head; one interval with λ = 1 alone is the two-sum closed form there)
 GRID_TILT_INTERVALS = 8
 GRID_TILT_CANDIDATES = 3
 GRID_TILT_LOG_STEP = 0.05
@@ -34,8 +36,6 @@ GRID_TILT_LOG_STEP = 0.05
 def grid_tilt_lambdas(candidates: int = GRID_TILT_CANDIDATES, log_step: float = GRID_TILT_LOG_STEP) -> tuple:
     """The grid's multipliers e^{k·log_step}, k = −(K − 1)/2 … (K − 1)/2 (K odd), each rounded to the nearest float32
     (returned as Python floats, exact in float32 and float64)."""
-    import struct
-
     if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1 or candidates % 2 == 0:
         raise ValueError(f"candidates: an odd count ≥ 1, got {candidates!r}")
     half = candidates // 2
