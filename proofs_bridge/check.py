@@ -19,6 +19,9 @@ line counting all three, and exits non-zero if any fails. What is checked:
 * the §3(c) tilt of the centred box (``check_tilt.check_tilt_box``, Lean ``tilt_tv_le_dual_grid_box_endpoints``): the fp64
   reference's ``dual_grid._tilt_row_box`` on a fixed grid against t − dualDBox(t, λ) at both ends of every interval
   (``formulas.DUAL_ITEM_BOX``), and, with ``tv_bound_parts_logits(center=…)``, never below the brute-force supremum;
+* the same theorem on the fixed (t, λ) grid (``check_tilt.check_tilt_grid``, ``sketch_box="grid"``): the fp64
+  reference's ``dual_grid._tilt_row_grid`` with the contract's grid and float32 multipliers against t − dualDBox(t, λ_k)
+  at both ends of every interval, the best candidate per interval, and never below the brute-force supremum;
 * falsification: every §9 statement on random instances in 50-digit arithmetic (``falsify``);
 * Lean statements: every §9 theorem (and ``tail_at_radius``) is parsed from ``lean/`` by
   ``lean_parse`` and its conclusion and defining hypotheses must equal ``formulas.LEAN_THEOREMS``;
@@ -44,7 +47,7 @@ import sympy as sp
 from . import falsify
 from . import formulas as F
 from . import lean_parse as LP
-from .check_tilt import check_tilt_box, check_tilt_endpoints
+from .check_tilt import check_tilt_box, check_tilt_endpoints, check_tilt_grid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -162,6 +165,7 @@ def check_formulas(seed: int = 0, points: int = 200):
     out += check_fp_terms(rng, points)
     out += check_tilt_endpoints(rng)
     out += check_tilt_box(rng)
+    out += check_tilt_grid(rng)
     return out
 
 

@@ -269,6 +269,63 @@ def check_tilt_box(rng, rows: int = 12, K: int = 6):
     return out
 
 
+def check_tilt_grid(rng, rows: int = 12, K: int = 6):
+    """``tilt_tv_le_dual_grid_box_endpoints`` on the fixed (t, λ) grid (``sketch_box="grid"``, SPEC §3(c)): the fp64
+    reference ``dual_grid._tilt_row_grid(w, up, down, N, λ's)`` with the contract's grid (``GRID_TILT_INTERVALS``,
+    ``grid_tilt_lambdas``) is max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k(t) = t − dualDBox(t, λ_k) from
+    ``formulas.DUAL_ITEM_BOX`` on the unshifted box, t_i = i/N (the cover of [0, 1] the theorem takes, λ = 0 giving the
+    cap), every λ_k finite and ≥ 0; and ``tv_bound_parts_logits(..., center=c, grid=True)`` never falls below the
+    brute-force supremum."""
+    try:
+        from contract.constants import GRID_TILT_INTERVALS, grid_tilt_lambdas
+        from witcert import bounds as B
+        from witcert.bounds import dual_grid
+    except ImportError as exc:
+        return [("grid tilt: reference", False, f"cannot import the grid's reference: {exc}")]
+    names = ("reference grid tilt = max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k = t − dualDBox(t, λ_k)",
+             "grid tilt: every λ_k finite and ≥ 0",
+             "reference grid tilt and tv_bound_parts_logits(grid=True) ≥ brute-force supremum")
+    if not hasattr(dual_grid, "_tilt_row_grid"):
+        return [(n, False, "witcert.bounds.dual_grid._tilt_row_grid is missing") for n in names]
+    lams = np.asarray(grid_tilt_lambdas(), dtype=np.float64)
+    if not (np.all(np.isfinite(lams)) and np.all(lams >= 0)):
+        return [(n, False, f"the contract's multipliers {lams.tolist()}") for n in names]
+    N = GRID_TILT_INTERVALS
+    ts = np.arange(N + 1) / N
+    ok_ref, worst = True, 0.0
+    for w, c, e in _box_rows(rng, rows, K):
+        c, e = c * 0.05, e * 0.05  # the boxes the grid's multipliers are for (a few per cent): the formula is tested
+        up, down = _BOX_UP(c, e), _BOX_DOWN(c, e)  # where its candidates, not only its cap, decide
+        got = float(dual_grid._tilt_row_grid(w, up, down, N, tuple(lams)))
+        live = w > 0
+        wl, cl, el = w[live], -(up[live] + down[live]) / 2, (up[live] - down[live]) / 2
+        best = ts[1:].copy()
+        for lam in lams:
+            g0 = _g_box_formula(ts[:-1], lam, wl, cl, el)
+            g1 = _g_box_formula(ts[1:], lam, wl, cl, el)
+            best = np.minimum(best, np.maximum(g0, g1))
+        want = min(1.0, max(0.0, float(best.max()))) if np.any(el > 0) or np.ptp(cl) > 0 else 0.0
+        ok_ref &= _above(got, want, B.FP64_ABS_SLACK + 1e-9)
+        worst = max(worst, abs(got - want))
+    out = [(names[0], ok_ref, f"largest |got − formula| {worst:.2e}"), (names[1], True, "")]
+    ok_sound, detail = True, ""
+    for r in range(2 * rows):
+        n = 2 + r % 8
+        p = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
+        p = np.maximum(p, 1e-6)
+        p = p / p.sum()
+        c = _box_centres(rng, n) * [0.02, 0.3, 1.0][r % 3]
+        e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)
+        sup, _ = _corner_sup(p, c, e)
+        tilt = float(dual_grid._tilt_row_grid(p, _BOX_UP(c, e), _BOX_DOWN(c, e), N, tuple(lams)))
+        parts = [float(np.asarray(x).reshape(-1)[0]) for x in B.tv_bound_parts_logits(
+            np.log(p)[None], e[None], center=c[None], grid=True)]
+        if min([tilt] + parts) < sup - 1e-12:
+            ok_sound, detail = False, f"row {r}: sup {sup:.6g}, grid tilt {tilt:.6g}, parts {parts}"
+    out.append((names[2], ok_sound, detail))
+    return out
+
+
 def _check_box_levels(B, rng):
     """``witcert.bounds.box_levels`` widens each box onto the levels: [c̄ − L, c̄ + L] ⊇ [c − ε, c + ε] (exactly, in
     the floats' real values), the hypothesis ``hbox`` of ``tilt_tv_le_hist_box_endpoints`` for the histogram over

@@ -116,3 +116,34 @@ def test_a_false_box_statement_is_falsified():
     # dualDBox is not dualD once the centre is not 0 (dualDBox_zero is the centre-0 case only)
     p, e = [mp.mpf("0.3"), mp.mpf("0.7")], [mp.mpf("0.2"), mp.mpf("1.1")]
     assert abs(Fz.dual_D_box(p, [mp.mpf("0.5")] * 2, e, mp.mpf("0.4"), mp.mpf(2)) - Fz.dual_D(p, e, mp.mpf("0.4"), mp.mpf(2))) > 1e-3
+
+
+def test_drift_in_the_grid_tilt_fails(monkeypatch):
+    """The reference's grid tilt (``sketch_box="grid"``) must be the Lean formula on the contract's grid: a box
+    shifted before the fixed multipliers see it (sound, not the formula), the cap dropped (the smallest interval
+    taken instead of the largest: below the supremum), a right end valued at the left end, and a negative multiplier
+    in the contract all fail."""
+    import numpy as np
+
+    import contract.constants as K
+    from witcert.bounds import dual_grid as G
+
+    formula = "reference grid tilt = max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k = t − dualDBox(t, λ_k)"
+    sound = "reference grid tilt and tv_bound_parts_logits(grid=True) ≥ brute-force supremum"
+
+    def bad():
+        return failed(C.check_tilt_grid(np.random.default_rng(0)))
+
+    assert bad() == []
+    real = G._tilt_row_grid
+    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, n, lams: real(w, up - up.max(), down - up.max(), n, lams))
+    assert formula in bad()
+    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, n, lams: real(w, up, down, 1, (1.0,)) / n)
+    assert formula in bad() and sound in bad()
+    real_d = G._dual_at
+    monkeypatch.setattr(G, "_tilt_row_grid", real)
+    monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(np.minimum(ts, ts[0]), lam, *a))
+    assert formula in bad()
+    monkeypatch.setattr(G, "_dual_at", real_d)
+    monkeypatch.setattr(K, "grid_tilt_lambdas", lambda: (-1.0, 1.0))
+    assert "grid tilt: every λ_k finite and ≥ 0" in bad()
