@@ -268,6 +268,19 @@ def test_torch_scalar_results_keep_their_shape():
     assert B.tv_bound_logits(torch.log(p), e, center=torch.zeros(2, dtype=torch.float64)).shape == ()
 
 
+
+def test_a_torch_centre_alone_gives_a_torch_result():
+    """helper-39: with numpy logits / radius and a torch centre the result is a torch tensor (the library type of the
+    first torch input, as for the other arguments)."""
+    import torch
+
+    p, e, c = np.array([0.5, 0.5]), np.array([0.1, 0.1]), torch.tensor([0.0, 0.2], dtype=torch.float64)
+    for got in (B.tv_bound_logits(np.log(p), e, center=c), B.tv_bound_logits(np.log(p), e, center=c, grid=True),
+                *B.tv_bound_parts_logits(np.log(p), e, center=c), B.tv_bound_tilt(p, e, center=c),
+                B.tv_sup_bruteforce(p, e, center=c)):
+        assert isinstance(got, torch.Tensor)
+
+
 def test_measure_names_a_bad_centre():
     from witcert import meter as M
 

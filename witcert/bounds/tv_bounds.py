@@ -153,7 +153,7 @@ def tv_bound_tilt(p_hat, radius, levels=None, tol: float = TILT_DEFAULT_TOL, max
                 up = np.nextafter(-flat_c[i] + flat_e[i], np.inf)
                 down = np.nextafter(-flat_c[i] - flat_e[i], -np.inf)
             out[i] = _tilt_row_box(flat_p[i], up, down, float(tol), int(max_points))
-    return _wrap(out.reshape(ok.shape), p_hat, radius)
+    return _wrap(out.reshape(ok.shape), p_hat, radius, center)
 
 
 def _center_np(center, shape, live):
@@ -218,4 +218,4 @@ def tv_sup_bruteforce(p_hat, radius, mask=None, center=None):
         tS = np.where(A + C > 0, A / np.where(A + C > 0, A + C, 1.0), 0.0)
         sup = np.max(tS - P, axis=-1)
     sup = np.clip(sup, 0.0, 1.0)
-    return _wrap(np.where(ok, sup, 1.0), p_hat, radius)
+    return _wrap(np.where(ok, sup, 1.0), p_hat, radius, center)

@@ -84,7 +84,7 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
         out[:, i] = _parts_logits_row(fl_l[i], fl_e[i], fl_live[i], levels, float(tol), bool(tilt),
                                       None if fl_c is None else fl_c[i], bool(grid))
     shp = la.shape[:-1]
-    return tuple(_wrap(out[k].reshape(shp), logits, radius) for k in range(3))
+    return tuple(_wrap(out[k].reshape(shp), logits, radius, center) for k in range(3))
 
 
 def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DEFAULT_TOL, center=None,
@@ -92,7 +92,7 @@ def tv_bound_logits(logits, radius, mask=None, levels=None, tol: float = TILT_DE
     """``min(tanh, e-form, tilt)`` of ``tv_bound_parts_logits``."""
     a, b, c = (_as_np(x, "bound") for x in tv_bound_parts_logits(logits, radius, mask=mask, levels=levels, tol=tol,
                                                                   center=center, grid=grid))
-    return _wrap(np.minimum(np.minimum(a, b), c), logits, radius)
+    return _wrap(np.minimum(np.minimum(a, b), c), logits, radius, center)
 
 
 def _box_ends(c: np.ndarray, e: np.ndarray):
