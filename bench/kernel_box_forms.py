@@ -93,6 +93,15 @@ def capture_rows(scheme: str) -> tuple[list, object]:
     return rows, res
 
 
+def head_factors(e: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A kv head's query-head factors c_h (up to a common factor: ε_hj = c_h W_j with W_j := ε_0j, the median over
+    its compressed tokens) and the kernels' shared sketch term u_j = max_h |c_hj| / c_h, from its rows' centred radii
+    ``e`` and centres ``c`` [GQ, n] (window and repaired tokens: ε = c = 0)."""
+    nz = e[0] > 0
+    ch = np.array([np.median(e[g][nz] / e[0][nz]) for g in range(e.shape[0])])
+    return ch, np.max(np.abs(c) / ch[:, None], axis=0)
+
+
 def two_point_items(w, x, L, lid):
     """Per level id: the centres' two-point replacement (module doc), as box items (w, up, down)."""
     ws, ups, downs = [], [], []
@@ -124,10 +133,8 @@ def forms(rows) -> dict:
         for h in range(Hkv):
             e, c, mk = E[0, h, :, 0], C[0, h, :, 0], mk_all[0, h, 0, 0]
             nz = e[0] > 0  # compressed tokens (the window's and repaired ones have ε = c = 0)
-            # ε_hj = c_h W_j: c_h up to a common factor (W_j := ε_0j)
-            ch = np.array([np.median(e[g][nz] / e[0][nz]) for g in range(GQ)])
+            ch, u = head_factors(e, c)
             W = e[0]
-            u = np.max(np.abs(c) / ch[:, None], axis=0)
             pw = P[0, h, :, 0]
             mu = np.array([(pw[g][nz & mk] * c[g][nz & mk]).sum() / max(pw[g][nz & mk].sum(), 1e-300)
                            for g in range(GQ)])

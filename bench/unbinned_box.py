@@ -87,12 +87,9 @@ def shared_sqrt2(d, h, g) -> float:
     """The kernels' binned form today on the row (``kernel_box_forms``' ``shared_sqrt2``: one √2 level per token of
     W_j + max_h |c_hj| / c_h, shared by the heads of kv head h)."""
     lg, E, C = d["logits"], d["eps"], d["c"]
-    GQ = lg.shape[2]
     mk = np.ones(lg.shape[-1], bool) if d["mask"] is None else np.broadcast_to(d["mask"], lg.shape)[0, h, g, 0]
     e, c = E[0, h, :, 0], C[0, h, :, 0]
-    nz = e[0] > 0
-    ch = np.array([np.median(e[j][nz] / e[0][nz]) for j in range(GQ)])
-    u = np.max(np.abs(c) / ch[:, None], axis=0)
+    ch, u = KB.head_factors(e, c)
     return float(B.tv_bound_logits(lg[0, h, g, 0], ch[g] * KB.grid_up(e[0] + u, 0.5), mask=mk))
 
 
