@@ -74,6 +74,7 @@ without)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import logging
 import math
 from typing import NamedTuple
@@ -279,6 +280,8 @@ def decode(
     if served != "float32":  # the output's rounding into the dtype it is served in joins E⁺
         consts = dataclasses.replace(consts, store=store_terms(served, "float32", D))
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer, out, lse_out)
+    if rec is not None and ws.ex is not None:
+        _apply_excess(rec, ws)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
         o = _zero_dead_rows(o, rec, sl[1:] - sl[:-1] if consts.csr_lens else sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
@@ -415,6 +418,7 @@ class _Partials(NamedTuple):
     acc: torch.Tensor  # [.., D] output accumulators
     hist: torch.Tensor  # [.., NB] the level histograms and Σ p̂ φ (unmetered: a placeholder)
     stat: torch.Tensor  # [.., STAT_COLUMNS] (unmetered: a placeholder)
+    ex: torch.Tensor | None = None  # [.., 2] the excess sums A, B (``excess_form``; else None)
 
 
 class _Rows(NamedTuple):
@@ -434,7 +438,39 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
     acc_out = torch.empty(Bsz, Hq, S, D, **f32)
     hist = torch.empty(Bsz, Hq, S, plan.hist_columns, **f32) if plan.meter else m_out
     stat = torch.empty(Bsz, Hq, S, STAT_COLUMNS, **f32) if plan.meter else m_out
-    return _Partials(m_out, l_out, acc_out, hist, stat)
+    ex = torch.empty(Bsz, Hq, S, 2, **f32) if excess_form(plan) else None
+    return _Partials(m_out, l_out, acc_out, hist, stat, ex)
+
+
+#: the centred box's two excess sums beside the histogram where the sketch (or the weights) is read (WIP, branch
+#: wip/two-sum-kernel): TV⁺ also ≤ max(Σ p̃ (e^{−c+ε} − 1)₊, Σ p̃ (1 − e^{−c−ε})₊) (bench/TIGHTNESS.md)
+EXCESS_FORM = os.environ.get("WITCERT_EXCESS", "1") != "0"
+
+
+def excess_form(plan: DecodePlan) -> bool:
+    """Whether the launch accumulates the excess sums (``EXCESS_FORM``, the meter and the sketch radius)."""
+    return EXCESS_FORM and plan.meter and (plan.sketch_bits > 0 or plan.weighted)
+
+
+def _apply_excess(rec: MeterRecord, ws: _Partials) -> None:
+    """TV⁺ (tier A) lowered in place to the excess form where it is smaller: Â = Σ_s w_s A_s / L (float64, the merge's
+    weights), B̂ alike, up by Ξ + 2^-21 (the sums' fp32 accumulation, relative 2.1η ≤ Ξ, and the products'); the
+    row's Ξ widens the box (p̂ ∝ p̃ e^{ξ}, |ξ| ≤ Ξ): TV(p, p̃) ≤ max(e^Ξ Â + e^Ξ − 1, B̂ + 1 − e^{−Ξ}); then
+    + tanh(Ξ/2) + ρ as the record's own forms. Rows with a flag, TV⁺ 0 (one token, none) or a non-finite sum keep
+    theirs. No host sync."""
+    m = ws.m
+    M = m.amax(-1, keepdim=True)
+    w64 = torch.where(torch.isfinite(m), torch.exp((m - M).double()), torch.zeros_like(m, dtype=torch.float64))
+    L = (w64 * ws.l.double()).sum(-1)
+    ex = ws.ex.double()
+    xi = rec.xi
+    grow = 1.0 + xi + 2.0**-21
+    a = (w64 * ex[..., 0]).sum(-1) / L * grow
+    b = (w64 * ex[..., 1]).sum(-1) / L * grow
+    tv = torch.maximum(torch.exp(xi) * a + torch.expm1(xi), b - torch.expm1(-xi)) + torch.tanh(xi / 2) + rec.rho \
+        + 2.0**-40
+    ok = torch.isfinite(tv) & (rec.tv_upper_a > 0) & ~rec.flag
+    rec.tv_upper_a.copy_(torch.where(ok, torch.minimum(rec.tv_upper_a, tv.clamp(max=1.0)), rec.tv_upper_a))
 
 
 def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: _Partials, sm: float,
@@ -449,7 +485,7 @@ def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows,
         cache.k_sketch if skb else sl, cache.weights if plan.weighted else sl,
         *((window.k, window.v, window.k_norm, window.v_norm) if has_win else (q, q, ws.m, ws.m)),
         *((unmetered.slots, unmetered.every) if unmetered is not None else (sl, sl)),
-        ws.m, ws.l, ws.acc, ws.hist, ws.stat,
+        ws.m, ws.l, ws.acc, ws.hist, ws.stat, ws.ex if ws.ex is not None else ws.m,
         cache.seed, cache.layer, sm, plan.num_splits, window.sink if has_win else 0, window.recent if has_win else 0,
         unmetered.slots.shape[0] if unmetered is not None else 0,
         q.stride(0), q.stride(1),
@@ -480,7 +516,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
-        HAS_UNMET=has_unmet,
+        HAS_UNMET=has_unmet, EXC=excess_form(plan),
     )
 
 

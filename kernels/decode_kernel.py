@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_meter import _group_radius, _histogram_tile, _sketch_query, _sketch_radius, _value_witnesses
+from .decode_meter import _excess_tile, _group_radius, _histogram_tile, _sketch_query, _sketch_radius, _value_witnesses
 from .decode_program import _exact_window, _query_columns, _split_pages, _store_partials
 from .decode_steps import _code_offsets, _witness_offsets
 from .decode_tile import _byte_tile, _group_tile, _prefetch_next_tile, _repair_slots
@@ -24,7 +24,7 @@ def _decode_kernel(
     Q, KC, VC, KS, VS, KZ, VZ, KW, VW, VN, KN, BT, SL, TM,
     RS, RK, RV, RKN, RVN,
     SK, WGT, WK, WV, WKN, WVN, UM, UMA,
-    M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT,
+    M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, EX_OUT,
     seed, layer, sm_scale, num_splits, sink, recent, um_rows,
     s_qb, s_qh,
     s_cb, s_ch, s_ct,
@@ -43,7 +43,7 @@ def _decode_kernel(
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
-    HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr,
+    HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -60,10 +60,13 @@ def _decode_kernel(
     l = tl.zeros([BLOCK_H], tl.float32)
     accT = tl.zeros([D, BLOCK_H], tl.float32)
     SKETCH: tl.constexpr = METER and (SKB > 0 or WEIGHTED)
-    q_sum, inv_c, qk0, qk1, qk2, qk3, inv_a_norm = _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale,
+    q_sum, inv_c, qk0, qk1, qk2, qk3, inv_a_norm, chu = _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale,
                                                                  s_qb, s_qh, GQ, D, SCHEME, SKETCH, SKB, WEIGHTED)
     col = tl.arange(0, NB)
     histT = tl.zeros([NB, BLOCK_H], tl.float32)
+    # EXC (with the sketch): the excess sums of the centred box (``_excess_tile``), per head column
+    exA = tl.zeros([BLOCK_H], tl.float32)
+    exB = tl.zeros([BLOCK_H], tl.float32)
     BLOCK_N: tl.constexpr = PAGES * T
     # running maxima / counts per token lane, reduced once after the loop (not per tile)
     wmax = tl.zeros([BLOCK_N], tl.float32)
@@ -149,7 +152,7 @@ def _decode_kernel(
             # key side: ‖W_j‖₂ over the groups (or the sketch radius), shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
             if SKETCH:
-                wn = _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, hmask, hcol, d, b,
+                wn, wraw, cT, hot = _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, hmask, hcol, d, b,
                                     s_qb, s_qh, s_skb, s_skh, s_skt, q32T, q_sum, inv_c, qk0, qk1, qk2, qk3,
                                     inv_a_norm, sm_scale, INFL, GQ, D, BLOCK_N, BLOCK_H, SCHEME, SKB, MAGIC_BF16,
                                     PREC32, HL)
@@ -169,6 +172,8 @@ def _decode_kernel(
             hdT = _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
                                   PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ, HL)
             histT = histT * alpha[None, :] + hdT
+            if EXC and SKETCH:
+                exA, exB = _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL, HL, HAS_REP)
             if TIER_B or SCHEME == INT8_DITHER_ID:  # max s: only Tier B's and the dither's terms read it
                 smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
@@ -179,10 +184,10 @@ def _decode_kernel(
     if HAS_UNMET:  # the last tile's marks
         bad += ((um_prev != 0) | out_prev).to(tl.float32)
     if HAS_WIN:  # the exact window's tokens, from the ring (the split that owns its virtual pages)
-        m, l, accT, histT, numax, kapmax, bad = _exact_window(
-            Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, ring_here, b, kvh, seq_len, sink, recent,
-            n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
-            D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32)
+        m, l, accT, histT, numax, kapmax, bad, exA, exB = _exact_window(
+            Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, ring_here, b, kvh, seq_len, sink,
+            recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
+            D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32, EXC and SKETCH)
     if HL:
         wcol = wmaxh
         if PACK_HIST:  # a head's lo column (c + HALF) is binned with it: its maximum counts (equal by construction)
@@ -192,5 +197,9 @@ def _decode_kernel(
             wcol = tl.reshape(tl.permute(tl.join(w_head, w_head), (1, 0)), [BLOCK_H])
     else:
         wcol = tl.zeros([BLOCK_H], tl.float32) + tl.max(wmax, axis=0)
+    if EXC and SKETCH:  # the hmask columns (with PACK_HIST the hi ones, whose running max is stored)
+        e_idx = ((b * Hq + heads) * num_splits + sp) * 2
+        tl.store(EX_OUT + e_idx, exA, mask=hmask)
+        tl.store(EX_OUT + e_idx + 1, exB, mask=hmask)
     _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
                     kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST)

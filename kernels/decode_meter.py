@@ -25,6 +25,7 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
     qk2 = q32T
     qk3 = q32T
     inv_a_norm = q32T
+    chu = q32T
     if SKETCH:
         # the sketch radius's head factor c_h = |σ|·‖a⊙q_h‖ (contract.sketch), scaled by its largest entry
         # (no square underflows); the epilogue's factor, in fp64 and rounded up, is at least this one
@@ -35,6 +36,7 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
         qam = tl.max(tl.abs(qa), axis=0)
         qsc = qa / tl.where(qam > 0, qam, 1.0)[None, :]
         c_h = tl.sqrt(tl.sum(qsc * qsc, axis=0)) * qam * tl.abs(sm_scale)  # [H]
+        chu = c_h * (1.0 + 2.0**-20)  # ≥ the exact c_h (a few fp32 roundings): the excess sums' in-tile radius
         q_sum = tl.sum(q32T, axis=0)  # Σ_i q_hi (the magic-number sketch dot's offset)
         # 1 / c_h for the ratio |d_hj| / c_h: 0 on padding columns; +inf where c_h underflowed to 0 (a nonzero d then
         # gives an infinite radius: saturated, flagged; d = 0 there gives NaN, also flagged). A column serving a
@@ -64,7 +66,7 @@ def _sketch_query(Q, WGT, b, kvh, hmask, hcol, d, q32T, sm_scale, s_qb, s_qh, GQ
                 inv_a_norm = tl.sqrt(tl.sum(ainv * ainv, axis=0))
             else:
                 inv_a_norm = tl.sqrt(D * 1.0)
-    return q_sum, inv_c, qk0, qk1, qk2, qk3, inv_a_norm
+    return q_sum, inv_c, qk0, qk1, qk2, qk3, inv_a_norm, chu
 
 
 @triton.jit
@@ -108,6 +110,7 @@ def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, 
         if MAGIC_BF16:
             dT = 2.0 * dT - ((31.0 + LV) * q_sum)[None, :]
         dT = dT * (ks * (0.5 / LV))[:, None]
+        cT = dT * sm_scale  # the centre σ⟨q_h, r̃_j⟩ (signed: δ = served − exact logit, bounds.sketch_center)
         dT = tl.abs(dT) * tl.abs(sm_scale)
         ratio = dT * inv_c[None, :]  # (INFL covers the reciprocal's rounding)
         ratio = tl.where(ratio == ratio, ratio, float("inf"))  # 0·inf: saturate
@@ -117,9 +120,10 @@ def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, 
             u_tok = tl.max(ratio, axis=1)
     else:
         u_tok = ks * ((0.5 * (LV - 1) / LV) * inv_a_norm)
+        cT = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
         if HEAD_LEVELS:
             u_tok = u_tok[:, None] + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
-    return u_tok
+    return u_tok, cT, hot
 
 
 @triton.jit
@@ -128,7 +132,8 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
                    INFL: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_H: tl.constexpr, SCHEME: tl.constexpr, SKB: tl.constexpr, MAGIC_BF16: tl.constexpr,
                    PREC32: tl.constexpr, HEAD_LEVELS: tl.constexpr):
-    """The sketch radius (contract.sketch): U_j = W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h, the token part of
+    """Returns (U, W_j, the signed centre c̃ [N, H] (0 on a cold tile and off ``valid``), whether the dot ran (hot)).
+    The sketch radius (contract.sketch): U_j = W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h, the token part of
     ε_hj = c_h·U_j; r̃_j = β·(2·code + 1 − L)/L from the packed codes and the scheme's β (``kq``: K̂ for the group
     schemes, the codes for fp8; ``ksc``: the group schemes' key scales). Inflated by INFL, 0 off ``valid``.
     HEAD_LEVELS: U_hj = W_j + |σ⟨q_h, r̃_j⟩| / c_h per head column, [N, H] (ε_hj = c_h·U_hj, Lean
@@ -147,9 +152,9 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
         dbi = tl.arange(0, DBP)
         byt = tl.load(SK + skoff[:, None] + dbi[None, :], mask=valid[:, None] & (dbi < DB)[None, :], other=0)
         if SCHEME == INT8_ID or SCHEME == INT8_DITHER_ID:
-            u_tok = _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, q_sum, inv_c,
-                                       qk0, qk1, qk2, qk3, inv_a_norm, sm_scale, GQ, D, BLOCK_N, BLOCK_H, SKB,
-                                       MAGIC_BF16, HEAD_LEVELS)
+            u_tok, cT, hot = _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, q_sum,
+                                                inv_c, qk0, qk1, qk2, qk3, inv_a_norm, sm_scale, GQ, D, BLOCK_N,
+                                                BLOCK_H, SKB, MAGIC_BF16, HEAD_LEVELS)
         else:
             shift = (SKB * (d // DB))[None, :]
             skc = ((tl.load(SK + skoff[:, None] + (d % DB)[None, :], mask=valid[:, None], other=0).to(tl.int32)
@@ -161,6 +166,8 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
                 xh8 = ks[:, None] * kq.to(tl.float32)
                 beta = sketch_beta(xh8, ks[:, None], xh8, SCHEME)
             dT = tl.dot(beta * lev * (1.0 / LV), q32T, input_precision=PREC32)
+            cT = dT * sm_scale  # the signed centre (every tile: these schemes have no cold skip)
+            hot = True
             dT = tl.abs(dT) * tl.abs(sm_scale)
             ratio = dT * inv_c[None, :]
             ratio = tl.where(ratio == ratio, ratio, float("inf"))
@@ -173,11 +180,43 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
         else:
             out = tl.where(valid, (wn + u_tok) * INFL, 0.0)
     else:
+        cT = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
+        hot = False
         if HEAD_LEVELS:
             out = tl.where(valid[:, None], wn[:, None] * INFL, 0.0) + tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
         else:
             out = tl.where(valid, wn * INFL, 0.0)
-    return out
+    return out, tl.where(valid, wn, 0.0), tl.where(valid[:, None], cT, 0.0), hot
+
+
+@triton.jit
+def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL: tl.constexpr, HL: tl.constexpr,
+                 HAS_REP: tl.constexpr):
+    """The two excess sums of the centred box (bench/TIGHTNESS.md, "The centred box unbinned"): with η = −δ in
+    [−c − ε, −c + ε] per (token, head), A += Σ_j p̃_j (e^{−c+ε} − 1)₊ and B += Σ_j p̃_j (1 − e^{−c−ε})₊, rescaled by
+    α as the histogram is (the merge turns them into TV ≤ max(A, B)/L, widened by the row's Ξ). A hot tile's box is
+    centred at the sketch dot c̃ with ε = c_h W_j·INFL + 2^-20 |c̃| (W_j carries the dot's rounding), a cold tile's
+    (no dot) is the symmetric radius c_h·U_j around 0, a repaired token's is 0; μ = 2^-19 (1 + |c| + ε) covers the
+    exp's and the exponent's rounding."""
+    if HL:
+        sym = wn * chu[None, :]
+    else:
+        sym = wn[:, None] * chu[None, :]
+    if hot:
+        eps = (wraw * INFL)[:, None] * chu[None, :] + 2.0**-20 * tl.abs(cT) + 2.0**-100
+        c = cT
+    else:
+        eps = sym
+        c = cT * 0.0
+    if HAS_REP:
+        eps = tl.where(rep[:, None], 0.0, eps)
+        c = tl.where(rep[:, None], 0.0, c)
+    mu = 2.0**-19 * (1.0 + tl.abs(c) + eps)
+    ap = tl.maximum(tl.exp(eps - c + mu) - 1.0, 0.0)
+    bp = tl.maximum(1.0 - tl.exp(-c - eps - mu), 0.0)
+    exA = exA * alpha + tl.sum(pT * ap, axis=0)
+    exB = exB * alpha + tl.sum(pT * bp, axis=0)
+    return exA, exB
 
 
 @triton.jit

@@ -182,10 +182,14 @@ def _canary_kv(n: int, H: int, D: int, dtype: torch.dtype, seed: int, q: torch.T
     return k.to(dtype), v.to(dtype)
 
 
-def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, int], repaired=None) -> np.ndarray:
-    """float64 radii [Hq, n] of sequence b: the sketch radius in the kernel's form (a sketch or channel weights; shared
-    by a kv head's query heads, or per head with ``head_levels``) or the group radius, from the canary's stored
-    witnesses (and sketch), 0 on the window's tokens and on ``repaired`` ones ([n] bool, every kv head)."""
+def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, int], repaired=None,
+            centred: bool = False):
+    """float64 radii [Hq, n] of sequence b and the box's centres (None: 0): the sketch radius in the kernel's form (a
+    sketch or channel weights; shared by a kv head's query heads, or per head with ``head_levels``), or with
+    ``centred`` (the launch's excess sums, ``kernels.decode.excess_form``) the centred box c_h W_j around
+    σ⟨q_h, r̃_j⟩ (it lies inside the symmetric one, so a sound TV⁺ of either form is above its supremum), or the
+    group radius, from the canary's stored witnesses (and sketch), 0 on the window's tokens and on ``repaired`` ones
+    ([n] bool, every kv head)."""
     from . import bounds as B
     from .cache_kernel import served_sketch
 
@@ -207,6 +211,12 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
         rt[:, exact] = 0.0
         w = np.where(exact[None, :], 0.0, W[..., 0].T)  # [H, n]
         a = c.weights.double().cpu().numpy()
+        if centred:
+            cen = np.zeros((H, GQ, n))
+            for h in range(H):
+                out[h] = B.sketch_radius(qd[h], rt[h], w[h], sm, a[h], centered=True)
+                cen[h] = B.sketch_center(qd[h], rt[h], sm)
+            return out.reshape(H * GQ, n), cen.reshape(H * GQ, n)
         for h in range(H):
             out[h] = B.sketch_radius(qd[h], rt[h], w[h], sm, a[h], shared=not c.head_levels)
     else:
@@ -215,7 +225,7 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
             for g in range(GQ):
                 out[h, g] = B.logit_radius(qd[h, g], W[:, h, :], groups, sm, block_size=1, n=n)
         out[..., exact] = 0.0
-    return out.reshape(H * GQ, n)
+    return out.reshape(H * GQ, n), None
 
 
 def _shrunk(eps: np.ndarray) -> np.ndarray:
@@ -267,7 +277,7 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
         log.info("decode self-check skipped inside a CUDA-graph capture: %s", key[:14])
         return None
-    from kernels.decode import decode
+    from kernels.decode import decode, excess_form
     from kernels.exact_window import ExactWindow
     from kernels.paged import PagedKV
     from kernels.plan import plan_decode
@@ -356,9 +366,11 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
         p_hat = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kh)).masked_fill(~live, -torch.inf), -1)
         p = torch.softmax((sm_scale * torch.einsum("hd,hnd->hn", qq, kx)).masked_fill(~live, -torch.inf), -1)
         livec = live.cpu().numpy()
-        eps = _radius(c, bt, b, n, q[b], sm_scale, win, repaired[b]) * livec
+        eps, cen = _radius(c, bt, b, n, q[b], sm_scale, win, repaired[b], centred=excess_form(cplan))
+        eps = eps * livec
         ph = p_hat.cpu().numpy()
-        sup = B.tv_bound_tilt(ph, _shrunk(eps), tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
+        sup = B.tv_bound_tilt(ph, _shrunk(eps), tol=SUP_TOL, center=None if cen is None else cen * livec) \
+            - SUP_TOL - SUP_ABS_SLACK
         real = (0.5 * (p - p_hat).abs().sum(-1)).cpu().numpy()
         err = (torch.einsum("hn,hnd->hd", p, vx) - served[b]).norm(dim=-1).cpu().numpy()
         ratio = np.where(err_k[b] > 0, err / np.where(err_k[b] > 0, err_k[b], 1.0), np.where(err > 0, np.inf, 0.0))

@@ -236,6 +236,7 @@ def test_decode_meters_the_sketch_radius_and_serves_the_window(monkeypatch, sche
     sig = 1 / math.sqrt(D)
     out = decode(c, qd, bt, torch.tensor([n], device=DEV), num_splits=3, window=win)
     rec = out.meter
+    exc = Dk.excess_form(out.plan)
     assert not rec.flag.cpu().any()
     kx, vx, khs, vhs, rt, W = _fp64_case(scheme, bits, k, v, w, q, window, sig)
     # the witnesses the kernel reads (rounded up into fp16, with the sketch dot's γ‖r̃/a‖): the tightness reference
@@ -257,7 +258,13 @@ def test_decode_meters_the_sketch_radius_and_serves_the_window(monkeypatch, sche
         delta = sig * ((khs[h] - kx[h]) @ qq)
         assert torch.all(delta.abs() <= eps)
         tv_k = rec.tv_upper_a[0, hq].item()
-        frac = B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14
+        if exc:  # the excess sums meter the centred box (inside the symmetric one): its supremum is the floor
+            epsc = B.sketch_radius(qg, rt[h], W[h], sig, w.double()[h], centered=True)[hq - h * gq]
+            cc = B.sketch_center(qg, rt[h], sig)[hq - h * gq]
+            assert torch.all((delta - cc).abs() <= epsc)
+            frac = B.tv_bound_tilt(p_hat, epsc, center=cc, tol=2**-14).item() - 2**-14
+        else:
+            frac = B.tv_bound_tilt(p_hat, eps, tol=2**-14).item() - 2**-14
         assert tv_k >= frac - 1e-7
         p = torch.softmax(sig * kx[h] @ qq, 0)
         assert B.tv(p, p_hat).item() <= tv_k
@@ -271,6 +278,12 @@ def test_decode_meters_the_sketch_radius_and_serves_the_window(monkeypatch, sche
         from kernels import epilogue_jit as EJ
         slack = 1.0 / EJ.COARSE + EJ.FP64_SLACK + math.tanh(xi / 2) + rho + 4 * xi + 1e-6
         assert tv_k <= min(1.0, ref + slack), (tv_k, ref)
+        if exc:  # and the kernel reaches the two sums on the stored witnesses' centred box (not only sound)
+            epss = B.sketch_radius(qg, rt[h], Ws[h], sig, w.double()[h], centered=True)[hq - h * gq]
+            e2 = epss * (1 + 2**-10) + 2**-18 * (1 + cc.abs() + epss) + xi
+            two = max(float(p_hat @ (torch.exp(-cc + e2) - 1).clamp_min(0)),
+                      float(p_hat @ (1 - torch.exp(-cc - e2)).clamp_min(0)))
+            assert tv_k <= min(1.0, two + math.tanh(xi / 2) + rho + 4 * xi + 1e-6), (tv_k, two)
 
 
 def test_exact_window_ring_columns_and_writes():
