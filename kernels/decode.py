@@ -74,9 +74,9 @@ without)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import logging
 import math
+import os
 from typing import NamedTuple
 
 import torch
