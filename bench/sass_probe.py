@@ -38,6 +38,7 @@ PTRS = {"Q": "*bf16", "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "K
         "KW": "*fp16", "VW": "*fp16", "VN": "*fp16", "KN": "*fp16", "BT": "*i32", "SL": "*i32", "TM": "*i32",
         "RS": "*i32", "RK": "*bf16", "RV": "*bf16", "RKN": "*fp32", "RVN": "*fp32",
         "M_OUT": "*fp32", "L_OUT": "*fp32", "ACC_OUT": "*fp32", "HIST_OUT": "*fp32", "STAT_OUT": "*fp32",
+        "EX_OUT": "*fp32",
         "SK": "*u8", "WGT": "*fp32", "WK": "*bf16", "WV": "*bf16", "WKN": "*fp32", "WVN": "*fp32",
         "UM": "*u8", "UMA": "*u8"}
 # the benchmark's B 8 / n 32K int8 cache: strides and sizes as the JIT sees them
@@ -57,7 +58,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
-                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False)
+                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else

@@ -9,7 +9,9 @@ replay, median of triton.testing.do_bench, caches rotated past the L2.
     python3 bench/sketch_speed.py [--batches 1,8,32] [--lengths 32768,131072] [--heads 32]
 
 "s+w heads": the sketch + window call with per-head key levels (``PagedKV.head_levels``), printed against
-"sketch+win" (its cost: GQ one-hot histogram dots per tile instead of one).
+"sketch+win" (its cost: GQ one-hot histogram dots per tile instead of one). "s+w no-exc": the sketch + window call
+without the centred box's two excess sums (``kernels.plan.EXCESS_FORM`` off while it is built and captured),
+printed as sketch+win's time over it (their cost).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from decode import bench, fill_cache, graphed  # noqa: E402
 
+import kernels.plan as kernel_plan  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
@@ -101,10 +104,11 @@ def main(argv=None):
                     "sketch4+win": ([(sketched(c, 4, True, gen), bt) for c, bt in base], True, win, None),
                     # per-head key levels (PagedKV.head_levels, the kernel's HEAD_LEVELS): GQ histogram dots per tile
                     "s+w heads": ([(sketched(c, 2, True, gen, True), bt) for c, bt in base], True, win, None),
+                    "s+w no-exc": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
                 }
                 if args.lean:
                     variants = {k: v for k, v in variants.items()
-                                if k in ("off", "group", "sketch+win") or k.startswith(("s+w cap", "s+w t"))}
+                                if k in ("off", "group", "sketch+win", "s+w no-exc") or k.startswith(("s+w cap", "s+w t"))}
                 t = {}
                 regs = {}
                 for name, (cs, meter, w, force) in variants.items():
@@ -114,6 +118,7 @@ def main(argv=None):
 
                     def one(c, bt, run=run):
                         return lambda: run(c, bt)
+                    kernel_plan.EXCESS_FORM = name != "s+w no-exc"
                     try:
                         k = run(cs[0][0], cs[0][1]).compiled
                         pl = plan_call(cs[0][0], q, cs[0][1], meter=meter, window=w, force=force)
@@ -123,6 +128,8 @@ def main(argv=None):
                     except Exception as exc:  # a variant that fails to build is reported, not fatal
                         print(f"# {name}: {type(exc).__name__}: {exc}"[:400], flush=True)
                         t[name] = float("nan")
+                    finally:
+                        kernel_plan.EXCESS_FORM = True
                 g = lambda c: t.get(c, float("nan"))  # noqa: E731 (--lean leaves some out)
                 print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{g(c):>11.4f}" for c in cols)
                       + f" {g('sketch') / g('group'):>10.3f} {g('sketch+win') / g('group'):>10.3f}"
@@ -130,7 +137,9 @@ def main(argv=None):
                       + "".join(f"  {c}: {t[c]:.4f} ({t[c] / g('group'):.3f} of group, {t[c] / g('sketch+win'):.3f} of s+w)"
                                 for c in t if c.startswith(("s+w cap", "s+w t")))
                       + (f"  s+w heads: {g('s+w heads'):.4f} ({g('s+w heads') / g('sketch+win'):.3f} of sketch+win)"
-                         if "s+w heads" in t else ""), flush=True)
+                         if "s+w heads" in t else "")
+                      + (f"  s+w no-exc: {g('s+w no-exc'):.4f} (sketch+win / it {g('sketch+win') / g('s+w no-exc'):.3f})"
+                         if "s+w no-exc" in t else ""), flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
 

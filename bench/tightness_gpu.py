@@ -10,7 +10,8 @@ given overrides; the JSON adds ``dtype`` and the device's name.
     python bench/tightness_gpu.py --show results.jsonl     # one summary line per configuration
 
 A configuration is ``SCHEME[:key=value,...]`` with keys ``backend``, ``sketch_box``, ``sketch_bits``, ``window``
-(``S/R``), ``weights``. The exit status is 1 if any row of any configuration is a violation (TV⁺ < realised TV).
+(``S/R``), ``weights``, and ``excess=0`` (the kernel without the centred box's excess sums, ``kernels.plan.EXCESS_FORM``
+off for that configuration). The exit status is 1 if any row of any configuration is a violation (TV⁺ < realised TV).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def parse_config(text: str) -> tuple[str, dict]:
             kw[key] = val
         elif key == "sketch_bits":
             kw[key] = int(val)
+        elif key == "excess":
+            kw[key] = val != "0"
         elif key == "window":
             s, _, r = val.partition("/")
             kw[key] = (int(s), int(r))
@@ -76,6 +79,9 @@ def main(argv=None) -> int:
         for cfg in filter(None, args.configs.split(";")):
             scheme, kw = parse_config(cfg)
             t0 = time.time()
+            import kernels.plan as kernel_plan
+
+            kernel_plan.EXCESS_FORM = kw.pop("excess", True)
             try:
                 res = run(scheme=scheme, device=args.device, dtype=dtypes[dname], **kw)
             except Exception as e:  # one configuration failing does not lose the others' lines
@@ -83,6 +89,8 @@ def main(argv=None) -> int:
             else:
                 line = {"config": cfg, "dtype": dname, "device": name, **res.to_json()}
                 bad += res.violations
+            finally:
+                kernel_plan.EXCESS_FORM = True
             line["wall_s"] = round(time.time() - t0, 1)
             text = json.dumps(line)
             print(text, flush=True)

@@ -76,7 +76,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -280,8 +279,6 @@ def decode(
     if served != "float32":  # the output's rounding into the dtype it is served in joins E⁺
         consts = dataclasses.replace(consts, store=store_terms(served, "float32", D))
     o, lse, rec = _merge(plan, ws, q, sl, consts, epilogue, tilt_above, tilt_batch, tilt_layer, out, lse_out)
-    if rec is not None and ws.ex is not None:
-        _apply_excess(rec, ws)
     if token_mask is not None:  # (a row with no token, seq_len 0, is the merge's: output 0, TV⁺ 0)
         o = _zero_dead_rows(o, rec, sl[1:] - sl[:-1] if consts.csr_lens else sl, token_mask)
     return DecodeOutput(o=o, lse=lse, meter=rec, compiled=compiled, plan=plan)
@@ -442,35 +439,10 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
     return _Partials(m_out, l_out, acc_out, hist, stat, ex)
 
 
-#: the centred box's two excess sums beside the histogram where the sketch (or the weights) is read (WIP, branch
-#: wip/two-sum-kernel): TV⁺ also ≤ max(Σ p̃ (e^{−c+ε} − 1)₊, Σ p̃ (1 − e^{−c−ε})₊) (bench/TIGHTNESS.md)
-EXCESS_FORM = os.environ.get("WITCERT_EXCESS", "1") != "0"
-
-
 def excess_form(plan: DecodePlan) -> bool:
-    """Whether the launch accumulates the excess sums (``EXCESS_FORM``, the meter and the sketch radius)."""
-    return EXCESS_FORM and plan.meter and (plan.sketch_bits > 0 or plan.weighted)
-
-
-def _apply_excess(rec: MeterRecord, ws: _Partials) -> None:
-    """TV⁺ (tier A) lowered in place to the excess form where it is smaller: Â = Σ_s w_s A_s / L (float64, the merge's
-    weights), B̂ alike, up by Ξ + 2^-21 (the sums' fp32 accumulation, relative 2.1η ≤ Ξ, and the products'); the
-    row's Ξ widens the box (p̂ ∝ p̃ e^{ξ}, |ξ| ≤ Ξ): TV(p, p̃) ≤ max(e^Ξ Â + e^Ξ − 1, B̂ + 1 − e^{−Ξ}); then
-    + tanh(Ξ/2) + ρ as the record's own forms. Rows with a flag, TV⁺ 0 (one token, none) or a non-finite sum keep
-    theirs. No host sync."""
-    m = ws.m
-    M = m.amax(-1, keepdim=True)
-    w64 = torch.where(torch.isfinite(m), torch.exp((m - M).double()), torch.zeros_like(m, dtype=torch.float64))
-    L = (w64 * ws.l.double()).sum(-1)
-    ex = ws.ex.double()
-    xi = rec.xi
-    grow = 1.0 + xi + 2.0**-21
-    a = (w64 * ex[..., 0]).sum(-1) / L * grow
-    b = (w64 * ex[..., 1]).sum(-1) / L * grow
-    tv = torch.maximum(torch.exp(xi) * a + torch.expm1(xi), b - torch.expm1(-xi)) + torch.tanh(xi / 2) + rec.rho \
-        + 2.0**-40
-    ok = torch.isfinite(tv) & (rec.tv_upper_a > 0) & ~rec.flag
-    rec.tv_upper_a.copy_(torch.where(ok, torch.minimum(rec.tv_upper_a, tv.clamp(max=1.0)), rec.tv_upper_a))
+    """Whether the launch accumulates the centred sketch box's excess sums (``plan.excess``, ``plan.EXCESS_FORM``):
+    tier A's third closed form in the merge (``epilogue_jit._excess_form``)."""
+    return plan.excess and plan.meter and (plan.sketch_bits > 0 or plan.weighted)
 
 
 def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: _Partials, sm: float,
@@ -585,7 +557,7 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
             _LOGGED["merge"] = True
         with_rec = plan.meter and epilogue
         o, lse, rec = merge_torch(ws.m, ws.l, ws.acc, ws.hist if with_rec else None, ws.stat if with_rec else None, q,
-                                  sl, consts)
+                                  sl, consts, ex=ws.ex if with_rec else None)
         if out is not None:  # what the kernel writes into the caller's buffers
             o = out.copy_(o)
         if lse_out is not None:
@@ -594,7 +566,7 @@ def _merge(plan: DecodePlan, ws: _Partials, q: torch.Tensor, sl: torch.Tensor, c
         return o, lse, rec
     return merge(ws.m, ws.l, ws.acc, ws.hist if plan.meter else None, ws.stat if plan.meter else None, q, sl, consts,
                  epilogue=plan.meter and epilogue, tilt_above=tilt_above, tilt_batch=tilt_batch, tilt_layer=tilt_layer,
-                 out=out, lse_out=lse_out)
+                 out=out, lse_out=lse_out, ex=ws.ex)
 
 
 def _zero_dead_rows(o: torch.Tensor, rec: MeterRecord | None, sl: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,7 @@ from .epilogue_jit import (
     REC_EB,
     REC_EFORM,
     REC_EPS,
+    REC_EXCESS,
     REC_RHO,
     REC_TANH,
     REC_TB,
@@ -116,6 +117,9 @@ class MeterRecord:
     flag: torch.Tensor  # bool: saturated because of non-finite inputs
     xi: torch.Tensor | None = None  # [B, Hq] Ξ: the decode pass's log-ratio bound (SPEC §7)
     rho: torch.Tensor | None = None  # [B, Hq] ρ: the lost-mass term (Tier A)
+    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``, Ξ in it, before tanh(Ξ/2) + ρ): a
+    #: third closed form of tier A's TV⁺ where the decode accumulated its sums (``decode.excess_form``); else None
+    excess: torch.Tensor | None = None
 
 
 
@@ -188,9 +192,23 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
     return tuple(t.reshape(shp) for t in out.unbind(-1))
 
 
+def excess_form_torch(a: torch.Tensor, b: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+    """Torch twin of ``epilogue_jit._excess_form`` (float64): the centred box's closed form from the merged excess
+    sums Â, B̂ (each divided by L) and Ξ; 1 where a sum or Ξ is NaN, infinite or negative."""
+    a, b, xi = a.double(), b.double(), xi.double()
+    grow = 1.0 + xi + 2.0**-21
+    a = a * grow
+    b = b * grow
+    y = xi.clamp(max=700.0)
+    e = torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y)) * (1.0 + 2.0**-40)
+    f = torch.maximum((1.0 + e) * a + e, b + e) * (1.0 + 2.0**-40)
+    ok = ~torch.isnan(f) & (a >= 0) & (b >= 0) & (xi >= 0) & (f < float("inf"))
+    return torch.where(ok, f.clamp(max=1.0), torch.ones_like(f))
+
+
 def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_max, bad, single=None,
                    xi=None, lam=None, out_rel: float | torch.Tensor = 0.0,
-                   out_add: float | torch.Tensor = 0.0) -> MeterRecord:
+                   out_add: float | torch.Tensor = 0.0, excess: torch.Tensor | None = None) -> MeterRecord:
     """Histogram masses [B, Hq, K+2] with per-row bin levels [B, Hq, K+1] (the overflow bin's
     level is ``eps_max`` / ``tb_max``). ``single`` [B, Hq]: rows over exactly one token (TV = 0).
     ``xi``, ``lam`` [B, Hq]: the decode's Ξ and Λ (module doc). ``out_rel``: relative error of
@@ -200,6 +218,8 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
         E⁺ = TV⁺ (2ν_max + φ_max) + Σ p̃ φ + (tanh(Ξ/2) + Λ) φ_max + ν_max (e^{2Ξ + out_rel} − 1) + out_add
 
     (``out_add``: the rounding of an output served in a narrower float, ``MergeConstants.store``.)
+    ``excess`` [B, Hq] (``excess_form_torch``): a third closed form of tier A, TV⁺ ≤ excess + tanh(Ξ/2) + ρ + slack
+    (the fused merge's; not where ``tv_from_hist`` saturates a negative radius, Ξ or Λ).
     """
     bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
     if xi is not None:
@@ -208,6 +228,12 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
     lam = None if lam is None else torch.nan_to_num(lam.double(), nan=1.0, posinf=1.0)
     tv_a, tanh, eform, tilt, rho = tv_from_hist(torch.nan_to_num(mass), torch.nan_to_num(lv_a, posinf=1e30),
                                                 torch.nan_to_num(eps_max, posinf=1e30), xi, lam)
+    if excess is not None:
+        x0 = torch.zeros_like(tv_a) if xi is None else xi
+        la0 = torch.zeros_like(tv_a) if lam is None else lam
+        fx = (excess.double() + torch.tanh(x0 / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
+        use = (eps_max >= 0) & (x0 >= 0) & (la0 >= 0) & ~torch.isnan(fx)
+        tv_a = torch.where(use, torch.minimum(tv_a, fx), tv_a)
     if single is not None:
         tv_a = torch.where(single, torch.zeros_like(tv_a), tv_a)
     tv_a = torch.where(bad_rows, torch.ones_like(tv_a), tv_a)
@@ -233,7 +259,7 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
     return MeterRecord(
         tv_upper_a=tv_a, tv_upper_b=tv_b, out_err_upper=out_bound(tv_a), out_err_upper_b=out_b,
         eps_max=eps_max.double(), tb_max=None if tb_max is None else tb_max.double(),
-        hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows, xi=xi, rho=rho,
+        hist=mass, hist_b=massb, tanh=tanh, eform=eform, tilt=tilt, flag=bad_rows, xi=xi, rho=rho, excess=excess,
     )
 
 
@@ -407,7 +433,7 @@ def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int
 
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
           tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int | None = None,
-          out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+          out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None, ex: torch.Tensor | None = None):
     """The decode's split-KV merge and, with ``hist`` / ``stat`` and ``epilogue``, the meter
     record, in one launch (``_merge_meter_kernel``). Partials [B, Hq, S, ...] (contiguous);
     q [B, Hq, D] the query the kernel used; sl [B] int32 (``c.csr_lens``: kv_indptr [B + 1] int32). Returns (o [B, Hq, D]
@@ -416,7 +442,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's).
     ``out`` / ``lse_out`` (``check_outputs``): the caller's buffers, written by the launch itself (o in ``out``'s
     dtype; the log-sum-exp in ``lse_out[..., 0]``, −inf in its other columns); the returned o / lse are then
-    ``out`` and ``lse_out[..., 0]``."""
+    ``out`` and ``lse_out[..., 0]``. ``ex`` [B, Hq, S, 2] fp32: the partials' excess sums (the record's ``excess``)."""
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     rows = Bsz * Hq
@@ -427,6 +453,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     KP = triton.next_power_of_2(c.KA)
     f64 = dict(device=dev, dtype=torch.float64)
     defer = tilt_batch is not None
+    exc = ex is not None and meter and epilogue
     if defer:
         if not (meter and epilogue) or c.tier_b:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
@@ -442,7 +469,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev))
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        flag, c.weights if c.weights is not None else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
+        flag, c.weights if c.weights is not None else lse, ex if exc else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
         o.stride(0), o.stride(1), lse3.stride(0), lse3.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
@@ -453,7 +480,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
-        SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2],
+        SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc,
         num_warps=warps,
     )
     record = None
@@ -465,7 +492,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
             tv_upper_b=cols[REC_TVB.value] if c.tier_b else None,
             out_err_upper_b=cols[REC_EB.value] if c.tier_b else None, tb_max=cols[REC_TB.value] if c.tier_b else None,
             hist=hout[..., : c.KA], hist_b=hout[..., c.KA : 2 * c.KA] if c.tier_b else None,
-            flag=flag.view(torch.bool).view(Bsz, Hq),
+            flag=flag.view(torch.bool).view(Bsz, Hq), excess=cols[REC_EXCESS.value] if exc else None,
         )
     return o, lse, record
 
@@ -481,9 +508,9 @@ def tier_b_coefficients(q: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float
     return c * (1.0 + KERNEL_REL_SLACK)
 
 
-def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
+def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, ex: torch.Tensor | None = None):
     """Torch reference of ``merge`` (the former host-side path: float64 weights, the same Ξ, Λ
-    and ``meter_epilogue``); tests pin the kernel to it."""
+    and ``meter_epilogue``; ``ex``: the excess sums, as ``merge``'s); tests pin the kernel to it."""
     if c.csr_lens:
         sl = sl[1:] - sl[:-1]
     Bsz, Hq, S = m_out.shape
@@ -528,10 +555,15 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants):
         lv_b = cb[..., None] * edges
         tb_max = cb * mx[..., 1].double()
     KA, NB = c.KA, c.NB
+    excess = None
+    if ex is not None:
+        exw = (w64[..., None] * ex.double()).sum(-2) / L64[..., None]
+        excess = excess_form_torch(exw[..., 0], exw[..., 1], xi)
     rec = meter_epilogue(
         h[..., :KA], h[..., KA : 2 * KA] if c.tier_b else None, lv_a, lv_b, eps_max, tb_max,
         pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,
         single=(sl == 1)[:, None].expand(Bsz, Hq), xi=xi, lam=lam, out_rel=c.out_rel0 + eta, out_add=out_add,
+        excess=excess,
     )
     return zero_rows(o, rec, dead), lse, rec
 

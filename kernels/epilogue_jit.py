@@ -118,7 +118,7 @@ def _dense_u(ts, h, w, a, b, m, SCR, nl, NB: tl.constexpr, NBP: tl.constexpr, EP
 
 
 @triton.jit
-def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
+def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR, exc,
             NB: tl.constexpr, NBP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr, NR: tl.constexpr,
             EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
     """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
@@ -126,7 +126,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     maximum radius ``r``, the decode's Ξ and Λ. Returns (TV⁺, tanh, e-form, tilt, ρ).
 
     The dual-grid tilt (coarse N1 intervals, then the RT of largest upper value split into NR)
-    is computed only when the closed forms' TV⁺ (min(tanh, e-form) + tanh(Ξ/2) + ρ + slack) is
+    is computed only when the closed forms' TV⁺ (min(tanh, e-form, exc) + tanh(Ξ/2) + ρ + slack) is
     above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
     otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
     ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
@@ -170,7 +170,8 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR,
     rho = tl.where(lam > 0, rho, 0.0)
     rho = tl.where(rho == rho, rho, 1.0)
     lmax = tl.where(okw, tl.max(lv, axis=0), float("inf"))  # (no distribution: neither branch below, tilt 1)
-    cheap = tl.minimum(tanh, eform)
+    # (a NaN or negative exc is none: the GPU's min drops NaN operands)
+    cheap = tl.minimum(tl.minimum(tanh, eform), tl.where((exc == exc) & (exc >= 0.0), exc, 1.0))
     e1 = tl.exp(-xi)
     fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
     tilt = tl.full([], 1.0, tl.float64)
@@ -274,8 +275,8 @@ def _tv_kernel(MASS, LV, RMAX, XI, LAM, OUT, SCR, s_m, s_l, tilt_above, tilt_hi,
     lvl = tl.load(LV + row * s_l + k, mask=km, other=0.0).to(tl.float64)
     r = tl.load(RMAX + row).to(tl.float64)
     tv, tanh, eform, tilt, rho = _tv_row(w, lvl, r, tl.load(XI + row).to(tl.float64), tl.load(LAM + row).to(tl.float64),
-                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), NB, NBP, N1, RT, NR, EPSC, DENSE3D,
-                                         TC)
+                                         tilt_above, tilt_hi, SCR + row * (3 * NBP + N1), tl.full([], 1.0, tl.float64),
+                                         NB, NBP, N1, RT, NR, EPSC, DENSE3D, TC)
     o = OUT + row * 5
     tl.store(o + 0, tv)
     tl.store(o + 1, tanh)
@@ -303,8 +304,25 @@ def _expm1_up(y):
 
 
 @triton.jit
+def _excess_form(a, b, xi):
+    """The centred box's closed form (float64; bench/TIGHTNESS.md, "What the kernel needs for the two sums"): from the
+    merged excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
+    accumulation: relative 2.1η ≤ Ξ, and the products'), and the row's Ξ (p̂ ∝ p̃ e^ξ, |ξ| ≤ Ξ, widens the box):
+    TV(p, p̃) ≤ max(e^Ξ Â + e^Ξ − 1, B̂ + 1 − e^{−Ξ}) ≤ max((1 + E)Â + E, B̂ + E), E = e^Ξ − 1 rounded up (≥ Ξ ≥
+    1 − e^{−Ξ}); up by 2^-40 for its own rounding. ``_tv_row`` adds tanh(Ξ/2) + ρ as to its other closed forms.
+    A NaN, an infinite or a negative sum (or Ξ) gives 1 (no form: the others stay sound)."""
+    grow = 1.0 + xi + 4.76837158203125e-07
+    a = a * grow
+    b = b * grow
+    e = _expm1_up(tl.minimum(xi, 700.0))
+    f = tl.maximum((1.0 + e) * a + e, b + e) * (1.0 + 9.094947017729282e-13)
+    ok = (f == f) & (a >= 0.0) & (b >= 0.0) & (xi >= 0.0) & (f < float("inf"))
+    return tl.where(ok, tl.minimum(f, 1.0), 1.0)
+
+
+@triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -315,6 +333,7 @@ def _merge_meter_kernel(
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
     STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
+    EXC: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -323,7 +342,9 @@ def _merge_meter_kernel(
     DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
     and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
-    ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite."""
+    ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
+    EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``) give
+    tier A a third closed form, ``_excess_form``, before the τ decision (REC_EXCESS; 1 without EXC)."""
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq
@@ -418,6 +439,13 @@ def _merge_meter_kernel(
                 bad += tl.sum((tl.abs(o) > STORE_MAX).to(tl.float32), axis=0)
             r = REC + row * REC_COLS
             tva = tl.full([], 1.0, tl.float64)
+            exc = tl.full([], 1.0, tl.float64)
+            if EXC:
+                ex = EX_IN + (row * S + s) * 2
+                exc = _excess_form(tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64,
+                                   tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0) / L64,
+                                   xi)
+            tl.store(r + REC_EXCESS, exc)
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
                 tl.store(r + REC_QNA, qn_a)
                 tl.store(r + REC_LAM, lam)
@@ -426,7 +454,7 @@ def _merge_meter_kernel(
             if bad == 0:
                 # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
                 tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
-                                                      SCR + row * 2 * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D,
+                                                      SCR + row * 2 * (3 * KP + N1), exc, KA, KP, N1, RT, NR, EPSC, DENSE3D,
                                                       TC)
                 tl.store(r + REC_TANH, tanh)
                 tl.store(r + REC_EFORM, eform)
@@ -462,7 +490,8 @@ def _merge_meter_kernel(
                 if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
                     # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
                     tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
-                                                  SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1, KA, KP, N1, RT, NR, EPSC,
+                                                  SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1,
+                                                  tl.full([], 1.0, tl.float64), KA, KP, N1, RT, NR, EPSC,
                                                   DENSE3D, TC)
                     if single:
                         tvb = tl.full([], 0.0, tl.float64)
@@ -472,10 +501,11 @@ def _merge_meter_kernel(
 
 
 #: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``); the last
-#: four are written with DEFER only: |σ|‖a⊙q_h‖ (the levels' factor), Λ, 2ν_max + φ_max and E⁺'s additive part
+#: four before the last are written with DEFER only: |σ|‖a⊙q_h‖ (the levels' factor), Λ, 2ν_max + φ_max and E⁺'s
+#: additive part; the last, the excess form (``_excess_form``; 1 without EXC), by every record
 (REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO,
- REC_QNA, REC_LAM, REC_EW, REC_EX) = range(15)
+ REC_QNA, REC_LAM, REC_EW, REC_EX, REC_EXCESS) = range(16)
 REC_COLS = 16
 for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
-              "REC_XI", "REC_RHO", "REC_QNA", "REC_LAM", "REC_EW", "REC_EX", "REC_COLS"):
+              "REC_XI", "REC_RHO", "REC_QNA", "REC_LAM", "REC_EW", "REC_EX", "REC_EXCESS", "REC_COLS"):
     globals()[_name] = tl.constexpr(globals()[_name])

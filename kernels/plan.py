@@ -58,6 +58,11 @@ UNMETERED_REGISTER_CAP = 80
 #: ``choose_splits`` sized for the 168-register tile
 SKETCH_REGISTER_CAP = 232
 CAP_REGISTERS = True
+#: the centred sketch box's two excess sums (``decode_meter._excess_tile``) accumulated beside the histogram wherever
+#: the sketch radius is metered (a sketch or channel weights): a third closed form of tier A's TV⁺ in the merge
+#: (``epilogue_jit._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
+#: ``launch_variant`` at call time: a benchmark turns it off for the call without them (bench/sketch_speed.py)
+EXCESS_FORM = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
 SM_REGISTERS = 65536
@@ -287,6 +292,7 @@ class DecodePlan:
     weighted: bool  # the channel weights read
     tier_b: bool  # the Tier B bins (int8_dither with a delta_step)
     head_levels: bool  # HEAD_LEVELS: one key level per (token, query head) (``PagedKV.head_levels``)
+    excess: bool = False  # EXC: the centred sketch box's excess sums beside the histogram (``EXCESS_FORM``)
 
 
 def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = True, levels: str = "token",
@@ -306,6 +312,7 @@ def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = T
         weighted=bool(meter and cache.has_weights),
         tier_b=meter and cache.scheme == "int8_dither" and delta_step is not None,
         head_levels=bool(meter and cache.weighted and cache.head_levels),
+        excess=bool(EXCESS_FORM and meter and cache.scheme != "none" and (cache.sketch_bits > 0 or cache.has_weights)),
     )
 
 

@@ -7,7 +7,7 @@ rows in one launch.
 
     _finish_tilt_kernel[(L·R,)]   one program per (layer, row), rows r = b·Hq + h
         HOUT  [L·R, NB]  float64   the merged histograms (tier A's bins first, ``epilogue.merge``)
-        REC   [L·R, REC_COLS] float64   the records (read: TV⁺, ε_max, Ξ and the DEFER columns; written:
+        REC   [L·R, REC_COLS] float64   the records (read: TV⁺, ε_max, Ξ, the excess form and the DEFER columns; written:
                                    REC_TVA, REC_EA, REC_TILT)
         FLAG  [L·R] int8           non-finite rows (1: skipped; ``reset`` marks every row so)
         EDGES [KA − 1] float64;  SCR [L·R, 3·KP + COARSE] float64 scratch
@@ -16,9 +16,9 @@ Why: the tilt is the epilogue's cost (~25-40 µs a call on the H200, one program
 bench/RESULTS.md run N) and a decode at batch 1 has 32 rows a layer: the GPU is nearly idle while it runs.
 Batched over a step's layers it runs in a few waves of one launch instead of one latency per layer.
 
-Soundness: until ``finish`` each record's TV⁺ is the closed forms' min(tanh, e-form) + tanh(Ξ/2) + ρ + slack,
+Soundness: until ``finish`` each record's TV⁺ is the closed forms' min(tanh, e-form, excess) + tanh(Ξ/2) + ρ + slack,
 itself a sound bound (SPEC §3(a)(b), §7); ``finish`` runs the fused merge's own ``_tv_row`` on the same float64
-inputs (the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ) and keeps the smaller of the two,
+inputs (the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ, the excess form) and keeps the smaller of the two,
 which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed forms'), then E⁺ from it as the
 fused kernel does (rows whose TV⁺ is already 0 — a single token, a row with none zeroed by the decode — keep
 TV⁺ and E⁺ and take the tilt column; flagged rows are left as they are). Tier A only: a Tier B cache
@@ -47,6 +47,7 @@ from .epilogue_jit import (
     REC_EPS,
     REC_EW,
     REC_EX,
+    REC_EXCESS,
     REC_LAM,
     REC_QNA,
     REC_TILT,
@@ -75,7 +76,7 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
         edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
         tv, _tanh, _eform, tilt, _rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS),
                                                 tl.load(r + REC_XI), tl.load(r + REC_LAM), tilt_above, tilt_hi,
-                                                SCR + row * (3 * KP + N1), KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
+                                                SCR + row * (3 * KP + N1), tl.load(r + REC_EXCESS), KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
         # the smaller of the two sound values, for the tilt column as for TV⁺: a second finish (any τ) leaves a
         # consistent record (a lazier τ's tilt is ≥ the full one's)
         tl.store(r + REC_TILT, tl.minimum(tl.load(r + REC_TILT), tilt))

@@ -22,7 +22,7 @@ def _tv_kernel(E, EJ):
 def _merge_meter_kernel(E, EJ):
     ptr = {"M_IN": "fp32", "L_IN": "fp32", "ACC_IN": "fp32", "HIST_IN": "fp32", "STAT_IN": "fp32", "Q": "bf16",
            "SL": "i32", "EDGES": "fp64", "O": "fp32", "LSE": "fp32", "REC": "fp64", "HOUT": "fp64", "SCR": "fp64",
-           "FLAG": "i8", "WGT": "fp32"}
+           "FLAG": "i8", "WGT": "fp32", "EX_IN": "fp32"}
     sig = {k: "*" + v for k, v in ptr.items()}
     sig |= {"Hq": "i32", "S": "i32", "sm": "fp32", "qn_infl": "fp32", "log_delta": "fp32", "tilt_above": "fp32",
             "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32", "s_ob": "i32", "s_oh": "i32", "s_lb": "i32", "s_lh": "i32"}
@@ -31,7 +31,7 @@ def _merge_meter_kernel(E, EJ):
              "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
              "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
-             "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0}
+             "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0, "EXC": True}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 

@@ -42,7 +42,7 @@ def _same(a, b, exact):
         torch.testing.assert_close(a.double().cpu(), b.double().cpu(), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("kind,tau", [("plain", -1.0), ("plain", 0.02), ("sketch", -1.0)])
+@pytest.mark.parametrize("kind,tau", [("plain", -1.0), ("plain", 0.02), ("sketch", -1.0), ("sketch", 0.02)])
 def test_finish_gives_the_fused_record(kind, tau):
     layers = _layers(kind)
     fused = [decode(c, q, bt, sl, num_splits=3, tilt_above=tau) for c, q, bt, sl in layers]
@@ -58,7 +58,11 @@ def test_finish_gives_the_fused_record(kind, tau):
         assert torch.all(pre.tv_upper_a >= f.meter.tv_upper_a) and torch.all(pre.out_err_upper >= f.meter.out_err_upper)
         live = pre.tv_upper_a > 0  # (the single-token row: 0)
         e1 = torch.exp(-pre.xi)
-        closed = torch.clamp(torch.minimum(pre.tanh, pre.eform) + (1 - e1) / (1 + e1) + pre.rho + FP64_SLACK, max=1.0)
+        cheap = torch.minimum(pre.tanh, pre.eform)
+        if kind == "sketch":  # the centred sketch box's excess form is the third closed form (kernels.plan.EXCESS_FORM)
+            assert pre.excess is not None and torch.all(pre.excess <= 1)
+            cheap = torch.minimum(cheap, pre.excess)
+        closed = torch.clamp(cheap + (1 - e1) / (1 + e1) + pre.rho + FP64_SLACK, max=1.0)
         torch.testing.assert_close(pre.tv_upper_a[live], closed[live], rtol=1e-12, atol=0)
         assert torch.all(pre.tilt[live] == 1.0)  # no tilt yet
     # the tilt tightens some row here (the finish below then has work to do)
@@ -67,8 +71,8 @@ def test_finish_gives_the_fused_record(kind, tau):
     batch.finish(tilt_above=tau)
     exact = DEV == "cpu"
     for f, d in zip(fused, deferred):
-        for name in FIELDS:  # (a single-token row's tilt column too: the fused merge computes it before TV⁺ = 0)
-            _same(getattr(d.meter, name), getattr(f.meter, name), exact)
+        for name in FIELDS + (("excess",) if kind == "sketch" else ()):  # (a single-token row's tilt column too: the
+            _same(getattr(d.meter, name), getattr(f.meter, name), exact)  # fused merge computes it before TV⁺ = 0)
     # E⁺ (``epilogue_jit._out_err_upper``, the fused merge's and the finish's one formula) pinned from the columns
     # the deferred merge stores: (TV⁺·(2ν_max + φ_max) + extra)(1 + 2⁻⁴⁰) + FP64_SLACK, its slack included
     from kernels.epilogue_jit import REC_EA, REC_EW, REC_EX, REC_TVA
