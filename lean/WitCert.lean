@@ -3,6 +3,7 @@ import WitCert.Radius
 import WitCert.TiltTV
 import WitCert.TiltEndpoints
 import WitCert.TiltBox
+import WitCert.Excess
 import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget

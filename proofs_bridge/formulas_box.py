@@ -45,6 +45,11 @@ def add_box(ns: dict) -> None:
         {phat(_j): 1, c_(_j): c_box, eps(_j): x})
     assert sp.simplify(one_box - DUAL_ITEM_BOX) == 0
 
+    #: the excess form's items (lean/WitCert/Excess.lean): the one interval [0, 1] with λ = 1, Σ p̂ = 1, gives
+    #: 0 − D(0, 1) = Σ p̂ EXCESS_UP and 1 − D(1, 1) = Σ p̂ EXCESS_DOWN (checked numerically: check_excess)
+    EXCESS_UP = sp.Max(sp.exp(-c_box + x) - 1, 0)
+    EXCESS_DOWN = sp.Max(1 - sp.exp(-c_box - x), 0)
+    assert sp.simplify(DUAL_ITEM_BOX.subs({lam: 1, t: 0}) + EXCESS_UP) == 0
     BOX_THEOREMS = ["tilt_tv_le_dual_grid_box_endpoints", "tilt_tv_le_hist_box_endpoints"]
     ns["THEOREMS"].extend(BOX_THEOREMS)
     Cf, Lf, bin_ = _f("C"), _f("L"), _f("bin")
@@ -63,5 +68,20 @@ def add_box(ns: dict) -> None:
             **box_ends(sp.Symbol("w"), sp.Symbol("C"), sp.Symbol("L")),
         }),
     })
+    # the excess form (lean/WitCert/Excess.lean): max(A, B) over the box, and the kernel's box widened by Ξ
+    def excess_sum(item, w):
+        return Sum(UNIV, sp.Lambda(_j, w(_j) * item.xreplace({c_box: c_(_j), x: eps(_j)})))
+
+    EXCESS_THEOREMS = ["tilt_tv_le_excess", "tilt_tv_le_excess_widened"]
+    ns["THEOREMS"].extend(EXCESS_THEOREMS)
+    # (tilt_tv_le_excess_widened is named, not parsed: sympy's Max refuses e^Ξ·Σ(…) as "not comparable"; its right
+    # side is checked numerically, check_excess._widened, and by its falsifier)
+    ns["LEAN_THEOREMS"].update({
+        "tilt_tv_le_excess": ("Excess", [("≤", tv(_P, _Ph), sp.Max(excess_sum(EXCESS_UP, phat),
+                                                                    excess_sum(EXCESS_DOWN, phat)))], {
+            "heps": [("∀", ("j",), [("≤", sp.Abs(delta_f(_j) - c_(_j)), eps(_j))])],
+        }),
+    })
     ns.update(c_box=c_box, BETA_BOX=BETA_BOX, DUAL_ITEM_BOX=DUAL_ITEM_BOX, BOX_UP=BOX_UP, BOX_DOWN=BOX_DOWN,
-              BOX_THEOREMS=BOX_THEOREMS, betaBox=betaBox, dualDBox=dualDBox)
+              BOX_THEOREMS=BOX_THEOREMS, EXCESS_THEOREMS=EXCESS_THEOREMS, betaBox=betaBox, dualDBox=dualDBox,
+              EXCESS_UP=EXCESS_UP, EXCESS_DOWN=EXCESS_DOWN)

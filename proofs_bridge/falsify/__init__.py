@@ -7,7 +7,7 @@ theorem name to its check; ``proofs_bridge.check`` runs them all.
 
 The searches live in modules by the Lean files they check: ``tier_a`` (Radius, Bands, Sketch),
 ``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tilt_box`` (TiltBox: the centred box of §3(c), and
-TiltEndpoints' histogram form), ``tier_b`` (SubGaussian, Budget, Union, Request),
+TiltEndpoints' histogram form), ``excess`` (Excess: the centred box's two-sum form), ``tier_b`` (SubGaussian, Budget, Union, Request),
 ``split_merge`` (SplitMerge), ``floating_point`` (FloatTV) and ``composed`` (the composed statements
 of issue 37); ``highprec`` holds the 50-digit arithmetic they share.
 """
@@ -17,6 +17,13 @@ from __future__ import annotations
 import random
 
 from .composed import kernel_tv_sound, request_tv_sound, step_tv_sound
+from .excess import (
+    excess_widen_down,
+    excess_widen_up,
+    one_sub_add_max_sub_one,
+    tilt_tv_le_excess,
+    tilt_tv_le_excess_widened,
+)
 from .floating_point import (
     tilt_mass_lost_le,
     tilt_mass_lost_le_compl,
@@ -144,6 +151,12 @@ STATEMENTS = {
     "dualDBox_regroup": dualDBox_regroup,  # not parsed: its statement has `fun` and a filter
     "dualDBox_zero": dualDBox_zero,  # not parsed: an equality of functions with `fun _ => 0`
     "sketch_centred_error_le": sketch_centred_error_le,  # the sketch's centred box (Sketch.lean): TiltBox's heps
+    # the centred box's excess (two-sum) form, the fused merge's third closed form (lean/WitCert/Excess.lean)
+    "tilt_tv_le_excess": tilt_tv_le_excess,
+    "tilt_tv_le_excess_widened": tilt_tv_le_excess_widened,
+    "excess_widen_up": excess_widen_up,
+    "excess_widen_down": excess_widen_down,
+    "one_sub_add_max_sub_one": one_sub_add_max_sub_one,
     # the helper theorems the statements above rest on (every `theorem` of lean/WitCert has a search here)
     "abs_sum_mul_le_gnorm_mul": abs_sum_mul_le_gnorm_mul,  # Radius.lean: Cauchy–Schwarz on one group
     "ropeBand_sq": ropeBand_sq,  # Bands.lean: one band's rotation keeps its squared norm

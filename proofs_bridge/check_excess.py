@@ -1,0 +1,76 @@
+"""The bridge's check of the centred box's excess form (lean/WitCert/Excess.lean: ``tilt_tv_le_excess``, the one-interval
+cover with λ = 1 of ``tilt_tv_le_dual_grid_box_endpoints``, and ``tilt_tv_le_excess_widened``, the kernel's masses'
+error Ξ widening the box): the merge's form (``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's
+``epilogue_jit._excess_form`` is pinned to by tests/kernels/test_excess_form.py) against ``formulas.EXCESS_UP`` /
+``EXCESS_DOWN`` and the widened theorem's right side, and the fp64 reference's one-interval grid
+(``witcert.bounds.dual_grid._tilt_row_grid`` with N = 1, λ = 1) against the theorem's max(A, B) (called by
+``proofs_bridge.check.check_formulas``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+
+from . import formulas as F
+from .check_tilt import _BOX_DOWN, _BOX_UP, _FORMULA_FP64, _box_centres, _corner_sup
+
+_UP = sp.lambdify((F.c_box, F.x), F.EXCESS_UP, "numpy")
+_DOWN = sp.lambdify((F.c_box, F.x), F.EXCESS_DOWN, "numpy")
+_ITEM = sp.lambdify((F.lam, F.t, F.c_box, F.x), F.DUAL_ITEM_BOX, "numpy")
+#: the form's own slacks (the sums' growth 1 + Ξ + 2^-21, the result's 2^-40, E = e^Ξ − 1 rounded up): the twin may be
+#: above the theorem's right side by at most (2Ξ + this)·it + Ξ² (a drift that drops a term shows as "below")
+_REL_ABOVE = 2.0**-19
+
+
+def _sums(w, c, e):
+    """(A, B) = (Σ w EXCESS_UP(c, ε), Σ w EXCESS_DOWN(c, ε)) of a row (a distribution w)."""
+    return float(np.sum(w * _UP(c, e))), float(np.sum(w * _DOWN(c, e)))
+
+
+def _widened(a, b, xi):
+    """The right side of ``tilt_tv_le_excess_widened``: max(e^Ξ A + (e^Ξ − 1), B + (1 − e^{−Ξ}))."""
+    return max(np.exp(xi) * a + np.expm1(xi), b - np.expm1(-xi))
+
+
+def check_excess_form(rng, rows: int = 24, K: int = 6):
+    names = ("excess form: the one-interval λ = 1 ends of dualDBox are EXCESS_UP and EXCESS_DOWN",
+             "excess form: the merge's twin = max(e^Ξ A + e^Ξ − 1, B + 1 − e^{−Ξ}) (tilt_tv_le_excess_widened), "
+             "never below it",
+             "excess form: the fp64 reference's one-interval grid = max(A, B) (tilt_tv_le_excess)",
+             "excess form: max(A, B) ≥ brute-force supremum over the centred box")
+    try:
+        import torch
+
+        from kernels.epilogue import excess_form_torch
+        from witcert.bounds import dual_grid
+    except ImportError as exc:
+        return [(n, False, f"cannot import: {exc}") for n in names]
+    ok_ends = ok_twin = ok_ref = ok_sup = True
+    d_ends = d_twin = d_ref = d_sup = ""
+    for r in range(rows):
+        n = 2 + r % K
+        w = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
+        w = np.maximum(w, 1e-6)
+        w = w / w.sum()
+        c = _box_centres(rng, n) * [0.02, 0.3, 1.0][r % 3]
+        e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)
+        a, b = _sums(w, c, e)
+        # 0 − D(0, 1) and 1 − D(1, 1) of the one interval [0, 1] (Σ w = 1), from DUAL_ITEM_BOX
+        g0 = 0.0 - float(np.sum(w * _ITEM(1.0, 0.0, c, e)))
+        g1 = 1.0 - float(np.sum(w * _ITEM(1.0, 1.0, c, e)))
+        if not (abs(g0 - a) <= 1e-12 * (1 + a) and abs(g1 - b) <= 1e-12 * (1 + b)):
+            ok_ends, d_ends = False, f"row {r}: ends {g0:.17g}, {g1:.17g} against A {a:.17g}, B {b:.17g}"
+        for xi in (0.0, 1e-6, 3e-4, 0.02):
+            got = float(excess_form_torch(torch.tensor(a), torch.tensor(b), torch.tensor(xi)))
+            want = min(1.0, _widened(a, b, xi))
+            if not (got >= want - _FORMULA_FP64 and got <= want * (1 + 2 * xi + _REL_ABOVE) + xi * xi):
+                ok_twin, d_twin = False, f"row {r}, Ξ {xi}: twin {got:.17g} against {want:.17g}"
+        ref = float(dual_grid._tilt_row_grid(w, _BOX_UP(c, e), _BOX_DOWN(c, e), 1, (1.0,)))
+        want = min(1.0, max(a, b)) if np.any(e > 0) or np.ptp(c) > 0 else 0.0
+        if not (ref >= want - _FORMULA_FP64 and ref <= want + 1e-9):
+            ok_ref, d_ref = False, f"row {r}: reference {ref:.17g} against max(A, B) {want:.17g}"
+        sup, _ = _corner_sup(w, c, e)
+        if max(a, b) < sup - 1e-12:
+            ok_sup, d_sup = False, f"row {r}: max(A, B) {max(a, b):.6g} below the supremum {sup:.6g}"
+    return [(names[0], ok_ends, d_ends), (names[1], ok_twin, d_twin), (names[2], ok_ref, d_ref),
+            (names[3], ok_sup, d_sup)]
