@@ -211,9 +211,14 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL: tl.cons
     if HAS_REP:
         eps = tl.where(rep[:, None], 0.0, eps)
         c = tl.where(rep[:, None], 0.0, c)
+    eps = tl.maximum(eps, 0.0)  # (a negative witness, a corrupt cache: the box of radius 0, as the histogram's level 0)
     mu = 2.0**-19 * (1.0 + tl.abs(c) + eps)
-    ap = tl.maximum(tl.exp(eps - c + mu) - 1.0, 0.0)
-    bp = tl.maximum(1.0 - tl.exp(-c - eps - mu), 0.0)
+    ap = tl.exp(eps - c + mu) - 1.0
+    bp = 1.0 - tl.exp(-c - eps - mu)
+    # a NaN term (ε = 0·inf) counts as +inf, never 0 (the GPU's max drops a NaN operand): the sum is then
+    # infinite and the merge's form 1 (``epilogue_jit._excess_form``)
+    ap = tl.where(ap == ap, tl.maximum(ap, 0.0), float("inf"))
+    bp = tl.where(bp == bp, tl.maximum(bp, 0.0), float("inf"))
     exA = exA * alpha + tl.sum(pT * ap, axis=0)
     exB = exB * alpha + tl.sum(pT * bp, axis=0)
     return exA, exB
