@@ -42,7 +42,8 @@ an overlay when the caller's has pages, a random query in the model's dtype at t
 every row.
 
 What it does not see (run C4's canary rows and a review's injected faults): a fault lowering TV⁺ by less than ~15 % on
-every row (the canary's smallest TV⁺ / supremum is 1.04-1.17), faults confined to a few tokens or splits, the rounding
+every row (the canary's smallest TV⁺ / supremum is 1.04-1.17; ~5 % where the excess form is metered, whose floor
+``_excess_floor`` is within 1.01-1.05 of a sound TV⁺, run E1), faults confined to a few tokens or splits, the rounding
 terms Ξ and η (below its resolution), E⁺'s value-side terms (E⁺ is 5-30× the canary's realised output error), Tier B's
 E⁺, the graphed step's deferred tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's
 CSR rows. Once per configuration and process; never inside a CUDA-graph capture (logged); raises
