@@ -12,7 +12,7 @@ import numpy as np
 import sympy as sp
 
 from . import formulas as F
-from .check_tilt import _BOX_DOWN, _BOX_UP, _FORMULA_FP64, _box_centres, _corner_sup
+from .check_tilt import _BOX_DOWN, _BOX_UP, _FORMULA_FP64, _corner_sup, sup_row
 
 _UP = sp.lambdify((F.c_box, F.x), F.EXCESS_UP, "numpy")
 _DOWN = sp.lambdify((F.c_box, F.x), F.EXCESS_DOWN, "numpy")
@@ -48,12 +48,7 @@ def check_excess_form(rng, rows: int = 24, K: int = 6):
     ok_ends = ok_twin = ok_ref = ok_sup = True
     d_ends = d_twin = d_ref = d_sup = ""
     for r in range(rows):
-        n = 2 + r % K
-        w = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
-        w = np.maximum(w, 1e-6)
-        w = w / w.sum()
-        c = _box_centres(rng, n) * [0.02, 0.3, 1.0][r % 3]
-        e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)
+        w, c, e = sup_row(rng, r, K)
         a, b = _sums(w, c, e)
         # 0 − D(0, 1) and 1 − D(1, 1) of the one interval [0, 1] (Σ w = 1), from DUAL_ITEM_BOX
         g0 = 0.0 - float(np.sum(w * _ITEM(1.0, 0.0, c, e)))

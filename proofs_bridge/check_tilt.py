@@ -177,6 +177,18 @@ def _box_rows(rng, rows, K):
     return out
 
 
+def sup_row(rng, r: int, K: int):
+    """Row ``r`` of a brute-force soundness check: a distribution p over 2 + r % K tokens (no mass below 1e-6), centres
+    of both signs and radii ≥ 0 at one of three scales (radii all 0 on every fourth row)."""
+    n = 2 + r % K
+    p = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
+    p = np.maximum(p, 1e-6)
+    p = p / p.sum()
+    c = _box_centres(rng, n) * [0.02, 0.3, 1.0][r % 3]
+    e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)
+    return p, c, e
+
+
 def _corner_sup(p, c, e):
     """max_S A_S/(A_S + C_S) − p̂(S), A_S = Σ_S p̂ e^{−c+ε}, C_S = Σ_{Sᶜ} p̂ e^{−c−ε} (Lean ``tilt_mass_le_box``), and
     the TV of the corner tilt δ = c − ε on the maximising S, c + ε off it (which attains it)."""
@@ -310,12 +322,7 @@ def check_tilt_grid(rng, rows: int = 12, K: int = 6):
     out = [(names[0], ok_ref, f"largest |got − formula| {worst:.2e}"), (names[1], True, "")]
     ok_sound, detail = True, ""
     for r in range(2 * rows):
-        n = 2 + r % 8
-        p = rng.dirichlet(np.ones(n) * [0.3, 1.0, 3.0][r % 3])
-        p = np.maximum(p, 1e-6)
-        p = p / p.sum()
-        c = _box_centres(rng, n) * [0.02, 0.3, 1.0][r % 3]
-        e = rng.exponential([0.02, 0.3, 1.0][r % 3], n) * (r % 4 != 3)
+        p, c, e = sup_row(rng, r, 8)
         sup, _ = _corner_sup(p, c, e)
         tilt = float(dual_grid._tilt_row_grid(p, _BOX_UP(c, e), _BOX_DOWN(c, e), N, tuple(lams)))
         parts = [float(np.asarray(x).reshape(-1)[0]) for x in B.tv_bound_parts_logits(

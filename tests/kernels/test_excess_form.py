@@ -22,6 +22,7 @@ from kernels.epilogue_jit import FP64_SLACK  # noqa: E402
 from kernels.fp_bounds import dot_gamma, mass_eta_terms  # noqa: E402
 from kernels.key_levels import KEY_LEVELS  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
+from tests.helpers.merge_partials import synthetic_partials  # noqa: E402
 
 
 def _tv(p, q):
@@ -109,14 +110,7 @@ def test_a_bad_sum_gives_no_form(bad):
 
 def _partials(seed=5, S=5, Bsz=3, Hq=4, D=64, NB=32):
     g = torch.Generator().manual_seed(seed)
-    m_out = torch.randn(Bsz, Hq, S, generator=g) * 3
-    m_out[:, :, -1] = float("-inf")  # an empty split
-    l_out = torch.rand(Bsz, Hq, S, generator=g) * 50 + 1
-    l_out[:, :, -1] = 0
-    acc = torch.randn(Bsz, Hq, S, D, generator=g)
-    hist = torch.rand(Bsz, Hq, S, NB, generator=g) ** 6 * l_out[..., None] / 4
-    stat = torch.rand(Bsz, Hq, S, 6, generator=g) * torch.tensor([0.05, 0.03, 0.3, 3.0, 0.0, 3.0])
-    q = torch.randn(Bsz, Hq, D, generator=g)
+    m_out, l_out, acc, hist, stat, q = synthetic_partials(g, Bsz, Hq, S, D, NB)
     sl = torch.tensor([1, 700, 4096], dtype=torch.int32)
     # the excess sums: a share of l per split, small on some rows (the form binds), large on others (it does not)
     frac = torch.rand(Bsz, Hq, 1, 2, generator=g) * torch.tensor([1e-4, 0.3]).repeat(Hq // 2)[None, :, None, None]

@@ -21,6 +21,7 @@ from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
 from tests.helpers.conformance import to_cpu  # noqa: E402
+from tests.helpers.merge_partials import synthetic_partials  # noqa: E402
 
 
 def test_epilogue_single_bin_is_not_a_single_token():
@@ -352,15 +353,8 @@ def test_fused_merge_matches_torch_merge(tier_b):
     Bsz, Hq, S, D = 3, 4, 5, 64
     KA = KEY_LEVELS + 2
     NB = 64 if tier_b else 32  # next power of two of the bins + the Σ p̂ φ column
-    m_out = torch.randn(Bsz, Hq, S, generator=g) * 3
-    m_out[:, :, -1] = float("-inf")  # an empty split
-    l_out = torch.rand(Bsz, Hq, S, generator=g) * 50 + 1
-    l_out[:, :, -1] = 0
-    acc = torch.randn(Bsz, Hq, S, D, generator=g)
-    hist = torch.rand(Bsz, Hq, S, NB, generator=g) ** 6 * l_out[..., None] / 4
-    stat = torch.rand(Bsz, Hq, S, 6, generator=g) * torch.tensor([0.05, 0.03, 0.3, 3.0, 0.0, 3.0])
+    m_out, l_out, acc, hist, stat, q = synthetic_partials(g, Bsz, Hq, S, D, NB)
     stat[2, 1, 0, 0] = float("nan")  # a non-finite radius: that row saturates and is flagged
-    q = torch.randn(Bsz, Hq, D, generator=g)
     sl = torch.tensor([1, 700, 4096], dtype=torch.int32)
     c = E.MergeConstants(D=D, T=16, PAGES=8, NB=NB, KA=KA, sm=0.125, tier_b=tier_b, delta_step=1e-6 if tier_b else None,
                          gamma=dot_gamma(D), dither_u=0.0, eta=mass_eta_terms(128), out_rel0=0.0)
