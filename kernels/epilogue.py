@@ -25,10 +25,12 @@ distribution p̃ the kernel computed, whose log-ratio to the exact served p̂ is
 Every level and the maximum radius are raised by Ξ (p is a tilt of p̃ by δ + ξ, |δ + ξ| ≤ ε + Ξ),
 and
 
-    TV⁺ = min(tanh((ε_max + Ξ)/2), e-form, tilt) + tanh(Ξ/2) + ρ + FP64_SLACK,
+    TV⁺ = min(tanh((ε_max + Ξ)/2), e-form, tilt[, excess]) + tanh(Ξ/2) + ρ + FP64_SLACK,
     ρ = Λ (1 + e^{ε_max + Ξ} / m),   m = Σ_k w_k e^{−(L_k + Ξ)},
 
-tanh(Ξ/2) covering TV(p̃, p̂) (log-ratio oscillation ≤ 2Ξ) and ρ the missing masses
+the excess form (tier A, where the decode summed the centred sketch box's two excess terms: ``merge``'s ``ex``,
+``excess_form_torch``, Lean ``tilt_tv_le_excess_widened``; it carries its own Ξ widening), tanh(Ξ/2) covering
+TV(p̃, p̂) (log-ratio oscillation ≤ 2Ξ) and ρ the missing masses
 (TV(p, p̂) ≤ TV(p', p̂') + p(U) + p̂(U) for the lost part U, p(U) ≤ Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}).
 This replaces the former absolute 2^-9: when Ξ is small (moderate logit magnitudes) the floor
 is tanh(Ξ/2) ≈ Ξ/2, and where fp32 cannot resolve the logits (σ‖q‖‖k̂‖ ≳ 10^5) Ξ is large
@@ -165,7 +167,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
     On CUDA (or ``force_kernel``) one Triton launch, a program per row (``_tv_row``, the code
     the decode's fused merge runs); CPU tensors use ``tv_from_hist_torch`` (a test pins the two).
-    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) is ≤ it skip the tilt (reported as 1); the others
+    ``tilt_above`` ≥ 0: rows whose min(tanh, e-form) (no excess form here) is ≤ it skip the tilt (reported as 1); the others
     refine only until τ is settled either way (``_tv_row``: that grid's tilt is reported)."""
     if mass.device.type != "cuda" and not force_kernel:
         return tv_from_hist_torch(mass, lv, rmax, xi, lam)
