@@ -25,11 +25,11 @@ distribution p̃ the kernel computed, whose log-ratio to the exact served p̂ is
 Every level and the maximum radius are raised by Ξ (p is a tilt of p̃ by δ + ξ, |δ + ξ| ≤ ε + Ξ),
 and
 
-    TV⁺ = min(tanh((ε_max + Ξ)/2), e-form, tilt[, excess]) + tanh(Ξ/2) + ρ + FP64_SLACK,
+    TV⁺ = min(min(tanh((ε_max + Ξ)/2), e-form, tilt) + tanh(Ξ/2)[, excess]) + ρ + FP64_SLACK,
     ρ = Λ (1 + e^{ε_max + Ξ} / m),   m = Σ_k w_k e^{−(L_k + Ξ)},
 
 the excess form (tier A, where the decode summed the centred sketch box's two excess terms: ``merge``'s ``ex``,
-``excess_form_torch``, Lean ``tilt_tv_le_excess_widened``; it carries its own Ξ widening), tanh(Ξ/2) covering
+``excess_form_torch``, Lean ``tilt_tv_le_excess_rescaled``; Ξ is in it, so it takes ρ and not tanh(Ξ/2)), tanh(Ξ/2) covering
 TV(p̃, p̂) (log-ratio oscillation ≤ 2Ξ) and ρ the missing masses
 (TV(p, p̂) ≤ TV(p', p̂') + p(U) + p̂(U) for the lost part U, p(U) ≤ Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}).
 This replaces the former absolute 2^-9: when Ξ is small (moderate logit magnitudes) the floor
@@ -195,15 +195,16 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
 
 def excess_form_torch(a: torch.Tensor, b: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
-    """Torch twin of ``epilogue_jit._excess_form`` (float64): the centred box's closed form from the merged excess
-    sums Â, B̂ (each divided by L) and Ξ; 1 where a sum or Ξ is NaN, infinite or negative."""
+    """Torch twin of ``epilogue_jit._excess_form`` (float64): the centred box's closed form e^{2Ξ} max(Â, B̂) from the
+    merged excess sums Â, B̂ (each divided by L, grown by 1 + Ξ + 2^-21) and Ξ, a bound of TV(p, p̂) itself (ρ is added
+    to it, not tanh(Ξ/2)); 1 where a sum or Ξ is NaN, infinite or negative."""
     a, b, xi = a.double(), b.double(), xi.double()
     grow = 1.0 + xi + 2.0**-21
     a = a * grow
     b = b * grow
-    y = xi.clamp(max=700.0)
-    e = torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y)) * (1.0 + 2.0**-40)
-    f = torch.maximum((1.0 + e) * a + e, b + e) * (1.0 + 2.0**-40)
+    y = (2.0 * xi).clamp(max=700.0)
+    e2 = 1.0 + torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y)) * (1.0 + 2.0**-40)
+    f = e2 * torch.maximum(a, b) * (1.0 + 2.0**-40)
     ok = ~torch.isnan(f) & (a >= 0) & (b >= 0) & (xi >= 0) & (f < float("inf"))
     return torch.where(ok, f.clamp(max=1.0), torch.ones_like(f))
 
@@ -220,8 +221,8 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
         E⁺ = TV⁺ (2ν_max + φ_max) + Σ p̃ φ + (tanh(Ξ/2) + Λ) φ_max + ν_max (e^{2Ξ + out_rel} − 1) + out_add
 
     (``out_add``: the rounding of an output served in a narrower float, ``MergeConstants.store``.)
-    ``excess`` [B, Hq] (``excess_form_torch``): a third closed form of tier A, TV⁺ ≤ excess + tanh(Ξ/2) + ρ + slack
-    (the fused merge's; not where ``tv_from_hist`` saturates a negative radius, Ξ or Λ).
+    ``excess`` [B, Hq] (``excess_form_torch``): a further form of tier A, TV⁺ ≤ excess + ρ + slack (Ξ is in it; the
+    fused merge's; not where ``tv_from_hist`` saturates a negative radius, Ξ or Λ).
     """
     bad_rows = (bad > 0) | ~torch.isfinite(mass).all(-1) | ~torch.isfinite(eps_max) | ~torch.isfinite(pphi)
     if xi is not None:
@@ -233,7 +234,7 @@ def meter_epilogue(mass, massb, lv_a, lv_b, eps_max, tb_max, pphi, phi_max, nu_m
     if excess is not None:
         x0 = torch.zeros_like(tv_a) if xi is None else xi
         la0 = torch.zeros_like(tv_a) if lam is None else lam
-        fx = (excess.double() + torch.tanh(x0 / 2.0) + rho + FP64_SLACK).clamp(max=1.0)
+        fx = (excess.double() + rho + FP64_SLACK).clamp(max=1.0)
         use = (eps_max >= 0) & (x0 >= 0) & (la0 >= 0) & ~torch.isnan(fx)
         tv_a = torch.where(use, torch.minimum(tv_a, fx), tv_a)
     if single is not None:

@@ -123,10 +123,12 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR, exc,
             EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
     """One row of ``tv_from_hist`` (float64): masses ``w`` [NBP] (≥ 0, finite; bins ≥ NB are 0),
     bin levels ``lvl`` [NBP] (the last bin NB − 1 is the overflow bin, its level ``r``), the row's
-    maximum radius ``r``, the decode's Ξ and Λ. Returns (TV⁺, tanh, e-form, tilt, ρ).
+    maximum radius ``r``, the decode's Ξ and Λ, ``exc`` a bound of TV(p, p̂) from outside the histogram (the centred
+    box's excess form, ``_excess_form``: Ξ already in it, so it takes ρ and the slack but not tanh(Ξ/2); 1: none).
+    Returns (TV⁺, tanh, e-form, tilt, ρ).
 
     The dual-grid tilt (coarse N1 intervals, then the RT of largest upper value split into NR)
-    is computed only when the closed forms' TV⁺ (min(tanh, e-form, exc) + tanh(Ξ/2) + ρ + slack) is
+    is computed only when the closed forms' TV⁺ (min(min(tanh, e-form) + tanh(Ξ/2), exc) + ρ + slack) is
     above ``tilt_above`` (a gate's τ: at or below it the row is certified without the tilt);
     otherwise ``tilt`` is reported as 1 (the trivial bound), which keeps TV⁺ sound. With
     ``tilt_above`` ≥ 0 the refinement is lazy too, interval by interval: it stops (possibly before the
@@ -170,14 +172,16 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR, exc,
     rho = tl.where(lam > 0, rho, 0.0)
     rho = tl.where(rho == rho, rho, 1.0)
     lmax = tl.where(okw, tl.max(lv, axis=0), float("inf"))  # (no distribution: neither branch below, tilt 1)
-    # (a NaN or negative exc is none: the GPU's min drops NaN operands)
-    cheap = tl.minimum(tl.minimum(tanh, eform), tl.where((exc == exc) & (exc >= 0.0), exc, 1.0))
+    cheap = tl.minimum(tanh, eform)
     e1 = tl.exp(-xi)
     fp_terms = (1.0 - e1) / (1.0 + e1) + rho + FP64_SLACK_C  # tanh(Ξ/2) + ρ + slack
+    # the excess form's own TV⁺ (ρ and the slack: it bounds TV(p, p̂) itself); a NaN or negative exc is none (the
+    # GPU's min drops NaN operands)
+    exc_tv = tl.where((exc == exc) & (exc >= 0.0), exc, 1.0) + rho + FP64_SLACK_C
     tilt = tl.full([], 1.0, tl.float64)
     if lmax == 0:
         tilt = tl.full([], 0.0, tl.float64)  # all radii 0 (and Ξ = 0): TV = 0
-    elif (lmax <= 700.0) & (cheap + fp_terms > tilt_above):
+    elif (lmax <= 700.0) & (tl.minimum(cheap + fp_terms, exc_tv) > tilt_above):
         # the live bins (w > 0), in bin order, packed to the front of SCR: the loop form of _dense_u
         # visits only those (the dead ones add exactly +0: the same sums, bit for bit)
         live_i = live.to(tl.int32)
@@ -206,7 +210,7 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR, exc,
         #    tilt is ≥ it (it refines the same intervals to the same values), so its TV⁺ is > τ too.
         # Non-lazy (τ < 0): until no unrefined interval is above the refined maximum (at most RT intervals).
         lazy = tilt_above >= 0.0
-        done = (lazy & (tl.minimum(cheap, coarse) + fp_terms <= tilt_above)).to(tl.int32)
+        done = (lazy & (tl.minimum(tl.minimum(cheap, coarse) + fp_terms, exc_tv) <= tilt_above)).to(tl.int32)
         sel = i < 0
         best = tl.full([], -1.0, tl.float64)
         s = tl.arange(0, NR)
@@ -250,12 +254,13 @@ def _tv_row(w, lvl, r, xi, lam, tilt_above, tilt_hi, SCR, exc,
                 low = tl.minimum(tl.maximum(best, 0.0), 1.0)
                 # settled (any τ): no unrefined interval is above the refined maximum, so refining on cannot
                 # change the tilt (a refined value is ≤ its coarse one, here ≤ best); lazy: τ settled either way
-                done = ((best >= rest_now) | (lazy & ((tl.minimum(cheap, cur) + fp_terms <= tilt_above)
-                                                      | (tl.minimum(cheap, low) + fp_terms > tilt_hi)))).to(tl.int32)
+                done = ((best >= rest_now) | (lazy & ((tl.minimum(tl.minimum(cheap, cur) + fp_terms, exc_tv) <= tilt_above)
+                                                      | (tl.minimum(tl.minimum(cheap, low) + fp_terms, exc_tv)
+                                                         > tilt_hi)))).to(tl.int32)
         rest = tl.max(tl.where(sel, -1.0, U), axis=0)
         tilt = tl.minimum(tl.maximum(tl.maximum(best, rest), 0.0), 1.0)
         tl.debug_barrier()  # SCR is reused by the next call
-    tv = tl.minimum(tl.minimum(cheap, tilt) + fp_terms, 1.0)
+    tv = tl.minimum(tl.minimum(tl.minimum(cheap, tilt) + fp_terms, exc_tv), 1.0)
     # a NaN radius, Ξ or Λ saturates (the GPU's min / max drop NaN operands, so test the inputs themselves)
     # (and a negative one: no radius, Ξ or Λ is below 0; a negative one would lower tanh below 0, review of run T)
     tv = tl.where((tv == tv) & (r >= 0.0) & (xi >= 0.0) & (lam >= 0.0), tv, 1.0)
@@ -305,17 +310,18 @@ def _expm1_up(y):
 
 @triton.jit
 def _excess_form(a, b, xi):
-    """The centred box's closed form (float64; bench/TIGHTNESS.md, "What the kernel needs for the two sums"): from the
-    merged excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
-    accumulation: relative 2.1η ≤ Ξ, and the products'), and the row's Ξ (p̂ ∝ p̃ e^ξ, |ξ| ≤ Ξ, widens the box):
-    TV(p, p̃) ≤ max(e^Ξ Â + e^Ξ − 1, B̂ + 1 − e^{−Ξ}) ≤ max((1 + E)Â + E, B̂ + E), E = e^Ξ − 1 rounded up (≥ Ξ ≥
-    1 − e^{−Ξ}); up by 2^-40 for its own rounding. ``_tv_row`` adds tanh(Ξ/2) + ρ as to its other closed forms.
+    """The centred box's closed form (float64; bench/TIGHTNESS.md, "The two sums in the decode kernel"): from the merged
+    excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
+    accumulation: relative 2.1η ≤ Ξ, and the products'), and the row's Ξ: p̂ ≤ e^{2Ξ} p̃ once both are normalised (Ξ
+    bounds |log p̃_j/p̂_j| up to a common constant, SPEC §7), so TV(p, p̂) ≤ e^{2Ξ} max(Â, B̂) (Lean
+    ``tilt_tv_le_excess_rescaled``, ``le_exp_two_mul_of_log_ratio``) with e^{2Ξ} = 1 + E(2Ξ) rounded up; up by 2^-40 for
+    its own rounding. It bounds TV(p, p̂) itself: ``_tv_row`` adds only ρ (not tanh(Ξ/2)).
     A NaN, an infinite or a negative sum (or Ξ) gives 1 (no form: the others stay sound)."""
     grow = 1.0 + xi + 4.76837158203125e-07
     a = a * grow
     b = b * grow
-    e = _expm1_up(tl.minimum(xi, 700.0))
-    f = tl.maximum((1.0 + e) * a + e, b + e) * (1.0 + 9.094947017729282e-13)
+    e2 = 1.0 + _expm1_up(tl.minimum(2.0 * xi, 700.0))
+    f = e2 * tl.maximum(a, b) * (1.0 + 9.094947017729282e-13)
     ok = (f == f) & (a >= 0.0) & (b >= 0.0) & (xi >= 0.0) & (f < float("inf"))
     return tl.where(ok, tl.minimum(f, 1.0), 1.0)
 

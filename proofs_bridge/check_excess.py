@@ -1,10 +1,10 @@
-"""The bridge's check of the centred box's excess form (lean/WitCert/Excess.lean: ``tilt_tv_le_excess``, the one-interval
-cover with λ = 1 of ``tilt_tv_le_dual_grid_box_endpoints``, and ``tilt_tv_le_excess_widened``, the kernel's masses'
-error Ξ widening the box): the merge's form (``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's
-``epilogue_jit._excess_form`` is pinned to by tests/kernels/test_excess_form.py) against ``formulas.EXCESS_UP`` /
-``EXCESS_DOWN`` and the widened theorem's right side, and the fp64 reference's one-interval grid
-(``witcert.bounds.dual_grid._tilt_row_grid`` with N = 1, λ = 1) against the theorem's max(A, B) (called by
-``proofs_bridge.check.check_formulas``)."""
+"""The bridge's check of the centred box's excess form (lean/WitCert/Excess.lean: ``tilt_tv_le_excess``, the
+one-interval cover with λ = 1 of ``tilt_tv_le_dual_grid_box_endpoints``, and ``tilt_tv_le_excess_rescaled``, the sums
+over the kernel's masses p̃ scaled by e^{2Ξ}, p̂ ≤ e^{2Ξ} p̃ by ``le_exp_two_mul_of_log_ratio``): the merge's form
+(``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's ``epilogue_jit._excess_form`` is pinned to by
+tests/kernels/test_excess_form.py) against ``formulas.EXCESS_UP`` / ``EXCESS_DOWN`` and the rescaled theorem's right
+side, and the fp64 reference's one-interval grid (``witcert.bounds.dual_grid._tilt_row_grid`` with N = 1, λ = 1)
+against the theorem's max(A, B) (called by ``proofs_bridge.check.check_formulas``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from .check_tilt import _BOX_DOWN, _BOX_UP, _FORMULA_FP64, _corner_sup, sup_row
 _UP = sp.lambdify((F.c_box, F.x), F.EXCESS_UP, "numpy")
 _DOWN = sp.lambdify((F.c_box, F.x), F.EXCESS_DOWN, "numpy")
 _ITEM = sp.lambdify((F.lam, F.t, F.c_box, F.x), F.DUAL_ITEM_BOX, "numpy")
-#: the form's own slacks (the sums' growth 1 + Ξ + 2^-21, the result's 2^-40, E = e^Ξ − 1 rounded up): the twin may be
-#: above the theorem's right side by at most (2Ξ + this)·it + Ξ² (a drift that drops a term shows as "below")
+#: the form's own slacks (the sums' growth 1 + Ξ + 2^-21, the result's 2^-40, e^{2Ξ} rounded up): the twin may be above
+#: the theorem's right side by at most (Ξ + this)·it (a drift that drops a term shows as "below")
 _REL_ABOVE = 2.0**-19
 
 
@@ -27,15 +27,14 @@ def _sums(w, c, e):
     return float(np.sum(w * _UP(c, e))), float(np.sum(w * _DOWN(c, e)))
 
 
-def _widened(a, b, xi):
-    """The right side of ``tilt_tv_le_excess_widened``: max(e^Ξ A + (e^Ξ − 1), B + (1 − e^{−Ξ}))."""
-    return max(np.exp(xi) * a + np.expm1(xi), b - np.expm1(-xi))
+def _rescaled(a, b, xi):
+    """The right side of ``tilt_tv_le_excess_rescaled``: e^{2Ξ} max(A, B)."""
+    return np.exp(2 * xi) * max(a, b)
 
 
 def check_excess_form(rng, rows: int = 24, K: int = 6):
     names = ("excess form: the one-interval λ = 1 ends of dualDBox are EXCESS_UP and EXCESS_DOWN",
-             "excess form: the merge's twin = max(e^Ξ A + e^Ξ − 1, B + 1 − e^{−Ξ}) (tilt_tv_le_excess_widened), "
-             "never below it",
+             "excess form: the merge's twin = e^{2Ξ} max(A, B) (tilt_tv_le_excess_rescaled), never below it",
              "excess form: the fp64 reference's one-interval grid = max(A, B) (tilt_tv_le_excess)",
              "excess form: max(A, B) ≥ brute-force supremum over the centred box")
     try:
@@ -57,8 +56,8 @@ def check_excess_form(rng, rows: int = 24, K: int = 6):
             ok_ends, d_ends = False, f"row {r}: ends {g0:.17g}, {g1:.17g} against A {a:.17g}, B {b:.17g}"
         for xi in (0.0, 1e-6, 3e-4, 0.02):
             got = float(excess_form_torch(torch.tensor(a), torch.tensor(b), torch.tensor(xi)))
-            want = min(1.0, _widened(a, b, xi))
-            if not (got >= want - _FORMULA_FP64 and got <= want * (1 + 2 * xi + _REL_ABOVE) + xi * xi):
+            want = min(1.0, _rescaled(a, b, xi))
+            if not (got >= want - _FORMULA_FP64 and got <= want * (1 + xi + _REL_ABOVE)):
                 ok_twin, d_twin = False, f"row {r}, Ξ {xi}: twin {got:.17g} against {want:.17g}"
         ref = float(dual_grid._tilt_row_grid(w, _BOX_UP(c, e), _BOX_DOWN(c, e), 1, (1.0,)))
         want = min(1.0, max(a, b)) if np.any(e > 0) or np.ptp(c) > 0 else 0.0

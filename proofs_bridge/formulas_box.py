@@ -72,10 +72,10 @@ def add_box(ns: dict) -> None:
     def excess_sum(item, w):
         return Sum(UNIV, sp.Lambda(_j, w(_j) * item.xreplace({c_box: c_(_j), x: eps(_j)})))
 
-    EXCESS_THEOREMS = ["tilt_tv_le_excess", "tilt_tv_le_excess_widened"]
+    EXCESS_THEOREMS = ["tilt_tv_le_excess", "tilt_tv_le_excess_widened", "tilt_tv_le_excess_rescaled"]
     ns["THEOREMS"].extend(EXCESS_THEOREMS)
-    # (tilt_tv_le_excess_widened is named, not parsed: sympy's Max refuses e^Ξ·Σ(…) as "not comparable"; its right
-    # side is checked numerically, check_excess._widened, and by its falsifier)
+    # (tilt_tv_le_excess_widened and _rescaled are named, not parsed: sympy's Max refuses e^Ξ·Σ(…) as "not comparable";
+    # the rescaled right side is checked numerically, check_excess._rescaled, and both by their falsifiers)
     ns["LEAN_THEOREMS"].update({
         "tilt_tv_le_excess": ("Excess", [("≤", tv(_P, _Ph), sp.Max(excess_sum(EXCESS_UP, phat),
                                                                     excess_sum(EXCESS_DOWN, phat)))], {

@@ -14,17 +14,26 @@ and no multipliers: its two end values are sums over the tokens, linear in `p̂`
 * `tilt_tv_le_excess` — `|δ_j − c_j| ≤ ε_j`: `TV(p, p̂) ≤ max(A, B)`;
 * `excess_widen_up`, `excess_widen_down` — a box widened by `Ξ ≥ 0`, term by term:
   `(e^{x+Ξ} − 1)₊ ≤ e^Ξ (e^x − 1)₊ + (e^Ξ − 1)` and `(1 − e^{x−Ξ})₊ ≤ (1 − e^x)₊ + (1 − e^{−Ξ})`;
-* `tilt_tv_le_excess_widened` — the kernel's form: `p` a tilt of `p̃` by `δ'` with
+* `tilt_tv_le_excess_widened` — `p` a tilt of `p̃` by `δ'` with
   `|δ'_j − c_j| ≤ ε_j + Ξ` (the Ξ argument of `FloatTV.lean`: `δ' = δ − ξ`, `tilt_rebase`), the sums
   `A`, `B` over `p̃` at the radii `ε` (not `ε + Ξ`): `TV(p, p̃) ≤ max(e^Ξ A + (e^Ξ − 1), B + (1 − e^{−Ξ}))`.
-  No hypothesis beyond `IsTilt`: it gives `p̃ > 0` and `Σ p̃ = 1`.
+  No hypothesis beyond `IsTilt`: it gives `p̃ > 0` and `Σ p̃ = 1`. Still true, but no longer used by the
+  kernel (its form is now `tilt_tv_le_excess_rescaled`'s).
+* `le_exp_two_mul_of_log_ratio` — `p̂, p̃ > 0`, each summing to 1, with `|log(p̃_j / p̂_j) − C| ≤ Ξ` for one
+  constant `C` (SPEC §7's Ξ: the kernel's masses `p̃` against the exact-arithmetic served distribution
+  `p̂`): `p̂_j ≤ e^{2Ξ} p̃_j` (summing `p̃ ≤ e^{C+Ξ} p̂` gives `C + Ξ ≥ 0`, and `p̂ ≤ e^{Ξ−C} p̃`).
+* `tilt_tv_le_excess_rescaled` — the kernel's form: `p` a tilt of `p̂`, `|δ_j − c_j| ≤ ε_j`, and
+  `p̂ ≤ e^{2Ξ} p̃` term by term: the two sums over `p̃`, scaled by `e^{2Ξ}`, bound `TV(p, p̂)` itself,
+  `TV(p, p̂) ≤ e^{2Ξ} max(Σ_j p̃_j (e^{−c_j+ε_j} − 1)₊, Σ_j p̃_j (1 − e^{−c_j−ε_j})₊)`, with no
+  `tanh(Ξ/2)` and no additive `e^Ξ − 1`.
 
 Licenses the centred box's excess form: `kernels/decode_meter._excess_tile` (accumulates `A`, `B` over
 `p̃` with each (token, head)'s box, its `ε` raised by the tile's rounding allowance `μ`),
 `kernels/epilogue_jit._excess_form` and its torch twin `kernels/epilogue.excess_form_torch`
-(`max((1 + E) Â + E, B̂ + E)` with `E ≥ e^Ξ − 1 ≥ 1 − e^{−Ξ}` rounded up and `Â`, `B̂` raised for their fp32
-accumulation, so each of its terms is at least this file's; that comparison is not stated here), to
-which `_tv_row` / `meter_epilogue` add `tanh(Ξ/2) + ρ` (`tv_le_perturbed_base`, `kernel_tv_sound`).
+(`e^{2Ξ} max(Â, B̂)` with `e^{2Ξ}` rounded up and `Â`, `B̂` raised for their fp32 accumulation, so it is at
+least this file's `tilt_tv_le_excess_rescaled` bound; that comparison is not stated here), a bound of
+`TV(p, p̂)` to which `_tv_row` / `meter_epilogue` add only `ρ` (the lost masses,
+`tv_le_restrict_add_lost_of_nonneg`), not `tanh(Ξ/2)`.
 -/
 
 namespace WitCert
@@ -206,6 +215,125 @@ theorem tilt_tv_le_excess_widened {ptilde delta' p : ι → ℝ} (ht : IsTilt pt
     linarith [hle, hsum, hone]
   -- `max_le_max`: Order/MinMax.lean:63
   exact h1.trans (max_le_max hA hB)
+
+/-- SPEC §7's Ξ as a bound on the masses' ratio: `p̂, p̃ > 0`, each summing to 1, with
+`|log(p̃_j / p̂_j) − C| ≤ Ξ` for one constant `C`, give `p̂_j ≤ e^{2Ξ} p̃_j`. Summing `p̃_j ≤ e^{C+Ξ} p̂_j`
+gives `1 ≤ e^{C+Ξ}`, so `C + Ξ ≥ 0`; then `p̂_j ≤ e^{Ξ−C} p̃_j ≤ e^{2Ξ} p̃_j`. -/
+lemma le_exp_two_mul_of_log_ratio {phat ptilde : ι → ℝ} (hphat : ∀ j, 0 < phat j)
+    (hptilde : ∀ j, 0 < ptilde j) (hsum : ∑ j, phat j = 1) (hsum' : ∑ j, ptilde j = 1)
+    (C Xi : ℝ) (hlog : ∀ j, |Real.log (ptilde j / phat j) - C| ≤ Xi) :
+    ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j := by
+  -- per token: `e^{C−Ξ} p̂_j ≤ p̃_j ≤ e^{C+Ξ} p̂_j`
+  have hbd : ∀ j, Real.exp (C - Xi) * phat j ≤ ptilde j ∧ ptilde j ≤ Real.exp (C + Xi) * phat j := by
+    intro j
+    -- `div_pos`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:868
+    have hq : 0 < ptilde j / phat j := div_pos (hptilde j) (hphat j)
+    -- `Real.exp_log`: Analysis/SpecialFunctions/Log/Basic.lean:58
+    have he : Real.exp (Real.log (ptilde j / phat j)) = ptilde j / phat j := Real.exp_log hq
+    -- `abs_le`: additive form of `mabs_le`, Algebra/Order/Group/Abs.lean:64
+    have hr := abs_le.mp (hlog j)
+    -- `Real.exp_le_exp`: Analysis/Complex/Exponential.lean:317
+    have hlo : Real.exp (C - Xi) ≤ ptilde j / phat j :=
+      calc Real.exp (C - Xi) ≤ Real.exp (Real.log (ptilde j / phat j)) :=
+            Real.exp_le_exp.mpr (by linarith [hr.1])
+        _ = ptilde j / phat j := he
+    have hhi : ptilde j / phat j ≤ Real.exp (C + Xi) :=
+      calc ptilde j / phat j = Real.exp (Real.log (ptilde j / phat j)) := he.symm
+        _ ≤ Real.exp (C + Xi) := Real.exp_le_exp.mpr (by linarith [hr.2])
+    -- `le_div_iff₀`, `div_le_iff₀`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:1122, :1126
+    exact ⟨(le_div_iff₀ (hphat j)).mp hlo, (div_le_iff₀ (hphat j)).mp hhi⟩
+  -- summing the upper bounds: `1 = Σ p̃ ≤ e^{C+Ξ} Σ p̂ = e^{C+Ξ}`
+  -- (`Finset.sum_le_sum`: Algebra/Order/BigOperators/Group/Finset.lean:108)
+  have hsumle : ∑ j, ptilde j ≤ ∑ j, Real.exp (C + Xi) * phat j :=
+    Finset.sum_le_sum fun j _ => (hbd j).2
+  -- `Finset.mul_sum`: Algebra/BigOperators/Ring/Finset.lean:56
+  have hfac : ∑ j, Real.exp (C + Xi) * phat j = Real.exp (C + Xi) * ∑ j, phat j := by
+    rw [Finset.mul_sum]
+  have h1 : 1 ≤ Real.exp (C + Xi) := by
+    have h := hsumle
+    -- `mul_one`: Algebra/Group/Defs.lean:380
+    rw [hfac, hsum, hsum', mul_one] at h
+    exact h
+  -- `Real.one_le_exp_iff`: Analysis/Complex/Exponential.lean:344
+  have hC : 0 ≤ C + Xi := Real.one_le_exp_iff.mp h1
+  intro j
+  -- `Real.exp_pos`: Analysis/Complex/Exponential.lean:281
+  have hE : 0 ≤ Real.exp (2 * Xi) := (Real.exp_pos _).le
+  -- `mul_le_mul_of_nonneg_left`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:224
+  have h2 : Real.exp (2 * Xi) * (Real.exp (C - Xi) * phat j) ≤ Real.exp (2 * Xi) * ptilde j :=
+    mul_le_mul_of_nonneg_left (hbd j).1 hE
+  -- `Real.exp_add`: Analysis/Complex/Exponential.lean:207
+  have h3 : Real.exp (2 * Xi) * (Real.exp (C - Xi) * phat j)
+      = Real.exp (2 * Xi + (C - Xi)) * phat j := by
+    rw [Real.exp_add (2 * Xi) (C - Xi)]
+    ring
+  -- `Real.one_le_exp`: Analysis/Complex/Exponential.lean:278
+  have h4 : 1 ≤ Real.exp (2 * Xi + (C - Xi)) := Real.one_le_exp (by linarith)
+  -- `mul_le_mul_of_nonneg_right`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:228
+  have h5 : 1 * phat j ≤ Real.exp (2 * Xi + (C - Xi)) * phat j :=
+    mul_le_mul_of_nonneg_right h4 (hphat j).le
+  linarith [h2, h3, h5]
+
+/-- The kernel's form: `p` a tilt of `p̂` with `|δ_j − c_j| ≤ ε_j`, and `p̂_j ≤ e^{2Ξ} p̃_j` for every
+`j` (`le_exp_two_mul_of_log_ratio`, SPEC §7's Ξ): the two sums over the kernel's masses `p̃`, scaled by
+`e^{2Ξ}`, bound `TV(p, p̂)` itself,
+`TV(p, p̂) ≤ e^{2Ξ} max(Σ_j p̃_j (e^{−c_j+ε_j} − 1)₊, Σ_j p̃_j (1 − e^{−c_j−ε_j})₊)`. -/
+theorem tilt_tv_le_excess_rescaled {phat delta p ptilde : ι → ℝ} (ht : IsTilt phat delta p)
+    (c eps : ι → ℝ) (heps : ∀ j, |delta j - c j| ≤ eps j) (Xi : ℝ)
+    (hratio : ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j) :
+    tv p phat ≤ Real.exp (2 * Xi) * max (∑ j, ptilde j * max (Real.exp (-c j + eps j) - 1) 0)
+      (∑ j, ptilde j * max (1 - Real.exp (-c j - eps j)) 0) := by
+  have hE : 0 ≤ Real.exp (2 * Xi) := (Real.exp_pos _).le
+  have h1 := tilt_tv_le_excess ht c eps heps
+  -- the top sum, term by term: `p̂_j f_j ≤ e^{2Ξ} p̃_j f_j` as `f_j ≥ 0`
+  have hA : ∑ j, phat j * max (Real.exp (-c j + eps j) - 1) 0
+      ≤ Real.exp (2 * Xi) * ∑ j, ptilde j * max (Real.exp (-c j + eps j) - 1) 0 := by
+    have hterm : ∀ j ∈ (Finset.univ : Finset ι),
+        phat j * max (Real.exp (-c j + eps j) - 1) 0
+          ≤ Real.exp (2 * Xi) * (ptilde j * max (Real.exp (-c j + eps j) - 1) 0) := by
+      intro j _
+      have h : phat j * max (Real.exp (-c j + eps j) - 1) 0
+          ≤ Real.exp (2 * Xi) * ptilde j * max (Real.exp (-c j + eps j) - 1) 0 :=
+        mul_le_mul_of_nonneg_right (hratio j) (le_max_right _ _)
+      -- `mul_assoc`: Algebra/Group/Defs.lean:190
+      have e : Real.exp (2 * Xi) * ptilde j * max (Real.exp (-c j + eps j) - 1) 0
+          = Real.exp (2 * Xi) * (ptilde j * max (Real.exp (-c j + eps j) - 1) 0) :=
+        mul_assoc _ _ _
+      rw [← e]
+      exact h
+    have hsum : ∑ j, Real.exp (2 * Xi) * (ptilde j * max (Real.exp (-c j + eps j) - 1) 0)
+        = Real.exp (2 * Xi) * ∑ j, ptilde j * max (Real.exp (-c j + eps j) - 1) 0 := by
+      rw [Finset.mul_sum]
+    have hle := Finset.sum_le_sum hterm
+    linarith [hle, hsum]
+  -- the bottom sum, term by term
+  have hB : ∑ j, phat j * max (1 - Real.exp (-c j - eps j)) 0
+      ≤ Real.exp (2 * Xi) * ∑ j, ptilde j * max (1 - Real.exp (-c j - eps j)) 0 := by
+    have hterm : ∀ j ∈ (Finset.univ : Finset ι),
+        phat j * max (1 - Real.exp (-c j - eps j)) 0
+          ≤ Real.exp (2 * Xi) * (ptilde j * max (1 - Real.exp (-c j - eps j)) 0) := by
+      intro j _
+      have h : phat j * max (1 - Real.exp (-c j - eps j)) 0
+          ≤ Real.exp (2 * Xi) * ptilde j * max (1 - Real.exp (-c j - eps j)) 0 :=
+        mul_le_mul_of_nonneg_right (hratio j) (le_max_right _ _)
+      have e : Real.exp (2 * Xi) * ptilde j * max (1 - Real.exp (-c j - eps j)) 0
+          = Real.exp (2 * Xi) * (ptilde j * max (1 - Real.exp (-c j - eps j)) 0) :=
+        mul_assoc _ _ _
+      rw [← e]
+      exact h
+    have hsum : ∑ j, Real.exp (2 * Xi) * (ptilde j * max (1 - Real.exp (-c j - eps j)) 0)
+        = Real.exp (2 * Xi) * ∑ j, ptilde j * max (1 - Real.exp (-c j - eps j)) 0 := by
+      rw [Finset.mul_sum]
+    have hle := Finset.sum_le_sum hterm
+    linarith [hle, hsum]
+  -- `e^{2Ξ} ≥ 0` out of the max (`mul_max_of_nonneg`: Algebra/Order/Ring/Unbundled/Basic.lean:529)
+  have hmax : max (Real.exp (2 * Xi) * ∑ j, ptilde j * max (Real.exp (-c j + eps j) - 1) 0)
+        (Real.exp (2 * Xi) * ∑ j, ptilde j * max (1 - Real.exp (-c j - eps j)) 0)
+      = Real.exp (2 * Xi) * max (∑ j, ptilde j * max (Real.exp (-c j + eps j) - 1) 0)
+        (∑ j, ptilde j * max (1 - Real.exp (-c j - eps j)) 0) :=
+    (mul_max_of_nonneg _ _ hE).symm
+  -- `max_le_max`: Order/MinMax.lean:63
+  exact (h1.trans (max_le_max hA hB)).trans (le_of_eq hmax)
 
 end Excess
 

@@ -20,8 +20,10 @@ from .composed import kernel_tv_sound, request_tv_sound, step_tv_sound
 from .excess import (
     excess_widen_down,
     excess_widen_up,
+    le_exp_two_mul_of_log_ratio,
     one_sub_add_max_sub_one,
     tilt_tv_le_excess,
+    tilt_tv_le_excess_rescaled,
     tilt_tv_le_excess_widened,
 )
 from .floating_point import (
@@ -157,6 +159,8 @@ STATEMENTS = {
     "excess_widen_up": excess_widen_up,
     "excess_widen_down": excess_widen_down,
     "one_sub_add_max_sub_one": one_sub_add_max_sub_one,
+    "tilt_tv_le_excess_rescaled": tilt_tv_le_excess_rescaled,  # the merge's form (e^{2Ξ} on the sums over p̃)
+    "le_exp_two_mul_of_log_ratio": le_exp_two_mul_of_log_ratio,
     # the helper theorems the statements above rest on (every `theorem` of lean/WitCert has a search here)
     "abs_sum_mul_le_gnorm_mul": abs_sum_mul_le_gnorm_mul,  # Radius.lean: Cauchy–Schwarz on one group
     "ropeBand_sq": ropeBand_sq,  # Bands.lean: one band's rotation keeps its squared norm

@@ -92,3 +92,39 @@ def one_sub_add_max_sub_one(rng, trials):
         if abs((1 - b) + max(b - 1, 0) - max(1 - b, 0)) > _TINY:
             bad.append(b)
     return bad
+
+
+def tilt_tv_le_excess_rescaled(rng, trials, factor=None):
+    """The merge's form: p̂ ≤ e^{2Ξ} p̃ (p̃ ∝ p̂ e^{−ξ}, |ξ| ≤ Ξ, signs random or against the sums), δ in the box:
+    TV(p, p̂) ≤ e^{2Ξ} max(Ã, B̃), the sums over p̃. ``factor``: Ξ ↦ the scale (the drift tests pass a wrong one)."""
+    factor = factor or (lambda xi: mp.e ** (2 * xi))
+    bad = []
+    for _ in range(trials):
+        p, c, eps = _case(rng)
+        n = len(p)
+        xi = mp.mpf(0) if rng.random() < 0.1 else mp.mpf(10) ** mp.mpf(rng.uniform(-6, 0))
+        sgn = [rng.choice([-1, 1]) for _ in range(n)] if rng.random() < 0.5 else \
+            [1 if -cj + ej > 0 else -1 for cj, ej in zip(c, eps)]
+        pt = [pj * mp.e ** (-s * xi) for pj, s in zip(p, sgn)]
+        z = mp.fsum(pt)
+        pt = [x / z for x in pt]
+        d = [_in_box(rng, cj, ej) for cj, ej in zip(c, eps)]
+        a, b = excess_sums(pt, c, eps)
+        if _tv(_softmax_tilt(p, d), p) > factor(xi) * max(a, b) + _TINY:
+            bad.append((p, pt, c, eps, xi, d))
+    return bad
+
+
+def le_exp_two_mul_of_log_ratio(rng, trials):
+    """Two distributions with |log(p̃_j/p̂_j) − C| ≤ Ξ for every j: p̂_j ≤ e^{2Ξ} p̃_j."""
+    bad = []
+    for _ in range(trials):
+        n = rng.randint(1, 6)
+        ph = _rand_p(rng, n)
+        xi = mp.mpf(10) ** mp.mpf(rng.uniform(-6, 0.5))
+        pt = [pj * mp.e ** (mp.mpf(rng.uniform(-1, 1)) * xi + 3) for pj in ph]  # C = 3 before normalising
+        z = mp.fsum(pt)
+        pt = [x / z for x in pt]
+        if any(a > mp.e ** (2 * xi) * b + _TINY for a, b in zip(ph, pt)):
+            bad.append((ph, pt, xi))
+    return bad

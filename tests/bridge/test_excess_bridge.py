@@ -13,7 +13,7 @@ from proofs_bridge.check_excess import check_excess_form
 from tests.helpers.bridge import assert_each_edit_fails, failed
 
 NAMES = ("tilt_tv_le_excess", "tilt_tv_le_excess_widened", "excess_widen_up", "excess_widen_down",
-         "one_sub_add_max_sub_one")
+         "one_sub_add_max_sub_one", "tilt_tv_le_excess_rescaled", "le_exp_two_mul_of_log_ratio")
 
 
 def test_every_excess_theorem_is_falsified_and_stated():
@@ -37,19 +37,20 @@ def test_a_false_excess_statement_is_falsified():
 
     assert X.tilt_tv_le_excess(random.Random(0), 400, form=lambda a, b: min(a, b))
     assert X.tilt_tv_le_excess(random.Random(1), 400, form=lambda a, b: a)
+    # the sums over the kernel's p̃ without e^{2Ξ} (the mass error moved onto the tokens that count)
+    assert X.tilt_tv_le_excess_rescaled(random.Random(3), 3000, factor=lambda xi: 1)
 
 
 def test_drift_in_the_excess_form_fails(monkeypatch):
-    """The merge's twin must be the widened theorem's right side (never below it): the smaller of the two branches,
-    B's widening dropped, or e^{−Ξ} on A fail; so does the fp64 reference's grid if it is not max(A, B) on one
-    interval with λ = 1."""
+    """The merge's twin must be the rescaled theorem's right side (never below it): the smaller of the two sums, B
+    without e^{2Ξ}, or e^{−2Ξ} on A fail; so does the fp64 reference's grid if it is not max(A, B) on one interval with
+    λ = 1."""
     import torch
 
     import kernels.epilogue as E
     from witcert.bounds import dual_grid as G
 
-    twin = "excess form: the merge's twin = max(e^Ξ A + e^Ξ − 1, B + 1 − e^{−Ξ}) (tilt_tv_le_excess_widened), " \
-           "never below it"
+    twin = "excess form: the merge's twin = e^{2Ξ} max(A, B) (tilt_tv_le_excess_rescaled), never below it"
     ref = "excess form: the fp64 reference's one-interval grid = max(A, B) (tilt_tv_le_excess)"
 
     def bad():

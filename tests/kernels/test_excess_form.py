@@ -1,6 +1,7 @@
 """The centred sketch box's excess form in the merge (``epilogue_jit._excess_form``, its torch twin
-``epilogue.excess_form_torch``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"): TV(p, p̂) ≤ max(e^Ξ Â +
-e^Ξ − 1, B̂ + 1 − e^{−Ξ}) + tanh(Ξ/2) for Â = Σ p̃ (e^{−c+ε} − 1)₊ / L, B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L.
+``epilogue.excess_form_torch``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"): TV(p, p̂) ≤ e^{2Ξ}
+max(Â, B̂) for Â = Σ p̃ (e^{−c+ε} − 1)₊ / L, B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, p̂ ∝ p̃ e^ξ with |ξ| ≤ Ξ (Lean
+``tilt_tv_le_excess_rescaled``).
 
 * the form against the exact supremum of TV over the centred box and the kernel's mass error (float64, adversarial
   corners and random points), its slacks pinned, its saturations;
@@ -40,8 +41,9 @@ def _sums(pt, c, eps):
 @pytest.mark.parametrize("seed", range(12))
 def test_the_form_bounds_tv_over_the_centred_box_and_the_mass_error(seed):
     """p̃ the kernel's masses, p̂ ∝ p̃ e^ξ (|ξ| ≤ Ξ) the served distribution, p ∝ p̂ e^η with η = −δ, δ ∈ [c − ε, c +
-    ε]: TV(p, p̂) ≤ form + tanh(Ξ/2) at the box's worst corners (every threshold of the ratio order, both signs of ξ)
-    and at random points; with Ξ = 0 the form is max(Â, B̂) up to its slack."""
+    ε]: TV(p, p̂) ≤ form (no tanh(Ξ/2): it bounds TV(p, p̂) itself) at the box's worst corners (every threshold of the
+    ratio order) and at random points, for ξ of random signs and ξ = ±Ξ against each sum (+Ξ where its term is
+    positive: the mass moved onto the tokens that count); with Ξ = 0 the form is max(Â, B̂) up to its slack."""
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(2, 40, (1,), generator=g))
     pt = torch.rand(n, generator=g, dtype=torch.float64) ** 3 + 1e-6
@@ -51,10 +53,13 @@ def test_the_form_bounds_tv_over_the_centred_box_and_the_mass_error(seed):
     xi_max = float(torch.tensor([0.0, 1e-6, 1e-3, 0.05])[seed % 4])
     a, b = _sums(pt, c, eps)
     form = float(E.excess_form_torch(a, b, torch.tensor(xi_max, dtype=torch.float64)))
-    bound = form + math.tanh(xi_max / 2)
+    bound = form
     worst = 0.0
-    for sgn in (1.0, -1.0):
-        xi = sgn * xi_max * torch.where(torch.rand(n, generator=g) < 0.5, 1.0, -1.0).double()
+    lo_, hi_ = -c - eps, -c + eps
+    patterns = [torch.where(torch.rand(n, generator=g) < 0.5, 1.0, -1.0).double(),
+                torch.where(hi_ > 0, 1.0, -1.0).double(), torch.where(lo_ < 0, 1.0, -1.0).double()]
+    for sgn in patterns:
+        xi = sgn * xi_max
         ph = pt * torch.exp(xi)
         ph = ph / ph.sum()
         lo, hi = -c - eps, -c + eps  # η's interval
@@ -80,21 +85,43 @@ def test_the_form_bounds_tv_over_the_centred_box_and_the_mass_error(seed):
         assert form <= max(float(a), float(b)) * (1 + 2.0**-20)
 
 
+@pytest.mark.parametrize("xi_max", [1e-4, 0.05])
+def test_the_mass_error_needs_its_factor(xi_max):
+    """A row where the two sums over p̂ are attained (one token raised, one lowered, Z = 1) and the kernel's p̃ holds
+    less mass on both than p̂ (the neutral token's went up by e^{2Ξ} against theirs): TV(p, p̂) is above max(Ã, B̃) even
+    grown by the sums' own 1 + Ξ + 2^-21, so the form's e^{2Ξ} is needed, and the form holds."""
+    pt = torch.tensor([0.1, 0.1, 0.8], dtype=torch.float64)
+    xi = torch.tensor([xi_max, xi_max, -xi_max], dtype=torch.float64)
+    ph = pt * torch.exp(xi)
+    ph = ph / ph.sum()
+    up = 0.5  # token 0's η; token 1's makes Z = Σ p̂ e^η = 1; token 2 is neutral (η = 0)
+    e1 = (1 - ph[0] * math.exp(up) - ph[2]) / ph[1]
+    c = torch.tensor([-up, -math.log(e1), 0.0], dtype=torch.float64)
+    eps = torch.zeros(3, dtype=torch.float64)
+    p = ph * torch.exp(-c)
+    assert abs(float(p.sum()) - 1) < 1e-12
+    real = _tv(p / p.sum(), ph)
+    a, b = _sums(pt, c, eps)
+    assert real > max(float(a), float(b)) * (1 + xi_max + 2.0**-21)
+    assert real <= float(E.excess_form_torch(a, b, torch.tensor(xi_max, dtype=torch.float64)))
+
+
 def test_the_forms_slacks_are_pinned():
-    """Each slack of ``_excess_form`` is in the value: the sums' growth (1 + Ξ + 2^-21, their fp32 accumulation), E =
-    e^Ξ − 1 rounded up (the series below 2^-10), the result's 2^-40; dropping one lowers the value below these."""
+    """Each slack of ``_excess_form`` is in the value: the sums' growth (1 + Ξ + 2^-21, their fp32 accumulation), e^{2Ξ}
+    = 1 + E(2Ξ) rounded up (the series below 2^-10), the result's 2^-40; dropping one lowers the value below these."""
     a = torch.tensor([0.01, 0.2, 0.0, 0.3], dtype=torch.float64)
     b = torch.tensor([0.02, 0.1, 0.0, 0.3], dtype=torch.float64)
     xi = torch.tensor([0.0, 1e-4, 0.0, 0.01], dtype=torch.float64)
     f = E.excess_form_torch(a, b, xi)
     grow = 1 + xi + 2.0**-21
-    e = torch.where(xi < 2.0**-10, xi + xi**2 / 2 + xi**3, torch.expm1(xi)) * (1 + 2.0**-40)
-    want = torch.maximum((1 + e) * (a * grow) + e, b * grow + e) * (1 + 2.0**-40)
+    y = 2 * xi
+    e2 = 1 + torch.where(y < 2.0**-10, y + y**2 / 2 + y**3, torch.expm1(y)) * (1 + 2.0**-40)
+    want = e2 * torch.maximum(a * grow, b * grow) * (1 + 2.0**-40)
     assert torch.equal(f, want)
     assert f[0] > 0.02 * (1 + 2.0**-22)  # the 2^-21 growth
-    assert f[1] > (1 + 1e-4) * 0.2 * (1 + 1e-4) + 1e-4  # the Ξ growth and e^Ξ on Â, then E
+    assert f[1] > math.exp(2e-4) * 0.2 * (1 + 1e-4)  # e^{2Ξ} and the Ξ growth
     assert f[2] == 0.0  # no excess, no Ξ: 0 (the form may certify a row exactly; _tv_row adds its own slack)
-    assert f[3] > (1 + math.expm1(0.01)) * 0.3 * 1.01 + math.expm1(0.01)
+    assert f[3] > math.exp(0.02) * 0.3 * 1.01
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e-3])
@@ -134,9 +161,9 @@ def test_fused_merge_with_the_sums_matches_the_torch_merge():
     for f in ("tv_upper_a", "excess", "eform", "tanh", "tilt", "rho", "xi"):
         torch.testing.assert_close(getattr(r1, f).cpu(), getattr(r2, f).cpu().double(), rtol=rt, atol=1e-12, msg=f)
     tv0, tv1, exc = r0.tv_upper_a.cpu(), r1.tv_upper_a.cpu(), r1.excess.cpu()
-    xi, rho = r1.xi.cpu(), r1.rho.cpu()
+    rho = r1.rho.cpu()
     assert torch.all(tv1 <= tv0)  # a third form never raises TV⁺
-    with_form = torch.clamp(exc + torch.tanh(xi / 2) + rho + FP64_SLACK, max=1.0)
+    with_form = torch.clamp(exc + rho + FP64_SLACK, max=1.0)  # (Ξ is in the form: no tanh(Ξ/2))
     live = tv0 > 0
     # TV⁺ = min(without the form, the form's own TV⁺) on every row with a token past the first
     torch.testing.assert_close(tv1[live], torch.minimum(tv0, with_form)[live], rtol=1e-12, atol=0)
