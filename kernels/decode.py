@@ -58,7 +58,7 @@ Split partials are merged with the log-sum-exp rule (histograms and Σ p̂ φ re
 denominators) and ``kernels.epilogue`` turns the histograms into TV⁺ and the output bound.
 
 Arguments of ``decode`` (beside its docstring's): ``tilt_above`` ≥ 0: the dual-grid tilt is computed
-only for rows whose closed-form TV⁺ (min(tanh, e-form, the excess form where metered) + the fp terms) is above it (a gate with
+only for rows whose closed-form TV⁺ (min(tanh, e-form) + the fp terms, or the excess form + ρ where smaller) is above it (a gate with
 threshold τ passes τ: at or below it the row is certified without the tilt), the others report tilt 1;
 a tilted row refines its grid (``epilogue.COARSE`` intervals, then up to ``REFINE_TOP`` of them, 0 by default) only
 until τ is settled either way and reports that grid's tilt (the gate's decision is the fully refined

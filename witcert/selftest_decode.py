@@ -42,11 +42,12 @@ an overlay when the caller's has pages, a random query in the model's dtype at t
 every row.
 
 What it does not see (run C4's canary rows and a review's injected faults): a fault lowering TV⁺ by less than ~15 % on
-every row (the canary's smallest TV⁺ / supremum is 1.04-1.17; ~5 % where the excess form is metered, whose floor
-``_excess_floor`` is within 1.01-1.05 of a sound TV⁺, run E1), faults confined to a few tokens or splits, the rounding
-terms Ξ and η (below its resolution), E⁺'s value-side terms (E⁺ is 5-30× the canary's realised output error), Tier B's
-E⁺, the graphed step's deferred tilt (``kernels.tilt_batch``: the canary's merge runs the tilt itself) and SGLang's
-CSR rows. Once per configuration and process; never inside a CUDA-graph capture (logged); raises
+every row (the canary's smallest TV⁺ / supremum is 1.04-1.17; ~1 % where the excess form binds, whose floor
+``_excess_floor`` is within 1.002-1.005 of a sound TV⁺ on the configurations with a window, run E4), faults confined
+to a few tokens or splits, the rounding terms Ξ and η (below its resolution), E⁺'s value-side terms (E⁺ is 5-30× the
+canary's realised output error), Tier B's E⁺, the graphed step's deferred tilt (``kernels.tilt_batch``: the canary's
+merge runs the tilt itself) and SGLang's CSR rows. Once per configuration and process; never inside a CUDA-graph
+capture (logged); raises
 ``DecodeSelfTestError`` (logged first).
 
     check_decode_kernel(...) → DecodeSelfTest | None (None: already checked, or skipped in a capture)
@@ -242,8 +243,8 @@ def _excess_floor(ph: np.ndarray, sup_sym: np.ndarray, eps: np.ndarray, cen: np.
     rounding |c̃ − c| (the witness's γ‖r̃/a‖ term bounds it; in practice far smaller than the inflation), and the
     2^-10 covers what it leaves (an adversarial review, helper-41: the kernel's value never came within 1e-4 of the
     float64 sums in 200 cases). A floor above a sound TV⁺ would refuse the configuration (availability, not
-    soundness). A TV⁺ scaled down by a few percent falls below the second term where the first (1.08-1.30× below a
-    sound TV⁺ on the canary, run D5) would not see it."""
+    soundness). A TV⁺ scaled down by 1 % falls below the second term where the first (1.08-1.30× below a sound TV⁺
+    on the canary, run D5) would not see it."""
     from . import bounds as B
 
     eps, cen = eps * live, cen * live
