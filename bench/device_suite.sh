@@ -13,6 +13,11 @@ suite() {
   timeout "$t" python3 bench/pytest_shards.py -n "$n" "$@" > "$OUT/gpu_tests.log" 2>&1
   echo "tests rc $?"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | sort -u | cut -c1-300; tail -1 "$OUT/gpu_tests.log" | cut -c1-300
 }
+# the canary configurations of runs D5, E1 and E4: Llama-8B attention at B 8 / 32K with three schemes, SmolLM2's shape
+# with three more, and two schemes without a window
+CANARY_CONFIGS=("--scheme int8,fp8_e4m3,kivi2 --head-dim 128 --kv-heads 8 --q-heads 32 --batch 8 --context 32768"
+  "--scheme int8,int4_group,int8_dither --head-dim 64 --kv-heads 3 --q-heads 9 --batch 1 --context 4096"
+  "--scheme fp8_e5m2,int8 --head-dim 128 --kv-heads 8 --q-heads 32 --batch 3 --context 8192 --window 0,0")
 # selftests CFG...   `witcert selftest --device cuda CFG --json` for each configuration string, a line per scheme
 selftests() {
   for cfg in "$@"; do

@@ -440,9 +440,10 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
 
 
 def excess_form(plan: DecodePlan) -> bool:
-    """Whether the launch accumulates the centred sketch box's excess sums (``plan.excess``, ``plan.EXCESS_FORM``):
-    tier A's third closed form in the merge (``epilogue_jit._excess_form``)."""
-    return plan.excess and plan.meter and (plan.sketch_bits > 0 or plan.weighted)
+    """Whether the launch accumulates the centred sketch box's excess sums (``plan.excess``: ``kernels.plan.launch_variant`` sets
+    it only with the meter and the sketch radius, ``check_plan`` refuses a plan made otherwise): tier A's further closed
+    form in the merge (``epilogue_jit._excess_form``)."""
+    return plan.excess
 
 
 def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: _Partials, sm: float,

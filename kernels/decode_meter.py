@@ -194,7 +194,8 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL: tl.cons
                  HAS_REP: tl.constexpr):
     """The two excess sums of the centred box (bench/TIGHTNESS.md, "The centred box unbinned"): with η = −δ in
     [−c − ε, −c + ε] per (token, head), A += Σ_j p̃_j (e^{−c+ε} − 1)₊ and B += Σ_j p̃_j (1 − e^{−c−ε})₊, rescaled by
-    α as the histogram is (the merge turns them into TV ≤ max(A, B)/L, widened by the row's Ξ). A hot tile's box is
+    α as the histogram is (the merge turns them into TV(p, p̂) ≤ e^{2Ξ} max(A, B)/L, ``epilogue_jit._excess_form``). A
+    hot tile's box is
     centred at the sketch dot c̃ with ε = c_h W_j·INFL + 2^-20 |c̃| (W_j carries the dot's rounding), a cold tile's
     (no dot) is the symmetric radius c_h·U_j around 0, a repaired token's is 0; μ = 2^-19 (1 + |c| + ε) covers the
     exp's and the exponent's rounding."""

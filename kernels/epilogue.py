@@ -119,8 +119,8 @@ class MeterRecord:
     flag: torch.Tensor  # bool: saturated because of non-finite inputs
     xi: torch.Tensor | None = None  # [B, Hq] Ξ: the decode pass's log-ratio bound (SPEC §7)
     rho: torch.Tensor | None = None  # [B, Hq] ρ: the lost-mass term (Tier A)
-    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``, Ξ in it, before tanh(Ξ/2) + ρ): a
-    #: third closed form of tier A's TV⁺ where the decode accumulated its sums (``decode.excess_form``); else None
+    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``: Ξ in it, TV⁺ ≤ it + ρ + slack): a
+    #: further closed form of tier A's TV⁺ where the decode accumulated its sums (``decode.excess_form``); else None
     excess: torch.Tensor | None = None
 
 

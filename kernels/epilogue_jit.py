@@ -350,7 +350,7 @@ def _merge_meter_kernel(
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
     ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
     EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``) give
-    tier A a third closed form, ``_excess_form``, before the τ decision (REC_EXCESS; 1 without EXC)."""
+    tier A a further closed form, ``_excess_form`` (+ ρ), before the τ decision (REC_EXCESS; 1 without EXC)."""
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq

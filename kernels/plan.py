@@ -59,7 +59,7 @@ UNMETERED_REGISTER_CAP = 80
 SKETCH_REGISTER_CAP = 232
 CAP_REGISTERS = True
 #: the centred sketch box's two excess sums (``decode_meter._excess_tile``) accumulated beside the histogram wherever
-#: the sketch radius is metered (a sketch or channel weights): a third closed form of tier A's TV⁺ in the merge
+#: the sketch radius is metered (a sketch or channel weights): a further closed form of tier A's TV⁺ in the merge
 #: (``epilogue_jit._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
 #: ``launch_variant`` at call time: a benchmark turns it off for the call without them (bench/sketch_speed.py)
 EXCESS_FORM = True

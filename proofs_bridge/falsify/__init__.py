@@ -153,7 +153,7 @@ STATEMENTS = {
     "dualDBox_regroup": dualDBox_regroup,  # not parsed: its statement has `fun` and a filter
     "dualDBox_zero": dualDBox_zero,  # not parsed: an equality of functions with `fun _ => 0`
     "sketch_centred_error_le": sketch_centred_error_le,  # the sketch's centred box (Sketch.lean): TiltBox's heps
-    # the centred box's excess (two-sum) form, the fused merge's third closed form (lean/WitCert/Excess.lean)
+    # the centred box's excess (two-sum) form, a closed form of the fused merge (lean/WitCert/Excess.lean)
     "tilt_tv_le_excess": tilt_tv_le_excess,
     "tilt_tv_le_excess_widened": tilt_tv_le_excess_widened,
     "excess_widen_up": excess_widen_up,

@@ -44,8 +44,8 @@ def tilt_tv_le_excess(rng, trials, form=None):
 
 
 def tilt_tv_le_excess_widened(rng, trials):
-    """The kernel's form: δ in the box widened by Ξ, |δ − c| ≤ ε + Ξ; TV ≤ max(e^Ξ A + e^Ξ − 1, B + 1 − e^{−Ξ})
-    with A, B over the unwidened box."""
+    """The kernel's first form (kept in Lean, unused since the rescaled one): δ in the box widened by Ξ,
+    |δ − c| ≤ ε + Ξ; TV ≤ max(e^Ξ A + e^Ξ − 1, B + 1 − e^{−Ξ}) with A, B over the unwidened box."""
     bad = []
     for _ in range(trials):
         p, c, eps = _case(rng)

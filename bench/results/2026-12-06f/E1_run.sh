@@ -4,9 +4,7 @@
 # then the tests that run the new code; stashes the GGUF's first half for E2
 source bench/device_suite.sh
 mkdir -p /tmp/m && cp .carry/m1/part /tmp/m/part1
-selftests "--scheme int8,fp8_e4m3,kivi2 --head-dim 128 --kv-heads 8 --q-heads 32 --batch 8 --context 32768" \
-  "--scheme int8,int4_group,int8_dither --head-dim 64 --kv-heads 3 --q-heads 9 --batch 1 --context 4096" \
-  "--scheme fp8_e5m2,int8 --head-dim 128 --kv-heads 8 --q-heads 32 --batch 3 --context 8192 --window 0,0"
+selftests "${CANARY_CONFIGS[@]}"  # (as run: the three configuration strings written out)
 suite 330 14 tests/kernels/test_excess_form.py tests/kernels/test_tilt_batch.py tests/kernels/test_sketch_window.py \
   tests/cache/test_decode_selftest.py tests/kernels/test_kernels_conformance.py tests/kernels/test_head_levels.py \
   tests/cache/test_graphs.py tests/kernels/test_kernel_gate_cache.py tests/kernels/test_kernel_epilogue.py
