@@ -58,7 +58,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
-                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False)
+                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False, GRD=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else

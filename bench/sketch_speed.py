@@ -11,7 +11,8 @@ replay, median of triton.testing.do_bench, caches rotated past the L2.
 "s+w heads": the sketch + window call with per-head key levels (``PagedKV.head_levels``), printed against
 "sketch+win" (its cost: GQ one-hot histogram dots per tile instead of one). "s+w no-exc": the sketch + window call
 without the centred box's two excess sums (``kernels.plan.EXCESS_FORM`` off while it is built and captured),
-printed as sketch+win's time over it (their cost).
+printed as sketch+win's time over it (their cost). "s+w no-grid": the same without the excess form's (t, λ) grid
+(``kernels.plan.EXCESS_GRID`` off), printed likewise.
 """
 
 from __future__ import annotations
@@ -105,10 +106,12 @@ def main(argv=None):
                     # per-head key levels (PagedKV.head_levels, the kernel's HEAD_LEVELS): GQ histogram dots per tile
                     "s+w heads": ([(sketched(c, 2, True, gen, True), bt) for c, bt in base], True, win, None),
                     "s+w no-exc": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
+                    "s+w no-grid": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
                 }
                 if args.lean:
                     variants = {k: v for k, v in variants.items()
-                                if k in ("off", "group", "sketch+win", "s+w no-exc") or k.startswith(("s+w cap", "s+w t"))}
+                                if k in ("off", "group", "sketch+win", "s+w no-exc", "s+w no-grid")
+                                or k.startswith(("s+w cap", "s+w t"))}
                 t = {}
                 regs = {}
                 for name, (cs, meter, w, force) in variants.items():
@@ -119,6 +122,7 @@ def main(argv=None):
                     def one(c, bt, run=run):
                         return lambda: run(c, bt)
                     kernel_plan.EXCESS_FORM = name != "s+w no-exc"
+                    kernel_plan.EXCESS_GRID = name != "s+w no-grid"
                     try:
                         k = run(cs[0][0], cs[0][1]).compiled
                         pl = plan_call(cs[0][0], q, cs[0][1], meter=meter, window=w, force=force)
@@ -130,6 +134,7 @@ def main(argv=None):
                         t[name] = float("nan")
                     finally:
                         kernel_plan.EXCESS_FORM = True
+                        kernel_plan.EXCESS_GRID = True
                 g = lambda c: t.get(c, float("nan"))  # noqa: E731 (--lean leaves some out)
                 print(f"{Hq:>3} {B:>3} {n:>7} " + " ".join(f"{g(c):>11.4f}" for c in cols)
                       + f" {g('sketch') / g('group'):>10.3f} {g('sketch+win') / g('group'):>10.3f}"
@@ -139,7 +144,9 @@ def main(argv=None):
                       + (f"  s+w heads: {g('s+w heads'):.4f} ({g('s+w heads') / g('sketch+win'):.3f} of sketch+win)"
                          if "s+w heads" in t else "")
                       + (f"  s+w no-exc: {g('s+w no-exc'):.4f} (sketch+win / it {g('sketch+win') / g('s+w no-exc'):.3f})"
-                         if "s+w no-exc" in t else ""), flush=True)
+                         if "s+w no-exc" in t else "")
+                      + (f"  s+w no-grid: {g('s+w no-grid'):.4f} (sketch+win / it {g('sketch+win') / g('s+w no-grid'):.3f})"
+                         if "s+w no-grid" in t else ""), flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
 

@@ -10,7 +10,8 @@ given overrides; the JSON adds ``dtype`` and the device's name.
     python bench/tightness_gpu.py --show results.jsonl     # one summary line per configuration
 
 A configuration is ``SCHEME[:key=value,...]`` with keys ``backend``, ``sketch_box``, ``sketch_bits``, ``window``
-(``S/R``), ``weights``, and ``excess=0`` (the kernel without the centred box's excess sums, ``kernels.plan.EXCESS_FORM``
+(``S/R``), ``weights``, ``grid=0`` (the kernel without the excess form's (t, λ) grid, ``kernels.plan.EXCESS_GRID``)
+and ``excess=0`` (the kernel without the centred box's excess sums, ``kernels.plan.EXCESS_FORM``
 off for that configuration). The exit status is 1 if any row of any configuration is a violation (TV⁺ < realised TV).
 """
 
@@ -34,7 +35,7 @@ def parse_config(text: str) -> tuple[str, dict]:
             kw[key] = val
         elif key == "sketch_bits":
             kw[key] = int(val)
-        elif key == "excess":
+        elif key in ("excess", "grid"):
             kw[key] = val != "0"
         elif key == "window":
             s, _, r = val.partition("/")
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
             import kernels.plan as kernel_plan
 
             kernel_plan.EXCESS_FORM = kw.pop("excess", True)
+            kernel_plan.EXCESS_GRID = kw.pop("grid", True)
             try:
                 res = run(scheme=scheme, device=args.device, dtype=dtypes[dname], **kw)
             except Exception as e:  # one configuration failing does not lose the others' lines
@@ -91,6 +93,7 @@ def main(argv=None) -> int:
                 bad += res.violations
             finally:
                 kernel_plan.EXCESS_FORM = True
+                kernel_plan.EXCESS_GRID = True
             line["wall_s"] = round(time.time() - t0, 1)
             text = json.dumps(line)
             print(text, flush=True)

@@ -2,7 +2,6 @@
 bridge all read from here (never restated)."""
 
 import math
-import struct
 
 #: the dither u takes 2**DITHER_RESOLUTION_BITS values, (2k+1)·2^-24 − ½ (see witcert.schemes).
 DITHER_RESOLUTION_BITS = 23
@@ -21,27 +20,51 @@ DITHER_BIAS_FACTOR = 2.0**-14
 STORE_ROUNDING = {"float32": (2.0**-23, 2.0**-126), "bfloat16": (2.0**-7, 2.0**-126), "float16": (2.0**-10, 2.0**-24)}
 #: the largest finite value of each stored dtype (a larger |x| may store as ±inf)
 STORE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
-#: the unbinned centred tilt's fixed grid (SPEC §3(c), ``sketch_box="grid"``): [0, 1] cut into GRID_TILT_INTERVALS
-#: equal intervals; at every grid point the dual D(t, λ) at the GRID_TILT_CANDIDATES multipliers λ_k = e^{k·δ}, k
-#: centred on 0, δ = GRID_TILT_LOG_STEP, rounded to float32 (``grid_tilt_lambdas``: a kernel's constants and the fp64
-#: reference's exact values); each interval takes the candidate (or λ = 0, the cap t_{i+1}) whose larger end value is
-#: smallest. Any cover and any λ ≥ 0 are sound (Lean ``tilt_tv_le_dual_grid_box_endpoints``); these three are the
-#: tightness / cost choice of bench/TIGHTNESS.md "The centred box unbinned, in one pass" ((N + 1)·K = 27 sums per
-#: token and head; one interval with λ = 1 alone is the two-sum closed form there)
-GRID_TILT_INTERVALS = 8
-GRID_TILT_CANDIDATES = 3
-GRID_TILT_LOG_STEP = 0.05
+#: the unbinned centred tilt's fixed grid (SPEC §3(c); the decode kernel's merge, ``kernels.epilogue_jit._excess_form``, and
+#: the fp64 reference's ``sketch_box="grid"``): [0, 1] cut at GRID_TILT_POINTS; interval i takes, among the multipliers
+#: GRID_TILT_LAMBDAS[i] (and λ = 0, whose value is the cap t_{i+1}), the one whose larger end value t − D(t, λ) is
+#: smallest. Any cover and any λ ≥ 0 are sound (Lean ``tilt_tv_le_dual_grid_box_endpoints``); the points and the
+#: multipliers are dyadic (exact in float32 and float64: the kernel's tile, its merge and the reference use the same
+#: numbers). The choice is bench/TIGHTNESS.md "A small grid in the fused merge" (int8 ratio 4.44 → 3.79 offline with 12
+#: sums per (token, head); the tight λ's are within ±1.6 % of 1 on these rows, the first interval's below 1, the last's
+#: above). The one interval [0, 1] with λ = 1 alone is the two-sum excess form
+GRID_TILT_POINTS = (0.0, 0.3125, 0.6875, 1.0)
+GRID_TILT_LAMBDAS = ((1.0, 1.0 - 3.0 / 512, 1.0 - 7.0 / 512), (1.0,), (1.0, 1.0 + 3.0 / 512, 1.0 + 7.0 / 512))
 
 
-def grid_tilt_lambdas(candidates: int = GRID_TILT_CANDIDATES, log_step: float = GRID_TILT_LOG_STEP) -> tuple:
-    """The grid's multipliers e^{k·log_step}, k = −(K − 1)/2 … (K − 1)/2 (K odd), each rounded to the nearest float32
-    (returned as Python floats, exact in float32 and float64)."""
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1 or candidates % 2 == 0:
-        raise ValueError(f"candidates: an odd count ≥ 1, got {candidates!r}")
-    half = candidates // 2
-    if not (math.isfinite(log_step) and 0.0 <= log_step * half <= 40.0):
-        raise ValueError(f"log_step: finite, ≥ 0 and at most 40 / (candidates // 2) (float32's range), got {log_step!r}")
-    return tuple(struct.unpack("f", struct.pack("f", math.exp(k * log_step)))[0] for k in range(-half, half + 1))
+def check_grid(points, lams) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+    """``points`` (t_0 = 0 < t_1 < … < t_N = 1) and ``lams`` (N tuples of finite multipliers ≥ 0; an empty one leaves
+    its interval the cap t_{i+1}, λ = 0) as float tuples; ValueError otherwise."""
+    try:
+        ts = tuple(float(x) for x in points)
+        ls = tuple(tuple(float(x) for x in row) for row in lams)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid: points a sequence of floats and lams a sequence of sequences, got {points!r}, {lams!r}") from None
+    if len(ts) < 2 or ts[0] != 0.0 or ts[-1] != 1.0 or any(not (x < y) for x, y in zip(ts, ts[1:])):
+        raise ValueError(f"grid points: increasing from 0 to 1, got {points!r}")
+    if len(ls) != len(ts) - 1:
+        raise ValueError(f"grid multipliers: one tuple per interval ({len(ts) - 1}), got {lams!r}")
+    if not all(math.isfinite(x) and x >= 0.0 for r in ls for x in r):
+        raise ValueError(f"grid multipliers: finite and ≥ 0, got {lams!r}")
+    return ts, ls
+
+
+def grid_sum_points(points=GRID_TILT_POINTS, lams=GRID_TILT_LAMBDAS) -> tuple[tuple[float, float], ...]:
+    """The distinct (t, λ) at which the grid needs Σ_j p̂_j (λ β_j(t) − 1)₊: both ends of every interval at each of its
+    multipliers, in order of first use (the kernel's tile accumulates them in this order, the point (0, 1) excepted:
+    that sum is the excess form's A, ``GRID_A_POINT``)."""
+    ts, ls = check_grid(points, lams)
+    out: list = []
+    for i, row in enumerate(ls):
+        for lam in row:
+            for t in (ts[i], ts[i + 1]):
+                if (t, lam) not in out:
+                    out.append((t, lam))
+    return tuple(sorted(out, key=lambda x: (x[0], out.index(x))))
+
+
+#: the grid point whose sum is the two-sum excess form's A = Σ p̂ (e^{−c+ε} − 1)₊ (t = 0, λ = 1)
+GRID_A_POINT = (0.0, 1.0)
 
 
 #: floats by width, widest first (a store into a dtype at or before the computed one's is exact)

@@ -95,6 +95,7 @@ from .epilogue import (  # noqa: F401 (re-export)
     zero_rows,
 )
 from .exact_window import ExactWindow
+from .excess_grid import EXCESS_COLS
 from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
 from .interpret import INTERPRET
 from .key_levels import KEY_LEVELS, X0
@@ -415,7 +416,7 @@ class _Partials(NamedTuple):
     acc: torch.Tensor  # [.., D] output accumulators
     hist: torch.Tensor  # [.., NB] the level histograms and Σ p̂ φ (unmetered: a placeholder)
     stat: torch.Tensor  # [.., STAT_COLUMNS] (unmetered: a placeholder)
-    ex: torch.Tensor | None = None  # [.., 2] the excess sums A, B (``excess_form``; else None)
+    ex: torch.Tensor | None = None  # [.., 2] the excess sums A, B (``excess_form``; else None); [.., EXCESS_COLS]: + the grid
 
 
 class _Rows(NamedTuple):
@@ -435,7 +436,7 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
     acc_out = torch.empty(Bsz, Hq, S, D, **f32)
     hist = torch.empty(Bsz, Hq, S, plan.hist_columns, **f32) if plan.meter else m_out
     stat = torch.empty(Bsz, Hq, S, STAT_COLUMNS, **f32) if plan.meter else m_out
-    ex = torch.empty(Bsz, Hq, S, 2, **f32) if excess_form(plan) else None
+    ex = torch.empty(Bsz, Hq, S, EXCESS_COLS if plan.grid else 2, **f32) if excess_form(plan) else None
     return _Partials(m_out, l_out, acc_out, hist, stat, ex)
 
 
@@ -489,7 +490,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
-        HAS_UNMET=has_unmet, EXC=excess_form(plan),
+        HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=excess_form(plan) and plan.grid,
     )
 
 

@@ -14,6 +14,7 @@ from .decode_meter import _excess_tile, _group_radius, _histogram_tile, _sketch_
 from .decode_program import _exact_window, _query_columns, _split_pages, _store_partials
 from .decode_steps import _code_offsets, _witness_offsets
 from .decode_tile import _byte_tile, _group_tile, _prefetch_next_tile, _repair_slots
+from .excess_grid import EXCESS_COLS_C, GRID_COLS_C
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID
 
 
@@ -43,7 +44,7 @@ def _decode_kernel(
     HAS_MASK: tl.constexpr, PREFETCH_BT: tl.constexpr, CSR: tl.constexpr, HAS_REP: tl.constexpr,
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
-    HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False,
+    HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -67,6 +68,8 @@ def _decode_kernel(
     # EXC (with the sketch): the excess sums of the centred box (``_excess_tile``), per head column
     exA = tl.zeros([BLOCK_H], tl.float32)
     exB = tl.zeros([BLOCK_H], tl.float32)
+    # GRD (with EXC): the same boxes' small (t, λ) grid block (``excess_grid``), [H, GRID_COLS]
+    grd = tl.zeros([BLOCK_H, GRID_COLS_C], tl.float32)
     BLOCK_N: tl.constexpr = PAGES * T
     # running maxima / counts per token lane, reduced once after the loop (not per tile)
     wmax = tl.zeros([BLOCK_N], tl.float32)
@@ -173,7 +176,8 @@ def _decode_kernel(
                                   PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ, HL)
             histT = histT * alpha[None, :] + hdT
             if EXC and SKETCH:
-                exA, exB = _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL, HL, HAS_REP)
+                exA, exB, grd = _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL, HL, HAS_REP,
+                                             GRD)
             if TIER_B or SCHEME == INT8_DITHER_ID:  # max s: only Tier B's and the dither's terms read it
                 smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
@@ -184,10 +188,12 @@ def _decode_kernel(
     if HAS_UNMET:  # the last tile's marks
         bad += ((um_prev != 0) | out_prev).to(tl.float32)
     if HAS_WIN:  # the exact window's tokens, from the ring (the split that owns its virtual pages)
-        m, l, accT, histT, numax, kapmax, bad, exA, exB = _exact_window(
-            Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, ring_here, b, kvh, seq_len, sink,
+        m, l, accT, histT, numax, kapmax, bad, exA, exB, grd = _exact_window(
+            Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, grd, ring_here, b, kvh, seq_len,
+            sink,
             recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
-            D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32, EXC and SKETCH)
+            D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32, EXC and SKETCH,
+            GRD and EXC and SKETCH)
     if HL:
         wcol = wmaxh
         if PACK_HIST:  # a head's lo column (c + HALF) is binned with it: its maximum counts (equal by construction)
@@ -198,8 +204,12 @@ def _decode_kernel(
     else:
         wcol = tl.zeros([BLOCK_H], tl.float32) + tl.max(wmax, axis=0)
     if EXC and SKETCH:  # the hmask columns (with PACK_HIST the hi ones, whose running max is stored)
-        e_idx = ((b * Hq + heads) * num_splits + sp) * 2
+        EXW: tl.constexpr = EXCESS_COLS_C if GRD else 2
+        e_idx = ((b * Hq + heads) * num_splits + sp) * EXW
         tl.store(EX_OUT + e_idx, exA, mask=hmask)
         tl.store(EX_OUT + e_idx + 1, exB, mask=hmask)
+        if GRD:
+            gcol = tl.arange(0, GRID_COLS_C)
+            tl.store(EX_OUT + e_idx[:, None] + 2 + gcol[None, :], grd, mask=hmask[:, None])
     _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
                     kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .decode_steps import SKETCH_COLD_MASS, _key_level, _sketch_bf16
+from .excess_grid import _grid_tile
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID
 from .write import sketch_beta, sketch_value
 
@@ -190,15 +191,15 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
 
 
 @triton.jit
-def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL: tl.constexpr, HL: tl.constexpr,
-                 HAS_REP: tl.constexpr):
+def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL: tl.constexpr, HL: tl.constexpr,
+                 HAS_REP: tl.constexpr, GRD: tl.constexpr = False):
     """The two excess sums of the centred box (bench/TIGHTNESS.md, "The centred box unbinned"): with η = −δ in
     [−c − ε, −c + ε] per (token, head), A += Σ_j p̃_j (e^{−c+ε} − 1)₊ and B += Σ_j p̃_j (1 − e^{−c−ε})₊, rescaled by
     α as the histogram is (the merge turns them into TV(p, p̂) ≤ e^{2Ξ} max(A, B)/L, ``epilogue_jit._excess_form``). A
     hot tile's box is
     centred at the sketch dot c̃ with ε = c_h W_j·INFL + 2^-20 |c̃| (W_j carries the dot's rounding), a cold tile's
     (no dot) is the symmetric radius c_h·U_j around 0, a repaired token's is 0; μ = 2^-19 (1 + |c| + ε) covers the
-    exp's and the exponent's rounding."""
+    exp's and the exponent's rounding. GRD: the same box's grid block ``grd`` (``excess_grid._grid_tile``) too."""
     if HL:
         sym = wn * chu[None, :]
     else:
@@ -214,15 +215,19 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, INFL: tl.cons
         c = tl.where(rep[:, None], 0.0, c)
     eps = tl.maximum(eps, 0.0)  # (a negative witness, a corrupt cache: the box of radius 0, as the histogram's level 0)
     mu = 2.0**-19 * (1.0 + tl.abs(c) + eps)
-    ap = tl.exp(eps - c + mu) - 1.0
-    bp = 1.0 - tl.exp(-c - eps - mu)
+    ea = tl.exp(eps - c + mu)  # a ≥ e^{−c+ε}
+    eb = tl.exp(-c - eps - mu)  # b ≤ e^{−c−ε}
+    ap = ea - 1.0
+    bp = 1.0 - eb
     # a NaN term (ε = 0·inf) counts as +inf, never 0 (the GPU's max drops a NaN operand): the sum is then
     # infinite and the merge's form 1 (``epilogue_jit._excess_form``)
     ap = tl.where(ap == ap, tl.maximum(ap, 0.0), float("inf"))
     bp = tl.where(bp == bp, tl.maximum(bp, 0.0), float("inf"))
     exA = exA * alpha + tl.sum(pT * ap, axis=0)
     exB = exB * alpha + tl.sum(pT * bp, axis=0)
-    return exA, exB
+    if GRD:
+        grd = _grid_tile(pT, ea, eb, alpha, grd)
+    return exA, exB, grd
 
 
 @triton.jit

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .decode_steps import _softmax_step
+from .excess_grid import _grid_tile
 
 
 @triton.jit
@@ -68,15 +69,17 @@ def _query_columns(Q, b, kvh, s_qb, s_qh, GQ: tl.constexpr, BLOCK_H: tl.constexp
 
 
 @triton.jit
-def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, ring_here,
+def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, grd, ring_here,
                   b, kvh, seq_len, sink, recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, METER: tl.constexpr,
                   TIER_B: tl.constexpr, HAS_MASK: tl.constexpr, LOWP: tl.constexpr, PV_F32: tl.constexpr,
-                  PACK_HIST: tl.constexpr, PREC32: tl.constexpr, EXC: tl.constexpr = False):
+                  PACK_HIST: tl.constexpr, PREC32: tl.constexpr, EXC: tl.constexpr = False,
+                  GRD: tl.constexpr = False):
     """The exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the paged
     loop, served from the ring by the split that owns its virtual pages: exact K / V (scale 1, no dither), radius 0
     (bin 0), φ = 0, ν / κ from the ring's norms; its tokens add 0 to the excess sums (a box of radius 0 around 0),
-    which are only rescaled (EXC). Returns the updated running state."""
+    which are only rescaled (EXC), and to the grid block (GRD) their a = b = 1 terms (``excess_grid._grid_tile``).
+    Returns the updated running state."""
     HALF: tl.constexpr = BLOCK_H // 2
     KA: tl.constexpr = K + 2
     if ring_here:
@@ -98,6 +101,9 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
             if EXC:
                 exA = exA * alpha
                 exB = exB * alpha
+                if GRD:  # a box of radius 0 around 0: a = b = 1 (their (λ − 1)₊ terms; M', V add 0)
+                    one = tl.full([BLOCK_N, BLOCK_H], 1.0, tl.float32)
+                    grd = _grid_tile(pT, one, one, alpha, grd)
             if LOWP and not PV_F32:
                 accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
             else:
@@ -116,7 +122,7 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
                 numax = tl.maximum(numax, tl.where(wok, nu, 0.0))
                 kapmax = tl.maximum(kapmax, tl.where(wok, kap, 0.0))
             m = m_new
-    return m, l, accT, histT, numax, kapmax, bad, exA, exB
+    return m, l, accT, histT, numax, kapmax, bad, exA, exB, grd
 
 
 @triton.jit

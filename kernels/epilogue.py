@@ -78,6 +78,7 @@ from .epilogue_jit import (
     refine_top,
 )
 from .epilogue_torch import tv_from_hist_torch
+from .excess_grid import EXCESS_COLS, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
 
@@ -445,7 +446,9 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's).
     ``out`` / ``lse_out`` (``check_outputs``): the caller's buffers, written by the launch itself (o in ``out``'s
     dtype; the log-sum-exp in ``lse_out[..., 0]``, −inf in its other columns); the returned o / lse are then
-    ``out`` and ``lse_out[..., 0]``. ``ex`` [B, Hq, S, 2] fp32: the partials' excess sums (the record's ``excess``)."""
+    ``out`` and ``lse_out[..., 0]``. ``ex`` [B, Hq, S, 2] fp32: the partials' excess sums (the record's ``excess``);
+    [B, Hq, S, EXCESS_COLS]: with the grid block after them (``excess_grid``: the record's ``excess`` is the smaller
+    form)."""
     Bsz, Hq, S = m_out.shape
     dev = m_out.device
     rows = Bsz * Hq
@@ -457,6 +460,9 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     f64 = dict(device=dev, dtype=torch.float64)
     defer = tilt_batch is not None
     exc = ex is not None and meter and epilogue
+    grd = exc and ex.shape[-1] == EXCESS_COLS
+    if exc and not grd and ex.shape[-1] != 2:
+        raise ValueError(f"ex: the excess sums' last axis is 2 or {EXCESS_COLS} (with the grid), got {tuple(ex.shape)}")
     if defer:
         if not (meter and epilogue) or c.tier_b:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
@@ -483,7 +489,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         TC=tilt_chunk(), HA_HM=HA_FROM_MERGED and KP == c.NB and not c.tier_b,
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
-        SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc,
+        SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc, GRD=grd,
         num_warps=warps,
     )
     record = None
@@ -562,6 +568,8 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, ex:
     if ex is not None:
         exw = (w64[..., None] * ex.double()).sum(-2) / L64[..., None]
         excess = excess_form_torch(exw[..., 0], exw[..., 1], xi)
+        if ex.shape[-1] == EXCESS_COLS:  # the grid block: the smaller form
+            excess = torch.minimum(excess, grid_form_torch(exw[..., 0], exw[..., 2:], xi))
     rec = meter_epilogue(
         h[..., :KA], h[..., KA : 2 * KA] if c.tier_b else None, lv_a, lv_b, eps_max, tb_max,
         pphi=h[..., NB - 1], phi_max=mx[..., 2], nu_max=mx[..., 3], bad=bad,

@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
+
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
 COARSE = 64
@@ -339,7 +341,7 @@ def _merge_meter_kernel(
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
     STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
-    EXC: tl.constexpr = False,
+    EXC: tl.constexpr = False, GRD: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -349,7 +351,8 @@ def _merge_meter_kernel(
     and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
     ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
-    EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``) give
+    EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``; with GRD
+    [B·Hq, S, EXCESS_COLS], the grid block after them, ``excess_grid._grid_form``: the smaller form) give
     tier A a further closed form, ``_excess_form`` (+ ρ), before the τ decision (REC_EXCESS; 1 without EXC)."""
     row = tl.program_id(0)
     b = row // Hq
@@ -447,10 +450,15 @@ def _merge_meter_kernel(
             tva = tl.full([], 1.0, tl.float64)
             exc = tl.full([], 1.0, tl.float64)
             if EXC:
-                ex = EX_IN + (row * S + s) * 2
-                exc = _excess_form(tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64,
-                                   tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0) / L64,
-                                   xi)
+                EXW: tl.constexpr = EXCESS_COLS_C if GRD else 2
+                ex = EX_IN + (row * S + s) * EXW
+                a_hat = tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
+                exc = _excess_form(a_hat, tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0)
+                                   / L64, xi)
+                if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
+                    gk = tl.arange(0, GRID_COLS_C)
+                    gs = tl.load(ex[:, None] + 2 + gk[None, :], mask=smask[:, None], other=0.0).to(tl.float64)
+                    exc = tl.minimum(exc, _grid_form(a_hat, tl.sum(w64[:, None] * gs, axis=0) / L64, xi))
             tl.store(r + REC_EXCESS, exc)
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
                 tl.store(r + REC_QNA, qn_a)

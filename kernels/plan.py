@@ -63,6 +63,10 @@ CAP_REGISTERS = True
 #: (``epilogue_jit._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
 #: ``launch_variant`` at call time: a benchmark turns it off for the call without them (bench/sketch_speed.py)
 EXCESS_FORM = True
+#: with the excess sums, the same boxes' small (t, λ) grid (``excess_grid``: 13 more sums per (token, head), the
+#: contract's ``GRID_TILT_POINTS`` / ``GRID_TILT_LAMBDAS``), a tighter closed form in the merge (bench/TIGHTNESS.md,
+#: "A small grid in the fused merge"). Read by ``launch_variant`` at call time, as EXCESS_FORM
+EXCESS_GRID = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
 SM_REGISTERS = 65536
@@ -293,6 +297,7 @@ class DecodePlan:
     tier_b: bool  # the Tier B bins (int8_dither with a delta_step)
     head_levels: bool  # HEAD_LEVELS: one key level per (token, query head) (``PagedKV.head_levels``)
     excess: bool = False  # EXC: the centred sketch box's excess sums beside the histogram (``EXCESS_FORM``)
+    grid: bool = False  # GRD: with ``excess``, the same boxes' (t, λ) grid sums (``EXCESS_GRID``)
 
 
 def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = True, levels: str = "token",
@@ -303,6 +308,7 @@ def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = T
     has_rep = repair is not None and repair.count > 0
     has_win = window is not None and window.columns > 0
     fp16 = q_dtype == torch.float16
+    excess = bool(EXCESS_FORM and meter and cache.scheme != "none" and (cache.sketch_bits > 0 or cache.has_weights))
     return dict(
         meter=meter, levels=levels, csr=csr, lowp=lowp,
         # the PV dot's operands on the GPU: bf16 (8-bit codes are exact in it; p̂·s_v keeps fp32's exponent range),
@@ -312,7 +318,8 @@ def launch_variant(cache: PagedKV, q_dtype: torch.dtype, device, meter: bool = T
         weighted=bool(meter and cache.has_weights),
         tier_b=meter and cache.scheme == "int8_dither" and delta_step is not None,
         head_levels=bool(meter and cache.weighted and cache.head_levels),
-        excess=bool(EXCESS_FORM and meter and cache.scheme != "none" and (cache.sketch_bits > 0 or cache.has_weights)),
+        excess=excess,
+        grid=bool(excess and EXCESS_GRID),
     )
 
 

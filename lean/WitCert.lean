@@ -4,6 +4,7 @@ import WitCert.TiltTV
 import WitCert.TiltEndpoints
 import WitCert.TiltBox
 import WitCert.Excess
+import WitCert.ExcessGrid
 import WitCert.Output
 import WitCert.SubGaussian
 import WitCert.Budget

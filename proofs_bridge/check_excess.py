@@ -3,7 +3,7 @@ one-interval cover with λ = 1 of ``tilt_tv_le_dual_grid_box_endpoints``, and ``
 over the kernel's masses p̃ scaled by e^{2Ξ}, p̂ ≤ e^{2Ξ} p̃ by ``le_exp_two_mul_of_log_ratio``): the merge's form
 (``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's ``epilogue_jit._excess_form`` is pinned to by
 tests/kernels/test_excess_form.py) against ``formulas.EXCESS_UP`` / ``EXCESS_DOWN`` and the rescaled theorem's right
-side, and the fp64 reference's one-interval grid (``witcert.bounds.dual_grid._tilt_row_grid`` with N = 1, λ = 1)
+side, and the fp64 reference's one-interval grid (``witcert.bounds.dual_grid._tilt_row_grid`` on the one interval [0, 1] with λ = 1)
 against the theorem's max(A, B) (called by ``proofs_bridge.check.check_formulas``)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def check_excess_form(rng, rows: int = 24, K: int = 6):
             want = min(1.0, _rescaled(a, b, xi))
             if not (got >= want - _FORMULA_FP64 and got <= want * (1 + xi + _REL_ABOVE)):
                 ok_twin, d_twin = False, f"row {r}, Ξ {xi}: twin {got:.17g} against {want:.17g}"
-        ref = float(dual_grid._tilt_row_grid(w, _BOX_UP(c, e), _BOX_DOWN(c, e), 1, (1.0,)))
+        ref = float(dual_grid._tilt_row_grid(w, _BOX_UP(c, e), _BOX_DOWN(c, e), (0.0, 1.0), ((1.0,),)))
         want = min(1.0, max(a, b)) if np.any(e > 0) or np.ptp(c) > 0 else 0.0
         if not (ref >= want - _FORMULA_FP64 and ref <= want + 1e-9):
             ok_ref, d_ref = False, f"row {r}: reference {ref:.17g} against max(A, B) {want:.17g}"

@@ -283,39 +283,40 @@ def check_tilt_box(rng, rows: int = 12, K: int = 6):
 
 def check_tilt_grid(rng, rows: int = 12, K: int = 6):
     """``tilt_tv_le_dual_grid_box_endpoints`` on the fixed (t, λ) grid (``sketch_box="grid"``, SPEC §3(c)): the fp64
-    reference ``dual_grid._tilt_row_grid(w, up, down, N, λ's)`` with the contract's grid (``GRID_TILT_INTERVALS``,
-    ``grid_tilt_lambdas``) is max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k(t) = t − dualDBox(t, λ_k) from
-    ``formulas.DUAL_ITEM_BOX`` on the unshifted box, t_i = i/N (the cover of [0, 1] the theorem takes, λ = 0 giving the
-    cap), every λ_k finite and ≥ 0; and ``tv_bound_parts_logits(..., center=c, grid=True)`` never falls below the
+    reference ``dual_grid._tilt_row_grid(w, up, down, points, λ's)`` with the contract's grid (``GRID_TILT_POINTS``,
+    ``GRID_TILT_LAMBDAS``) is max_i min(t_{i+1}, min_{λ ∈ Λ_i} max(g_λ(t_i), g_λ(t_{i+1}))), g_λ(t) = t − dualDBox(t, λ)
+    from ``formulas.DUAL_ITEM_BOX`` on the unshifted box (the cover of [0, 1] the theorem takes, λ = 0 giving the
+    cap), every λ finite and ≥ 0; and ``tv_bound_parts_logits(..., center=c, grid=True)`` never falls below the
     brute-force supremum."""
     try:
-        from contract.constants import GRID_TILT_INTERVALS, grid_tilt_lambdas
+        from contract.constants import GRID_TILT_LAMBDAS, GRID_TILT_POINTS
         from witcert import bounds as B
         from witcert.bounds import dual_grid
     except ImportError as exc:
         return [("grid tilt: reference", False, f"cannot import the grid's reference: {exc}")]
-    names = ("reference grid tilt = max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k = t − dualDBox(t, λ_k)",
-             "grid tilt: every λ_k finite and ≥ 0",
+    names = ("reference grid tilt = max_i min(t_{i+1}, min_λ max(g_λ(t_i), g_λ(t_{i+1}))), g_λ = t − dualDBox(t, λ)",
+             "grid tilt: points 0 < … < 1, every λ finite and ≥ 0",
              "reference grid tilt and tv_bound_parts_logits(grid=True) ≥ brute-force supremum")
     if not hasattr(dual_grid, "_tilt_row_grid"):
         return [(n, False, "witcert.bounds.dual_grid._tilt_row_grid is missing") for n in names]
-    lams = np.asarray(grid_tilt_lambdas(), dtype=np.float64)
-    if not (np.all(np.isfinite(lams)) and np.all(lams >= 0)):
-        return [(n, False, f"the contract's multipliers {lams.tolist()}") for n in names]
-    N = GRID_TILT_INTERVALS
-    ts = np.arange(N + 1) / N
+    ts, lams = np.asarray(GRID_TILT_POINTS, dtype=np.float64), GRID_TILT_LAMBDAS
+    flat = np.asarray([x for r in lams for x in r], dtype=np.float64)
+    if not (np.all(np.isfinite(flat)) and np.all(flat >= 0) and ts[0] == 0.0 and ts[-1] == 1.0
+            and np.all(np.diff(ts) > 0) and len(lams) == ts.size - 1):
+        return [(n, False, f"the contract's grid {ts.tolist()}, {lams!r}") for n in names]
     ok_ref, worst = True, 0.0
     for w, c, e in _box_rows(rng, rows, K):
         c, e = c * 0.05, e * 0.05  # the boxes the grid's multipliers are for (a few per cent): the formula is tested
         up, down = _BOX_UP(c, e), _BOX_DOWN(c, e)  # where its candidates, not only its cap, decide
-        got = float(dual_grid._tilt_row_grid(w, up, down, N, tuple(lams)))
+        got = float(dual_grid._tilt_row_grid(w, up, down, GRID_TILT_POINTS, lams))
         live = w > 0
         wl, cl, el = w[live], -(up[live] + down[live]) / 2, (up[live] - down[live]) / 2
         best = ts[1:].copy()
-        for lam in lams:
-            g0 = _g_box_formula(ts[:-1], lam, wl, cl, el)
-            g1 = _g_box_formula(ts[1:], lam, wl, cl, el)
-            best = np.minimum(best, np.maximum(g0, g1))
+        for i, row in enumerate(lams):
+            for lam in row:
+                g0 = _g_box_formula(ts[i : i + 1], lam, wl, cl, el)[0]
+                g1 = _g_box_formula(ts[i + 1 : i + 2], lam, wl, cl, el)[0]
+                best[i] = min(best[i], max(g0, g1))
         want = min(1.0, max(0.0, float(best.max()))) if np.any(el > 0) or np.ptp(cl) > 0 else 0.0
         ok_ref &= _above(got, want, B.FP64_ABS_SLACK + 1e-9)
         worst = max(worst, abs(got - want))
@@ -324,7 +325,7 @@ def check_tilt_grid(rng, rows: int = 12, K: int = 6):
     for r in range(2 * rows):
         p, c, e = sup_row(rng, r, 8)
         sup, _ = _corner_sup(p, c, e)
-        tilt = float(dual_grid._tilt_row_grid(p, _BOX_UP(c, e), _BOX_DOWN(c, e), N, tuple(lams)))
+        tilt = float(dual_grid._tilt_row_grid(p, _BOX_UP(c, e), _BOX_DOWN(c, e), GRID_TILT_POINTS, lams))
         parts = [float(np.asarray(x).reshape(-1)[0]) for x in B.tv_bound_parts_logits(
             np.log(p)[None], e[None], center=c[None], grid=True)]
         if min([tilt] + parts) < sup - 1e-12:

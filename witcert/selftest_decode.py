@@ -234,25 +234,45 @@ def _radius(c, bt, b: int, n: int, q: torch.Tensor, sm: float, win: tuple[int, i
 
 
 def _excess_floor(ph: np.ndarray, sup_sym: np.ndarray, eps: np.ndarray, cen: np.ndarray, live: np.ndarray,
-                  xi: np.ndarray) -> np.ndarray:
+                  xi: np.ndarray, grid: bool = False) -> np.ndarray:
     """The floor of a TV⁺ with the excess form (``kernels.plan.EXCESS_FORM``), per head: max(the fractional supremum
-    over the centred box c ± ε, min(the form's own float64 value (1 − 2^-10) e^{−2Ξ}·min(1, max(Σ p̂ (e^{−c+ε} − 1)₊,
-    Σ p̂ (1 − e^{−c−ε})₊)) − 2^-30, ``sup_sym``)). The kernel's TV⁺ is the smaller of its histogram forms (≥ the
+    over the centred box c ± ε, min(the form's own float64 value (1 − 2^-10)·min(e^{−2Ξ}·min(1, max(Σ p̂ (e^{−c+ε} −
+    1)₊, Σ p̂ (1 − e^{−c−ε})₊)), G) − 2^-30, ``sup_sym``)), G the (t, λ) grid's form (``kernels.excess_grid``, with
+    ``grid``) over p̂ itself at Ξ = 0. The kernel's TV⁺ is the smaller of its histogram forms (≥ the
     symmetric box's supremum ``sup_sym``) and its excess form, over p̃ (p̂ ≤ e^{2Ξ} p̃ after normalisation) and a box
     around its fp32 sketch dot c̃, inflated by 2^-12 ε + 2^-20 |c̃| + μ: that box holds this one up to the dot's own
     rounding |c̃ − c| (the witness's γ‖r̃/a‖ term bounds it; in practice far smaller than the inflation), and the
     2^-10 covers what it leaves (an adversarial review, helper-41: the kernel's value never came within 1e-4 of the
-    float64 sums in 200 cases). A floor above a sound TV⁺ would refuse the configuration (availability, not
-    soundness). A TV⁺ scaled down by 1 % falls below the second term where the first (1.08-1.30× below a sound TV⁺
-    on the canary, run D5) would not see it."""
+    float64 sums in 200 cases). The grid's form over p̃ is ≥ Σ p̂ g_j, its value over p̂ at Ξ = 0 (Lean
+    ``sub_dualDBox_le_gridBound``), and grows with the box (``dualDBox_mono``). A floor above a sound TV⁺ would refuse
+    the configuration (availability, not soundness). A TV⁺ scaled down by 1 % falls below the second term where the
+    first (1.08-1.30× below a sound TV⁺ on the canary, run D5) would not see it."""
     from . import bounds as B
 
     eps, cen = eps * live, cen * live
     sup_c = B.tv_bound_tilt(ph, _shrunk(eps), tol=SUP_TOL, center=cen) - SUP_TOL - SUP_ABS_SLACK
     a = (ph * np.maximum(np.expm1(-cen + eps), 0.0)).sum(-1)
     b = (ph * np.maximum(-np.expm1(-cen - eps), 0.0)).sum(-1)
-    own = (1.0 - 2.0**-10) * np.exp(-2.0 * xi) * np.minimum(np.maximum(a, b), 1.0) - 2.0**-30
+    own = np.exp(-2.0 * xi) * np.minimum(np.maximum(a, b), 1.0)
+    if grid:
+        own = np.minimum(own, _grid_own(ph, cen, eps, a))
+    own = (1.0 - 2.0**-10) * own - 2.0**-30
     return np.maximum(sup_c, np.minimum(own, sup_sym))
+
+
+def _grid_own(ph: np.ndarray, cen: np.ndarray, eps: np.ndarray, a_sum: np.ndarray) -> np.ndarray:
+    """The (t, λ) grid's form (``kernels.excess_grid.grid_form_torch``) over p̂ [H, n] (rows summing to 1) and the
+    centred box, float64, Ξ = 0."""
+    from kernels.excess_grid import GRID, GRID_COLS, NG, grid_form_torch
+
+    ea, eb = np.exp(-cen + eps), np.exp(-cen - eps)
+    gs = np.zeros(ph.shape[:-1] + (GRID_COLS,))
+    for k, (t, lam) in enumerate(GRID):
+        gs[..., k] = (ph * np.maximum(lam * ((1.0 - t) * ea + t * eb) - 1.0, 0.0)).sum(-1)
+    gs[..., NG] = (ph * (eb - 1.0)).sum(-1)
+    gs[..., NG + 1] = (ph * np.abs(eb - 1.0)).sum(-1)
+    return grid_form_torch(torch.from_numpy(np.asarray(a_sum, dtype=np.float64)), torch.from_numpy(gs),
+                           torch.zeros(ph.shape[:-1], dtype=torch.float64)).numpy()
 
 
 def _shrunk(eps: np.ndarray) -> np.ndarray:
@@ -399,7 +419,7 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
         sup = B.tv_bound_tilt(ph, _shrunk(eps), tol=SUP_TOL) - SUP_TOL - SUP_ABS_SLACK
         if excess_form(cplan):  # (the excess form may undercut the symmetric box's supremum: module doc)
             sup = _excess_floor(ph, sup, *_radius(c, bt, b, n, q[b], sm_scale, win, repaired[b], centred=True), livec,
-                                rec.xi[b].double().cpu().numpy())
+                                rec.xi[b].double().cpu().numpy(), grid=cplan.grid)
         real = (0.5 * (p - p_hat).abs().sum(-1)).cpu().numpy()
         err = (torch.einsum("hn,hnd->hd", p, vx) - served[b]).norm(dim=-1).cpu().numpy()
         ratio = np.where(err_k[b] > 0, err / np.where(err_k[b] > 0, err_k[b], 1.0), np.where(err > 0, np.inf, 0.0))

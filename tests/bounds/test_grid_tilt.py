@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.constants import GRID_TILT_CANDIDATES, GRID_TILT_INTERVALS, GRID_TILT_LOG_STEP, grid_tilt_lambdas
+from contract.constants import GRID_TILT_LAMBDAS, GRID_TILT_POINTS, check_grid, grid_sum_points
 from tests.helpers.corners import box_instances
 from witcert import bounds as B
 from witcert.bounds import dual_grid as DG
@@ -19,7 +19,12 @@ from witcert.bounds.rounding import FP64_ABS_SLACK
 
 BF_ERR = 1e-14
 LEVELS = np.concatenate([[0.0], 2.0 ** (np.arange(-224, 65) / 16.0)])
-LAMS = grid_tilt_lambdas()
+PTS, LAMS = GRID_TILT_POINTS, GRID_TILT_LAMBDAS
+
+
+def uniform(n: int, lams) -> tuple:
+    """n equal intervals, each with the multipliers ``lams``: (points, per-interval multipliers)."""
+    return tuple(np.arange(n + 1) / n), tuple(tuple(lams) for _ in range(n))
 
 
 
@@ -38,7 +43,7 @@ def test_every_grid_bound_at_least_exact_supremum(inst):
         assert float(x) >= sup_sym - BF_ERR
     w = p / p.sum()
     up, down = -c + e, -c - e
-    assert DG._tilt_row_grid(w, up, down, GRID_TILT_INTERVALS, LAMS) >= sup_box - BF_ERR
+    assert DG._tilt_row_grid(w, up, down, PTS, LAMS) >= sup_box - BF_ERR
 
 
 @settings(max_examples=100, deadline=None)
@@ -47,13 +52,13 @@ def test_any_grid_and_any_multipliers_are_sound(inst, intervals, lams):
     """SPEC §3(c): any cover and any λ ≥ 0 (the kernel's constants are one choice among them)."""
     p, c, e = inst
     sup = float(B.tv_sup_bruteforce(p, e, center=c))
-    assert DG._tilt_row_grid(p, -c + e, -c - e, intervals, lams) >= sup - BF_ERR
+    assert DG._tilt_row_grid(p, -c + e, -c - e, *uniform(intervals, lams)) >= sup - BF_ERR
 
 
 def test_the_cap_alone_is_the_largest_grid_point():
     """With no candidate the only multiplier is λ = 0, whose end value is t_{i+1}: the bound is 1."""
     p = np.array([0.5, 0.5])
-    assert DG._tilt_row_grid(p, np.array([0.1, 0.0]), np.array([-0.1, 0.0]), 8, ()) == 1.0
+    assert DG._tilt_row_grid(p, np.array([0.1, 0.0]), np.array([-0.1, 0.0]), *uniform(8, ())) == 1.0
 
 
 def test_a_fine_grid_with_dense_multipliers_reaches_the_supremum():
@@ -68,7 +73,7 @@ def test_a_fine_grid_with_dense_multipliers_reaches_the_supremum():
         c, e = rng.normal(0, 0.2, n), rng.exponential(0.1, n)
         sup = float(B.tv_sup_bruteforce(p, e, center=c))
         box = float(B.tv_bound_tilt(p, e, center=c))
-        fine = DG._tilt_row_grid(p, -c + e, -c - e, 512, lams)
+        fine = DG._tilt_row_grid(p, -c + e, -c - e, *uniform(512, lams))
         assert sup - BF_ERR <= fine and abs(fine - box) <= 1e-3
 
 
@@ -78,7 +83,7 @@ def test_wide_boxes_fall_back_to_the_cap_and_the_symmetric_tilt():
     ``tv_bound_parts_logits(grid=True)`` keeps the symmetric tilt's value instead (the smaller is metered)."""
     eps = math.log(5.0 / 3.0)
     p, e = np.array([0.5, 0.5]), np.array([eps, 0.0])
-    grid = DG._tilt_row_grid(p, e, -e, GRID_TILT_INTERVALS, LAMS)
+    grid = DG._tilt_row_grid(p, e, -e, PTS, LAMS)
     sup = float(B.tv_sup_bruteforce(p, e))
     assert abs(sup - 0.125) < 1e-15 and grid >= 0.2
     metered = float(B.tv_bound_parts_logits(np.log(p), e, grid=True)[2])
@@ -89,9 +94,9 @@ def test_the_fp64_slack_is_added(monkeypatch):
     """Pinned: the grid's value carries FP64_ABS_SLACK (dropping it lowers the value by exactly that)."""
     eps = math.log(5.0 / 3.0)
     p, up, down = np.array([0.5, 0.5]), np.array([eps, 0.0]), np.array([-eps, 0.0])
-    with_slack = DG._tilt_row_grid(p, up, down, 8, LAMS)
+    with_slack = DG._tilt_row_grid(p, up, down, PTS, LAMS)
     monkeypatch.setattr(DG, "FP64_ABS_SLACK", 0.0)
-    assert with_slack - DG._tilt_row_grid(p, up, down, 8, LAMS) == FP64_ABS_SLACK
+    assert with_slack - DG._tilt_row_grid(p, up, down, PTS, LAMS) == FP64_ABS_SLACK
 
 
 def test_the_dual_rounding_bound_is_subtracted(monkeypatch):
@@ -99,9 +104,9 @@ def test_the_dual_rounding_bound_is_subtracted(monkeypatch):
     rng = np.random.default_rng(2)
     p = rng.dirichlet(np.ones(64))
     c, e = rng.normal(0, 0.2, 64), rng.exponential(0.05, 64)
-    safe = DG._tilt_row_grid(p, -c + e, -c - e, 8, LAMS)
+    safe = DG._tilt_row_grid(p, -c + e, -c - e, PTS, LAMS)
     monkeypatch.setattr(DG, "_EPS64", 0.0)
-    assert DG._tilt_row_grid(p, -c + e, -c - e, 8, LAMS) < safe
+    assert DG._tilt_row_grid(p, -c + e, -c - e, PTS, LAMS) < safe
 
 
 @pytest.mark.parametrize("case", ["overflow", "underflow", "nan", "inverted"])
@@ -109,24 +114,13 @@ def test_saturations(case):
     p = np.array([0.5, 0.5])
     up, down = {"overflow": ([701.0, 0.0], [699.0, 0.0]), "underflow": ([0.0, -699.0], [0.0, -701.0]),
                 "nan": ([np.nan, 0.0], [0.0, 0.0]), "inverted": ([0.0, 0.0], [0.1, 0.0])}[case]
-    assert DG._tilt_row_grid(p, np.array(up), np.array(down), 8, LAMS) == 1.0
+    assert DG._tilt_row_grid(p, np.array(up), np.array(down), PTS, LAMS) == 1.0
 
 
 def test_trivial_rows_are_zero():
-    assert DG._tilt_row_grid(np.array([1.0]), np.array([0.3]), np.array([-0.3]), 8, LAMS) == 0.0  # one token
+    assert DG._tilt_row_grid(np.array([1.0]), np.array([0.3]), np.array([-0.3]), PTS, LAMS) == 0.0  # one token
     p = np.array([0.2, 0.3, 0.5])
-    assert DG._tilt_row_grid(p, np.full(3, 0.4), np.full(3, 0.4), 8, LAMS) == 0.0  # a common shift: p = p̂
-
-
-def test_the_multipliers_are_float32_exact_and_symmetric_in_log():
-    lams = grid_tilt_lambdas()
-    assert len(lams) == GRID_TILT_CANDIDATES and 1.0 in lams
-    for lam in lams:
-        assert float(np.float32(lam)) == lam
-    k = GRID_TILT_CANDIDATES // 2
-    assert abs(math.log(lams[0]) + k * GRID_TILT_LOG_STEP) < 1e-7 and abs(math.log(lams[-1]) - k * GRID_TILT_LOG_STEP) < 1e-7
-    with pytest.raises(ValueError, match="odd"):
-        grid_tilt_lambdas(2)
+    assert DG._tilt_row_grid(p, np.full(3, 0.4), np.full(3, 0.4), PTS, LAMS) == 0.0  # a common shift: p = p̂
 
 
 def test_grid_follows_the_centred_tilt_at_the_real_rows_scale():
@@ -153,34 +147,49 @@ def test_a_multiplier_whose_dual_overflows_tells_nothing(lam):
     p, up, down = np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0])
     sup = float(B.tv_sup_bruteforce(p, np.array([0.5, 0.0])))
     for shift in (0.0, 30.0, 699.0):
-        assert DG._tilt_row_grid(p, up + shift, down + shift, 8, (lam,)) >= sup
-        assert DG._tilt_row_grid(p, up + shift, down + shift, 8, (*LAMS, lam)) >= sup
+        assert DG._tilt_row_grid(p, up + shift, down + shift, *uniform(8, (lam,))) >= sup
+        assert DG._tilt_row_grid(p, up + shift, down + shift, *uniform(8, (*LAMS[0], lam))) >= sup
 
 
 @pytest.mark.parametrize("lams", [(float("nan"),), (float("inf"),), (-1.0,), (1.0, -1e-300)])
 def test_bad_multipliers_are_refused(lams):
-    with pytest.raises(ValueError, match="lams"):
-        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), 8, lams)
+    with pytest.raises(ValueError, match="multipliers"):
+        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), *uniform(8, lams))
 
 
-@pytest.mark.parametrize("intervals", [0, -1, 2.5, True])
-def test_bad_interval_counts_are_refused(intervals):
-    with pytest.raises(ValueError, match="intervals"):
-        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), intervals, LAMS)
+@pytest.mark.parametrize("points", [(), (0.0,), (0.0, 0.5), (0.1, 1.0), (0.0, 0.5, 0.5, 1.0), (0.0, 0.7, 0.3, 1.0),
+                                    (0.0, float("nan"), 1.0), "ab"])
+def test_bad_grid_points_are_refused(points):
+    with pytest.raises(ValueError, match="grid"):
+        DG._tilt_row_grid(np.array([0.5, 0.5]), np.array([0.5, 0.0]), np.array([-0.5, 0.0]), points, ((1.0,),) * 3)
+
+
+def test_one_multiplier_tuple_per_interval():
+    with pytest.raises(ValueError, match="one tuple per interval"):
+        check_grid((0.0, 0.5, 1.0), ((1.0,),))
+    with pytest.raises(ValueError, match="one tuple per interval"):
+        check_grid((0.0, 0.5, 1.0), ((1.0,), (), ()))
 
 
 @pytest.mark.parametrize("w", [[np.nan, 1.0], [np.inf, 1.0], [-0.5, 1.0]])
 def test_bad_masses_saturate(w):
     """A non-finite or negative mass is not dropped silently: the row saturates (both box forms)."""
     up, down = np.array([0.5, 0.0]), np.array([-0.5, 0.0])
-    assert DG._tilt_row_grid(np.array(w), up, down, 8, LAMS) == 1.0
+    assert DG._tilt_row_grid(np.array(w), up, down, PTS, LAMS) == 1.0
     assert DG._tilt_row_box(np.array(w), up, down, B.TILT_DEFAULT_TOL, 1 << 15) == 1.0
 
 
-@pytest.mark.parametrize("args", [(2, 0.05), (3, float("nan")), (3, float("inf")), (3, -0.1), (3, 80.0)])
-def test_bad_grid_constants_are_refused(args):
-    with pytest.raises(ValueError):
-        grid_tilt_lambdas(*args)
+def test_the_contract_grid_is_valid_and_float32_exact():
+    """The contract's grid passes its own check, every point and multiplier is exact in float32 (the kernel's tile,
+    its merge and this reference use the same numbers), the first interval's multipliers are ≤ 1 and the last's ≥ 1
+    (the tight λ's side on real rows), and the sums the kernel needs are the distinct (t, λ) ends."""
+    ts, ls = check_grid(GRID_TILT_POINTS, GRID_TILT_LAMBDAS)
+    for x in (*ts, *(v for r in ls for v in r)):
+        assert float(np.float32(x)) == x
+    assert max(ls[0]) <= 1.0 <= min(ls[-1]) and all(1.0 in r for r in ls)
+    pts = grid_sum_points()
+    want = {(t, lam) for i, r in enumerate(ls) for lam in r for t in (ts[i], ts[i + 1])}
+    assert set(pts) == want and len(pts) == len(want) and (0.0, 1.0) in pts
 
 
 def test_a_common_centre_shift_loosens_the_grid_but_not_the_metered_bound():
@@ -208,8 +217,8 @@ def test_one_interval_and_lambda_one_is_the_two_sum_closed_form():
         c, e = rng.normal(0, 0.1, n), rng.exponential(0.05, n)
         a, b = np.exp(-c + e), np.exp(-c - e)
         closed = max(float(np.dot(p, np.maximum(a - 1, 0))), float(np.dot(p, np.maximum(1 - b, 0))))
-        one = DG._tilt_row_grid(p, -c + e, -c - e, 1, (1.0,))
+        one = DG._tilt_row_grid(p, -c + e, -c - e, *uniform(1, (1.0,)))
         assert abs(one - min(1.0, closed)) <= 1e-12
         assert one >= float(B.tv_sup_bruteforce(p, e, center=c)) - BF_ERR
-        four = DG._tilt_row_grid(p, -c + e, -c - e, 4, (1.0,))
+        four = DG._tilt_row_grid(p, -c + e, -c - e, *uniform(4, (1.0,)))
         assert four <= one + 1e-12 and (four >= one - 1e-12 or four >= 0.25)

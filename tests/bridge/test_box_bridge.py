@@ -121,14 +121,14 @@ def test_a_false_box_statement_is_falsified():
 def test_drift_in_the_grid_tilt_fails(monkeypatch):
     """The reference's grid tilt (``sketch_box="grid"``) must be the Lean formula on the contract's grid: a box
     shifted before the fixed multipliers see it (sound, not the formula), the cap dropped (the smallest interval
-    taken instead of the largest: below the supremum), a right end valued at the left end, and a negative multiplier
+    taken instead of the largest: below the supremum), every end valued at t = 0, and a negative multiplier
     in the contract all fail."""
     import numpy as np
 
     import contract.constants as K
     from witcert.bounds import dual_grid as G
 
-    formula = "reference grid tilt = max_i min(t_{i+1}, min_k max(g_k(t_i), g_k(t_{i+1}))), g_k = t − dualDBox(t, λ_k)"
+    formula = "reference grid tilt = max_i min(t_{i+1}, min_λ max(g_λ(t_i), g_λ(t_{i+1}))), g_λ = t − dualDBox(t, λ)"
     sound = "reference grid tilt and tv_bound_parts_logits(grid=True) ≥ brute-force supremum"
 
     def bad():
@@ -138,12 +138,12 @@ def test_drift_in_the_grid_tilt_fails(monkeypatch):
     real = G._tilt_row_grid
     monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, n, lams: real(w, up - up.max(), down - up.max(), n, lams))
     assert formula in bad()
-    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, n, lams: real(w, up, down, 1, (1.0,)) / n)
+    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, pts, lams: real(w, up, down, (0.0, 1.0), ((1.0,),)) / 8)
     assert formula in bad() and sound in bad()
     real_d = G._dual_at
     monkeypatch.setattr(G, "_tilt_row_grid", real)
-    monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(np.minimum(ts, ts[0]), lam, *a))
+    monkeypatch.setattr(G, "_dual_at", lambda ts, lam, *a: real_d(np.zeros_like(ts), lam, *a))
     assert formula in bad()
     monkeypatch.setattr(G, "_dual_at", real_d)
-    monkeypatch.setattr(K, "grid_tilt_lambdas", lambda: (-1.0, 1.0))
-    assert "grid tilt: every λ_k finite and ≥ 0" in bad()
+    monkeypatch.setattr(K, "GRID_TILT_LAMBDAS", ((-1.0, 1.0), (1.0,), (1.0,)))
+    assert "grid tilt: points 0 < … < 1, every λ finite and ≥ 0" in bad()

@@ -66,7 +66,7 @@ def test_drift_in_the_excess_form_fails(monkeypatch):
     assert twin in bad()
     monkeypatch.setattr(E, "excess_form_torch", real)
     real_g = G._tilt_row_grid
-    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, n, lams: real_g(w, up, down, n, (0.5,)))
+    monkeypatch.setattr(G, "_tilt_row_grid", lambda w, up, down, pts, lams: real_g(w, up, down, pts, ((0.5,),)))
     assert ref in bad()
 
 

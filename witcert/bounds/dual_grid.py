@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from contract.constants import check_grid
+
 from .rounding import _EPS64, FP64_ABS_SLACK
 
 #: default branch-and-bound tolerance of the dual-grid tilt bound (SPEC §3(c)).
@@ -116,21 +118,17 @@ def _tilt_row_box(w: np.ndarray, up: np.ndarray, down: np.ndarray, tol: float, m
     return _branch_and_bound(wu, np.exp(pairs[:, 0]), np.exp(pairs[:, 1]), tol, max_points)
 
 
-def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: int, lams) -> float:
+def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, points, lams) -> float:
     """The centred (box) form of §3(c) for one row on a **fixed** grid, without levels: the items of
     ``_tilt_row_box`` (a_j = e^{up_j}, b_j = e^{down_j}, m = Σ p̂ b) **unshifted** (a kernel's multipliers λ are fixed
-    before it sees the row, so the scale is the box's own), [0, 1] cut into ``intervals`` equal intervals, and for each
-    interval the smallest over the candidates λ ∈ ``lams`` (and λ = 0, whose value is t_{i+1}) of its larger end value
-    t − D(t, λ) (D's float error bounded and subtracted: ``_dual_at``); the bound is the largest over the intervals
-    (Lean ``tilt_tv_le_dual_grid_box_endpoints``: any cover, any λ_i ≥ 0). The ends are rounded outward; a box
-    end past ±700 saturates (1); a constant box (every η_j equal) gives 0; a value that is not a number (a large λ
-    times a large box overflows D to inf − inf) saturates (1). ``intervals`` must be a positive int and every λ finite
-    and ≥ 0 (ValueError otherwise)."""
-    if isinstance(intervals, bool) or not isinstance(intervals, (int, np.integer)) or intervals < 1:
-        raise ValueError(f"intervals: a positive int, got {intervals!r}")
-    lams = [float(x) for x in lams]
-    if not all(math.isfinite(x) and x >= 0.0 for x in lams):
-        raise ValueError(f"lams: every multiplier finite and ≥ 0, got {lams!r}")
+    before it sees the row, so the scale is the box's own), [0, 1] cut at ``points`` (0 = t_0 < … < t_N = 1), and for
+    each interval i the smallest over its candidates λ ∈ ``lams[i]`` (and λ = 0, whose value is t_{i+1}) of its larger
+    end value t − D(t, λ) (D's float error bounded and subtracted: ``_dual_at``); the bound is the largest over the
+    intervals (Lean ``tilt_tv_le_dual_grid_box_endpoints``: any cover, any λ_i ≥ 0). The ends are rounded outward; a
+    box end past ±700 saturates (1); a constant box (every η_j equal) gives 0; a value that is not a number (a large λ
+    times a large box overflows D to inf − inf) saturates (1). ``points`` / ``lams`` as ``contract.constants.check_grid``
+    takes them (ValueError otherwise)."""
+    ts, ls = check_grid(points, lams)
     w, up, down, early = _box_row(w, up, down)
     if early is not None:
         return early
@@ -142,17 +140,19 @@ def _tilt_row_grid(w: np.ndarray, up: np.ndarray, down: np.ndarray, intervals: i
     a = np.exp(np.nextafter(up, np.inf))
     b = np.exp(np.nextafter(down, -np.inf))
     m = float(np.dot(w, b))
-    ts = np.arange(intervals + 1, dtype=np.float64) / intervals
-    best = ts[1:].copy()  # λ = 0: D = 0, the cap t_{i+1}
-    for lam in lams:
-        lv = np.full(intervals, float(lam))
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing D is handled below
-            left = ts[:-1] - _dual_at(ts[:-1], lv, w, a, b, m)
-            right = ts[1:] - _dual_at(ts[1:], lv, w, a, b, m)
-        cand = np.maximum(left, right)
-        # a candidate whose D overflowed (NaN, or a −inf never produced but guarded) tells nothing: +inf, never the best
-        best = np.minimum(best, np.where(np.isnan(cand) | (cand == -np.inf), np.inf, cand))
-    top = float(np.max(best))
+    top = 0.0
+    for i, row in enumerate(ls):
+        best = ts[i + 1]  # λ = 0: D = 0, the cap t_{i+1}
+        if row:
+            lv = np.asarray(row, dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflowing D is handled below
+                left = ts[i] - _dual_at(np.full(lv.size, ts[i]), lv, w, a, b, m)
+                right = ts[i + 1] - _dual_at(np.full(lv.size, ts[i + 1]), lv, w, a, b, m)
+            cand = np.maximum(left, right)
+            # a candidate whose D overflowed (NaN, or a −inf never produced but guarded) tells nothing: never the best
+            cand = np.where(np.isnan(cand) | (cand == -np.inf), np.inf, cand)
+            best = min(best, float(cand.min()))
+        top = max(top, best)
     if not math.isfinite(top):  # (the cap t_{i+1} keeps every interval finite; guarded all the same)
         return 1.0
     return float(min(1.0, max(0.0, top) + FP64_ABS_SLACK))

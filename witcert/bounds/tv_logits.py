@@ -8,15 +8,13 @@ import math
 
 import numpy as np
 
-from contract.constants import GRID_TILT_INTERVALS, grid_tilt_lambdas
+from contract.constants import GRID_TILT_LAMBDAS, GRID_TILT_POINTS
 
 from .dual_grid import TILT_DEFAULT_TOL, _tilt_row, _tilt_row_box, _tilt_row_grid
 from .inputs import _as_np, _broadcast, _check_nonneg, _mask_np, _wrap
 from .rounding import _EPS64, FP64_ABS_SLACK
 from .tv_bounds import box_levels, round_levels
 
-#: the grid tilt's multipliers (``contract.constants.grid_tilt_lambdas``), computed once
-_GRID_LAMBDAS = grid_tilt_lambdas()
 #: log p̂ below which a token's mass is not represented in the tilt's linear arithmetic: it is
 #: accounted for by the underflow term of ``tv_bound_parts_logits`` instead (SPEC §7)
 LOG_MASS_FLOOR = -700.0
@@ -58,7 +56,7 @@ def tv_bound_parts_logits(logits, radius, mask=None, levels=None, tol: float = T
     first widened onto them, ``box_levels``), and the underflow term uses the box's ends.
 
     ``grid=True``: (c) on the box as given, **unbinned** (``levels`` then only widen the symmetric alternative), on
-    the fixed (t, λ) grid of ``contract.constants`` (``GRID_TILT_INTERVALS``, ``grid_tilt_lambdas``:
+    the fixed (t, λ) grid of ``contract.constants`` (``GRID_TILT_POINTS``, ``GRID_TILT_LAMBDAS``:
     ``dual_grid._tilt_row_grid``), the smaller of it and the symmetric tilt at |c| + ε on ``levels``: the form a
     one-pass kernel can accumulate (SPEC §3(c), "grid"). Without ``center`` the box is |δ_j| ≤ ε_j.
     """
@@ -159,7 +157,7 @@ def _parts_logits_row(s: np.ndarray, e: np.ndarray, live: np.ndarray, levels, to
 
     if grid:  # the fixed (t, λ) grid on the unbinned box (c = 0 without a centre), or the symmetric tilt on levels
         gu, gd = _box_ends(np.zeros_like(e) if c is None else c, e)
-        tilt = min(_tilt_row_grid(w, gu[V], gd[V], GRID_TILT_INTERVALS, _GRID_LAMBDAS) + 2.0 * eta
+        tilt = min(_tilt_row_grid(w, gu[V], gd[V], GRID_TILT_POINTS, GRID_TILT_LAMBDAS) + 2.0 * eta
                    + underflow(gu, gd), symmetric(e if c is None else esym))
     elif c is None:
         tilt = symmetric(e)

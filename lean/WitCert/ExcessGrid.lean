@@ -1,0 +1,272 @@
+import Mathlib
+import WitCert.Excess
+
+/-!
+# The rescaled dual grid of the centred box (SPEC §3(c), centred; SPEC §7's Ξ)
+
+`tilt_tv_le_dual_grid_box_endpoints` bounds `TV(p, p̂)` by the end values `t − D(t, λ)` of a
+cover of `[0, 1]`, `D = dualDBox phat c eps`; the kernel only has the masses `p̃` with
+`p̂_j ≤ e^{2Ξ} p̃_j` and `p̃_j ≤ e^{2Ξ} p̂_j`. This file bounds every end value by sums over `p̃`,
+as `tilt_tv_le_excess_rescaled` does for the one-interval cover.
+
+* `gridTerm c ε t λ j = (λ β_j(t) − 1)₊ − t (λ b_j − 1)`, `b_j = e^{−c_j−ε_j}`,
+  `β_j = betaBox t c_j ε_j`: the per-token term of `t − D(t, λ)`;
+* `sum_mul_gridTerm` — for any weights `w`:
+  `Σ_j w_j gridTerm_j = Σ_j w_j (λ β_j − 1)₊ − t (λ Σ_j w_j b_j − Σ_j w_j)`;
+* `sub_dualDBox_eq_sum` — `Σ p̂ = 1`: `t − D(t, λ) = Σ_j p̂_j gridTerm_j`;
+* `abs_sub_le_of_ratio`, `sum_le_of_ratio` — `0 ≤ q`, `a ≤ E q`, `q ≤ E a`, `E > 0`:
+  `|a − q| ≤ (E − 1) q` (`E (a − (2 − E) q) = (E a − q) + (E − 1)² q ≥ 0`); so
+  `Σ p̂ f ≤ Σ p̃ f + (e^{2Ξ} − 1) Σ p̃ |f|` for any `f`;
+* `abs_gridTerm_le` — `t ≥ 0`: `|gridTerm_j| ≤ (λ β_j − 1)₊ + t (|b_j − 1| + |λ − 1| b_j)`;
+* `gridBound`, `sub_dualDBox_le_gridBound` — `t − D(t, λ) ≤ G(t, λ)` for `t ≥ 0`, `Ξ ≥ 0`, with
+  `G(t, λ) = Σ p̃ (λβ − 1)₊ − t (λ Σ p̃ b − Σ p̃)`
+  `+ (e^{2Ξ} − 1)(Σ p̃ (λβ − 1)₊ + t (Σ p̃ |b − 1| + |λ − 1| Σ p̃ b))` (no `Σ p̃ = 1` needed);
+* `tilt_tv_le_grid_rescaled` — `p` a tilt of `p̂`, `|δ_j − c_j| ≤ ε_j`, the two ratio bounds, and
+  a cover of `[0, 1]` by intervals with nonnegative ends and multipliers `λ_i ≥ 0`: `TV(p, p̂) ≤ B`
+  whenever `G(lo i, λ_i) ≤ B` and `G(hi i, λ_i) ≤ B` for every `i`.
+-/
+
+namespace WitCert
+
+section Pointwise
+
+variable {ι : Type*}
+
+/-- The per-token term of `t − D(t, λ)`: `(λ β_j(t) − 1)₊ − t (λ e^{−c_j−ε_j} − 1)`. -/
+noncomputable def gridTerm (c eps : ι → ℝ) (t lam : ℝ) (j : ι) : ℝ :=
+  max (lam * betaBox t (c j) (eps j) - 1) 0 - t * (lam * Real.exp (-c j - eps j) - 1)
+
+/-- `0 ≤ q`, `a ≤ E q`, `q ≤ E a`, `E > 0`: `|a − q| ≤ (E − 1) q`. -/
+lemma abs_sub_le_of_ratio {a q E : ℝ} (hE : 0 < E) (hq : 0 ≤ q) (haq : a ≤ E * q)
+    (hqa : q ≤ E * a) : |a - q| ≤ (E - 1) * q := by
+  have key : E * (a - (2 - E) * q) = (E * a - q) + (E - 1) ^ 2 * q := by ring
+  -- `add_nonneg`: additive form of `one_le_mul`, Algebra/Order/Monoid/Unbundled/Basic.lean:975;
+  -- `sub_nonneg`: additive form of `one_le_div'`, Algebra/Order/Group/Unbundled/Basic.lean:480;
+  -- `mul_nonneg`: Algebra/Order/GroupWithZero/Unbundled/Basic.lean:68;
+  -- `sq_nonneg`: Algebra/Order/Ring/Unbundled/Basic.lean:689
+  have hnn : 0 ≤ (E * a - q) + (E - 1) ^ 2 * q :=
+    add_nonneg (sub_nonneg.mpr hqa) (mul_nonneg (sq_nonneg _) hq)
+  -- `LE.le.trans_eq`: Order/Basic.lean:80
+  have hmul : 0 ≤ E * (a - (2 - E) * q) := hnn.trans_eq key.symm
+  -- `nonneg_of_mul_nonneg_right`: Algebra/Order/Ring/Unbundled/Basic.lean:429
+  have hlow : 0 ≤ a - (2 - E) * q := nonneg_of_mul_nonneg_right hmul hE
+  -- `abs_le`: additive form of `mabs_le`, Algebra/Order/Group/Abs.lean:64
+  exact abs_le.mpr ⟨by linarith, by linarith⟩
+
+/-- `t ≥ 0`: `|gridTerm_j| ≤ (λ β_j − 1)₊ + t (|b_j − 1| + |λ − 1| b_j)`, `b_j = e^{−c_j−ε_j}`. -/
+lemma abs_gridTerm_le (c eps : ι → ℝ) (t lam : ℝ) (j : ι) (ht0 : 0 ≤ t) :
+    |gridTerm c eps t lam j| ≤ max (lam * betaBox t (c j) (eps j) - 1) 0
+      + t * (|Real.exp (-c j - eps j) - 1| + |lam - 1| * Real.exp (-c j - eps j)) := by
+  -- `Real.exp_pos`: Analysis/Complex/Exponential.lean:281
+  have hb : 0 < Real.exp (-c j - eps j) := Real.exp_pos _
+  -- `le_max_right`: dual of `min_le_right`, Order/Defs/LinearOrder.lean:144
+  have hh : 0 ≤ max (lam * betaBox t (c j) (eps j) - 1) 0 := le_max_right _ _
+  -- `λ b − 1 = (b − 1) + (λ − 1) b`, then the triangle inequality
+  have hsplit : lam * Real.exp (-c j - eps j) - 1
+      = (Real.exp (-c j - eps j) - 1) + (lam - 1) * Real.exp (-c j - eps j) := by ring
+  have e : |lam * Real.exp (-c j - eps j) - 1|
+      = |(Real.exp (-c j - eps j) - 1) + (lam - 1) * Real.exp (-c j - eps j)| := by
+    rw [hsplit]
+  -- `abs_add_le`: additive form of `mabs_mul_le`, Algebra/Order/Group/Unbundled/Abs.lean:125
+  have htri : |(Real.exp (-c j - eps j) - 1) + (lam - 1) * Real.exp (-c j - eps j)|
+      ≤ |Real.exp (-c j - eps j) - 1| + |(lam - 1) * Real.exp (-c j - eps j)| := abs_add_le _ _
+  -- `abs_mul`: Algebra/Order/Ring/Abs.lean:49; `abs_of_pos`: additive form of `mabs_of_one_lt`,
+  -- Algebra/Order/Group/Unbundled/Abs.lean:93
+  have hmul : |(lam - 1) * Real.exp (-c j - eps j)| = |lam - 1| * Real.exp (-c j - eps j) := by
+    rw [abs_mul, abs_of_pos hb]
+  have hx : |lam * Real.exp (-c j - eps j) - 1|
+      ≤ |Real.exp (-c j - eps j) - 1| + |lam - 1| * Real.exp (-c j - eps j) := by
+    linarith [e, htri, hmul]
+  have hX := abs_le.mp hx
+  -- `mul_le_mul_of_nonneg_left`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:224
+  have h1 := mul_le_mul_of_nonneg_left hX.2 ht0
+  have h2 := mul_le_mul_of_nonneg_left hX.1 ht0
+  unfold gridTerm
+  exact abs_le.mpr ⟨by linarith, by linarith⟩
+
+end Pointwise
+
+section Grid
+
+variable {ι : Type*} [Fintype ι] [DecidableEq ι]
+
+/-- For any weights `w`:
+`Σ_j w_j gridTerm_j = Σ_j w_j (λ β_j − 1)₊ − t (λ Σ_j w_j b_j − Σ_j w_j)`. -/
+lemma sum_mul_gridTerm (w c eps : ι → ℝ) (t lam : ℝ) :
+    ∑ j, w j * gridTerm c eps t lam j
+      = ∑ j, w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+        - t * (lam * ∑ j, w j * Real.exp (-c j - eps j) - ∑ j, w j) := by
+  -- `Finset.sum_congr`: additive form of `Finset.prod_congr`,
+  -- Algebra/BigOperators/Group/Finset/Basic.lean:104
+  have s0 : ∑ j, w j * gridTerm c eps t lam j
+      = ∑ j, (w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          - t * lam * (w j * Real.exp (-c j - eps j)) + t * w j) :=
+    Finset.sum_congr rfl fun j _ => by unfold gridTerm; ring
+  -- `Finset.sum_add_distrib`: additive form of `Finset.prod_mul_distrib`,
+  -- Algebra/BigOperators/Group/Finset/Basic.lean:301
+  have s1 : ∑ j, (w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          - t * lam * (w j * Real.exp (-c j - eps j)) + t * w j)
+      = ∑ j, (w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          - t * lam * (w j * Real.exp (-c j - eps j))) + ∑ j, t * w j :=
+    Finset.sum_add_distrib
+  -- `Finset.sum_sub_distrib`: additive form of `Finset.prod_div_distrib`,
+  -- Algebra/BigOperators/Group/Finset/Defs.lean:659
+  have s2 : ∑ j, (w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          - t * lam * (w j * Real.exp (-c j - eps j)))
+      = ∑ j, w j * max (lam * betaBox t (c j) (eps j) - 1) 0
+        - ∑ j, t * lam * (w j * Real.exp (-c j - eps j)) :=
+    Finset.sum_sub_distrib _ _
+  -- `Finset.mul_sum`: Algebra/BigOperators/Ring/Finset.lean:56
+  have s3 : ∑ j, t * lam * (w j * Real.exp (-c j - eps j))
+      = t * lam * ∑ j, w j * Real.exp (-c j - eps j) := by
+    rw [Finset.mul_sum]
+  have s4 : ∑ j, t * w j = t * ∑ j, w j := by
+    rw [Finset.mul_sum]
+  linarith [s0, s1, s2, s3, s4]
+
+/-- `Σ p̂ = 1`: `t − D(t, λ) = Σ_j p̂_j gridTerm_j`. -/
+lemma sub_dualDBox_eq_sum (phat c eps : ι → ℝ) (t lam : ℝ) (hsum : ∑ j, phat j = 1) :
+    t - dualDBox phat c eps t lam = ∑ j, phat j * gridTerm c eps t lam j := by
+  have h := sum_mul_gridTerm phat c eps t lam
+  rw [hsum] at h
+  unfold dualDBox
+  linarith [h]
+
+/-- The ratio bounds `p̂ ≤ e^{2Ξ} p̃`, `p̃ ≤ e^{2Ξ} p̂` (`p̃ ≥ 0`): for any `f`,
+`Σ p̂ f ≤ Σ p̃ f + (e^{2Ξ} − 1) Σ p̃ |f|`. -/
+lemma sum_le_of_ratio {phat ptilde : ι → ℝ} {Xi : ℝ} (hpt : ∀ j, 0 ≤ ptilde j)
+    (hratio_up : ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j)
+    (hratio_dn : ∀ j, ptilde j ≤ Real.exp (2 * Xi) * phat j) (f : ι → ℝ) :
+    ∑ j, phat j * f j
+      ≤ ∑ j, ptilde j * f j + (Real.exp (2 * Xi) - 1) * ∑ j, ptilde j * |f j| := by
+  have hterm : ∀ j ∈ (Finset.univ : Finset ι),
+      phat j * f j ≤ ptilde j * f j + (Real.exp (2 * Xi) - 1) * (ptilde j * |f j|) := by
+    intro j _
+    have habs : |phat j - ptilde j| ≤ (Real.exp (2 * Xi) - 1) * ptilde j :=
+      abs_sub_le_of_ratio (Real.exp_pos _) (hpt j) (hratio_up j) (hratio_dn j)
+    -- `le_abs_self`: additive form of `le_mabs_self`, Algebra/Order/Group/Unbundled/Abs.lean:69
+    have h1 : (phat j - ptilde j) * f j ≤ |(phat j - ptilde j) * f j| := le_abs_self _
+    have h2 : |(phat j - ptilde j) * f j| = |phat j - ptilde j| * |f j| := abs_mul _ _
+    -- `mul_le_mul_of_nonneg_right`: Algebra/Order/GroupWithZero/Unbundled/Defs.lean:228;
+    -- `abs_nonneg`: additive form of `one_le_mabs`, Algebra/Order/Group/Unbundled/Abs.lean:109
+    have h3 : |phat j - ptilde j| * |f j| ≤ (Real.exp (2 * Xi) - 1) * ptilde j * |f j| :=
+      mul_le_mul_of_nonneg_right habs (abs_nonneg _)
+    linarith [h1, h2, h3]
+  -- `Finset.sum_le_sum`: additive form of `Finset.prod_le_prod'`,
+  -- Algebra/Order/BigOperators/Group/Finset.lean:109
+  have hle := Finset.sum_le_sum hterm
+  have s1 : ∑ j, (ptilde j * f j + (Real.exp (2 * Xi) - 1) * (ptilde j * |f j|))
+      = ∑ j, ptilde j * f j + ∑ j, (Real.exp (2 * Xi) - 1) * (ptilde j * |f j|) :=
+    Finset.sum_add_distrib
+  have s2 : ∑ j, (Real.exp (2 * Xi) - 1) * (ptilde j * |f j|)
+      = (Real.exp (2 * Xi) - 1) * ∑ j, ptilde j * |f j| := by
+    rw [Finset.mul_sum]
+  linarith [hle, s1, s2]
+
+/-- The endpoint value over `p̃`:
+`G(t, λ) = Σ p̃ (λβ − 1)₊ − t (λ Σ p̃ b − Σ p̃)`
+`+ (e^{2Ξ} − 1)(Σ p̃ (λβ − 1)₊ + t (Σ p̃ |b − 1| + |λ − 1| Σ p̃ b))`,
+`b_j = e^{−c_j−ε_j}`, `β_j = betaBox t c_j ε_j`. -/
+noncomputable def gridBound (ptilde c eps : ι → ℝ) (Xi t lam : ℝ) : ℝ :=
+  ∑ j, ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+    - t * (lam * ∑ j, ptilde j * Real.exp (-c j - eps j) - ∑ j, ptilde j)
+    + (Real.exp (2 * Xi) - 1) * (∑ j, ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+      + t * (∑ j, ptilde j * |Real.exp (-c j - eps j) - 1|
+        + |lam - 1| * ∑ j, ptilde j * Real.exp (-c j - eps j)))
+
+/-- `Σ p̂ = 1`, the ratio bounds with `Ξ ≥ 0`, and `t ≥ 0`: `t − D(t, λ) ≤ G(t, λ)`. -/
+lemma sub_dualDBox_le_gridBound {phat ptilde : ι → ℝ} (c eps : ι → ℝ) (Xi t lam : ℝ)
+    (hsum : ∑ j, phat j = 1) (hpt : ∀ j, 0 ≤ ptilde j) (hXi : 0 ≤ Xi)
+    (hratio_up : ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j)
+    (hratio_dn : ∀ j, ptilde j ≤ Real.exp (2 * Xi) * phat j) (ht0 : 0 ≤ t) :
+    t - dualDBox phat c eps t lam ≤ gridBound ptilde c eps Xi t lam := by
+  have h1 := sub_dualDBox_eq_sum phat c eps t lam hsum
+  have h2 := sum_le_of_ratio hpt hratio_up hratio_dn (gridTerm c eps t lam)
+  have h3 := sum_mul_gridTerm ptilde c eps t lam
+  -- `Σ p̃ |gridTerm| ≤ Σ p̃ (λβ − 1)₊ + t (Σ p̃ |b − 1| + |λ − 1| Σ p̃ b)`, term by term
+  have h4 : ∑ j, ptilde j * |gridTerm c eps t lam j|
+      ≤ ∑ j, ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+        + t * (∑ j, ptilde j * |Real.exp (-c j - eps j) - 1|
+          + |lam - 1| * ∑ j, ptilde j * Real.exp (-c j - eps j)) := by
+    have hle : ∑ j, ptilde j * |gridTerm c eps t lam j|
+        ≤ ∑ j, ptilde j * (max (lam * betaBox t (c j) (eps j) - 1) 0
+          + t * (|Real.exp (-c j - eps j) - 1| + |lam - 1| * Real.exp (-c j - eps j))) :=
+      Finset.sum_le_sum fun j _ =>
+        mul_le_mul_of_nonneg_left (abs_gridTerm_le c eps t lam j ht0) (hpt j)
+    have s0 : ∑ j, ptilde j * (max (lam * betaBox t (c j) (eps j) - 1) 0
+          + t * (|Real.exp (-c j - eps j) - 1| + |lam - 1| * Real.exp (-c j - eps j)))
+        = ∑ j, (ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          + (t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+            + t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j)))) :=
+      Finset.sum_congr rfl fun j _ => by ring
+    have s1 : ∑ j, (ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          + (t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+            + t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j))))
+        = ∑ j, ptilde j * max (lam * betaBox t (c j) (eps j) - 1) 0
+          + ∑ j, (t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+            + t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j))) :=
+      Finset.sum_add_distrib
+    have s2 : ∑ j, (t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+            + t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j)))
+        = ∑ j, t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+          + ∑ j, t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j)) :=
+      Finset.sum_add_distrib
+    have s3 : ∑ j, t * (ptilde j * |Real.exp (-c j - eps j) - 1|)
+        = t * ∑ j, ptilde j * |Real.exp (-c j - eps j) - 1| := by
+      rw [Finset.mul_sum]
+    have s4 : ∑ j, t * |lam - 1| * (ptilde j * Real.exp (-c j - eps j))
+        = t * |lam - 1| * ∑ j, ptilde j * Real.exp (-c j - eps j) := by
+      rw [Finset.mul_sum]
+    linarith [hle, s0, s1, s2, s3, s4]
+  -- `Real.one_le_exp`: Analysis/Complex/Exponential.lean:278
+  have hE1 : 1 ≤ Real.exp (2 * Xi) := Real.one_le_exp (by linarith)
+  have hE : 0 ≤ Real.exp (2 * Xi) - 1 := by linarith
+  have h5 := mul_le_mul_of_nonneg_left h4 hE
+  unfold gridBound
+  linarith [h1, h2, h3, h5]
+
+/-- SPEC §3(c), centred box, over the kernel's masses: `p` a tilt of `p̂`, `|δ_j − c_j| ≤ ε_j`,
+`p̂_j ≤ e^{2Ξ} p̃_j` and `p̃_j ≤ e^{2Ξ} p̂_j` (`Ξ ≥ 0`, `p̃ ≥ 0`); for any finite cover of `[0, 1]`
+by intervals with nonnegative ends and any `λ_i ≥ 0`, `TV(p, p̂) ≤ B` when `G(lo i, λ_i) ≤ B` and
+`G(hi i, λ_i) ≤ B` for every `i`, `G = gridBound ptilde c eps Ξ`. -/
+theorem tilt_tv_le_grid_rescaled {phat delta p ptilde : ι → ℝ} (ht : IsTilt phat delta p)
+    (c eps : ι → ℝ) (heps : ∀ j, |delta j - c j| ≤ eps j) (Xi : ℝ) (hXi : 0 ≤ Xi)
+    (hpt : ∀ j, 0 ≤ ptilde j)
+    (hratio_up : ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j)
+    (hratio_dn : ∀ j, ptilde j ≤ Real.exp (2 * Xi) * phat j)
+    {κ : Type*} (lo hi lam : κ → ℝ) (hlam : ∀ i, 0 ≤ lam i)
+    (hlo0 : ∀ i, 0 ≤ lo i) (hhi0 : ∀ i, 0 ≤ hi i)
+    (hcover : ∀ x : ℝ, 0 ≤ x → x ≤ 1 → ∃ i, lo i ≤ x ∧ x ≤ hi i)
+    (B : ℝ) (hBlo : ∀ i, gridBound ptilde c eps Xi (lo i) (lam i) ≤ B)
+    (hBhi : ∀ i, gridBound ptilde c eps Xi (hi i) (lam i) ≤ B) :
+    tv p phat ≤ B :=
+  -- `LE.le.trans`: alias of `le_trans`, Order/Basic.lean:135
+  tilt_tv_le_dual_grid_box_endpoints ht c eps heps lo hi lam hlam hcover B
+    (fun i => (sub_dualDBox_le_gridBound c eps Xi (lo i) (lam i) ht.sum_one hpt hXi
+      hratio_up hratio_dn (hlo0 i)).trans (hBlo i))
+    (fun i => (sub_dualDBox_le_gridBound c eps Xi (hi i) (lam i) ht.sum_one hpt hXi
+      hratio_up hratio_dn (hhi0 i)).trans (hBhi i))
+
+end Grid
+
+end WitCert
+
+/-
+Likely failure points (not compiled; no Lean toolchain on the drafting machine):
+
+1. `abs_sub_le_of_ratio`: `nonneg_of_mul_nonneg_right hmul hE` relies on the `PosMulStrictMono ℝ`
+   instance being found, and on `abs_le.mpr ⟨by linarith, by linarith⟩` elaborating the two
+   components after `abs_le`'s `a`, `b` are fixed by the goal.
+2. `abs_gridTerm_le`: `rw [hsplit]` closing `e` by `rfl`; `rw [abs_mul, abs_of_pos hb]` in `hmul`;
+   `unfold gridTerm` on a goal of the form `|gridTerm c eps t lam j| ≤ …`.
+3. `Finset.sum_add_distrib` / `Finset.sum_sub_distrib _ _` as terms against the stated sums
+   (higher-order unification of `f i + g i` with the summands), in `sum_mul_gridTerm`,
+   `sum_le_of_ratio` and `sub_dualDBox_le_gridBound`.
+4. `rw [Finset.mul_sum]` closing `s3`, `s4`, `s2` by `rfl` (the first `_ * ∑ _` must be the one
+   on the right-hand side, as in `Excess.lean`'s `hfac`).
+5. The final `linarith` calls of `sum_mul_gridTerm` (an equality goal, split in two) and of
+   `sub_dualDBox_le_gridBound` (monomials up to degree 4 such as `(e^{2Ξ} − 1) t |λ − 1| Σ p̃ b`,
+   normalised by `linarith`'s polynomial parser, Mathlib/Tactic/Linarith/Parsing.lean:164).
+6. `rw [hsum] at h` in `sub_dualDBox_eq_sum`: the `∑ j, phat j` of `sum_mul_gridTerm` (instantiated
+   from `∑ j, w j`) must be found by `kabstract`.
+-/
