@@ -22,6 +22,9 @@ line counting all three, and exits non-zero if any fails. What is checked:
 * the same theorem on the fixed (t, λ) grid (``check_tilt.check_tilt_grid``, ``sketch_box="grid"``): the fp64
   reference's ``dual_grid._tilt_row_grid`` with the contract's grid and float32 multipliers against t − dualDBox(t, λ_k)
   at both ends of every interval, the best candidate per interval, and never below the brute-force supremum;
+* the excess form's (t, λ) grid over the kernel's masses (``check_excess.check_excess_grid``, Lean
+  ``tilt_tv_le_grid_rescaled_capped``): the merge's twin against the capped cover of ``gridBound`` on the contract's
+  cover, never below it nor the brute-force supremum, and the merge's hard-coded cover against the contract's;
 * the centred box's excess form (``check_excess.check_excess_form``, Lean ``tilt_tv_le_excess``,
   ``tilt_tv_le_excess_widened``): the one interval [0, 1] with λ = 1 of dualDBox against ``formulas.EXCESS_UP`` /
   ``EXCESS_DOWN``, the merge's torch twin against the widened theorem's right side (never below it), the fp64
@@ -51,7 +54,7 @@ import sympy as sp
 from . import falsify
 from . import formulas as F
 from . import lean_parse as LP
-from .check_excess import check_excess_form
+from .check_excess import check_excess_form, check_excess_grid
 from .check_tilt import check_tilt_box, check_tilt_endpoints, check_tilt_grid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -172,6 +175,7 @@ def check_formulas(seed: int = 0, points: int = 200):
     out += check_tilt_box(rng)
     out += check_tilt_grid(rng)
     out += check_excess_form(rng)
+    out += check_excess_grid(rng)
     return out
 
 

@@ -8,6 +8,8 @@ against the theorem's max(A, B) (called by ``proofs_bridge.check.check_formulas`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import sympy as sp
 
@@ -68,3 +70,66 @@ def check_excess_form(rng, rows: int = 24, K: int = 6):
             ok_sup, d_sup = False, f"row {r}: max(A, B) {max(a, b):.6g} below the supremum {sup:.6g}"
     return [(names[0], ok_ends, d_ends), (names[1], ok_twin, d_twin), (names[2], ok_ref, d_ref),
             (names[3], ok_sup, d_sup)]
+
+
+def _grid_rhs(w, c, e, xi, cover):
+    """The right side of ``tilt_tv_le_grid_rescaled_capped`` on the contract's cover (float64): max over the intervals
+    of min(t_{i+1}, min over its multipliers of max(G(t_i, λ), G(t_{i+1}, λ))), G = Lean ``gridBound`` over p̃ = w."""
+    ts, ls = cover
+    b = np.exp(-c - e)
+    m, v, tot = float(np.sum(w * b)), float(np.sum(w * np.abs(b - 1))), float(np.sum(w))
+    E = math.expm1(2 * xi)
+
+    def G(t, lam):
+        s = float(np.sum(w * np.maximum(lam * ((1 - t) * np.exp(-c + e) + t * b) - 1, 0)))
+        return s - t * (lam * m - tot) + E * (s + t * (v + abs(lam - 1) * m))
+
+    return max(min([ts[i + 1]] + [max(G(ts[i], lam), G(ts[i + 1], lam)) for lam in row]) for i, row in enumerate(ls))
+
+
+def check_excess_grid(rng, rows: int = 24, K: int = 6):
+    """``tilt_tv_le_grid_rescaled_capped`` (lean/WitCert/ExcessGrid.lean): the merge's twin
+    (``kernels.excess_grid.grid_form_torch``) on the sums a tile accumulates (float64 here) is never below the theorem's
+    right side on the contract's cover (``GRID_TILT_POINTS`` / ``GRID_TILT_LAMBDAS``) and at most its slacks above it;
+    the merge's hard-coded cover is the contract's (``excess_grid.COVER``); and the twin is ≥ the brute-force supremum
+    over the centred box."""
+    names = ("excess grid: the merge's twin = the capped cover of gridBound (tilt_tv_le_grid_rescaled_capped), never below",
+             "excess grid: the merge's cover is the contract's",
+             "excess grid: the twin ≥ brute-force supremum over the centred box")
+    try:
+        import torch
+
+        from contract.constants import GRID_TILT_LAMBDAS, GRID_TILT_POINTS
+        from kernels import excess_grid as X
+    except ImportError as exc:
+        return [(n, False, f"cannot import: {exc}") for n in names]
+    try:
+        X._check_cover()
+        ok_cover, d_cover = True, ""
+    except ImportError as exc:
+        ok_cover, d_cover = False, str(exc)
+    cover = (GRID_TILT_POINTS, GRID_TILT_LAMBDAS)
+    ok_twin = ok_sup = True
+    d_twin = d_sup = ""
+    for r in range(rows):
+        w, c, e = sup_row(rng, r, K)
+        scale = (0.02, 0.1, 1.0)[r % 3]
+        c, e = c * scale, e * scale
+        a, b = np.exp(-c + e), np.exp(-c - e)
+        gs = np.zeros(X.GRID_COLS)
+        for k, (t, lam) in enumerate(X.GRID):
+            gs[k] = np.sum(w * np.maximum(lam * ((1 - t) * a + t * b) - 1, 0))
+        gs[X.NG], gs[X.NG + 1] = np.sum(w * (b - 1)), np.sum(w * np.abs(b - 1))
+        a_hat = float(np.sum(w * np.maximum(a - 1, 0)))
+        for xi in (0.0, 1e-6, 3e-4, 0.02):
+            got = float(X.grid_form_torch(torch.tensor(a_hat), torch.from_numpy(gs), torch.tensor(xi)))
+            want = min(1.0, max(0.0, _grid_rhs(w, c, e, xi, cover)))
+            # above it by at most the sums' growth (relative) and the signed sum's allowance (Ξ + 2^-21)·V⁺ on M₋ and M⁺
+            signed = 2 * (xi + 2.0**-21) * gs[X.NG + 1] * (1 + xi + 2.0**-21) * math.exp(2 * xi)
+            if not (got >= want - _FORMULA_FP64 and got <= want * (1 + 3 * xi + _REL_ABOVE) + signed + 1e-12):
+                ok_twin, d_twin = False, f"row {r}, Ξ {xi}: twin {got:.17g} against {want:.17g}"
+        sup, _ = _corner_sup(w, c, e)
+        got0 = float(X.grid_form_torch(torch.tensor(a_hat), torch.from_numpy(gs), torch.tensor(0.0)))
+        if got0 < sup - 1e-12:
+            ok_sup, d_sup = False, f"row {r}: twin {got0:.6g} below the supremum {sup:.6g}"
+    return [(names[0], ok_twin, d_twin), (names[1], ok_cover, d_cover), (names[2], ok_sup, d_sup)]

@@ -74,6 +74,10 @@ def add_box(ns: dict) -> None:
 
     EXCESS_THEOREMS = ["tilt_tv_le_excess", "tilt_tv_le_excess_widened", "tilt_tv_le_excess_rescaled"]
     ns["THEOREMS"].extend(EXCESS_THEOREMS)
+    # the (t, λ) grid over the kernel's masses (lean/WitCert/ExcessGrid.lean; named, not parsed: its right side is a
+    # `gridBound` hypothesis; checked numerically, check_excess.check_excess_grid, and by its falsifiers)
+    GRID_THEOREMS = ["tilt_tv_le_grid_rescaled", "tilt_tv_le_grid_rescaled_capped"]
+    ns["THEOREMS"].extend(GRID_THEOREMS)
     # (tilt_tv_le_excess_widened and _rescaled are named, not parsed: sympy's Max refuses e^Ξ·Σ(…) as "not comparable";
     # the rescaled right side is checked numerically, check_excess._rescaled, and both by their falsifiers)
     ns["LEAN_THEOREMS"].update({
@@ -83,5 +87,5 @@ def add_box(ns: dict) -> None:
         }),
     })
     ns.update(c_box=c_box, BETA_BOX=BETA_BOX, DUAL_ITEM_BOX=DUAL_ITEM_BOX, BOX_UP=BOX_UP, BOX_DOWN=BOX_DOWN,
-              BOX_THEOREMS=BOX_THEOREMS, EXCESS_THEOREMS=EXCESS_THEOREMS, betaBox=betaBox, dualDBox=dualDBox,
+              BOX_THEOREMS=BOX_THEOREMS, EXCESS_THEOREMS=EXCESS_THEOREMS, GRID_THEOREMS=GRID_THEOREMS, betaBox=betaBox, dualDBox=dualDBox,
               EXCESS_UP=EXCESS_UP, EXCESS_DOWN=EXCESS_DOWN)

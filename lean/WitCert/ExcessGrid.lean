@@ -23,7 +23,15 @@ as `tilt_tv_le_excess_rescaled` does for the one-interval cover.
   `+ (e^{2Ξ} − 1)(Σ p̃ (λβ − 1)₊ + t (Σ p̃ |b − 1| + |λ − 1| Σ p̃ b))` (no `Σ p̃ = 1` needed);
 * `tilt_tv_le_grid_rescaled` — `p` a tilt of `p̂`, `|δ_j − c_j| ≤ ε_j`, the two ratio bounds, and
   a cover of `[0, 1]` by intervals with nonnegative ends and multipliers `λ_i ≥ 0`: `TV(p, p̂) ≤ B`
-  whenever `G(lo i, λ_i) ≤ B` and `G(hi i, λ_i) ≤ B` for every `i`.
+  whenever `G(lo i, λ_i) ≤ B` and `G(hi i, λ_i) ≤ B` for every `i`;
+* `sub_dualDBox_zero`, `tilt_tv_le_grid_rescaled_capped` — the merge's form: an interval may instead take its cap
+  (`λ_i = 0`: `t − D(t, 0) = t ≤ hi i ≤ B`).
+
+Licenses the decode's (t, λ) grid: `kernels/excess_grid.py` (the tile's sums over `p̃` on each (token, head)'s box
+raised by the tile's margins, and `_grid_form` / its torch twin `grid_form_torch`: `G` with the sums grown for their
+fp32 accumulation, `Σ p̃ b` bounded below and above from the signed sum `Σ p̃ (b − 1)`, `e^{2Ξ} − 1` rounded up, on the
+contract's cover `GRID_TILT_POINTS` / `GRID_TILT_LAMBDAS`, each interval's best multiplier or its cap); that the
+computed value is at least this file's `B` is not stated here (the bridge checks it numerically: `check_excess`).
 -/
 
 namespace WitCert
@@ -247,12 +255,58 @@ theorem tilt_tv_le_grid_rescaled {phat delta p ptilde : ι → ℝ} (ht : IsTilt
     (fun i => (sub_dualDBox_le_gridBound c eps Xi (hi i) (lam i) ht.sum_one hpt hXi
       hratio_up hratio_dn (hhi0 i)).trans (hBhi i))
 
+/-- `λ = 0`: `D(t, 0) = 0`, so `t − D(t, 0) = t` (an interval's cap: its right end). -/
+lemma sub_dualDBox_zero (phat c eps : ι → ℝ) (t : ℝ) : t - dualDBox phat c eps t 0 = t := by
+  have hs : ∑ j, phat j * max ((0 : ℝ) * betaBox t (c j) (eps j) - 1) 0 = 0 := by
+    -- `Finset.sum_eq_zero`: Algebra/BigOperators/Group/Finset/Basic.lean
+    refine Finset.sum_eq_zero fun j _ => ?_
+    -- `zero_mul`: MulZeroClass, Algebra/GroupWithZero/Defs.lean; `max_eq_right`: Order/Defs/LinearOrder.lean:169
+    have hm : max ((0 : ℝ) * betaBox t (c j) (eps j) - 1) 0 = 0 := by
+      rw [zero_mul]
+      exact max_eq_right (by norm_num)
+    rw [hm, mul_zero]
+  unfold dualDBox
+  rw [hs]
+  ring
+
+/-- The merge's form (``kernels.excess_grid._grid_form``): as `tilt_tv_le_grid_rescaled`, but an interval may take
+its cap instead (`λ_i = 0`, whose end values are `t` itself by `sub_dualDBox_zero`: `B ≥ hi i ≥ lo i`), so each
+interval `i` has either `λ_i = 0 ∧ hi i ≤ B` or both ends `G(·, λ_i) ≤ B`. -/
+theorem tilt_tv_le_grid_rescaled_capped {phat delta p ptilde : ι → ℝ} (ht : IsTilt phat delta p)
+    (c eps : ι → ℝ) (heps : ∀ j, |delta j - c j| ≤ eps j) (Xi : ℝ) (hXi : 0 ≤ Xi)
+    (hpt : ∀ j, 0 ≤ ptilde j)
+    (hratio_up : ∀ j, phat j ≤ Real.exp (2 * Xi) * ptilde j)
+    (hratio_dn : ∀ j, ptilde j ≤ Real.exp (2 * Xi) * phat j)
+    {κ : Type*} (lo hi lam : κ → ℝ) (hlam : ∀ i, 0 ≤ lam i)
+    (hlo0 : ∀ i, 0 ≤ lo i) (hhi0 : ∀ i, 0 ≤ hi i) (hlohi : ∀ i, lo i ≤ hi i)
+    (hcover : ∀ x : ℝ, 0 ≤ x → x ≤ 1 → ∃ i, lo i ≤ x ∧ x ≤ hi i) (B : ℝ)
+    (hB : ∀ i, (lam i = 0 ∧ hi i ≤ B) ∨
+      (gridBound ptilde c eps Xi (lo i) (lam i) ≤ B ∧ gridBound ptilde c eps Xi (hi i) (lam i) ≤ B)) :
+    tv p phat ≤ B := by
+  apply tilt_tv_le_dual_grid_box_endpoints ht c eps heps lo hi lam hlam hcover B
+  · intro i
+    rcases hB i with ⟨h0, hcap⟩ | ⟨g1, _⟩
+    · rw [h0, sub_dualDBox_zero]
+      linarith [hlohi i]
+    · exact (sub_dualDBox_le_gridBound c eps Xi (lo i) (lam i) ht.sum_one hpt hXi hratio_up hratio_dn
+        (hlo0 i)).trans g1
+  · intro i
+    rcases hB i with ⟨h0, hcap⟩ | ⟨_, g2⟩
+    · rw [h0, sub_dualDBox_zero]
+      exact hcap
+    · exact (sub_dualDBox_le_gridBound c eps Xi (hi i) (lam i) ht.sum_one hpt hXi hratio_up hratio_dn
+        (hhi0 i)).trans g2
+
 end Grid
 
 end WitCert
 
 /-
 Likely failure points (not compiled; no Lean toolchain on the drafting machine):
+
+0. (added after the draft) `sub_dualDBox_zero`: `rw [hs]` after `unfold dualDBox` needs the unfolded sum to match
+   `hs`'s syntactically (`0` for `lam`); `tilt_tv_le_grid_rescaled_capped`'s `apply` leaving the two end goals in
+   the order `hBlo`, `hBhi`.
 
 1. `abs_sub_le_of_ratio`: `nonneg_of_mul_nonneg_right hmul hE` relies on the `PosMulStrictMono ℝ`
    instance being found, and on `abs_le.mpr ⟨by linarith, by linarith⟩` elaborating the two

@@ -7,7 +7,7 @@ theorem name to its check; ``proofs_bridge.check`` runs them all.
 
 The searches live in modules by the Lean files they check: ``tier_a`` (Radius, Bands, Sketch),
 ``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tilt_box`` (TiltBox: the centred box of §3(c), and
-TiltEndpoints' histogram form), ``excess`` (Excess: the centred box's two-sum form), ``tier_b`` (SubGaussian, Budget, Union, Request),
+TiltEndpoints' histogram form), ``excess`` (Excess: the centred box's two-sum form), ``excess_grid`` (ExcessGrid: its (t, λ) grid over p̃), ``tier_b`` (SubGaussian, Budget, Union, Request),
 ``split_merge`` (SplitMerge), ``floating_point`` (FloatTV) and ``composed`` (the composed statements
 of issue 37); ``highprec`` holds the 50-digit arithmetic they share.
 """
@@ -25,6 +25,17 @@ from .excess import (
     tilt_tv_le_excess,
     tilt_tv_le_excess_rescaled,
     tilt_tv_le_excess_widened,
+)
+from .excess_grid import (
+    abs_gridTerm_le,
+    abs_sub_le_of_ratio,
+    sub_dualDBox_eq_sum,
+    sub_dualDBox_le_gridBound,
+    sub_dualDBox_zero,
+    sum_le_of_ratio,
+    sum_mul_gridTerm,
+    tilt_tv_le_grid_rescaled,
+    tilt_tv_le_grid_rescaled_capped,
 )
 from .floating_point import (
     tilt_mass_lost_le,
@@ -161,6 +172,16 @@ STATEMENTS = {
     "one_sub_add_max_sub_one": one_sub_add_max_sub_one,
     "tilt_tv_le_excess_rescaled": tilt_tv_le_excess_rescaled,  # the merge's form (e^{2Ξ} on the sums over p̃)
     "le_exp_two_mul_of_log_ratio": le_exp_two_mul_of_log_ratio,
+    # the excess form's (t, λ) grid over the kernel's masses p̃, the fused merge's (lean/WitCert/ExcessGrid.lean)
+    "tilt_tv_le_grid_rescaled": tilt_tv_le_grid_rescaled,
+    "tilt_tv_le_grid_rescaled_capped": tilt_tv_le_grid_rescaled_capped,  # the merge's form (each interval or its cap)
+    "sub_dualDBox_le_gridBound": sub_dualDBox_le_gridBound,
+    "sub_dualDBox_eq_sum": sub_dualDBox_eq_sum,
+    "sum_mul_gridTerm": sum_mul_gridTerm,
+    "sum_le_of_ratio": sum_le_of_ratio,
+    "abs_sub_le_of_ratio": abs_sub_le_of_ratio,
+    "abs_gridTerm_le": abs_gridTerm_le,
+    "sub_dualDBox_zero": sub_dualDBox_zero,
     # the helper theorems the statements above rest on (every `theorem` of lean/WitCert has a search here)
     "abs_sum_mul_le_gnorm_mul": abs_sum_mul_le_gnorm_mul,  # Radius.lean: Cauchy–Schwarz on one group
     "ropeBand_sq": ropeBand_sq,  # Bands.lean: one band's rotation keeps its squared norm

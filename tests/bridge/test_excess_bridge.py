@@ -79,3 +79,55 @@ def test_drift_in_the_excess_statement_fails(tmp_path):
          "(∑ j, phat j * max (1 - Real.exp (-c j + eps j)) 0) := by", "lean statement tilt_tv_le_excess = formula"),
     ]
     assert_each_edit_fails(tmp_path, cases)
+
+
+GRID_NAMES = ("tilt_tv_le_grid_rescaled", "tilt_tv_le_grid_rescaled_capped", "sub_dualDBox_le_gridBound",
+              "sub_dualDBox_eq_sum", "sum_mul_gridTerm", "sum_le_of_ratio", "abs_sub_le_of_ratio", "abs_gridTerm_le",
+              "sub_dualDBox_zero")
+
+
+def test_every_grid_theorem_is_falsified_and_stated():
+    from proofs_bridge import formulas as F
+
+    text = (C.ROOT / "lean" / "WitCert" / "ExcessGrid.lean").read_text()
+    stated = re.findall(r"^(?:theorem|lemma)\s+(\S+)", text, re.M)
+    assert set(GRID_NAMES) == set(stated)
+    theorems = re.findall(r"^theorem\s+(\S+)", text, re.M)
+    assert set(F.GRID_THEOREMS) == set(theorems) and set(theorems) <= set(F.THEOREMS)
+    assert "import WitCert.ExcessGrid" in (C.ROOT / "lean" / "WitCert.lean").read_text()
+    for name in GRID_NAMES:
+        assert Fz.STATEMENTS[name](random.Random(name), 150) == []
+
+
+def test_a_false_grid_statement_is_falsified():
+    """Without the measure change's term the sums over p̃ do not bound TV(p, p̂): the search finds counterexamples."""
+    from proofs_bridge.falsify import excess_grid as XG
+
+    assert XG.tilt_tv_le_grid_rescaled_capped(random.Random(1), 400, e_term=False)
+
+
+def test_drift_in_the_grid_form_fails(monkeypatch):
+    """The merge's twin must be the capped cover of ``gridBound`` (never below it): the measure change's term dropped,
+    the signed sum's allowance dropped on M₋, or a wrong multiplier in the contract (the merge's hard-coded cover no
+    longer the contract's) fail."""
+    import torch
+
+    import kernels.excess_grid as X
+    from proofs_bridge.check_excess import check_excess_grid
+
+    twin = "excess grid: the merge's twin = the capped cover of gridBound (tilt_tv_le_grid_rescaled_capped), never below"
+    cover = "excess grid: the merge's cover is the contract's"
+
+    def bad():
+        return failed(check_excess_grid(np.random.default_rng(0)))
+
+    assert bad() == []
+    monkeypatch.setattr(X, "_expm1_up_torch", lambda y: torch.zeros_like(y))
+    assert twin in bad()
+    monkeypatch.undo()
+    real = X.grid_form_torch
+    monkeypatch.setattr(X, "grid_form_torch", lambda a, g, xi: real(a, g, xi) * 0.9)
+    assert twin in bad()
+    monkeypatch.undo()
+    monkeypatch.setattr(X, "GRID_TILT_LAMBDAS", ((1.0, 0.5), (1.0,), (1.0, 1.005859375, 1.013671875)))
+    assert cover in bad()
