@@ -7,7 +7,8 @@ theorem name to its check; ``proofs_bridge.check`` runs them all.
 
 The searches live in modules by the Lean files they check: ``tier_a`` (Radius, Bands, Sketch),
 ``tv_bounds`` (TiltTV, TiltEndpoints, Output), ``tilt_box`` (TiltBox: the centred box of §3(c), and
-TiltEndpoints' histogram form), ``excess`` (Excess: the centred box's two-sum form), ``excess_grid`` (ExcessGrid: its (t, λ) grid over p̃), ``tier_b`` (SubGaussian, Budget, Union, Request),
+TiltEndpoints' histogram form), ``excess`` (Excess: the centred box's two-sum form), ``excess_grid``
+(ExcessGrid: its (t, λ) grid over p̃), ``tier_b`` (SubGaussian, Budget, Union, Request),
 ``split_merge`` (SplitMerge), ``floating_point`` (FloatTV) and ``composed`` (the composed statements
 of issue 37); ``highprec`` holds the 50-digit arithmetic they share.
 """
