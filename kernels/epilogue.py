@@ -29,7 +29,9 @@ and
     ρ = Λ (1 + e^{ε_max + Ξ} / m),   m = Σ_k w_k e^{−(L_k + Ξ)},
 
 the excess form (tier A, where the decode summed the centred sketch box's two excess terms: ``merge``'s ``ex``,
-``excess_form_torch``, Lean ``tilt_tv_le_excess_rescaled``; Ξ is in it, so it takes ρ and not tanh(Ξ/2)), tanh(Ξ/2) covering
+``excess_form_torch``, Lean ``tilt_tv_le_excess_rescaled``; with the grid block the smaller of it and
+``excess_grid.grid_form_torch``, Lean ``tilt_tv_le_grid_rescaled_capped``; Ξ is in both, so it takes ρ and not
+tanh(Ξ/2)), tanh(Ξ/2) covering
 TV(p̃, p̂) (log-ratio oscillation ≤ 2Ξ) and ρ the missing masses
 (TV(p, p̂) ≤ TV(p', p̂') + p(U) + p̂(U) for the lost part U, p(U) ≤ Σ_U p̂ e^{ε} / Σ p̂ e^{−ε}).
 This replaces the former absolute 2^-9: when Ξ is small (moderate logit magnitudes) the floor
@@ -120,8 +122,9 @@ class MeterRecord:
     flag: torch.Tensor  # bool: saturated because of non-finite inputs
     xi: torch.Tensor | None = None  # [B, Hq] Ξ: the decode pass's log-ratio bound (SPEC §7)
     rho: torch.Tensor | None = None  # [B, Hq] ρ: the lost-mass term (Tier A)
-    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``: Ξ in it, TV⁺ ≤ it + ρ + slack): a
-    #: further closed form of tier A's TV⁺ where the decode accumulated its sums (``decode.excess_form``); else None
+    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``, and with the grid the smaller of it
+    #: and ``excess_grid._grid_form``: Ξ in it, TV⁺ ≤ it + ρ + slack): a further closed form of tier A's TV⁺ where the
+    #: decode accumulated its sums (``decode.excess_form``); else None
     excess: torch.Tensor | None = None
 
 
