@@ -569,6 +569,8 @@ def merge_torch(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, ex:
     KA, NB = c.KA, c.NB
     excess = None
     if ex is not None:
+        if ex.shape[-1] not in (2, EXCESS_COLS):
+            raise ValueError(f"ex: the excess sums' last axis is 2 or {EXCESS_COLS} (with the grid), got {tuple(ex.shape)}")
         exw = (w64[..., None] * ex.double()).sum(-2) / L64[..., None]
         excess = excess_form_torch(exw[..., 0], exw[..., 1], xi)
         if ex.shape[-1] == EXCESS_COLS:  # the grid block: the smaller form

@@ -50,7 +50,6 @@ _NGC = tl.constexpr(NG)
 #: (the two widths as the kernels read them)
 GRID_COLS_C = tl.constexpr(GRID_COLS)
 EXCESS_COLS_C = tl.constexpr(EXCESS_COLS)
-_COLS = GRID_COLS_C
 _T0, _L0 = tl.constexpr(GRID[0][0]), tl.constexpr(GRID[0][1])
 _T1, _L1 = tl.constexpr(GRID[1][0]), tl.constexpr(GRID[1][1])
 _T2, _L2 = tl.constexpr(GRID[2][0]), tl.constexpr(GRID[2][1])
@@ -62,14 +61,14 @@ _T7, _L7 = tl.constexpr(GRID[7][0]), tl.constexpr(GRID[7][1])
 _T8, _L8 = tl.constexpr(GRID[8][0]), tl.constexpr(GRID[8][1])
 _T9, _L9 = tl.constexpr(GRID[9][0]), tl.constexpr(GRID[9][1])
 _T10, _L10 = tl.constexpr(GRID[10][0]), tl.constexpr(GRID[10][1])
-#: the sums' growth for their fp32 accumulation and products (beside Ξ), as the excess form's: 2^-21
-GROW_ABS = 2.0**-21
+#: the sums' relative growth for their fp32 accumulation and products (beside Ξ: 1 + Ξ + this), as the excess form's
+SUM_GROWTH = 2.0**-21
 #: β's allowance for its three fp32 roundings, relative to a (≥ β, ≥ b)
 BETA_UP = 2.0**-20
 #: the form's own float64 rounding: relative, then absolute
 FORM_REL = 2.0**-40
 FORM_ABS = 2.0**-50
-_GROW, _BETA, _FREL, _FABS = (tl.constexpr(x) for x in (GROW_ABS, BETA_UP, FORM_REL, FORM_ABS))
+_GROW, _BETA, _FREL, _FABS = (tl.constexpr(x) for x in (SUM_GROWTH, BETA_UP, FORM_REL, FORM_ABS))
 
 
 @triton.jit
@@ -91,7 +90,7 @@ def _put(g, k, col, x):
 def _grid_tile(pT, a, b, alpha, grd):
     """The grid block [H, GRID_COLS] rescaled by α and raised by this tile's sums (module doc), from the tile's p̃ᵀ
     [N, H] and each (token, head)'s a ≥ b > 0 [N, H] (or [N, 1])."""
-    col = tl.arange(0, _COLS)
+    col = tl.arange(0, GRID_COLS_C)
     d = b - a
     a1 = a * (1.0 + _BETA)
     g = grd * alpha[:, None]
@@ -114,8 +113,9 @@ def _grid_tile(pT, a, b, alpha, grd):
 
 @triton.jit
 def _expm1_up64(y):
-    """e^y − 1 for 0 ≤ y ≤ 700 in float64, rounded up (the merge's ``_expm1_up``'s form)."""
-    small = y + 0.5 * y * y + y * y * y
+    """e^y − 1 for 0 ≤ y ≤ 700 in float64, rounded up: below 2^-10 the series y + y²/2 + y³ (≥ e^y − 1 there) up by
+    2^-50 for its own rounding, above it exp's result up by 2^-40 and 2^-60 (Ξ ≥ KERNEL_EXP_REL = 2^-20 > 0 anyway)."""
+    small = (y + 0.5 * y * y + y * y * y) * (1.0 + 2.0**-50)
     big = (tl.exp(y) - 1.0) * (1.0 + 2.0**-40) + 2.0**-60
     return tl.where(y < 2.0**-10, small, big)
 
@@ -137,9 +137,9 @@ def _pick(gs, col, k):
 @triton.jit
 def _grid_form(a_hat, gs, xi):
     """The grid's closed form (float64, module doc) from Â = A/L, the grid block / L ``gs`` [GRID_COLS] and Ξ; 1
-    where a sum or Ξ is NaN or negative (V, the S's; M' is signed) or Ξ infinite — no form: the others stay sound. An
-    infinite sum leaves the candidates that do not read it."""
-    col = tl.arange(0, _COLS)
+    where a sum or Ξ is NaN or negative (V, the S's; M' is signed) — no form: the others stay sound. An infinite sum
+    leaves the candidates that do not read it (an infinite V or Ξ leaves only the caps: 1)."""
+    col = tl.arange(0, GRID_COLS_C)
     gr = 1.0 + xi + _GROW
     v_up = _pick(gs, col, _NGC + 1) * gr
     err = (xi + _GROW) * v_up
@@ -210,16 +210,18 @@ _check_cover()
 
 
 def _expm1_up_torch(y: torch.Tensor) -> torch.Tensor:
-    return torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y) * (1.0 + 2.0**-40) + 2.0**-60)
+    """Torch twin of ``_expm1_up64``."""
+    return torch.where(y < 2.0**-10, (y + 0.5 * y * y + y * y * y) * (1.0 + 2.0**-50),
+                       torch.expm1(y) * (1.0 + 2.0**-40) + 2.0**-60)
 
 
 def grid_form_torch(a_hat: torch.Tensor, gs: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
     """Torch twin of ``_grid_form`` (float64): Â [...], the grid block / L ``gs`` [..., GRID_COLS], Ξ [...] → the form
-    [...] (1 where a sum or Ξ is NaN or negative, or Ξ infinite; an infinite sum empties its own candidates)."""
+    [...] (1 where a sum or Ξ is NaN or negative; an infinite sum empties its own candidates)."""
     a_hat, gs, xi = a_hat.double(), gs.double(), xi.double()
-    gr = 1.0 + xi + GROW_ABS
+    gr = 1.0 + xi + SUM_GROWTH
     v_up = gs[..., NG + 1] * gr
-    err = (xi + GROW_ABS) * v_up
+    err = (xi + SUM_GROWTH) * v_up
     m_lo = 1.0 + gs[..., NG] - err
     m_up = 1.0 + gs[..., NG] + err
     e2m1 = _expm1_up_torch((2.0 * xi).clamp(max=700.0))

@@ -63,7 +63,7 @@ CAP_REGISTERS = True
 #: (``epilogue_jit._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
 #: ``launch_variant`` at call time: a benchmark turns it off for the call without them (bench/sketch_speed.py)
 EXCESS_FORM = True
-#: with the excess sums, the same boxes' small (t, λ) grid (``excess_grid``: 13 more sums per (token, head), the
+#: with the excess sums, the same boxes' small (t, λ) grid (``excess_grid``: 13 more sums per (token, head) in a 16-column block, the
 #: contract's ``GRID_TILT_POINTS`` / ``GRID_TILT_LAMBDAS``), a tighter closed form in the merge (bench/TIGHTNESS.md,
 #: "A small grid in the fused merge"). Read by ``launch_variant`` at call time, as EXCESS_FORM
 EXCESS_GRID = True

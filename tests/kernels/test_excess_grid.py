@@ -7,7 +7,9 @@ grid in the fused merge").
 * the form written out again here from the module doc (the formula is pinned, each slack with it), and a row where
   the measure change's term E·(…) is needed;
 * its saturations; the fused merge against the torch merge with the grid block; the decode in the interpreter (the
-  tile's sums): sound against the fp64 supremum of its own box and never looser than without the grid."""
+  tile's sums, the window's a = b = 1 terms): its TV⁺ never above the decode's without the grid, and never below the
+  realised TV of the fp64 served attention (the self-check, tests/cache/test_decode_selftest.py, holds it above the
+  supremum of its own box)."""
 
 import math
 import os
@@ -21,9 +23,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
 from contract.constants import GRID_TILT_LAMBDAS, GRID_TILT_POINTS  # noqa: E402
 from kernels import epilogue as E  # noqa: E402
 from kernels import excess_grid as X  # noqa: E402
+from kernels.decode import decode  # noqa: E402
 from kernels.fp_bounds import dot_gamma, mass_eta_terms  # noqa: E402
 from kernels.key_levels import KEY_LEVELS  # noqa: E402
 from tests.helpers.merge_partials import synthetic_partials  # noqa: E402
+from tests.helpers.sketch_case import fp64_sketch_case, sketch_cache  # noqa: E402
 
 
 def _tv(p, q):
@@ -50,7 +54,7 @@ def _spec_form(a_hat, g, xi):
     err = (xi + 2.0**-21) * v
     m_lo, m_up = 1 + g[X.NG] - err, 1 + g[X.NG] + err
     y = 2 * xi
-    e = y + y * y / 2 + y**3 if y < 2.0**-10 else math.expm1(y) * (1 + 2.0**-40) + 2.0**-60
+    e = (y + y * y / 2 + y**3) * (1 + 2.0**-50) if y < 2.0**-10 else math.expm1(y) * (1 + 2.0**-40) + 2.0**-60
     sums = {(0.0, 1.0): a_hat * gr, **{p: g[k] * gr for k, p in enumerate(X.GRID)}}
 
     def G(t, lam):
@@ -149,7 +153,7 @@ def test_the_form_is_the_module_docs_formula(seed):
         assert got > 2.0**-50
 
 
-@pytest.mark.parametrize("name,value", [("GROW_ABS", 0.0), ("FORM_REL", 0.0), ("FORM_ABS", 0.0)])
+@pytest.mark.parametrize("name,value", [("SUM_GROWTH", 0.0), ("FORM_REL", 0.0), ("FORM_ABS", 0.0)])
 def test_dropping_a_slack_changes_the_form(monkeypatch, name, value):
     g = torch.Generator().manual_seed(1)
     pt, c, eps = _row(g, 30, 0.03, 0.07)
@@ -254,3 +258,41 @@ def test_the_contract_drift_is_refused(monkeypatch):
     monkeypatch.setattr(X, "GRID_TILT_LAMBDAS", ((1.0,), (1.0,), (1.0,)))
     with pytest.raises(ImportError, match="interval 0"):
         X._check_cover()
+
+
+@pytest.mark.parametrize("scheme,bits,window,qmag", [("int8", 2, (2, 8), 0.3), ("int8", 2, None, 0.3),
+                                                      ("int4_group", 4, (2, 8), 0.3), ("fp8_e4m3", 2, (4, 16), 0.3),
+                                                      ("kivi2", 4, None, 1.0)])
+def test_the_decode_with_the_grid_is_sound_and_never_looser(monkeypatch, scheme, bits, window, qmag):
+    """The tile's grid sums through the fused merge: TV⁺ and the excess form with the grid ≤ without it, ≥ the realised
+    TV(p, p̂) of the fp64 served attention (exact keys p, served keys p̂), on caches with and without the window."""
+    import kernels.decode as Dk
+    import kernels.plan as kp
+    from kernels.exact_window import ExactWindow
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")  # the fused merge itself
+    n, H, gq, D = 90, 2, 3, 64
+    c, bt, k, v, w = sketch_cache(scheme, bits, n=n, H=H, D=D, seed=5)
+    g = torch.Generator().manual_seed(9)
+    q = (torch.randn(1, H * gq, D, generator=g) * qmag).bfloat16()
+    qd = q.to(DEV) if DEV == "cuda" else q.float()
+    sl = torch.tensor([n], device=DEV)
+    win = None
+    if window is not None:
+        win = ExactWindow.allocate(1, H, D, torch.bfloat16, *window, device=DEV)
+        win.write(torch.zeros(n, dtype=torch.long), torch.arange(n), k.to(DEV), v.to(DEV), n)
+    recs = {}
+    for grid in (False, True):
+        monkeypatch.setattr(kp, "EXCESS_GRID", grid)
+        recs[grid] = decode(c, qd, bt, sl, num_splits=3, window=win).meter
+    on, off = recs[True], recs[False]
+    assert on.excess is not None and not on.flag.cpu().any()
+    assert torch.all(on.tv_upper_a.cpu() <= off.tv_upper_a.cpu())
+    assert torch.all(on.excess.cpu() <= off.excess.cpu())
+    sig = 1 / math.sqrt(D)
+    kx, vx, khs, vhs, rt, W = fp64_sketch_case(scheme, bits, k, v, w, q, window, sig)
+    for hq in range(H * gq):
+        h, qq = hq // gq, q[0, hq].double()
+        ph = torch.softmax(sig * khs[h] @ qq, 0)
+        p = torch.softmax(sig * kx[h] @ qq, 0)
+        assert float((p - ph).clamp_min(0).sum()) <= float(on.tv_upper_a[0, hq])
