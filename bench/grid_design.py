@@ -15,7 +15,6 @@ each interval's best λ found by a ternary search (the limit of a design's candi
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
