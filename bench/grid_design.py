@@ -6,7 +6,7 @@ centred boxes, ``kernel_box_forms.capture_rows``), each design — cut points of
 multipliers λ — is metered as the merge meters it (``kernels.excess_grid``): per interval the smallest over its λ's of
 the larger end value G(t, λ) = S − t(λM − 1) + (e^{2Ξ} − 1)(S + t(V + |λ − 1| M)) (sums over the row's masses, here
 p̂ itself), capped by the interval's right end; the largest over the intervals; then the smaller of it and the two-sum
-form e^{2Ξ} max(A, B). Ξ is a constant per run (the kernel's is per row: ~1e-4 … 1e-3 on SmolLM2's rows). "ideal":
+form e^{2Ξ} max(A, B). Ξ is a constant per run (the kernel's is per row; its size on SmolLM2's rows is not measured here). "ideal":
 each interval's best λ found by a ternary search (the limit of a design's candidates).
 
     python bench/grid_design.py [--scheme int8] [--xi 0.001] [--out FILE.json]

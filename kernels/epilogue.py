@@ -80,7 +80,7 @@ from .epilogue_jit import (
     refine_top,
 )
 from .epilogue_torch import tv_from_hist_torch
-from .excess_grid import EXCESS_COLS, grid_form_torch
+from .excess_grid import EXCESS_COLS, expm1_up_torch, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
 
@@ -207,7 +207,7 @@ def excess_form_torch(a: torch.Tensor, b: torch.Tensor, xi: torch.Tensor) -> tor
     a = a * grow
     b = b * grow
     y = (2.0 * xi).clamp(max=700.0)
-    e2 = 1.0 + torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y)) * (1.0 + 2.0**-40)
+    e2 = 1.0 + expm1_up_torch(y)
     f = e2 * torch.maximum(a, b) * (1.0 + 2.0**-40)
     ok = ~torch.isnan(f) & (a >= 0) & (b >= 0) & (xi >= 0) & (f < float("inf"))
     return torch.where(ok, f.clamp(max=1.0), torch.ones_like(f))

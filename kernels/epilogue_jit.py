@@ -458,7 +458,8 @@ def _merge_meter_kernel(
                 if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
                     gk = tl.arange(0, GRID_COLS_C)
                     gs = tl.load(ex[:, None] + 2 + gk[None, :], mask=smask[:, None], other=0.0).to(tl.float64)
-                    exc = tl.minimum(exc, _grid_form(a_hat, tl.sum(w64[:, None] * gs, axis=0) / L64, xi))
+                    exc = tl.minimum(exc, _grid_form(a_hat, tl.sum(w64[:, None] * gs, axis=0) / L64, xi,
+                                                     _expm1_up(tl.minimum(2.0 * xi, 700.0))))
             tl.store(r + REC_EXCESS, exc)
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
                 tl.store(r + REC_QNA, qn_a)

@@ -30,6 +30,7 @@ GPU's max would drop it); a NaN or negative sum (or Ξ) makes the form 1, an inf
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -112,15 +113,6 @@ def _grid_tile(pT, a, b, alpha, grd):
 
 
 @triton.jit
-def _expm1_up64(y):
-    """e^y − 1 for 0 ≤ y ≤ 700 in float64, rounded up: below 2^-10 the series y + y²/2 + y³ (≥ e^y − 1 there) up by
-    2^-50 for its own rounding, above it exp's result up by 2^-40 and 2^-60 (Ξ ≥ KERNEL_EXP_REL = 2^-20 > 0 anyway)."""
-    small = (y + 0.5 * y * y + y * y * y) * (1.0 + 2.0**-50)
-    big = (tl.exp(y) - 1.0) * (1.0 + 2.0**-40) + 2.0**-60
-    return tl.where(y < 2.0**-10, small, big)
-
-
-@triton.jit
 def _gval(s, m_lo, m_up, v_up, e2m1, T: tl.constexpr, LAM: tl.constexpr):
     """G(t, λ) of one end (float64, module doc)."""
     t = tl.full([], T, tl.float64)
@@ -135,8 +127,9 @@ def _pick(gs, col, k):
 
 
 @triton.jit
-def _grid_form(a_hat, gs, xi):
-    """The grid's closed form (float64, module doc) from Â = A/L, the grid block / L ``gs`` [GRID_COLS] and Ξ; 1
+def _grid_form(a_hat, gs, xi, e2m1):
+    """The grid's closed form (float64, module doc) from Â = A/L, the grid block / L ``gs`` [GRID_COLS], Ξ and
+    ``e2m1`` ≥ e^{2Ξ} − 1 (the caller's ``epilogue_jit._expm1_up``, which the excess form uses too); 1
     where a sum or Ξ is NaN or negative (V, the S's; M' is signed) — no form: the others stay sound. An infinite sum
     leaves the candidates that do not read it (an infinite V or Ξ leaves only the caps: 1)."""
     col = tl.arange(0, GRID_COLS_C)
@@ -146,7 +139,6 @@ def _grid_form(a_hat, gs, xi):
     mp = _pick(gs, col, _NGC)
     m_lo = 1.0 + mp - err
     m_up = 1.0 + mp + err
-    e2m1 = _expm1_up64(tl.minimum(2.0 * xi, 700.0))
     sa = a_hat * gr
     s0 = _pick(gs, col, 0) * gr
     s1 = _pick(gs, col, 1) * gr
@@ -209,10 +201,26 @@ def _check_cover() -> None:
 _check_cover()
 
 
-def _expm1_up_torch(y: torch.Tensor) -> torch.Tensor:
-    """Torch twin of ``_expm1_up64``."""
-    return torch.where(y < 2.0**-10, (y + 0.5 * y * y + y * y * y) * (1.0 + 2.0**-50),
-                       torch.expm1(y) * (1.0 + 2.0**-40) + 2.0**-60)
+def expm1_up_torch(y: torch.Tensor) -> torch.Tensor:
+    """Torch twin of ``epilogue_jit._expm1_up`` (float64, 0 ≤ y): y + y²/2 + y³ below 2^-10, else e^y − 1, both up by a
+    relative 2^-40 (the excess form's and the grid's e^{2Ξ} − 1)."""
+    return torch.where(y < 2.0**-10, y + 0.5 * y * y + y * y * y, torch.expm1(y)) * (1.0 + 2.0**-40)
+
+
+def grid_block_fp64(w, c, eps):
+    """The tile's sums in exact float64 arithmetic (a reference for the self-check, the bridge and the tests): for
+    masses ``w`` [..., n] (any positive scale) and the centred boxes c ± ε, a = e^{−c+ε}, b = e^{−c−ε}, returns (Â
+    [...], the grid block / Σ w [..., GRID_COLS]): Σ w (a − 1)₊, then the ``GRID`` sums Σ w (λβ(t) − 1)₊,
+    Σ w (b − 1), Σ w |b − 1|, each over Σ w (numpy)."""
+    w, c, eps = (np.asarray(x, dtype=np.float64) for x in (w, c, eps))
+    L = w.sum(-1)
+    a, b = np.exp(-c + eps), np.exp(-c - eps)
+    gs = np.zeros(np.broadcast_shapes(w.shape, a.shape)[:-1] + (GRID_COLS,))
+    for k, (t, lam) in enumerate(GRID):
+        gs[..., k] = (w * np.maximum(lam * ((1.0 - t) * a + t * b) - 1.0, 0.0)).sum(-1) / L
+    gs[..., NG] = (w * (b - 1.0)).sum(-1) / L
+    gs[..., NG + 1] = (w * np.abs(b - 1.0)).sum(-1) / L
+    return (w * np.maximum(a - 1.0, 0.0)).sum(-1) / L, gs
 
 
 def grid_form_torch(a_hat: torch.Tensor, gs: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
@@ -224,7 +232,7 @@ def grid_form_torch(a_hat: torch.Tensor, gs: torch.Tensor, xi: torch.Tensor) -> 
     err = (xi + SUM_GROWTH) * v_up
     m_lo = 1.0 + gs[..., NG] - err
     m_up = 1.0 + gs[..., NG] + err
-    e2m1 = _expm1_up_torch((2.0 * xi).clamp(max=700.0))
+    e2m1 = expm1_up_torch((2.0 * xi).clamp(max=700.0))
     sums = torch.cat([(a_hat * gr)[..., None], gs[..., :NG] * gr[..., None]], dim=-1)  # ("A",) + GRID
     pts = ((0.0, 1.0),) + GRID
     vals = [sums[..., k] - t * (lam * m_lo - 1.0) + e2m1 * (sums[..., k] + t * (v_up + abs(lam - 1.0) * m_up))

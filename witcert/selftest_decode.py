@@ -255,23 +255,18 @@ def _excess_floor(ph: np.ndarray, sup_sym: np.ndarray, eps: np.ndarray, cen: np.
     b = (ph * np.maximum(-np.expm1(-cen - eps), 0.0)).sum(-1)
     own = np.exp(-2.0 * xi) * np.minimum(np.maximum(a, b), 1.0)
     if grid:
-        own = np.minimum(own, _grid_own(ph, cen, eps, a))
+        own = np.minimum(own, _grid_own(ph, cen, eps))
     own = (1.0 - 2.0**-10) * own - 2.0**-30
     return np.maximum(sup_c, np.minimum(own, sup_sym))
 
 
-def _grid_own(ph: np.ndarray, cen: np.ndarray, eps: np.ndarray, a_sum: np.ndarray) -> np.ndarray:
-    """The (t, λ) grid's form (``kernels.excess_grid.grid_form_torch``) over p̂ [H, n] (rows summing to 1) and the
-    centred box, float64, Ξ = 0."""
-    from kernels.excess_grid import GRID, GRID_COLS, NG, grid_form_torch
+def _grid_own(ph: np.ndarray, cen: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """The (t, λ) grid's form (``kernels.excess_grid.grid_form_torch``) over p̂ [H, n] and the centred box, float64,
+    Ξ = 0 (the sums: ``excess_grid.grid_block_fp64``)."""
+    from kernels.excess_grid import grid_block_fp64, grid_form_torch
 
-    ea, eb = np.exp(-cen + eps), np.exp(-cen - eps)
-    gs = np.zeros(ph.shape[:-1] + (GRID_COLS,))
-    for k, (t, lam) in enumerate(GRID):
-        gs[..., k] = (ph * np.maximum(lam * ((1.0 - t) * ea + t * eb) - 1.0, 0.0)).sum(-1)
-    gs[..., NG] = (ph * (eb - 1.0)).sum(-1)
-    gs[..., NG + 1] = (ph * np.abs(eb - 1.0)).sum(-1)
-    return grid_form_torch(torch.from_numpy(np.asarray(a_sum, dtype=np.float64)), torch.from_numpy(gs),
+    a_hat, gs = grid_block_fp64(ph, cen, eps)
+    return grid_form_torch(torch.from_numpy(np.asarray(a_hat)), torch.from_numpy(gs),
                            torch.zeros(ph.shape[:-1], dtype=torch.float64)).numpy()
 
 
