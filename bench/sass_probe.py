@@ -7,8 +7,10 @@ instruction mix of ``kernels.decode_kernel._decode_kernel`` for a configuration 
 Triton compiles an ``ASTSource`` for ``GPUTarget("cuda", 90, 64)`` with the JIT's own argument
 specialisation (16-divisible pointers and ints marked divisible, ints equal to 1 made constants;
 the values are the benchmark's B 8 / n 32K / Hq 32 / Hkv 8 / d 128 int8 cache), then its bundled
-``ptxas -v`` (registers, spill bytes) and ``nvdisasm`` (the longest backward branch's body = the
-tile loop). Use the device's Triton version (3.6.0: ``pip install --target DIR triton==3.6.0`` and
+``ptxas -v`` (registers, spill bytes) and ``nvdisasm`` (the tile loop: of the innermost backward
+branches' bodies, the one with the most tensor-core dots; the longest body can be a branch from the kernel's end
+back into the loop, which a grid-summing tile produced on 2026-12-06). SASS_TOP=N prints the N most frequent
+opcodes (8), SASS_LOOPS=1 every backward branch. Use the device's Triton version (3.6.0: ``pip install --target DIR triton==3.6.0`` and
 put DIR first on PYTHONPATH) to see what the H200 runs.
 """
 from __future__ import annotations
@@ -84,7 +86,8 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
 
 
 def analyze(ptx: str):
-    """(registers, spill-store bytes, loop SASS instructions, Counter of opcodes in the loop)."""
+    """(registers, spill-store bytes, loop SASS instructions, Counter of opcodes in the loop); SASS_LOOPS=1 in the
+    environment prints every backward branch's body."""
     with tempfile.TemporaryDirectory() as tmp:
         p, cub = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         open(p, "w").write(ptx)
@@ -105,13 +108,20 @@ def analyze(ptx: str):
             labels.update((name, ins[-1][0]) for name in pending)
             pending = []
     idx = {a: i for i, (a, _) in enumerate(ins)}
-    best = (0, -1)
+    best, loops = (0, -1), []
     for i, (a, text) in enumerate(ins):
         m = re.search(r"BRA.*\.L_x_(\d+)", text)
         if m and labels.get(m.group(1)) is not None and labels[m.group(1)] < a:
             s = idx[labels[m.group(1)]]
-            if i - s > best[1] - best[0]:
-                best = (s, i)
+            loops.append((s, i))
+    # the tile loop: of the innermost backward branches, the one whose body has the most tensor-core dots (the longest
+    # among those); a branch from the kernel's end back into it can be longer
+    inner = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    if inner:
+        best = max(inner, key=lambda se: (sum("MMA" in t for _, t in ins[se[0]:se[1] + 1]), se[1] - se[0]))
+    if os.environ.get("SASS_LOOPS"):  # every backward branch's body: (first, last instruction, length, PRMTs)
+        print("# loops", len(ins), "instructions:", [(s, e, e - s + 1, sum("PRMT" in t for _, t in ins[s:e + 1]))
+                                                 for s, e in loops if e - s > 100])
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for _, t in ins[best[0]:best[1] + 1])
     return regs, spill, best[1] - best[0] + 1, ops
 
@@ -166,7 +176,7 @@ def main(argv=None):
               f"{', window' if args.window else ''}{', per-head levels' if args.head_levels else ''}"
               f"{''.join(', ' + c for c in args.const)}: {regs} registers, "
               f"{spill} B spilled, loop {n} SASS ({shared} shared loads, {byte_lds} of them 1-2 bytes; {glob} global loads; {sel} selects; {carried} carried i8); "
-              + " ".join(f"{o}:{c}" for o, c in ops.most_common(8)), flush=True)
+              + " ".join(f"{o}:{c}" for o, c in ops.most_common(int(os.environ.get("SASS_TOP", "8")))), flush=True)
 
 
 if __name__ == "__main__":
