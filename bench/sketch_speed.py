@@ -12,7 +12,8 @@ replay, median of triton.testing.do_bench, caches rotated past the L2.
 "sketch+win" (its cost: GQ one-hot histogram dots per tile instead of one). "s+w no-exc": the sketch + window call
 without the centred box's two excess sums (``kernels.plan.EXCESS_FORM`` off while it is built and captured),
 printed as sketch+win's time over it (their cost). "s+w no-grid": the same without the excess form's (t, λ) grid
-(``kernels.plan.EXCESS_GRID`` off), printed likewise.
+(``kernels.plan.EXCESS_GRID`` off), printed likewise. "s+w pagenorms": sketch+win with ν and κ as float32 page maxima
+(``PagedKV.block_norms``, the WitCertCache layout since 2026-12-07), printed as its time over sketch+win's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ def sketched(c: PagedKV, bits: int, weighted: bool, gen, head_levels: bool = Fal
         c.k_codes.device) if bits else torch.zeros(1, dtype=torch.uint8, device=c.k_codes.device)
     return dataclasses.replace(c, sketch_bits=bits, k_sketch=ksk, weights=w, has_weights=weighted,
                                head_levels=head_levels)
+
+
+def page_norms(c: PagedKV) -> PagedKV:
+    """The cache with ν and κ as one float32 running max per page (``PagedKV.block_norms``), drawn as fill_cache's."""
+    import dataclasses
+
+    nb, H = c.k_codes.shape[:2]
+    vn = torch.empty(nb, H, 1, device=c.k_codes.device).uniform_(1.0, 3.0)
+    kn = torch.empty(nb, H, 1, device=c.k_codes.device).uniform_(1.0, 3.0)
+    return dataclasses.replace(c, block_norms=True, v_norm=vn, k_norm=kn)
 
 
 def main(argv=None):
@@ -107,10 +118,11 @@ def main(argv=None):
                     "s+w heads": ([(sketched(c, 2, True, gen, True), bt) for c, bt in base], True, win, None),
                     "s+w no-exc": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
                     "s+w no-grid": ([(sketched(c, 2, True, gen), bt) for c, bt in base], True, win, None),
+                    "s+w pagenorms": ([(page_norms(sketched(c, 2, True, gen)), bt) for c, bt in base], True, win, None),
                 }
                 if args.lean:
                     variants = {k: v for k, v in variants.items()
-                                if k in ("off", "group", "sketch+win", "s+w no-exc", "s+w no-grid")
+                                if k in ("off", "group", "sketch+win", "s+w no-exc", "s+w no-grid", "s+w pagenorms")
                                 or k.startswith(("s+w cap", "s+w t"))}
                 t = {}
                 regs = {}
@@ -146,7 +158,10 @@ def main(argv=None):
                       + (f"  s+w no-exc: {g('s+w no-exc'):.4f} (sketch+win / it {g('sketch+win') / g('s+w no-exc'):.3f})"
                          if "s+w no-exc" in t else "")
                       + (f"  s+w no-grid: {g('s+w no-grid'):.4f} (sketch+win / it {g('sketch+win') / g('s+w no-grid'):.3f})"
-                         if "s+w no-grid" in t else ""), flush=True)
+                         if "s+w no-grid" in t else "")
+                      + (f"  s+w pagenorms: {g('s+w pagenorms'):.4f} (it / sketch+win "
+                         f"{g('s+w pagenorms') / g('sketch+win'):.3f}, / group {g('s+w pagenorms') / g('group'):.3f})"
+                         if "s+w pagenorms" in t else ""), flush=True)
                 del base, variants
                 torch.cuda.empty_cache()
 

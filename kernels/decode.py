@@ -313,6 +313,7 @@ def _check_inputs(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, se
     Hkv = cache.num_kv_heads
     if D != cache.head_dim:
         raise ValueError(f"q: head dim {D} does not match the cache's {cache.head_dim}")
+    cache.check_norms()
     if Hq % Hkv or not 1 <= Hq // Hkv <= 8:
         raise ValueError(f"q: {Hq} query heads over {Hkv} kv heads: GQA group must be an integer in 1..8")
     csr = kv_indptr is not None
@@ -467,7 +468,7 @@ def _kernel_args(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows,
         cache.k_scale.stride(0), cache.k_scale.stride(1), 0 if page_scaled_keys(cache.scheme) else cache.k_scale.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         cache.k_wit.stride(0), cache.k_wit.stride(1), cache.k_wit.stride(2),
-        cache.v_wit.stride(0), cache.v_wit.stride(1),
+        cache.v_wit.stride(0), cache.v_wit.stride(1), cache.v_norm.stride(0), cache.v_norm.stride(1),
         0 if plan.csr else rows.bt.stride(0), rows.tm.stride(0), repair.slot.stride(0) if has_rep else 0,
         *(cache.k_sketch.stride()[:3] if skb else (0, 0, 0)),
         *(window.k_norm.stride()[:2] if has_win else (0, 0)),
@@ -491,6 +492,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
         HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=excess_form(plan) and plan.grid,
+        NORMS_PT=cache.norms_per_token,
     )
 
 
@@ -513,7 +515,7 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
                plan.head_columns, plan.hist_columns, plan.num_stages, plan.num_warps, plan.levels, plan.hist_split,
                repair is not None, rows.masked, plan.csr, plan.max_registers, plan.pack_hist, plan.pv_f32,
                plan.prefetch, plan.sketch_bits, plan.weighted, window is not None, q.dtype, plan.head_levels,
-               unmetered is not None)
+               unmetered is not None, cache.norms_per_token)
     pages = plan.pages_per_tile
     if plan.auto_tile:
         pages = min(pages, _TILE_FIT.get(fit_key, pages))

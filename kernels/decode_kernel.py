@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .decode_meter import _excess_tile, _group_radius, _histogram_tile, _sketch_query, _sketch_radius, _value_witnesses
 from .decode_program import _exact_window, _query_columns, _split_pages, _store_partials
-from .decode_steps import _code_offsets, _witness_offsets
+from .decode_steps import _code_offsets, _norm_offsets, _witness_offsets
 from .decode_tile import _byte_tile, _group_tile, _prefetch_next_tile, _repair_slots
 from .excess_grid import EXCESS_COLS_C, GRID_COLS_C
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, KIVI2_ID
@@ -32,7 +32,7 @@ def _decode_kernel(
     s_sb, s_sh, s_st,
     s_vsb, s_vsh, s_vst,
     s_wb, s_wh, s_wt,
-    s_vwb, s_vwh,
+    s_vwb, s_vwh, s_nb, s_nh,
     s_btb, s_tmb, s_rsb,
     s_skb, s_skh, s_skt, s_wnb, s_wnh,
     Hq,
@@ -45,6 +45,7 @@ def _decode_kernel(
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
     HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
+    NORMS_PT: tl.constexpr = True,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -105,8 +106,8 @@ def _decode_kernel(
         if PF_AHEAD:  # the next tile's lines prefetched into the L2 (its block ids two tiles ahead)
             blk, bt_next, bt_after = _prefetch_next_tile(BT, KC, VC, KS, VS, KW, VW, VN, KN, bt_next, bt_after, page,
                                                          p_end, kvh, off, s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb,
-                                                         s_vsh, s_vst, s_wb, s_wh, s_wt, s_vwb, s_vwh,
-                                                         PAGES, METER, PER_TOKEN)
+                                                         s_vsh, s_vst, s_wb, s_wh, s_wt, s_vwb, s_vwh, s_nb, s_nh,
+                                                         PAGES, METER, PER_TOKEN, NORMS_PT)
         elif PREFETCH_BT:
             blk = bt_next.to(tl.int64)
             pn = page + PAGES
@@ -154,6 +155,7 @@ def _decode_kernel(
             bad += nfk
             # key side: ‖W_j‖₂ over the groups (or the sketch radius), shared by the GQ query heads of this kv head
             wbase, vwoff = _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
+            noff = _norm_offsets(blk, kvh, off, s_nb, s_nh, NORMS_PT)
             if SKETCH:
                 wn, wraw, cT, hot = _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, hmask, hcol, d, b,
                                     s_qb, s_qh, s_skb, s_skh, s_skt, q32T, q_sum, inv_c, qk0, qk1, qk2, qk3,
@@ -163,14 +165,14 @@ def _decode_kernel(
                 wn = _group_radius(KW, wbase, valid, INFL, G, BLOCK_N)
             if HL:  # wn [N, H]: the value side and the non-finite count read each token's largest (NaN: +inf)
                 wtok = tl.max(tl.where(wn == wn, wn, float("inf")), axis=1)
-                wtok, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wtok, vwoff, valid, rep, rnbase, bad,
-                                                           HAS_REP)
+                wtok, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wtok, vwoff, noff, valid, rep, rnbase,
+                                                           bad, HAS_REP)
                 if HAS_REP:
                     wn = tl.where(rep[:, None], 0.0, wn)
                 wmaxh = tl.maximum(wmaxh, tl.max(wn, axis=0))
             else:
-                wn, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, valid, rep, rnbase, bad,
-                                                         HAS_REP)
+                wn, phi, nu, kap, bad = _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, noff, valid, rep, rnbase,
+                                                         bad, HAS_REP)
                 wmax = tl.maximum(wmax, wn)
             hdT = _histogram_tile(wn, ks_lvl, pT, phi, col, heads_i, hcol, X0, K, NB, PAGES, T, BLOCK_H, TIER_B,
                                   PAGE_LEVELS, HIST_BF16, PACK_HIST, PREC_HIST, GQ, HL)

@@ -253,12 +253,13 @@ def _group_radius(KW, wbase, valid, INFL: tl.constexpr, G: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, valid, rep, rnbase, bad, HAS_REP: tl.constexpr):
+def _value_witnesses(VW, VN, KN, RVN, RKN, wn, vwoff, noff, valid, rep, rnbase, bad, HAS_REP: tl.constexpr):
     """Each token's φ, ν and κ (a repaired token: radius 0, φ = 0, ν / κ its exact norms) and the non-finite count
-    ``bad`` raised by the tokens whose radius or witnesses are NaN / inf. Returns (wn, φ, ν, κ, bad)."""
+    ``bad`` raised by the tokens whose radius or witnesses are NaN / inf. ``noff``: ν / κ's offsets (per token, or
+    the page's running max: ``_norm_offsets``). Returns (wn, φ, ν, κ, bad)."""
     phi = tl.load(VW + vwoff, mask=valid, other=0.0).to(tl.float32)
-    nu = tl.load(VN + vwoff, mask=valid, other=0.0).to(tl.float32)
-    kap = tl.load(KN + vwoff, mask=valid, other=0.0).to(tl.float32)
+    nu = tl.load(VN + noff, mask=valid, other=0.0).to(tl.float32)
+    kap = tl.load(KN + noff, mask=valid, other=0.0).to(tl.float32)
     if HAS_REP:  # a repaired token is exact: radius 0, φ = 0, ν / κ ≥ its exact norms (rounded up)
         wn = tl.where(rep, 0.0, wn)
         phi = tl.where(rep, 0.0, phi)

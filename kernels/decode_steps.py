@@ -92,6 +92,16 @@ def _witness_offsets(blk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN: t
 
 
 @triton.jit
+def _norm_offsets(blk, kvh, off, s_nb, s_nh, NORMS_PT: tl.constexpr):
+    """Element offsets of ν and κ (``v_norm``, ``k_norm``) of token ``off`` of block ``blk``: per token, or the
+    page's running max (NORMS_PT False: ``PagedKV.block_norms``, or per-block witnesses)."""
+    noff = blk * s_nb + kvh * s_nh
+    if NORMS_PT:
+        noff += off
+    return noff
+
+
+@triton.jit
 def _softmax_step(m, l, sT):
     """One tile of the online softmax: the running max m' = max(m, max sT), the rescale α = e^(m − m'),
     p̂ = e^(sT − m') and the running sum l·α + Σ p̂ (per head column). A split whose tiles so far were all

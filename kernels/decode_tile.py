@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_steps import _code_offsets, _prefetch_l2, _softmax_step, _witness_offsets
+from .decode_steps import _code_offsets, _norm_offsets, _prefetch_l2, _softmax_step, _witness_offsets
 from .ids import FP8_E5M2_ID, INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
 from .write import dither_from_hash, token_hash
 
@@ -15,7 +15,8 @@ from .write import dither_from_hash, token_hash
 @triton.jit
 def _prefetch_next_tile(BT, KC, VC, KS, VS, KW, VW, VN, KN, bt_next, bt_after, page, p_end, kvh, off,
                         s_cb, s_ch, s_ct, s_sb, s_sh, s_st, s_vsb, s_vsh, s_vst, s_wb, s_wh, s_wt, s_vwb, s_vwh,
-                        PAGES: tl.constexpr, METER: tl.constexpr, PER_TOKEN: tl.constexpr):
+                        s_nb, s_nh, PAGES: tl.constexpr, METER: tl.constexpr, PER_TOKEN: tl.constexpr,
+                        NORMS_PT: tl.constexpr):
     """PF_AHEAD: this tile's block ids (loaded two tiles ahead), the block-id window moved on by a tile, and the next
     tile's code rows, scales and witnesses prefetched into the L2. Returns (blk, bt_next, bt_after)."""
     # the next tile's code rows (one 128-byte line per token for d 128) and its per-token scales and
@@ -38,8 +39,9 @@ def _prefetch_next_tile(BT, KC, VC, KS, VS, KW, VW, VN, KN, bt_next, bt_after, p
         nw, nvw = _witness_offsets(nblk, kvh, off, s_wb, s_wh, s_wt, s_vwb, s_vwh, PER_TOKEN)
         _prefetch_l2(KW + nw, nok & (off == 0))
         _prefetch_l2(VW + nvw, nok & (off == 0))
-        _prefetch_l2(VN + nvw, nok & (off == 0))
-        _prefetch_l2(KN + nvw, nok & (off == 0))
+        nn = _norm_offsets(nblk, kvh, off, s_nb, s_nh, NORMS_PT)
+        _prefetch_l2(VN + nn, nok & (off == 0))
+        _prefetch_l2(KN + nn, nok & (off == 0))
     return blk, bt_next, bt_after
 
 

@@ -25,11 +25,13 @@ def bytes_per_token(
     sketch_bits: int = 0,
     window=None,
     context: int = 4096,
+    block_norms: bool = False,
 ) -> dict:
     """Bytes per token and kv head of the served cache (K + V), including scales and witnesses.
 
     ``witness_bytes``: 2 (float16, the kernels' per-token layout) or 1 (fp8 e4m3 rounded up);
-    per-block witnesses are counted as float32 shared by ``block_size`` tokens. ``sketch_bits``: the
+    per-block witnesses are counted as float32 shared by ``block_size`` tokens; ``block_norms``: ν and κ as
+    float32 page maxima beside per-token key / value witnesses (``PagedKV.block_norms``). ``sketch_bits``: the
     key residual sketch (``contract.sketch``: D·b/8 bytes + a float16 range per token). ``window``
     (sink, recent): the exact window's model-dtype K / V (+ two float32 norms) per sequence, amortised
     over ``context`` tokens. The exact backing store lives in host memory and is not counted. Returns
@@ -52,7 +54,9 @@ def bytes_per_token(
     # kivi2 keys: fp16 scale + zero per channel per block, shared by block_size tokens
     scales = (scale_bytes_per_token(row.key_scales, head_dim, block_size, scale_bytes)
               + scale_bytes_per_token(row.value_scales, head_dim, block_size, scale_bytes))
-    if per_token_witness:
+    if per_token_witness and block_norms:  # G key witnesses + φ per token, ν + κ per page
+        wit = (num_groups + 1) * witness_bytes + 2 * 4 / block_size
+    elif per_token_witness:
         wit = (num_groups + 3) * witness_bytes  # G key witnesses + φ + ν + κ
     else:
         wit = (num_groups + 3) * 4 / block_size

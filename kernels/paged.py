@@ -14,17 +14,22 @@ Shapes (one layer; NB physical blocks of T tokens; Hkv kv heads; head dim D; G g
                       quantized when it is full); v_scale, v_zero [NB, Hkv, T, D/32] (as int4_group)
     k_wit             [NB, Hkv, TW, G]  key witnesses ≥ ‖r_j[g]‖ (TW = T per token, 1 per block)
     v_wit             [NB, Hkv, TW]     value witnesses ≥ ‖f_j‖
-    v_norm            [NB, Hkv, TW]     ν ≥ ‖v̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖), the magnitudes the
+    v_norm            [NB, Hkv, TN]     ν ≥ ‖v̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖), the magnitudes the
                                         decode's split dot products add up)
-    k_norm            [NB, Hkv, TW]     κ ≥ ‖k̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖)): the decode's
+    k_norm            [NB, Hkv, TN]     κ ≥ ‖k̂_j‖ (int8_dither: ≥ s(‖c‖ + ‖u‖)): the decode's
                                         logit-rounding radius Ξ is σ‖q_h‖·max κ·γ (SPEC §7)
+                                        (TN = TW, or 1 with ``block_norms``: the decode reads ν and κ
+                                        only through their maxima over a split, so one float32
+                                        running max per page serves it; 3.5 B a token less at T 16)
     exact_k, exact_v  [NB, Hkv, T, D]   the exact backing store (model dtype); the serving path
                                         never writes it after the token's write
     block_table       [B, max_blocks]   int32 physical block ids per sequence
     seq_lens          [B]               int32
 
-Per-token witnesses are stored in float16 rounded up; per-block witnesses in float32 (updated
-with an atomic running max, so a block can be filled over several writes).
+Per-token witnesses are stored in float16 rounded up; per-block witnesses (and per-block norms) in
+float32, updated with an atomic running max, so a block can be filled over several writes. A running
+max only grows: a block that is rewritten (a cropped sequence, a kivi2 page re-quantized when full)
+keeps the larger of its old and new maxima, which still bounds every token it holds.
 
 Beside the layout: the repaired pages (``kernels.repair.RepairOverlay``, SPEC §6), the exact window
 (``kernels.exact_window.ExactWindow``), the kernels' floating-point constants and bounds (``kernels.fp_bounds``,
@@ -158,6 +163,15 @@ class PagedKV:
     #: ε_hj = c_h W_j + |σ⟨q_h, r̃_j⟩| -- instead of one per token for a kv head's query heads (the shared radius
     #: c_h (W_j + max_h |σ⟨q_h, r̃_j⟩| / c_h)); only with the sketch radius (``weighted``)
     head_levels: bool = False
+    #: ν and κ (``v_norm``, ``k_norm``) as one float32 running max per page ([NB, Hkv, 1]) instead of one
+    #: float16 per token: the decode reads them only through a split's maxima (``_decode_kernel``'s numax,
+    #: kapmax), so the bound is the same up to the page's other tokens (a window token's norm, a partial split)
+    block_norms: bool = False
+
+    @property
+    def norms_per_token(self) -> bool:
+        """Whether ``v_norm`` / ``k_norm`` hold one entry per token (else one per page)."""
+        return self.per_token_witness and not self.block_norms
 
     @property
     def weighted(self) -> bool:
@@ -191,9 +205,11 @@ class PagedKV:
         sketch_bits: int = 0,
         weights: torch.Tensor | None = None,
         head_levels: bool = False,
+        block_norms: bool = False,
     ) -> "PagedKV":
         """A zeroed cache of ``num_blocks`` pages (the shapes of the module doc); ValueError on a scheme, head dim,
-        block size or channel weights the kernels do not support, or ``head_levels`` without the sketch radius."""
+        block size or channel weights the kernels do not support, or ``head_levels`` without the sketch radius.
+        ``block_norms``: ν, κ as one float32 running max per page (the module doc)."""
         sketch_bits = check_bits(sketch_bits)
         if scheme not in SCHEME_IDS:
             raise ValueError(f"scheme: the kernels support {sorted(SCHEME_IDS)}, got {scheme!r}")
@@ -210,6 +226,10 @@ class PagedKV:
         asym = ("group", "channel-block")  # asymmetric schemes store a zero beside each scale
         tw = block_size if per_token_witness else 1
         wdt = torch.float16 if per_token_witness else torch.float32
+        if not isinstance(block_norms, bool):
+            raise ValueError(f"block_norms: expected a bool, got {block_norms!r}")
+        block_norms = block_norms and per_token_witness  # without per-token witnesses every witness is per page
+        tn, ndt = (1, torch.float32) if block_norms else (tw, wdt)
         kw = dict(device=device)
         weights, has_weights = _channel_weights(weights, num_kv_heads, head_dim, device)
         if (sketch_bits or has_weights) and (num_groups != 1 or not per_token_witness):
@@ -238,8 +258,8 @@ class PagedKV:
             v_zero=torch.zeros(vsshape if row.value_scales in asym else (1,), dtype=torch.float16, **kw),
             k_wit=torch.zeros(num_blocks, num_kv_heads, tw, num_groups, dtype=wdt, **kw),
             v_wit=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
-            v_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
-            k_norm=torch.zeros(num_blocks, num_kv_heads, tw, dtype=wdt, **kw),
+            v_norm=torch.zeros(num_blocks, num_kv_heads, tn, dtype=ndt, **kw),
+            k_norm=torch.zeros(num_blocks, num_kv_heads, tn, dtype=ndt, **kw),
             # with_exact=False (benchmarks only): a 1-element placeholder, never read by decode
             exact_k=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
             exact_v=torch.zeros(shape if with_exact else (1,), dtype=model_dtype, **kw),
@@ -250,6 +270,7 @@ class PagedKV:
             weights=weights,
             has_weights=has_weights,
             head_levels=head_levels,
+            block_norms=block_norms,
         )
 
     #: tensors with one row per physical block (placeholders of shape (1,) are left alone)
@@ -290,6 +311,21 @@ class PagedKV:
         """A copy in which sequence b owns what sequence ``index[b]`` owned (beam search). Copies,
         so beams never share a block that a later write would change under the other."""
         return self._per_sequence(batch, pages, lambda name, t: t.index_select(0, index.to(t.device)), "reordered")
+
+    def check_norms(self) -> None:
+        """ValueError unless ``v_norm`` and ``k_norm`` have the layout the kernels index (one stride pair for both):
+        [NB, Hkv, T] float16 per token, or [NB, Hkv, 1] float32 per page (``block_norms``, per-block witnesses)."""
+        nb, h = self.k_codes.shape[:2]
+        want = (h, self.block_size if self.norms_per_token else 1)
+        dt = torch.float16 if self.norms_per_token else torch.float32
+        for name in ("v_norm", "k_norm"):
+            t = getattr(self, name)  # (a caller's pool may hold rows past the codes': SGLang's trash row)
+            if t.dim() != 3 or t.shape[0] < nb or tuple(t.shape[1:]) != want or t.dtype != dt:
+                raise ValueError(f"{name}: expected [{nb}, {want[0]}, {want[1]}] {dt} (block_norms={self.block_norms}, "
+                                 f"per_token_witness={self.per_token_witness}), got {list(t.shape)} {t.dtype}")
+        if self.v_norm.stride() != self.k_norm.stride():
+            raise ValueError(f"v_norm, k_norm: the kernels index both with one stride pair, got {self.v_norm.stride()} "
+                             f"and {self.k_norm.stride()}")
 
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]

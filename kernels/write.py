@@ -404,7 +404,10 @@ def _store_up(ADDR, v, mask, PER_TOKEN: tl.constexpr):
     if PER_TOKEN:
         tl.store(ADDR, f16_round_up(v), mask=mask)
     else:
-        tl.atomic_max(ADDR, v, mask=mask)
+        # a NaN as +inf: the float atomic max compares bit patterns, and a NaN with its sign bit set (the
+        # x86 default NaN, the interpreter's) would lose to every finite value; +inf stays, and the decode
+        # counts a non-finite witness as unmetered
+        tl.atomic_max(ADDR, tl.where(v == v, v, float("inf")), mask=mask)
 
 
 @triton.jit
@@ -432,11 +435,12 @@ def _write_kernel(
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
     s_vwb, s_vwh,
+    s_nb, s_nh,
     s_skb, s_skh, s_skt,
     INFL: tl.constexpr, FLOOR: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
     SCHEME: tl.constexpr, PRECODED: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_EXACT: tl.constexpr,
-    SKB: tl.constexpr, WEIGHTED: tl.constexpr, SK_GAMMA: tl.constexpr,
+    SKB: tl.constexpr, WEIGHTED: tl.constexpr, SK_GAMMA: tl.constexpr, NORMS_PT: tl.constexpr = True,
 ):
     """One program per (tile of BLOCK_T new tokens, kv head): rows are tokens, columns channels.
     kivi2: BLOCK_T = T and a tile is one page from its offset 0 (the wrapper's contract), so a
@@ -461,6 +465,8 @@ def _write_kernel(
     ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
+    # ν, κ: per token (float16), or a page's float32 running max (NORMS_PT False: PagedKV.block_norms)
+    naddr = blk * s_nb + h * s_nh + (off if NORMS_PT else off * 0)
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
             x = tl.load(K + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -484,15 +490,14 @@ def _write_kernel(
             else:
                 _group_witnesses(waddr, r, xh, gid, rmask, INFL, FLOOR, ABS, G, ASYM, PER_TOKEN)
             kap = mag * INFL
-            kaddr = blk * s_vwb + h * s_vwh + woff
-            _store_up(KN + kaddr, kap, rmask, PER_TOKEN)
+            _store_up(KN + naddr, kap, rmask, NORMS_PT)
         else:
             _store_codes(VC, VS, VZ, EV, caddr, saddr, smask, eaddr, code, s, zg, x, m2, ASYM, STORE_EXACT)
             phi = scaled_norm(r, d_idx[None, :] >= 0) * INFL + ABS * mag + FLOOR
             nu = mag * INFL
             vaddr = blk * s_vwb + h * s_vwh + woff
             _store_up(VW + vaddr, phi, rmask, PER_TOKEN)
-            _store_up(VN + vaddr, nu, rmask, PER_TOKEN)
+            _store_up(VN + naddr, nu, rmask, NORMS_PT)
 
 
 def token_slots(cache: PagedKV, block_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor,
@@ -532,6 +537,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         raise ValueError(f"k: [N, {H}, {D}] does not match the cache's [*, {cache.num_kv_heads}, {cache.head_dim}]")
     if seq_ids.shape != (N,) or positions.shape != (N,):
         raise ValueError("seq_ids, positions: expected shape [N]")
+    cache.check_norms()
     if k.dtype == torch.float64:
         raise ValueError("k: the kernels compute in fp32; a float64 model must use the reference path "
                          "(WitCertCache(..., backend='reference'))")
@@ -575,12 +581,14 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
         cache.v_wit.stride(0), cache.v_wit.stride(1),
+        cache.v_norm.stride(0), cache.v_norm.stride(1),
         *(ksk.stride()[:3] if skb else (0, 0, 0)),
         INFL=1.0 + KERNEL_REL_SLACK, FLOOR=KERNEL_WITNESS_FLOOR if lossy else 0.0,
         DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
         SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D, skb) if skb else 0.0,
+        NORMS_PT=cache.norms_per_token,
     )
 
 

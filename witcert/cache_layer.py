@@ -108,6 +108,9 @@ class WitCertLayer(CacheLayerMixin):
             kept = self._pooled_storage(Bsz, per_seq) if o.cuda_graph else None
             if kept is not None:  # an earlier request's tensors (witcert.graph_pool: never read before written)
                 self.paged, self.block_table, self.win = kept
+                # but a page's ν / κ running max (block_norms) is merged into, not overwritten: start it at 0
+                self.paged.v_norm.zero_()
+                self.paged.k_norm.zero_()
             else:
                 self._allocate_kernel_storage(Bsz, per_seq, H, D)
         self.is_initialized = True
@@ -133,7 +136,7 @@ class WitCertLayer(CacheLayerMixin):
                                       per_token_witness=True, model_dtype=self.dtype, device=self.device,
                                       seed=o.seed, layer=self.layer_idx, with_exact=False, sketch_bits=o.sketch_bits,
                                       weights=None if o.weights is None else torch.from_numpy(o.weights[self.layer_idx]),
-                                      head_levels=o.kernel_head_levels)
+                                      head_levels=o.kernel_head_levels, block_norms=True)
         # the compiled write on this device, once per configuration and process (witcert.selftest: a canary's
         # stored witnesses against its stored codes; raises rather than meter with unsound witnesses)
         check_write_kernel(self.paged, self.dtype)

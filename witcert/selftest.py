@@ -62,7 +62,8 @@ def _key(cache, dtype: torch.dtype) -> tuple:
     """What the write kernel is compiled for (``kernels.write.write_kv``'s constexprs) and where it runs."""
     dev = cache.k_codes.device
     return (cache.scheme, cache.head_dim, cache.num_kv_heads, cache.block_size, cache.num_groups,
-            cache.per_token_witness, cache.sketch_bits, cache.has_weights, str(dtype), dev.type, dev.index)
+            cache.per_token_witness, cache.sketch_bits, cache.has_weights, cache.block_norms, str(dtype), dev.type,
+            dev.index)
 
 
 def _canary(H: int, D: int, N: int, dtype: torch.dtype, seed: int, device) -> torch.Tensor:
@@ -127,7 +128,7 @@ def check_write_kernel(cache, dtype: torch.dtype, force: bool = False) -> WriteS
     c = PagedKV.allocate(P + 2, H, D, scheme=cache.scheme, block_size=T, num_groups=cache.num_groups,
                          per_token_witness=cache.per_token_witness, model_dtype=dtype, device=dev, seed=cache.seed,
                          layer=cache.layer, with_exact=False, sketch_bits=cache.sketch_bits,
-                         weights=cache.weights if cache.has_weights else None)
+                         weights=cache.weights if cache.has_weights else None, block_norms=cache.block_norms)
     k, v = _canary(H, D, N, dtype, 1, dev), _canary(H, D, N, dtype, 2, dev)
     bt = torch.arange(P + 1, 1, -1, dtype=torch.int32, device=dev)[None]  # the pages in high, descending blocks
     if cache.scheme in BLOCK_SCHEMES:  # whole pages per launch
@@ -145,7 +146,8 @@ def check_write_kernel(cache, dtype: torch.dtype, force: bool = False) -> WriteS
         kmag, vmag = _dither_magnitudes(c, bt, N)
     else:
         kmag, vmag = kh.norm(dim=-1), vh.norm(dim=-1)
-    ratios = {"k_norm (κ)": _ratio(c.k_norm[blk, :, off], kmag), "v_norm (ν)": _ratio(c.v_norm[blk, :, off], vmag),
+    noff = off if c.norms_per_token else torch.zeros_like(off)  # block_norms: the page's running max
+    ratios = {"k_norm (κ)": _ratio(c.k_norm[blk, :, noff], kmag), "v_norm (ν)": _ratio(c.v_norm[blk, :, noff], vmag),
               "v_wit (φ)": _ratio(c.v_wit[blk, :, off], (vh - vx).norm(dim=-1))}
     W = c.k_wit[blk, :, off]  # [N, H, G]
     if cache.sketch_bits or cache.has_weights:  # W ≥ ‖(r − r̃)/a‖ + γ‖r̃/a‖ (bounds.sketch_witness)

@@ -144,7 +144,8 @@ def decode_key(paged, plan, q_dtype: torch.dtype, q_heads: int, window=None, rep
     S = plan.num_splits
     sp = triton.next_power_of_2(S)
     return (paged.scheme, paged.head_dim, paged.num_kv_heads, paged.block_size, paged.num_groups,
-            paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, str(q_dtype), q_heads, win,
+            paged.per_token_witness, paged.sketch_bits, paged.has_weights, paged.head_levels, paged.block_norms,
+            str(q_dtype), q_heads, win,
             repair is not None and repair.count > 0,
             None if token_mask is None else int_class(_mask_stride(token_mask)),
             int_class(batch), merge_warps(sp, paged.head_dim, True, batch * q_heads, _sms(dev)),
@@ -341,7 +342,8 @@ def check_decode_kernel(paged, plan, q_dtype: torch.dtype, sm_scale: float, q_he
     c = PagedKV.allocate(nb, H, D, scheme=paged.scheme, block_size=T, num_groups=paged.num_groups,
                          per_token_witness=paged.per_token_witness, model_dtype=q_dtype, device=dev, seed=paged.seed,
                          layer=paged.layer, with_exact=False, sketch_bits=paged.sketch_bits,
-                         weights=paged.weights if paged.has_weights else None, head_levels=paged.head_levels)
+                         weights=paged.weights if paged.has_weights else None, head_levels=paged.head_levels,
+                         block_norms=paged.block_norms)
     c.group_id = paged.group_id.clone()  # the caller's channel groups (RoPE bands)
     perm = torch.randperm(nb, generator=torch.Generator().manual_seed(5)).int()
     W = max(pages) if table_width is None else _at_least(table_width, max(pages))

@@ -52,7 +52,7 @@ def run_one(scheme: str, *, device: str, dtype: torch.dtype, head_dim: int, kv_h
     try:
         paged = PagedKV.allocate(8, kv_heads, head_dim, scheme=scheme, num_groups=1, per_token_witness=True,
                                  model_dtype=dtype, device=device, with_exact=False, sketch_bits=bits,
-                                 head_levels=head_levels)
+                                 head_levels=head_levels, block_norms=True)
         selftest.check_write_kernel(paged, dtype, force=True)  # (on demand: even if this process checked it)
         win = ExactWindow.allocate(batch, kv_heads, head_dim, dtype, *window, device=device) if sum(window) else None
         if win is not None:

@@ -92,11 +92,12 @@ def prompt_ids(tok, prompt, tokens: int):
 
 
 def memory(scheme: str, sketch_bits: int, window, context: int = AMORTISE_CONTEXT, head_dim: int = MEMORY_HEAD_DIM) -> dict:
-    """``kernels.memory_accounting.bytes_per_token`` with the sketch and the window amortised at ``context`` tokens."""
+    """``kernels.memory_accounting.bytes_per_token`` of the WitCertCache kernel layout (one key witness, ν and κ as
+    page maxima: ``PagedKV.block_norms``) with the sketch and the window amortised at ``context`` tokens."""
     from kernels.memory_accounting import bytes_per_token
 
     return bytes_per_token(scheme, head_dim=head_dim, num_groups=1, sketch_bits=sketch_bits, window=window,
-                           context=context)
+                           context=context, block_norms=True)
 
 
 def memory_by_context(scheme: str, sketch_bits: int, window) -> dict:

@@ -35,12 +35,12 @@ XI_MODERATE = 2.0**-8  # the outlier cases (σ‖q‖‖k̂‖ ≈ 100) reach 2.
 KERNEL_RADIUS_FACTOR = 1.0 + 2.0**-10
 
 
-def build(scheme, lens, Hkv, D, T=16, G=4, per_token=True, seed=0, outliers=False):
+def build(scheme, lens, Hkv, D, T=16, G=4, per_token=True, seed=0, outliers=False, block_norms=False):
     g = torch.Generator().manual_seed(seed)
     pages = [math.ceil(n / T) for n in lens]
     nb = sum(pages) + 2
     cache = PagedKV.allocate(nb, Hkv, D, scheme=scheme, block_size=T, num_groups=G, per_token_witness=per_token,
-                             seed=seed % 97, layer=seed % 5, device=DEV)
+                             seed=seed % 97, layer=seed % 5, device=DEV, block_norms=block_norms)
     perm = torch.randperm(nb, generator=g)
     bt = torch.zeros(len(lens), max(pages), dtype=torch.int32)
     exact = []
@@ -119,7 +119,8 @@ def stored_witnesses(cache, bt, b, n, h):
     j = torch.arange(n)
     blk = bt[b, j // T].long()
     off = (j % T) if cache.per_token_witness else torch.zeros_like(j)
-    return cache.k_wit[blk, h, off].double(), cache.v_wit[blk, h, off].double(), cache.v_norm[blk, h, off].double()
+    noff = (j % T) if cache.norms_per_token else torch.zeros_like(j)  # block_norms: the page's running max
+    return cache.k_wit[blk, h, off].double(), cache.v_wit[blk, h, off].double(), cache.v_norm[blk, h, noff].double()
 
 
 def _decode_variants(cache, qd, btd, sld, scheme, splits, delta, levels, prefetch_bt, tile_kw):
@@ -196,7 +197,7 @@ def _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, 
     assert rho <= 1e-9 or (scheme == "kivi2" and outliers and tv_k == 1.0), (rho, tv_k)
     # Ξ is the formula of kernels.decode: σ‖q‖·max κ·γ_D (+ the exp and mass terms)
     kap = cache.k_norm[bt[b, torch.arange(n) // 16].long(), h,
-                       (torch.arange(n) % 16) if cache.per_token_witness else 0].double()
+                       (torch.arange(n) % 16) if cache.norms_per_token else 0].double()
     assert torch.all(kap >= kh.norm(dim=-1))
     assert xi >= sigma * qq.norm().item() * kap.max().item() * FB.dot_gamma(D, split3)
     qn = sigma * qq.norm().item() * KERNEL_RADIUS_FACTOR
@@ -226,9 +227,10 @@ def _check_row(cache, bt, exact, q, out, scheme, b, n, hq, GQ, D, sigma, delta, 
 
 
 def check_case(scheme, lens, Hkv, GQ, D, G, per_token, splits, outliers, seed, levels="token", prefetch_bt=False,
-               tile_kw=None):
+               tile_kw=None, block_norms=False):
     tile_kw = tile_kw or {}
-    cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers)
+    cache, bt, exact = build(scheme, lens, Hkv, D, G=G, per_token=per_token, seed=seed, outliers=outliers,
+                             block_norms=block_norms)
     Hq = Hkv * GQ
     q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
     q = q.bfloat16().float()
