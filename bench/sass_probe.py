@@ -46,7 +46,7 @@ PTRS = {"Q": "*bf16", "KC": "*i8", "VC": "*i8", "KS": "*fp16", "VS": "*fp16", "K
 # the benchmark's B 8 / n 32K int8 cache: strides and sizes as the JIT sees them
 INTS = dict(seed=12345, layer=0, num_splits=16, s_qb=4096, s_qh=128, s_cb=16384, s_ch=2048, s_ct=128,
             s_sb=128, s_sh=16, s_st=1, s_vsb=128, s_vsh=16, s_vst=1, s_wb=128, s_wh=16, s_wt=1, s_vwb=128, s_vwh=16,
-            s_btb=2048, s_tmb=1, s_rsb=0, Hq=32, sink=4, recent=64, s_skb=1024, s_skh=512, s_skt=32, s_wnb=552,
+            s_nb=128, s_nh=16, s_btb=2048, s_tmb=1, s_rsb=0, Hq=32, sink=4, recent=64, s_skb=1024, s_skh=512, s_skt=32, s_wnb=552,
             s_wnh=69, um_rows=262147)
 
 
@@ -60,13 +60,16 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                  NB=32, SCHEME=SCHEME_IDS[scheme], METER=meter, TIER_B=False, PER_TOKEN=True, LOWP=True,
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
-                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False, GRD=False)
+                 HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False, GRD=False,
+                 NORMS_PT=True)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
-    ptrs = dict(PTRS, **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
+    ptrs = dict(PTRS, **({"VN": "*fp32", "KN": "*fp32"} if not const.get("NORMS_PT", True) else {}),
+                **({"KC": "*bf16", "VC": "*bf16"} if scheme == "none" else
                          {"KC": "*fp8e4nv", "VC": "*fp8e4nv"} if scheme.startswith("fp8_e4m3") else
                          {"KC": "*fp8e5", "VC": "*fp8e5"} if scheme == "fp8_e5m2" else {}))
     sig, attrs = {}, {}
+    ints = dict(INTS, **({"s_nb": 8, "s_nh": 1} if not const.get("NORMS_PT", True) else {}))  # page maxima [NB, 8, 1]
     for n in names:
         if n in const:
             sig[n] = "constexpr"
@@ -74,11 +77,11 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
             sig[n], attrs[(names.index(n),)] = ptrs[n], [["tt.divisibility", 16]]
         elif n == "sm_scale":
             sig[n] = "fp32"
-        elif INTS[n] == 1:
+        elif ints[n] == 1:
             sig[n], const[n] = "constexpr", 1
         else:
             sig[n] = "i32"
-            if INTS[n] % 16 == 0:
+            if ints[n] % 16 == 0:
                 attrs[(names.index(n),)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
     opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -323,9 +323,15 @@ class PagedKV:
             if t.dim() != 3 or t.shape[0] < nb or tuple(t.shape[1:]) != want or t.dtype != dt:
                 raise ValueError(f"{name}: expected [{nb}, {want[0]}, {want[1]}] {dt} (block_norms={self.block_norms}, "
                                  f"per_token_witness={self.per_token_witness}), got {list(t.shape)} {t.dtype}")
-        if self.v_norm.stride() != self.k_norm.stride():
-            raise ValueError(f"v_norm, k_norm: the kernels index both with one stride pair, got {self.v_norm.stride()} "
+        if not (self.v_norm.is_contiguous() and self.k_norm.is_contiguous()):
+            # the kernels address a token's entry as blk·s_nb + h·s_nh + off (unit token stride, no overlap)
+            raise ValueError(f"v_norm, k_norm: the kernels need contiguous tensors, got strides {self.v_norm.stride()} "
                              f"and {self.k_norm.stride()}")
+        if self.v_norm.shape != self.k_norm.shape:  # (one stride pair for both)
+            raise ValueError(f"v_norm, k_norm: one shape for both, got {list(self.v_norm.shape)} and "
+                             f"{list(self.k_norm.shape)}")
+        if self.v_norm.data_ptr() == self.k_norm.data_ptr():
+            raise ValueError("v_norm, k_norm: one tensor for both: a write of ν would overwrite κ")
 
     def groups(self):
         return [torch.nonzero(self.group_id.cpu() == g).flatten().numpy() for g in range(self.num_groups)]

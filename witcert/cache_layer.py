@@ -265,6 +265,8 @@ class WitCertLayer(CacheLayerMixin):
             lo = p * T
             ek, ev = self._exact(lo, n1)
             self.rep.hold(self._page_blocks(p), ek.to(self.device), ev.to(self.device))
+        if self.paged is not None and self.paged.block_norms:
+            self._recompute_page_norms(n1)
         if self.win is not None and n1 > 0:  # the recent window moved back onto tokens the ring no longer holds
             lo = max(0, n1 - self.win.recent)
             ek, ev = self._exact(lo, n1)
@@ -294,6 +296,28 @@ class WitCertLayer(CacheLayerMixin):
                 if self.k_sk is not None:
                     self.k_sk[..., a:b, :] = 0
             self.n_quantized = keep
+
+    def _recompute_page_norms(self, n1: int) -> None:
+        """After a crop to ``n1`` tokens: the pages' ν / κ running maxima (``PagedKV.block_norms``) from the new last
+        page on start again at 0, so a removed token's norm (an inf, a large outlier) does not stay in its page's
+        maximum; the new partial last page's kept tokens are written again from the exact store (the same codes:
+        the write is deterministic in the token and its position), which merges their norms back. A block scheme's
+        partial last page is held exact (its norms are the overlay's) until it is quantized whole."""
+        from kernels.write import write_kv
+
+        T, (Bsz, per_seq) = self.owner.block_size, self.block_table.shape
+        p0 = n1 // T
+        H = self.paged.num_kv_heads
+        for t in (self.paged.v_norm, self.paged.k_norm):
+            t.view(Bsz, per_seq, H, 1)[:, p0:] = 0
+        lo = p0 * T
+        if n1 > lo and self.owner.scheme not in BLOCK_SCHEMES:
+            ek, ev = self._exact(lo, n1)
+            m = n1 - lo
+            seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
+            pos = torch.arange(lo, n1, device=self.device, dtype=torch.int32).repeat(Bsz)
+            kf, vf = (x.to(self.device, self.dtype).transpose(1, 2).reshape(Bsz * m, H, -1) for x in (ek, ev))
+            write_kv(self.paged, kf, vf, self.block_table, seq, pos, store_exact=False, validate=False)
 
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):

@@ -73,7 +73,8 @@ def _window_write_kernel(E, EJ):
 
 def _write_kernel_fp8(scheme):
     """The KV write kernel of a raw / scaled fp8 scheme as the GPU launches it (its own cast, saturated: PRECODED off,
-    which the interpreter never runs); D 128, G 1 per-token witnesses, the 2-bit sketch with weights."""
+    which the interpreter never runs); D 128, G 1 per-token witnesses, ν / κ as float32 page maxima (the atomic max
+    of ``PagedKV.block_norms``, the cache's layout), the 2-bit sketch with weights."""
     def make(E, EJ):
         from kernels import write as W
         from kernels.ids import FP8_E4M3_ID, FP8_E4M3_SCALED_ID, FP8_E5M2_ID
@@ -81,15 +82,15 @@ def _write_kernel_fp8(scheme):
         code = {"fp8_e4m3": "fp8e4nv", "fp8_e5m2": "fp8e5", "fp8_e4m3_scaled": "fp8e4nv"}[scheme]
         sid = {"fp8_e4m3": FP8_E4M3_ID, "fp8_e5m2": FP8_E5M2_ID, "fp8_e4m3_scaled": FP8_E4M3_SCALED_ID}[scheme].value
         ptr = {"K": "bf16", "V": "bf16", "SLOT": "i64", "POS": "i64", "GID": "i32", "KC": code, "VC": code,
-               "KS": "fp16", "VS": "fp16", "KZ": "fp16", "VZ": "fp16", "KW": "fp16", "VW": "fp16", "VN": "fp16",
-               "KN": "fp16", "EK": "bf16", "EV": "bf16", "PK": code, "PV": code, "SK": "u8", "WGT": "fp32"}
+               "KS": "fp16", "VS": "fp16", "KZ": "fp16", "VZ": "fp16", "KW": "fp16", "VW": "fp16", "VN": "fp32",
+               "KN": "fp32", "EK": "bf16", "EV": "bf16", "PK": code, "PV": code, "SK": "u8", "WGT": "fp32"}
         sig = {k: "*" + v for k, v in ptr.items()}
         sig |= {k: "i32" for k in ("seed", "layer", "N", "s_kn", "s_kh", "s_vn", "s_vh", "s_cb", "s_ch", "s_ct", "s_sb",
                                     "s_sh", "s_st", "s_vsb", "s_vsh", "s_vst", "s_eb", "s_eh", "s_et", "s_wb", "s_wh",
-                                    "s_wt", "s_vwb", "s_vwh", "s_skb", "s_skh", "s_skt")}
+                                    "s_wt", "s_vwb", "s_vwh", "s_nb", "s_nh", "s_skb", "s_skh", "s_skt")}
         const = {"INFL": 1.0 + 2.0**-12, "FLOOR": 2.0**-126, "DIV_INT8": 127.0, "DIV_DITHER": 126.5, "D": 128, "T": 16,
                  "G": 1, "BLOCK_T": 4, "SCHEME": sid, "PRECODED": False, "PER_TOKEN": True, "STORE_EXACT": False,
-                 "SKB": 2, "WEIGHTED": True, "SK_GAMMA": 2.0**-16}
+                 "SKB": 2, "WEIGHTED": True, "SK_GAMMA": 2.0**-16, "NORMS_PT": False}
         return W._write_kernel, sig | {k: "constexpr" for k in const}, const
 
     make.__name__ = f"_write_kernel[{scheme}]"

@@ -139,3 +139,85 @@ def test_memory_accounting_counts_page_maxima():
     page = bytes_per_token("int8", 128, 1, sketch_bits=2, window=(4, 64), context=4096, block_norms=True)
     assert per_tok["witnesses"] == 8 and page["witnesses"] == 4 + 8 / 16  # W, φ float16 + ν, κ float32 per page
     assert page["total"] == per_tok["total"] - 3.5
+
+
+def test_non_contiguous_or_aliased_norms_are_refused():
+    """The kernels address a token's ν / κ as blk·s_nb + h·s_nh + off: a per-token tensor whose token axis is not
+    unit-stride (heads sharing entries: a later head's store overwrote an earlier's ν, E⁺ 5.8 against a real output
+    error of 17, review 2026-12-07) or one tensor for both is refused."""
+    c = PagedKV.allocate(6, H, D, scheme="int8", num_groups=1, device=DEV)
+    q = torch.zeros(1, 2 * H, D, device=DEV)
+    sl = torch.tensor([16], dtype=torch.int32, device=DEV)
+    strided = torch.zeros(6, T, H, dtype=torch.float16, device=DEV).transpose(1, 2)  # [6, H, T], token stride H
+    for bad in (dataclasses.replace(c, v_norm=strided, k_norm=strided.clone().transpose(1, 2).contiguous()
+                                    .transpose(1, 2)),
+                dataclasses.replace(c, v_norm=c.k_norm)):
+        with pytest.raises(ValueError, match="norm"):
+            decode(bad, q, BT.to(DEV), sl)
+
+
+def _served_norm_ratio(cache) -> float:
+    """min over live, unheld tokens of (page max / served norm) over every layer, kv head and sequence (≥ 1: sound)."""
+    from witcert.cache_kernel import served_kv
+
+    worst = float("inf")
+    for L in cache.layers:
+        p, n = L.paged, L.get_seq_length()
+        kh, vh = served_kv(p, L.block_table, n)  # [B, H, n, D] float64, from the stored codes
+        blk = L.block_table[:, torch.arange(n) // p.block_size].long()
+        for b in range(kh.shape[0]):
+            for h in range(kh.shape[1]):
+                live = (L.rep.slot[blk[b], h] < 0) if L.rep is not None else torch.ones(n, dtype=torch.bool)
+                if live.any():
+                    for t, x in ((p.k_norm, kh), (p.v_norm, vh)):
+                        r = t[blk[b], h, 0].double().cpu() / x[b, h].norm(dim=-1).cpu().clamp_min(1e-300)
+                        worst = min(worst, r[live.cpu()].min().item())
+    return worst
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the HF cache's kernel path in the interpreter")
+@pytest.mark.parametrize("scheme", ["int8", "kivi2"])
+def test_cache_page_maxima_through_growth_crop_and_reuse(scheme):
+    """WitCertCache (tiny Llama, kernel path): after prefill, decode with growth, and a crop, every live token's
+    served ‖k̂‖, ‖v̂‖ is below its page's running max; a crop starts the pages from the new last one on again (a page
+    max of +inf left by a removed token is gone), and a pooled storage reused by a later request starts at 0."""
+    from tests.helpers.kernel_gate import tiny_llama
+    from witcert.cache import WitCertCache
+    from witcert.graph_pool import POOL
+
+    torch.manual_seed(0)
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 21))
+
+    def gen(cache, x, new):
+        with torch.no_grad():
+            return model.generate(x, attention_mask=torch.ones_like(x), past_key_values=cache, max_new_tokens=new,
+                                  min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    c = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=16, window=(2, 5))
+    out = gen(c, ids, 14)  # 35 tokens: growth past 16, two full pages and a partial one
+    assert c.layers[0].paged.block_norms and _served_norm_ratio(c) >= 1.0
+    for L in c.layers:  # as if a removed token's norm had overflowed: every page's max at +inf
+        L.paged.v_norm.fill_(float("inf"))
+        L.paged.k_norm.fill_(float("inf"))
+    c.crop(-12)  # 23 tokens: page 1 is the new (partial) last page
+    T_ = c.layers[0].paged.block_size
+    for L in c.layers:
+        Bsz, per_seq = L.block_table.shape
+        pn = L.paged.v_norm.view(Bsz, per_seq, -1)
+        assert torch.all(torch.isfinite(pn[:, 23 // T_:])) and torch.all(torch.isinf(pn[:, : 23 // T_]))
+    assert _served_norm_ratio(c) >= 1.0
+    gen(c, out[:, :-12], 6)
+    assert _served_norm_ratio(c) >= 1.0
+    if scheme == "int8":  # a pooled storage (cuda_graph=True keeps it) taken by a later request starts at 0
+        POOL.clear()
+        a = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, cuda_graph=True)
+        gen(a, ids, 2)
+        for L in a.layers:
+            L.paged.v_norm.fill_(1e30)
+        ptr = a.layers[0].paged.v_norm.data_ptr()
+        del a  # its storage goes back to the pool
+        b = WitCertCache(model.config, scheme=scheme, backend="kernel", seed=3, max_tokens=64, cuda_graph=True)
+        gen(b, ids, 2)
+        assert b.layers[0].paged.v_norm.data_ptr() == ptr  # adopted
+        assert float(b.layers[0].paged.v_norm.max()) < 1e30 and _served_norm_ratio(b) >= 1.0
