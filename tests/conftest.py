@@ -32,7 +32,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long soak test, run only with --soak")
-    config.addinivalue_line("markers", "default_window: the cache's library default exact window (4, 64) stays on")
+    config.addinivalue_line("markers", "default_window: the cache's library default exact window (contract.sketch.DEFAULT_WINDOW) stays on")
     config.addinivalue_line("markers", "interpreter: the kernel path on a CPU model through Triton's interpreter; "
                                        "skipped in the device run (WITCERT_DEVICE=cuda), where bench/tightness_gpu.py "
                                        "meters the model on the kernel path")

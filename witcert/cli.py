@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 
-from contract.sketch import SKETCH_BOXES
+from contract.sketch import DEFAULT_WINDOW, SKETCH_BOXES
 
 from . import __version__
 from . import argtypes as A
@@ -246,7 +246,8 @@ def _add_tightness(sub) -> A.OneLineParser:
     g.add_argument("--sketch-bits", type=A.sketch_bits, default=None,
                    help="residual sketch bits: 0, 1, 2 or 4 (default: the scheme's, 2 for the 8-bit schemes, "
                         "4 for int4_group and kivi2)")
-    g.add_argument("--window", type=_window, default=None, help="exact window SINK,RECENT (default 4,64; 0,0 none)")
+    g.add_argument("--window", type=_window, default=None,
+                   help=f"exact window SINK,RECENT (default {DEFAULT_WINDOW[0]},{DEFAULT_WINDOW[1]}; 0,0 none)")
     g.add_argument("--weights", choices=("calibrated", "none"), default="calibrated",
                    help="channel weights of the radius: the embedded model's calibration (default) or none (all 1)")
     g.add_argument("--device", type=A.device, default="cpu", help="cpu, cuda[:N] or auto")
@@ -273,7 +274,8 @@ def _add_selftest(sub) -> A.OneLineParser:
     s.add_argument("--q-heads", type=A.int_at_least(1), default=32, help="a multiple of --kv-heads (GQ ≤ 8)")
     s.add_argument("--batch", type=A.int_at_least(1), default=1, help="sequences per decode call")
     s.add_argument("--context", type=A.int_at_least(16), default=32768, help="the decode's capacity in tokens")
-    s.add_argument("--window", type=_window, default=(4, 64), help="exact window SINK,RECENT (default 4,64; 0,0 none)")
+    s.add_argument("--window", type=_window, default=DEFAULT_WINDOW,
+                   help=f"exact window SINK,RECENT (default {DEFAULT_WINDOW[0]},{DEFAULT_WINDOW[1]}; 0,0 none)")
     s.add_argument("--sketch-bits", type=A.sketch_bits, default=None, help="0, 1, 2 or 4 (default: the scheme's)")
     s.add_argument("--json", action="store_true", help="print the results as JSON")
     s.set_defaults(func=_selftest)

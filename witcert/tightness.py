@@ -18,7 +18,7 @@ and the attention the cache served. Reported (``TightnessResult``, JSON with ``-
     ``MEMORY_CONTEXTS``; the window is a fixed cost per sequence, so the ratio grows with the context
     towards the per-token figure, key "per_token": the window left out)
 
-    witcert tightness --scheme int8 [--json] [--tokens 1024] [--steps 2] [--sketch-bits 2] [--window 4,64]
+    witcert tightness --scheme int8 [--json] [--tokens 1024] [--steps 2] [--sketch-bits 2] [--window 4,32]
                       [--sketch-box auto|centred|symmetric|per-head]
 """
 
