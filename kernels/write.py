@@ -15,10 +15,10 @@ One program per (tile of tokens, kv head) quantizes K and V with the cache's sch
 float16 scales (the smallest float16 s with s·divisor ≥ max|x|, computed exactly), the exact
 copy, and the witnesses: per group ‖(k̂ − k)[g]‖, ‖v̂ − v‖, ‖v̂‖ and κ ≥ ‖k̂‖, each computed
 scaled by its largest entry (no underflow of the squares), inflated by KERNEL_REL_SLACK, floored
-at KERNEL_WITNESS_FLOOR for lossy schemes, and rounded **up** into float16 (per token) or merged
-into the block's float32 running max with an atomic max (per block). ``int8_dither`` draws its dither in-kernel from
-the counter-based hash of ``witcert.schemes`` (bit-identical). Under TRITON_INTERPRET the
-float→fp8 cast is wrong, so fp8 codes are made by torch first and the kernel only loads them.
+at KERNEL_WITNESS_FLOOR for lossy schemes, and rounded **up** into float16 (per token) or merged into the block's
+float32 running max with an atomic max (per block; ν and κ with ``PagedKV.block_norms``). ``int8_dither`` draws its
+dither in-kernel from the counter-based hash of ``witcert.schemes`` (bit-identical). Under TRITON_INTERPRET the float→fp8
+cast is wrong, so fp8 codes are made by torch first and the kernel only loads them.
 """
 
 from __future__ import annotations
@@ -206,8 +206,7 @@ def _dither_codes(x, amax, seed, layer, h, pos, which, d_idx, DIVISOR: tl.conste
     c = tl.where(sf > 0, c, 0.0)
     code = c.to(tl.int8)
     xh = sf * (c - u)
-    # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u,
-    # ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8)) separately
+    # κ / ν ≥ s(‖c‖ + ‖u_hi‖ + ‖u_lo‖): the decode dots c, u_hi and u_lo (bf16 parts of u, ‖u_hi‖ + ‖u_lo‖ ≤ ‖u‖(1 + 2^-8))
     mag = s.to(tl.float32) * (scaled_norm(c, d_idx[None, :] >= 0) + scaled_norm(u, d_idx[None, :] >= 0) * 1.0078125)
     return code, s, xh, mag
 
@@ -280,17 +279,15 @@ def _fp8_codes(x, amax, C, PRE, m2, BLOCK_T: tl.constexpr, SCHEME: tl.constexpr,
         code = tl.load(PRE, mask=m2, other=0.0)
     else:
         y = tl.math.div_rn(x, tl.where(sf > 0, sf, 1.0))
-        # saturated at the format's largest finite code by the cast itself: on sm_90 Triton (3.6.0 and 3.7.1) lowers
-        # float32 → fp8e4nv / fp8e5 to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as
-        # ``witcert.schemes`` on any torch (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py requires
-        # the cast's operand to be this division). No clip before it: every explicit one tried (nested tl.where in A5;
-        # min / max, with NaN propagation, tl.clamp, min / max then an fp16 trip for e4m3 in B3; min / max for e5m2)
-        # made the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W off by up to two orders
-        # of magnitude either way, growing with the program id; bench/results/2026-12-06c/). Below sm_90 (read in the
-        # PTX, not run): for sm_89 Triton 3.7.1 rounds to fp16 first, then the satfinite cvt (a double rounding: a
-        # code can differ from the reference's where y is not exact in fp16, the scaled scheme's; the witness is the
-        # stored code's, so sound), and 3.6.0 converts e5m2 in software, with no satfinite (an overflow may store
-        # ±inf: a non-finite witness that flags the row)
+        # saturated at the format's largest finite code by the cast itself: on sm_90 Triton (3.6.0 and 3.7.1) lowers float32 → fp8e4nv /
+        # fp8e5 to cvt.rn.satfinite (±code_max past the range, NaN kept), the same codes as ``witcert.schemes`` on any torch
+        # (contract.schemes ``code_max``; tests/kernels/test_kernel_codegen.py requires the cast's operand to be this division). No clip
+        # before it: every explicit one tried (nested tl.where in A5; min / max, with NaN propagation, tl.clamp, min / max then an fp16
+        # trip for e4m3 in B3; min / max for e5m2) made the H100 (Triton 3.6.0) compute wrong witnesses from right codes (κ, ν, φ and W
+        # off by up to two orders of magnitude either way, growing with the program id; bench/results/2026-12-06c/). Below sm_90 (read in
+        # the PTX, not run): for sm_89 Triton 3.7.1 rounds to fp16 first, then the satfinite cvt (a double rounding: a code can differ
+        # from the reference's where y is not exact in fp16, the scaled scheme's; the witness is the stored code's, so sound), and 3.6.0
+        # converts e5m2 in software, with no satfinite (an overflow may store ±inf: a non-finite witness that flags the row)
         code = y.to(C.dtype.element_ty)
     xh = sf * code.to(tl.float32)
     return code, s, xh
@@ -399,14 +396,12 @@ def _sketch_witness(r, xh, s, sb, h, blk, off, s_skb, s_skh, s_skt, m2, SK, WGT,
 
 @triton.jit
 def _store_up(ADDR, v, mask, PER_TOKEN: tl.constexpr):
-    """A witness / norm ``v`` rounded up into float16 (per token), or merged into the block's float32
-    running max (atomic max)."""
+    """A witness / norm ``v`` rounded up into float16 (per token), or merged into the block's float32 running max."""
     if PER_TOKEN:
         tl.store(ADDR, f16_round_up(v), mask=mask)
     else:
-        # a NaN as +inf: the float atomic max compares bit patterns, and a NaN with its sign bit set (the
-        # x86 default NaN, the interpreter's) would lose to every finite value; +inf stays, and the decode
-        # counts a non-finite witness as unmetered
+        # a NaN as +inf (flagged by the decode): the float atomic max compares bit patterns, and a NaN with its sign
+        # bit set (x86's default NaN, the interpreter's) would lose to every finite value
         tl.atomic_max(ADDR, tl.where(v == v, v, float("inf")), mask=mask)
 
 
@@ -434,8 +429,7 @@ def _write_kernel(
     s_vsb, s_vsh, s_vst,
     s_eb, s_eh, s_et,
     s_wb, s_wh, s_wt,
-    s_vwb, s_vwh,
-    s_nb, s_nh,
+    s_vwb, s_vwh, s_nb, s_nh,
     s_skb, s_skh, s_skt,
     INFL: tl.constexpr, FLOOR: tl.constexpr, DIV_INT8: tl.constexpr, DIV_DITHER: tl.constexpr,
     D: tl.constexpr, T: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -465,8 +459,7 @@ def _write_kernel(
     ASYM: tl.constexpr = SCHEME == INT4_GROUP_ID or SCHEME == KIVI2_ID
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
-    # ν, κ: per token (float16), or a page's float32 running max (NORMS_PT False: PagedKV.block_norms)
-    naddr = blk * s_nb + h * s_nh + (off if NORMS_PT else off * 0)
+    naddr = blk * s_nb + h * s_nh + (off if NORMS_PT else off * 0)  # ν, κ: NORMS_PT False: the page's running max
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
             x = tl.load(K + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -580,15 +573,13 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         *(cache.exact_k.stride()[:3] if store_exact else (0, 0, 0)),
         kw.stride(0), kw.stride(1), kw.stride(2),
-        cache.v_wit.stride(0), cache.v_wit.stride(1),
-        cache.v_norm.stride(0), cache.v_norm.stride(1),
+        cache.v_wit.stride(0), cache.v_wit.stride(1), cache.v_norm.stride(0), cache.v_norm.stride(1),
         *(ksk.stride()[:3] if skb else (0, 0, 0)),
         INFL=1.0 + KERNEL_REL_SLACK, FLOOR=KERNEL_WITNESS_FLOOR if lossy else 0.0,
         DIV_INT8=KERNEL_INT8_DIVISOR, DIV_DITHER=KERNEL_DITHER_DIVISOR,
         D=D, T=cache.block_size, G=cache.num_groups, BLOCK_T=BLOCK_T,
         SCHEME=sid, PRECODED=precoded, PER_TOKEN=cache.per_token_witness, STORE_EXACT=store_exact,
-        SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D, skb) if skb else 0.0,
-        NORMS_PT=cache.norms_per_token,
+        SKB=skb, WEIGHTED=weighted, SK_GAMMA=sketch_gamma(cache.scheme, D, skb) if skb else 0.0, NORMS_PT=cache.norms_per_token,
     )
 
 
