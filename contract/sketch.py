@@ -42,7 +42,7 @@ SKETCH_BITS = (0, 1, 2, 4)
 #: the library's default sketch width (issue 33's measurement: bench/TIGHTNESS.md)
 DEFAULT_SKETCH_BITS = 2
 #: the default exact window (sink tokens, most recent tokens). (4, 32) since 2026-12-07: with ν, κ as page maxima it
-#: stores 1.7006× bf16's tokens at 4K (issue 33's ≥ 1.7×); (4, 64) serves 16 % less real TV at 1.678× (bench/TIGHTNESS.md)
+#: stores 1.7006× bf16's tokens at 4K (issue 33's ≥ 1.7×); (4, 64) serves a 14 % lower real TV at 1.678× (bench/TIGHTNESS.md)
 DEFAULT_WINDOW = (4, 32)
 #: channel weights are powers of two in [2^-WEIGHT_EXP_MAX, 2^WEIGHT_EXP_MAX]
 WEIGHT_EXP_MAX = 8

@@ -313,7 +313,6 @@ def _check_inputs(cache: PagedKV, q: torch.Tensor, block_table: torch.Tensor, se
     Hkv = cache.num_kv_heads
     if D != cache.head_dim:
         raise ValueError(f"q: head dim {D} does not match the cache's {cache.head_dim}")
-    cache.check_norms()
     if Hq % Hkv or not 1 <= Hq // Hkv <= 8:
         raise ValueError(f"q: {Hq} query heads over {Hkv} kv heads: GQA group must be an integer in 1..8")
     csr = kv_indptr is not None

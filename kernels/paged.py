@@ -168,6 +168,11 @@ class PagedKV:
     #: kapmax), so the bound is the same up to the page's other tokens (a window token's norm, a partial split)
     block_norms: bool = False
 
+    def __post_init__(self):
+        # every construction (allocate, dataclasses.replace, an adapter's view) gets the norms' layout checked once,
+        # not every write / decode call
+        self.check_norms()
+
     @property
     def norms_per_token(self) -> bool:
         """Whether ``v_norm`` / ``k_norm`` hold one entry per token (else one per page)."""
@@ -314,7 +319,8 @@ class PagedKV:
 
     def check_norms(self) -> None:
         """ValueError unless ``v_norm`` and ``k_norm`` have the layout the kernels index (one stride pair for both):
-        [NB, Hkv, T] float16 per token, or [NB, Hkv, 1] float32 per page (``block_norms``, per-block witnesses)."""
+        [NB, Hkv, T] float16 per token, or [NB, Hkv, 1] float32 per page (``block_norms``, per-block witnesses).
+        Run at every construction (``__post_init__``); a tensor assigned to a built cache afterwards is not checked."""
         nb, h = self.k_codes.shape[:2]
         want = (h, self.block_size if self.norms_per_token else 1)
         dt = torch.float16 if self.norms_per_token else torch.float32

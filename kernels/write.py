@@ -530,7 +530,6 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
         raise ValueError(f"k: [N, {H}, {D}] does not match the cache's [*, {cache.num_kv_heads}, {cache.head_dim}]")
     if seq_ids.shape != (N,) or positions.shape != (N,):
         raise ValueError("seq_ids, positions: expected shape [N]")
-    cache.check_norms()
     if k.dtype == torch.float64:
         raise ValueError("k: the kernels compute in fp32; a float64 model must use the reference path "
                          "(WitCertCache(..., backend='reference'))")

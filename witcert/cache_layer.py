@@ -314,10 +314,9 @@ class WitCertLayer(CacheLayerMixin):
         if n1 > lo and self.owner.scheme not in BLOCK_SCHEMES:
             ek, ev = self._exact(lo, n1)
             m = n1 - lo
-            seq = torch.arange(Bsz, device=self.device).repeat_interleave(m)
-            pos = torch.arange(lo, n1, device=self.device, dtype=torch.int32).repeat(Bsz)
+            seq, pos, slots = self._step_slots(Bsz, m, lo, n1)
             kf, vf = (x.to(self.device, self.dtype).transpose(1, 2).reshape(Bsz * m, H, -1) for x in (ek, ev))
-            write_kv(self.paged, kf, vf, self.block_table, seq, pos, store_exact=False, validate=False)
+            write_kv(self.paged, kf, vf, self.block_table, seq, pos, store_exact=False, validate=False, slots=slots)
 
     # -- writes
     def update(self, key_states, value_states, *args, **kwargs):

@@ -120,16 +120,14 @@ def test_non_finite_value_in_a_page_is_flagged():
 
 
 def test_bad_norm_layout_is_refused():
+    """A cache whose ν / κ do not have the layout its flags name cannot be built (``PagedKV.__post_init__``: every
+    construction, ``dataclasses.replace`` included, so no write or decode ever sees one)."""
     c, k, v = _written(True)
-    q = torch.zeros(1, 2 * H, D, device=DEV)
-    sl = torch.tensor([16], dtype=torch.int32, device=DEV)
-    for bad in (dataclasses.replace(c, v_norm=c.v_norm.half()),  # float16 page maxima: no atomic max
-                dataclasses.replace(c, k_norm=torch.zeros(6, H, T, device=DEV)),  # per-token shape, block flag
-                dataclasses.replace(c, block_norms=False)):  # per-token flag on page maxima
+    for bad in (dict(v_norm=c.v_norm.half()),  # float16 page maxima: no atomic max
+                dict(k_norm=torch.zeros(6, H, T, device=DEV)),  # per-token shape, block flag
+                dict(block_norms=False)):  # per-token flag on page maxima
         with pytest.raises(ValueError, match="norm"):
-            decode(bad, q, BT.to(DEV), sl)
-        with pytest.raises(ValueError, match="norm"):
-            _write(bad, k, v, BT, 0, 1)
+            dataclasses.replace(c, **bad)
     with pytest.raises(ValueError, match="block_norms"):
         PagedKV.allocate(2, H, D, block_norms=1)
 
@@ -146,14 +144,11 @@ def test_non_contiguous_or_aliased_norms_are_refused():
     unit-stride (heads sharing entries: a later head's store overwrote an earlier's ν, E⁺ 5.8 against a real output
     error of 17, review 2026-12-07) or one tensor for both is refused."""
     c = PagedKV.allocate(6, H, D, scheme="int8", num_groups=1, device=DEV)
-    q = torch.zeros(1, 2 * H, D, device=DEV)
-    sl = torch.tensor([16], dtype=torch.int32, device=DEV)
     strided = torch.zeros(6, T, H, dtype=torch.float16, device=DEV).transpose(1, 2)  # [6, H, T], token stride H
-    for bad in (dataclasses.replace(c, v_norm=strided, k_norm=strided.clone().transpose(1, 2).contiguous()
-                                    .transpose(1, 2)),
-                dataclasses.replace(c, v_norm=c.k_norm)):
+    for bad in (dict(v_norm=strided, k_norm=strided.clone().transpose(1, 2).contiguous().transpose(1, 2)),
+                dict(v_norm=c.k_norm)):
         with pytest.raises(ValueError, match="norm"):
-            decode(bad, q, BT.to(DEV), sl)
+            dataclasses.replace(c, **bad)
 
 
 def _served_norm_ratio(cache) -> float:
