@@ -1,7 +1,7 @@
 """The exact window of a batch (``contract.sketch``, SPEC §2 as amended by issue 33): each sequence's first
 ``sink`` and last ``recent`` tokens in the model's dtype, served by the decode with radius 0, φ = 0.
 
-    k, v            [B, Hkv, sink + recent + 1, D]  model dtype (the last column a scratch row)
+    k, v            [B, Hkv, sink + recent + 1, D]  model dtype (the last column a scratch row, never read)
     k_norm, v_norm  [B, Hkv, sink + recent + 1]     float32 ≥ ‖k_j‖ / ‖v_j‖, rounded up; NaN until written
 """
 
@@ -19,40 +19,50 @@ from .fp_bounds import KERNEL_REL_SLACK
 from .interpret import INTERPRET
 from .repair import RepairOverlay
 
+#: tokens per program of the window's write (the interpreter runs a program's ops once for the whole tile, so it takes
+#: larger ones); a prefill's tokens outside the window cost a masked tile each, no load or store
+WRITE_TOKENS = 64 if INTERPRET else 16
+
 
 @triton.jit
-def _window_write_kernel(SEQ, POS, NE, K, V, RK, RV, RKN, RVN, ne_int, s_kn, s_kh, s_vn, s_vh,
-                         sink, recent, H, C1, INFL: tl.constexpr, D: tl.constexpr, NE_TENSOR: tl.constexpr):
-    """Program (token i, kv head h): its ring column (``columns_of``), its exact K / V there and their norms
-    ‖·‖ in float64, inflated by INFL and rounded up to float32 (``RepairOverlay.norms_up``)."""
-    i = tl.program_id(0)
+def _window_write_kernel(SEQ, POS, NE, K, V, RK, RV, RKN, RVN, ne_int, N, s_kn, s_kh, s_vn, s_vh,
+                         sink, recent, H, C1, INFL: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                         NE_TENSOR: tl.constexpr):
+    """Program (tile of BLOCK_T tokens, kv head h): each token's ring column (``columns_of``), and for the tokens
+    in the window their exact K / V there and their norms ‖·‖ in float64, inflated by INFL and rounded up to
+    float32 (``RepairOverlay.norms_up``). A token outside the window is neither read nor written (a prompt's
+    middle: most of a prefill), so the scratch column is never touched."""
+    i = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
-    p = tl.load(POS + i).to(tl.int64)
-    b = tl.load(SEQ + i).to(tl.int64)
+    live = i < N
+    p = tl.load(POS + i, mask=live, other=0).to(tl.int64)
+    b = tl.load(SEQ + i, mask=live, other=0).to(tl.int64)
     if NE_TENSOR:
-        ne = tl.load(NE + i).to(tl.int64)
+        ne = tl.load(NE + i, mask=live, other=0).to(tl.int64)
     else:
         ne = ne_int.to(tl.int64)
-    scratch = (C1 - 1).to(tl.int64)
-    col = scratch
+    keep = p < sink
+    col = p
     if recent > 0:
-        col = tl.where(p >= ne - recent, sink + p % recent, scratch)
-    col = tl.where(p < sink, p, col)
+        keep = keep | (p >= ne - recent)
+        col = tl.where(p < sink, p, sink + p % recent)
+    keep = keep & live
     d = tl.arange(0, D)
     row = (b * H + h) * C1 + col
-    k = tl.load(K + i * s_kn + h * s_kh + d)
-    v = tl.load(V + i * s_vn + h * s_vh + d)
-    tl.store(RK + row * D + d, k)
-    tl.store(RV + row * D + d, v)
-    tl.store(RKN + row, _norm_up(k, INFL))
-    tl.store(RVN + row, _norm_up(v, INFL))
+    k = tl.load(K + i[:, None] * s_kn + h * s_kh + d[None, :], mask=keep[:, None], other=0.0)
+    v = tl.load(V + i[:, None] * s_vn + h * s_vh + d[None, :], mask=keep[:, None], other=0.0)
+    tl.store(RK + row[:, None] * D + d[None, :], k, mask=keep[:, None])
+    tl.store(RV + row[:, None] * D + d[None, :], v, mask=keep[:, None])
+    tl.store(RKN + row, _norm_up(k, INFL), mask=keep)
+    tl.store(RVN + row, _norm_up(v, INFL), mask=keep)
 
 
 @triton.jit
 def _norm_up(x, INFL: tl.constexpr):
-    """‖x‖ in float64 (squares of bf16 / fp16 / fp32 values are exact there), × INFL, rounded **up** to float32."""
+    """‖x‖ of each row of ``x`` [T, D] in float64 (squares of bf16 / fp16 / fp32 values are exact there), × INFL,
+    rounded **up** to float32."""
     x64 = x.to(tl.float64)
-    n = tl.sqrt(tl.sum(x64 * x64, axis=0)) * INFL
+    n = tl.sqrt(tl.sum(x64 * x64, axis=1)) * INFL
     f = n.to(tl.float32)
     up = (f.to(tl.float64) < n) & (f >= 0)  # (a finite non-negative f below n: its next float32 up)
     return tl.where(up, (f.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), f)
@@ -67,7 +77,8 @@ class ExactWindow:
         k, v            [B, Hkv, sink + recent + 1, D]  model dtype: column j < sink holds token j,
                                                         column sink + (j mod recent) token j of the recent
                                                         window; the last column is a scratch row that
-                                                        other tokens' writes land in (never read)
+                                                        the torch form's writes of other tokens land in
+                                                        (the kernel skips them; never read)
         k_norm, v_norm  [B, Hkv, sink + recent + 1]     float32 ≥ ‖k_j‖ / ‖v_j‖ (κ, ν of the served tokens),
                                                         rounded up; NaN until written
 
@@ -128,11 +139,12 @@ class ExactWindow:
                 kd, vd = kd.contiguous(), vd.contiguous()
             ne_t = not isinstance(n_end, int)
             ne = n_end.to(dev).reshape(-1).expand(k.shape[0]).contiguous() if ne_t else positions
-            _window_write_kernel[(k.shape[0], self.k.shape[1])](
+            N = k.shape[0]
+            _window_write_kernel[(triton.cdiv(N, WRITE_TOKENS), self.k.shape[1])](
                 seq.to(dev), positions.to(dev), ne.to(dev), kd, vd, self.k, self.v, self.k_norm, self.v_norm,
-                0 if ne_t else int(n_end), kd.stride(0), kd.stride(1), vd.stride(0), vd.stride(1),
+                0 if ne_t else int(n_end), N, kd.stride(0), kd.stride(1), vd.stride(0), vd.stride(1),
                 self.sink, self.recent, self.k.shape[1], self.columns + 1,
-                INFL=1.0 + KERNEL_REL_SLACK, D=D, NE_TENSOR=ne_t)
+                INFL=1.0 + KERNEL_REL_SLACK, D=D, BLOCK_T=WRITE_TOKENS, NE_TENSOR=ne_t)
             return
         self._write_torch(seq, positions, k, v, n_end)
 

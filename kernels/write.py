@@ -555,7 +555,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     skb = cache.sketch_bits if cache.scheme != "none" else 0
     weighted = cache.has_weights
     ksk = cache.k_sketch if skb else kw
-    BLOCK_T = 16 if INTERPRET else 4
+    BLOCK_T = 64 if INTERPRET else 4  # (the interpreter runs a program's ops once per tile: 64 tokens, 3.6x less time)
     per_page = page_scaled_keys(cache.scheme)
     if per_page:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
         BLOCK_T = cache.block_size

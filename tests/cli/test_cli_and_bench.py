@@ -59,7 +59,7 @@ def test_model_demo_runs_meters_and_plots(smollm2, tmp_path, capsys):
     from witcert.traceviews import summarize
 
     with Tracer(tmp_path / "demo.trace.jsonl") as tr:
-        res = demo.run(tokens=200, new_tokens=3, out=str(tmp_path), trace=tr)
+        res = demo.run(tokens=100, new_tokens=3, out=str(tmp_path), trace=tr)
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {"exact"} | {s + sfx for s in demo.DEMO_SCHEMES for sfx in ("", " +gate")}
     # 3 new tokens cannot hold the 7-token answer: the task is n/a, not failed by every config (exact too)

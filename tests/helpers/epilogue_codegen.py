@@ -65,9 +65,9 @@ def _window_write_kernel(E, EJ):
     from kernels import exact_window as W
 
     sig = {"SEQ": "*i64", "POS": "*i64", "NE": "*i64", "K": "*bf16", "V": "*bf16", "RK": "*bf16", "RV": "*bf16",
-           "RKN": "*fp32", "RVN": "*fp32", "ne_int": "i32", "s_kn": "i32", "s_kh": "i32", "s_vn": "i32", "s_vh": "i32",
+           "RKN": "*fp32", "RVN": "*fp32", "ne_int": "i32", "N": "i32", "s_kn": "i32", "s_kh": "i32", "s_vn": "i32", "s_vh": "i32",
            "sink": "i32", "recent": "i32", "H": "i32", "C1": "i32"}
-    const = {"INFL": 1.0 + 2.0**-12, "D": 128, "NE_TENSOR": True}
+    const = {"INFL": 1.0 + 2.0**-12, "D": 128, "BLOCK_T": 16, "NE_TENSOR": True}
     return W._window_write_kernel, sig | {k: "constexpr" for k in const}, const
 
 

@@ -119,3 +119,32 @@ def test_subnormal_keys_get_norms_at_least_their_exact_norms_on_the_gpu(dtype):
         got = getattr(a, f)[0][:, cols].cpu().double()
         assert (got >= _exact_norms(x).T * (1.0 + KERNEL_REL_SLACK)).all(), f
         assert (got > 0).all(), f
+
+
+@pytest.mark.parametrize("window", [(4, 32), (0, 5), (3, 0)])
+def test_a_long_prefill_over_several_tiles_writes_the_window_only(window):
+    """A prefill of several write tiles (``WRITE_TOKENS``) for two sequences of different lengths: every ring column
+    equals the torch form's, and the scratch column is never touched by the kernel (the tokens outside the window,
+    most of a prompt, are neither read nor written: their values here are NaN, which no column may take)."""
+    from kernels.exact_window import WRITE_TOKENS
+
+    g = torch.Generator().manual_seed(5)
+    lens = (2 * WRITE_TOKENS + 7, WRITE_TOKENS + 3)
+    seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    ne = torch.cat([torch.full((n,), n) for n in lens])
+    k, v = (torch.randn(len(seq), H, D, generator=g).bfloat16() for _ in range(2))
+    a = ExactWindow.allocate(2, H, D, torch.bfloat16, *window, device=DEV)
+    outside = a.columns_of(pos, ne) == a.columns
+    k[outside], v[outside] = float("nan"), float("nan")
+    b = ExactWindow.allocate(2, H, D, torch.bfloat16, *window, device=DEV)
+    a.write(seq.to(DEV), pos.to(DEV), k.to(DEV), v.to(DEV), ne.to(DEV))
+    b._write_torch(seq.to(DEV), pos.to(DEV), k.to(DEV), v.to(DEV), ne.to(DEV))
+    c = a.columns
+    assert torch.equal(a.k[:, :, :c].cpu(), b.k[:, :, :c].cpu()) and torch.equal(a.v[:, :, :c].cpu(), b.v[:, :, :c].cpu())
+    for f in ("k_norm", "v_norm"):
+        got, ref = getattr(a, f)[:, :, :c].cpu(), getattr(b, f)[:, :, :c].cpu()
+        assert not got.isnan().any() and (got >= ref * (1 - 2.0**-23)).all() and (got <= ref * (1 + 2.0**-22)).all()
+        assert getattr(a, f)[:, :, c].isnan().all()  # the scratch column: still the allocation's NaN
+    assert (a.k[:, :, c] == 0).all() and (a.v[:, :, c] == 0).all()
+    assert b.k[:, :, c].isnan().any()  # (the torch form does land outside tokens there: the check above can fail)
