@@ -144,7 +144,9 @@ def test_a_long_prefill_over_several_tiles_writes_the_window_only(window):
     assert torch.equal(a.k[:, :, :c].cpu(), b.k[:, :, :c].cpu()) and torch.equal(a.v[:, :, :c].cpu(), b.v[:, :, :c].cpu())
     for f in ("k_norm", "v_norm"):
         got, ref = getattr(a, f)[:, :, :c].cpu(), getattr(b, f)[:, :, :c].cpu()
-        assert not got.isnan().any() and (got >= ref * (1 - 2.0**-23)).all() and (got <= ref * (1 + 2.0**-22)).all()
+        w = ~ref.isnan()  # (a ring the shorter sequence does not fill keeps NaN there: on the GPU's 16-token tiles)
+        assert torch.equal(got.isnan(), ref.isnan()) and w.sum() == H * sum(min(sum(window), n) for n in lens)
+        assert (got[w] >= ref[w] * (1 - 2.0**-23)).all() and (got[w] <= ref[w] * (1 + 2.0**-22)).all()
         assert getattr(a, f)[:, :, c].isnan().all()  # the scratch column: still the allocation's NaN
     assert (a.k[:, :, c] == 0).all() and (a.v[:, :, c] == 0).all()
     assert b.k[:, :, c].isnan().any()  # (the torch form does land outside tokens there: the check above can fail)
