@@ -1,5 +1,5 @@
 #!/bin/bash
-# run K1 (2026-12-07, twenty-fourth session), first call of a lease: the twenty-third session's J1, unrun there (every
+# run K1 (2026-12-07, twenty-fourth session), first call of a lease: the twenty-third session's J1 (unrun: every
 # device request refused), with its timeouts back: ν / κ as float32 page maxima (PagedKV.block_norms) on the GPU --
 # the metered call's time with and without them (bench/sketch_speed.py --lean, "s+w pagenorms" against "sketch+win"
 # in one process), witcert selftest on all three canary configurations, and the page-maxima / write / decode tests;
