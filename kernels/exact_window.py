@@ -49,8 +49,9 @@ def _window_write_kernel(SEQ, POS, NE, K, V, RK, RV, RKN, RVN, ne_int, N, s_kn, 
     keep = keep & live
     d = tl.arange(0, D)
     row = (b * H + h) * C1 + col
-    k = tl.load(K + i[:, None] * s_kn + h * s_kh + d[None, :], mask=keep[:, None], other=0.0)
-    v = tl.load(V + i[:, None] * s_vn + h * s_vh + d[None, :], mask=keep[:, None], other=0.0)
+    i64 = i.to(tl.int64)[:, None]  # (a prompt of B·n tokens: i·s_kn passes 2^31 at 2M tokens of Hkv·D = 1024)
+    k = tl.load(K + i64 * s_kn + h * s_kh + d[None, :], mask=keep[:, None], other=0.0)
+    v = tl.load(V + i64 * s_vn + h * s_vh + d[None, :], mask=keep[:, None], other=0.0)
     tl.store(RK + row[:, None] * D + d[None, :], k, mask=keep[:, None])
     tl.store(RV + row[:, None] * D + d[None, :], v, mask=keep[:, None])
     tl.store(RKN + row, _norm_up(k, INFL), mask=keep)
