@@ -28,7 +28,7 @@ import weakref
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
-from contract.schemes import BLOCK_SCHEMES
+from contract.schemes import BLOCK_SCHEMES, SCHEMES
 
 from . import bounds as B
 from . import schemes as S
@@ -108,6 +108,7 @@ class WitCertLayer(CacheLayerMixin):
             kept = self._pooled_storage(Bsz, per_seq) if o.cuda_graph else None
             if kept is not None:  # an earlier request's tensors (witcert.graph_pool: never read before written)
                 self.paged, self.block_table, self.win = kept
+                self._check_adopted()
                 # but a page's ν / κ running max (block_norms) is merged into, not overwritten: start it at 0
                 self.paged.v_norm.zero_()
                 self.paged.k_norm.zero_()
@@ -122,6 +123,18 @@ class WitCertLayer(CacheLayerMixin):
         if holder.storage is None:
             holder.storage = POOL.take(storage_key(self.owner, Bsz, per_seq, self.dtype, self.device))
         return holder.storage.layers[self.layer_idx]
+
+    def _check_adopted(self) -> None:
+        """RuntimeError unless an adopted storage has the kernel variant this cache asked for (the pool's key holds
+        every setting the storage fixes; this catches one it misses instead of serving another form silently)."""
+        o, p = self.owner, self.paged
+        keyed = SCHEMES[o.scheme].position_keyed  # (the dither seed: a launch argument the capture replays)
+        have = (p.scheme, p.block_size, p.sketch_bits, bool(p.head_levels), bool(p.has_weights),
+                p.seed if keyed else None, None if self.win is None else (self.win.sink, self.win.recent))
+        want = (o.scheme, o.block_size, o.sketch_bits, bool(o.kernel_head_levels), o.weights is not None,
+                o.seed if keyed else None, tuple(o.window) if sum(o.window) else None)
+        if have != want:
+            raise RuntimeError(f"witcert.graph_pool: a pooled storage of {have} handed to a cache of {want}")
 
     def _allocate_kernel_storage(self, Bsz: int, per_seq: int, H: int, D: int) -> None:
         """The kernel path's paged K / V, block table, overlay and window rings of this layer (recorded in the

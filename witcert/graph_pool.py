@@ -9,10 +9,11 @@ this pool when a free one of its shape is there (``take``), and gives it back wh
 request replays as it is — no capture on its path. A storage is one request's at a time.
 
 Shape (``storage_key``): the model's layers, kv heads, head dim, dtype and device, the batch, the pages per
-sequence (the capacity), the block size, the scheme, the sketch width, the exact window, the channel weights
-(by value) and, for a position-keyed (dithered) scheme, the dither seed, which the kernels take as a launch
-argument (a graph replays the seed it captured: a new seed takes a new storage, so dithered caches with
-fresh seeds do not reuse).
+sequence (the capacity), the block size, the scheme, the sketch width, the key levels (one per token or per
+(token, head): ``sketch_box``, which the storage's ``PagedKV.head_levels`` fixes; until 2026-12-07 a request asking
+for the other form replayed the earlier one's), the exact window, the channel weights (by value) and, for a
+position-keyed (dithered) scheme, the dither seed, which the kernels take as a launch argument (a graph replays the
+seed it captured: a new seed takes a new storage, so dithered caches with fresh seeds do not reuse).
 
 Why reusing the tensors is sound: every field of a token the kernels read (codes, scales, witnesses, norms,
 the sketch; a ring column of the window) is written by this request's write before any decode reads it —
@@ -122,7 +123,8 @@ def storage_key(cache, batch: int, pages: int, dtype, device) -> tuple:
     row = SCHEMES.get(cache.scheme)
     seed = cache.seed if row is not None and row.position_keyed else None
     return (cache.num_layers, cache.num_kv_heads, cache.head_dim, str(dtype), str(device), int(batch), int(pages),
-            cache.block_size, cache.scheme, cache.sketch_bits, tuple(cache.window), wkey, seed)
+            cache.block_size, cache.scheme, cache.sketch_bits, bool(cache.kernel_head_levels), tuple(cache.window), wkey,
+            seed)
 
 
 class Holder:

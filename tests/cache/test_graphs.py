@@ -437,3 +437,34 @@ def test_the_pool_never_shares_a_storage_and_keys_it_by_shape_and_dither_seed():
     assert e.layers[0].paged.seed == 12 and e.layers[0].paged.k_codes.data_ptr() != pd
     assert POOL.stats().free <= POOL.max_free
     assert keep.data_ptr() == ptr and keep_d.data_ptr() == pd
+
+
+def test_a_request_with_other_key_levels_takes_another_storage():
+    """``sketch_box`` fixes the storage's key levels (``PagedKV.head_levels``: one per token or per (token, head)); a
+    request asking for per-head levels after a symmetric one freed its storage took that storage and replayed its
+    capture (the pool's key missed it until 2026-12-07: the form served was not the one asked for). Now it takes its
+    own, and a later symmetric request adopts the first one again; an adopted storage of another variant is refused
+    (``WitCertLayer._check_adopted``)."""
+    from witcert.graph_pool import POOL
+
+    POOL.clear()
+    model = tiny_llama()
+    sym = WitCertCache(model.config, scheme="int8", backend="kernel", seed=3, max_tokens=64, cuda_graph=True,
+                       window=(2, 5), sketch_box="symmetric")
+    _gen(model, sym, _ids(2, 20), new=2)
+    keep = sym.layers[0].paged.k_codes
+    ptr = keep.data_ptr()
+    del sym
+    per = WitCertCache(model.config, scheme="int8", backend="kernel", seed=3, max_tokens=64, cuda_graph=True,
+                       window=(2, 5), sketch_box="per-head")
+    _gen(model, per, _ids(2, 20), new=2)
+    assert per.kernel_head_levels and all(layer.paged.head_levels for layer in per.layers)
+    assert per.layers[0].paged.k_codes.data_ptr() != ptr
+    again = WitCertCache(model.config, scheme="int8", backend="kernel", seed=3, max_tokens=64, cuda_graph=True,
+                         window=(2, 5), sketch_box="symmetric")
+    _gen(model, again, _ids(2, 20), new=2)
+    assert again.layers[0].paged.k_codes.data_ptr() == ptr and not again.layers[0].paged.head_levels
+    layer = again.layers[0]
+    layer.paged = per.layers[0].paged  # (what a key that misses the levels would hand it)
+    with pytest.raises(RuntimeError, match="pooled storage"):
+        layer._check_adopted()
