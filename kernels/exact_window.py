@@ -61,7 +61,10 @@ def _window_write_kernel(SEQ, POS, NE, K, V, RK, RV, RKN, RVN, ne_int, N, s_kn, 
 @triton.jit
 def _norm_up(x, INFL: tl.constexpr):
     """‖x‖ of each row of ``x`` [T, D] in float64 (squares of bf16 / fp16 / fp32 values are exact there), × INFL,
-    rounded **up** to float32."""
+    rounded **up** to float32. bf16 is widened by its bits (exact: the interpreter's own conversion flushes
+    subnormals, which gave norms below the exact ones on the CPU; review of 2026-12-07)."""
+    if x.dtype.is_bf16():
+        x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     x64 = x.to(tl.float64)
     n = tl.sqrt(tl.sum(x64 * x64, axis=1)) * INFL
     f = n.to(tl.float32)

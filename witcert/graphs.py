@@ -118,7 +118,7 @@ def _key(cache, B, kwargs, has_mask, orig):
     # tilt_above and defer_tilt are read when the step is captured (the merge's arguments): a change takes a new
     # capture
     return (id(orig), B, has_mask, cache.tilt_above, cache.defer_tilt, sig,
-            tuple((id(layer.paged), id(layer.block_table)) for layer in layers))
+            tuple((id(layer.paged), id(layer.block_table), id(layer.win)) for layer in layers))
 
 
 def _why_not(cache, args, kwargs) -> str | None:
@@ -232,7 +232,7 @@ def step(orig, cache, args, kwargs):
         # the output without its past_key_values (the cache: held here it would keep the cache alive, and a pooled
         # step's would be an earlier request's); its logits tensor is the captured step's static one
         g = _Graph(key=_key(cache, B, kwargs, has_mask, orig), st=st, graph=graph, out=type(gout)(logits=gout.logits),
-                   refs=(orig, *((layer.paged, layer.block_table) for layer in layers)))
+                   refs=(orig, *((layer.paged, layer.block_table, layer.win) for layer in layers)))
         cache._graph = g
         if store is not None:  # kept with the storage too: the next request of this shape replays it
             g.request = store.requests
