@@ -460,13 +460,14 @@ def _write_kernel(
     ABS: tl.constexpr = 2.384185791015625e-07 if ASYM else 0.0  # 2^-22
     woff = off if PER_TOKEN else off * 0
     naddr = blk * s_nb + h * s_nh + (off if NORMS_PT else off * 0)  # ν, κ: NORMS_PT False: the page's running max
+    i64 = i.to(tl.int64)[:, None]  # the input rows' offsets: N·s_kn passes 2^31 at 2M tokens of Hkv·D = 1024
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
-            x = tl.load(K + i[:, None] * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
-            pre = PK + i[:, None] * s_kn + h * s_kh + d_idx[None, :]
+            x = tl.load(K + i64 * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+            pre = PK + i64 * s_kn + h * s_kh + d_idx[None, :]
         else:
-            x = tl.load(V + i[:, None] * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
-            pre = PV + i[:, None] * s_vn + h * s_vh + d_idx[None, :]
+            x = tl.load(V + i64 * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+            pre = PV + i64 * s_vn + h * s_vh + d_idx[None, :]
         code, s, xh, zg, sb, mag = _quantize(x, KC if which == 0 else VC, pre, m2, d_idx, seed, layer, h, pos, which,
                                              DIV_INT8, DIV_DITHER, BLOCK_T, D, SCHEME, PRECODED)
         r = xh - x
