@@ -131,7 +131,9 @@ class WitCertLayer(CacheLayerMixin):
         keyed = SCHEMES[o.scheme].position_keyed  # (the dither seed: a launch argument the capture replays)
         have = (p.scheme, p.block_size, p.sketch_bits, bool(p.head_levels), bool(p.has_weights),
                 p.seed if keyed else None, None if self.win is None else (self.win.sink, self.win.recent))
-        want = (o.scheme, o.block_size, o.sketch_bits, bool(o.kernel_head_levels), o.weights is not None,
+        w = o.weights  # (PagedKV.has_weights: a weight not 1 in this layer)
+        want = (o.scheme, o.block_size, o.sketch_bits, bool(o.kernel_head_levels),
+                w is not None and bool((w[self.layer_idx] != 1).any()),
                 o.seed if keyed else None, tuple(o.window) if sum(o.window) else None)
         if have != want:
             raise RuntimeError(f"witcert.graph_pool: a pooled storage of {have} handed to a cache of {want}")

@@ -468,3 +468,14 @@ def test_a_request_with_other_key_levels_takes_another_storage():
     layer.paged = per.layers[0].paged  # (what a key that misses the levels would hand it)
     with pytest.raises(RuntimeError, match="pooled storage"):
         layer._check_adopted()
+    # channel weights all 1 (PagedKV.has_weights False: no weight differs from 1) are adopted, not refused
+    cfg = model.config
+    ones = np.ones((cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads))
+    ptrs = []
+    for _ in range(2):
+        c = WitCertCache(cfg, scheme="int8", backend="kernel", seed=3, max_tokens=64, cuda_graph=True, window=(2, 5),
+                         weights=ones)
+        _gen(model, c, _ids(2, 20), new=2)
+        ptrs.append(c.layers[0].paged.k_codes.data_ptr())
+        del c
+    assert ptrs[0] == ptrs[1]
