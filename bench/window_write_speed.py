@@ -22,6 +22,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from serving import _Timer  # noqa: E402
 
 from kernels.exact_window import ExactWindow  # noqa: E402
 from kernels.fp_bounds import KERNEL_REL_SLACK  # noqa: E402
@@ -67,16 +70,14 @@ def _old(win: ExactWindow, seq, pos, k, v, n: int) -> None:
 
 
 def _time(fn, reps: int = 20) -> float:
+    """Median µs of ``reps`` calls (``serving._Timer``'s CUDA events around each) after 3 untimed."""
     for _ in range(3):
         fn()
     ts = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+        with _Timer("cuda") as t:
+            fn()
+        ts.append(t.elapsed() * 1e3)
     return statistics.median(ts)
 
 
