@@ -438,7 +438,7 @@ def tightness_results():
 @_NO_MODEL
 def test_tightness_targets_of_issue_33(tightness_results):
     """``witcert tightness`` defaults on the embedded model (reference path, the centred sketch box): issue 33's
-    targets that the defaults meet there (median TV⁺/TV 3.66, the kernel path's symmetric box alone 6.3; ≥ 1.7× the
+    targets that the defaults meet there (median TV⁺/TV 3.65, the kernel path's symmetric box alone 6.3; ≥ 1.7× the
     tokens of bf16 at 4K: 1.7006× with ν, κ as page maxima and the (4, 32) window; bench/TIGHTNESS.md)."""
     r = tightness_results["int8"]
     assert r.rows >= 1000 and r.prompts >= 2 and r.violations == 0
