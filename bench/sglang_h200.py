@@ -181,7 +181,14 @@ def main():
     ap.add_argument("--metered-tile", default="", metavar="TOKENS:WARPS:CAP",
                     help="A/B: the metered tile of the 8-bit schemes for this process (kernels.plan.tile_config; CAP 0: "
                          "no register cap), e.g. 64:4:168")
+    ap.add_argument("--pdl", choices=("none", "merge", "both"), default="both",
+                    help="A/B: the launches that take programmatic dependent launch (kernels.pdl.PDL_LAUNCHES; both: "
+                         "the library's default)")
     args = ap.parse_args()
+    import kernels.pdl as pdl
+
+    pdl.PDL_LAUNCHES = {"none": (), "merge": ("merge",), "both": ("merge", "decode")}[args.pdl]
+    print(f"# PDL on the launches {pdl.PDL_LAUNCHES}")
     if args.metered_tile:
         import kernels.plan as kp
 

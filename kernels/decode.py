@@ -100,6 +100,7 @@ from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
 from .interpret import INTERPRET
 from .key_levels import KEY_LEVELS, X0
 from .paged import SCHEME_IDS, PagedKV, dequantized_fp32, page_scaled_keys
+from .pdl import gdc, pdl_launch
 from .plan import DecodePlan, Tile, check_plan, launch_variant, plan_call
 from .repair import RepairOverlay
 from .unmetered import UnmeteredSlots
@@ -491,7 +492,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
         HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=excess_form(plan) and plan.grid,
-        NORMS_PT=cache.norms_per_token,
+        NORMS_PT=cache.norms_per_token, GDC=gdc(q.device),
     )
 
 
@@ -506,7 +507,9 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
     args = _kernel_args(cache, q, plan, rows, ws, sm, repair, window, unmetered)
     consts = _kernel_constants(cache, q, plan, rows.masked, repair is not None, window is not None,
                                unmetered is not None)
-    extra = {} if plan.num_stages is None else {"num_stages": plan.num_stages}
+    extra = pdl_launch(q.device, "decode")
+    if plan.num_stages is not None:
+        extra["num_stages"] = plan.num_stages
     if plan.max_registers is not None and not INTERPRET:  # a register cap per thread (the plan's)
         extra["maxnreg"] = plan.max_registers
     D, T = q.shape[2], cache.block_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .decode_meter import _excess_tile, _group_radius, _histogram_tile, _sketch_query, _sketch_radius, _value_witnesses
 from .decode_program import _exact_window, _query_columns, _split_pages, _store_partials
@@ -45,8 +46,12 @@ def _decode_kernel(
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
     HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
-    NORMS_PT: tl.constexpr = True,
+    NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False,
 ):
+    if GDC:  # launched with PDL (kernels.pdl): the previous kernel has completed and its writes are visible after the
+        # wait, before any load or store here; then the merge's programs may be placed (they wait for this pass)
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)

@@ -83,6 +83,7 @@ from .epilogue_torch import tv_from_hist_torch
 from .excess_grid import EXCESS_COLS, expm1_up_torch, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
+from .pdl import gdc, pdl_launch
 
 
 @functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
@@ -493,7 +494,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
         SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc, GRD=grd,
-        num_warps=warps,
+        GDC=gdc(dev), num_warps=warps, **pdl_launch(dev, "merge"),
     )
     record = None
     if meter and epilogue:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
 
@@ -341,7 +342,7 @@ def _merge_meter_kernel(
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
     STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
-    EXC: tl.constexpr = False, GRD: tl.constexpr = False,
+    EXC: tl.constexpr = False, GRD: tl.constexpr = False, GDC: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -353,7 +354,11 @@ def _merge_meter_kernel(
     ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
     EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``; with GRD
     [B·Hq, S, EXCESS_COLS], the grid block after them, ``excess_grid._grid_form``: the smaller form) give
-    tier A a further closed form, ``_excess_form`` (+ ρ), before the τ decision (REC_EXCESS; 1 without EXC)."""
+    tier A a further closed form, ``_excess_form`` (+ ρ), before the τ decision (REC_EXCESS; 1 without EXC).
+    GDC (launched with PDL, ``kernels.pdl``): the decode pass has completed and its partials are visible after the
+    first statement's wait."""
+    if GDC:
+        gdc_wait()
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq

@@ -31,7 +31,8 @@ def _merge_meter_kernel(E, EJ):
              "ETA1": 1.1e-06, "FLUSH": 2.0**-100, "OUT_REL0": 0.0, "BIAS": 2.0**-14, "N1": EJ.COARSE,
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
              "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
-             "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0, "EXC": True, "GRD": True}
+             "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0, "EXC": True, "GRD": True,
+             "GDC": False}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 

@@ -1,0 +1,63 @@
+"""Programmatic dependent launch (PDL, CUDA sm_90 and later) for the decode's two launches.
+
+    PDL_LAUNCHES            the launches that take PDL: "merge" (the fused merge after the decode pass), "decode"
+                            (the decode pass after whatever the stream ran before it); a benchmark empties it
+    gdc(device)             whether the kernels' grid dependency control instructions run there (the kernels'
+                            ``GDC`` constexpr: CUDA, capability ≥ 9.0, not Triton's interpreter)
+    pdl_launch(device, op)  the launch keywords of ``op`` (``{"launch_pdl": True}`` or ``{}``)
+
+A kernel launched with PDL may start while the kernel before it in the stream is still running; its
+``griddepcontrol.wait`` (Triton's ``gdc_wait``) then blocks until that kernel has completed and its memory
+operations are visible. Both kernels execute it before their first load and store (``_decode_kernel``,
+``epilogue_jit._merge_meter_kernel``), so what they read and write is what a plain launch gives, bit for bit
+(``tests/kernels/test_pdl.py``); what PDL saves is the dependent launch's latency. The decode pass signals
+(``gdc_launch_dependents``) right after its own wait, so the merge's programs are placed on the multiprocessors as
+soon as every decode program has started (they wait there for the pass to finish). Without PDL both
+instructions are no-ops (PTX ``griddepcontrol``). Timed in bench/RESULTS.md (``bench/pdl_ab.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from .interpret import INTERPRET
+
+log = logging.getLogger("witcert.kernels")
+_LOGGED: set = set()
+
+#: the launches that take PDL where ``gdc`` holds ("merge", "decode"); read at each launch. Off by default until
+#: timed on a GPU (bench/pdl_ab.py)
+PDL_LAUNCHES: tuple[str, ...] = ()
+#: the launches this module knows
+_OPS = ("merge", "decode")
+
+
+def gdc(device) -> bool:
+    """Whether the kernels execute ``griddepcontrol`` on ``device`` (their ``GDC``): CUDA with compute capability ≥
+    9.0, outside Triton's interpreter (which has no inline PTX), while some launch takes PDL."""
+    dev = torch.device(device)
+    if INTERPRET or dev.type != "cuda" or not PDL_LAUNCHES:
+        return False
+    return _sm90(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_launch(device, op: str) -> dict:
+    """The launch keywords of ``op`` ("merge" or "decode") on ``device``: ``launch_pdl`` where ``gdc(device)`` and
+    ``op`` is in ``PDL_LAUNCHES`` (logged once per device and setting), else none."""
+    if op not in _OPS:
+        raise ValueError(f"pdl_launch: op is one of {_OPS}, got {op!r}")
+    on = op in PDL_LAUNCHES and gdc(device)
+    key = (str(device), op, on)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info("decode: the %s launch %s programmatic dependent launch on %s", op, "takes" if on else "does not take",
+                 device)
+    return {"launch_pdl": True} if on else {}

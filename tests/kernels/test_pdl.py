@@ -1,0 +1,129 @@
+"""Programmatic dependent launch (``kernels.pdl``): where it is taken, the sm_90 code of the two kernels that wait
+(``griddepcontrol.wait`` before their first global access), and on a GPU the decode call with PDL against the same
+call without it, bit for bit, eager and replayed from a CUDA graph."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels.pdl as pdl
+from tests.kernels.test_kernel_codegen import ROOT, _tools
+
+DEV = os.environ.get("WITCERT_DEVICE", "cpu")
+
+
+def test_no_pdl_off_the_gpu_or_without_launches(monkeypatch):
+    assert pdl.pdl_launch("cpu", "merge") == {} and pdl.pdl_launch("cpu", "decode") == {}
+    assert not pdl.gdc("cpu")
+    monkeypatch.setattr(pdl, "PDL_LAUNCHES", ())
+    assert not pdl.gdc("cuda")  # (no device query: no launch takes PDL)
+    with pytest.raises(ValueError, match="op is one of"):
+        pdl.pdl_launch("cpu", "write")
+
+
+_CODEGEN = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import sass_probe
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import triton
+from kernels import epilogue as E, epilogue_jit as EJ
+from tests.helpers.epilogue_codegen import _merge_meter_kernel
+
+def first(ptx, pat):
+    m = re.search(pat, ptx)
+    return m.start() if m else -1
+
+for gdc in (False, True):
+    dec = sass_probe.compile_decode(True, 128, 1, GDC=gdc).asm["ptx"]
+    fn, sig, const = _merge_meter_kernel(E, EJ)
+    mer = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const | {"GDC": gdc}),
+                         target=GPUTarget("cuda", 90, 64), options={"num_warps": 4}).asm["ptx"]
+    for name, ptx in (("decode", dec), ("merge", mer)):
+        print(name, gdc, first(ptx, r"griddepcontrol\.wait"), first(ptx, r"griddepcontrol\.launch_dependents"),
+              first(ptx, r"\b(ld|st)\.global"))
+"""
+
+
+@pytest.mark.skipif(not _tools(), reason="Triton's bundled ptxas / nvdisasm not installed")
+def test_the_waiting_kernels_wait_before_their_first_global_access():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _CODEGEN], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = {(ln.split()[0], ln.split()[1]): [int(x) for x in ln.split()[2:]] for ln in r.stdout.splitlines()}
+    for name in ("decode", "merge"):
+        wait, launch, mem = got[name, "False"]
+        assert wait == launch == -1 and mem > 0  # GDC off: no grid dependency control
+        wait, launch, mem = got[name, "True"]
+        assert 0 <= wait < mem, (name, wait, mem)
+        if name == "decode":  # the decode lets the merge's programs be placed, after its own wait
+            assert wait < launch < mem
+        else:
+            assert launch == -1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV == "cpu", reason="PDL needs a CUDA GPU of compute capability 9.0 or more")
+@pytest.mark.parametrize("case", ["off", "group", "default"])
+def test_pdl_changes_no_value(case, monkeypatch):
+    if not pdl.gdc(DEV):
+        pytest.skip("this GPU has no griddepcontrol (compute capability < 9.0)")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from decode import fill_cache
+    from sketch_speed import page_norms, sketched
+
+    from kernels.decode import decode
+    from kernels.exact_window import ExactWindow
+
+    torch.manual_seed(0)
+    B, n, Hq, Hkv, D = 3, 5000, 32, 8, 128
+    c, bt = fill_cache(B, n, Hkv, D, "int8", DEV)
+    q = torch.randn(B, Hq, D, device=DEV, dtype=torch.bfloat16)
+    sl = torch.tensor([n, 17, 4093], device=DEV, dtype=torch.int32)
+    win = None
+    if case == "default":
+        c = page_norms(sketched(c, 2, True, torch.Generator().manual_seed(0)))
+        win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, 4, 32, device=DEV)
+        win.k.normal_()
+        win.v.normal_()
+        win.k_norm.fill_(12.0)
+        win.v_norm.fill_(12.0)
+
+    def call():
+        return decode(c, q, bt, sl, meter=case != "off", validate=False, window=win, tilt_above=-1.0)
+
+    def fields(out):  # the output, the log-sum-exp and every tensor of the record
+        rec = out.meter
+        vals = [out.o, out.lse]
+        if rec is not None:
+            vals += [getattr(rec, f.name) for f in dataclasses.fields(rec) if getattr(rec, f.name) is not None]
+        assert case == "off" or len(vals) > 10
+        return [v.clone() for v in vals]
+
+    def graphed():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = call()
+        g.replay()
+        torch.cuda.synchronize()
+        return fields(out)
+
+    got = {}
+    for launches in ((), ("merge",), ("merge", "decode")):
+        monkeypatch.setattr(pdl, "PDL_LAUNCHES", launches)
+        got[launches] = (fields(call()), graphed())
+    base = got[()]
+    for launches, (eager, replay) in got.items():
+        for a, b in zip(eager + replay, base[0] + base[1]):
+            assert torch.equal(a, b), launches
