@@ -9,6 +9,7 @@ import triton.language as tl
 
 from .decode_steps import _softmax_step
 from .excess_grid import _grid_tile
+from .interpret import f32
 
 
 @triton.jit
@@ -62,7 +63,7 @@ def _query_columns(Q, b, kvh, s_qb, s_qh, GQ: tl.constexpr, BLOCK_H: tl.constexp
     d = tl.arange(0, D)
     qT = tl.load(Q + b * s_qb + (kvh * GQ + hcol)[None, :] * s_qh + d[:, None], mask=(hcol < GQ)[None, :],
                  other=0.0)  # [D, H]
-    q32T = qT.to(tl.float32)
+    q32T = f32(qT)
     if not LOWP:  # on the GPU q keeps its bf16/fp16 dtype (the wrapper guarantees one)
         qT = q32T
     return heads_i, hmask, heads, hcol, d, qT, q32T
@@ -95,7 +96,7 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
             if LOWP:
                 sT = tl.dot(wk.to(Q.dtype.element_ty), qT) * sm_scale
             else:
-                sT = tl.dot(wk.to(tl.float32), q32T) * sm_scale
+                sT = tl.dot(f32(wk), q32T) * sm_scale
             sT = tl.where(wok[:, None], sT, float("-inf"))
             m_new, alpha, pT, l = _softmax_step(m, l, sT)
             if EXC:
@@ -107,7 +108,7 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
             if LOWP and not PV_F32:
                 accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
             else:
-                accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.float32), pT, input_precision=PREC32)
+                accT = accT * alpha[None, :] + tl.dot(f32(wvT), pT, input_precision=PREC32)
             if METER:
                 psum = tl.sum(pT, axis=0)  # [H]: every window token is at level 0 (radius 0)
                 if PACK_HIST:  # the lo columns repeat the heads: the sum goes to the hi ones

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from .decode_steps import _code_offsets, _norm_offsets, _prefetch_l2, _softmax_step, _witness_offsets
 from .ids import FP8_E5M2_ID, INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
+from .interpret import f32
 from .write import dither_from_hash, token_hash
 
 
@@ -107,10 +108,10 @@ def _group_tile(KC, VC, KS, VS, KZ, VZ, RK, RV, cbase, sbase, vsbase, valid, rep
     vh = tl.load(VZ + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) + \
         tl.load(VS + vgidx, mask=valid[:, None], other=0.0).to(tl.float32) * vcode
     if HAS_REP:  # a repaired token: its exact K/V (model dtype, exact in fp32) instead of z + s·c
-        kh = tl.where(rep[:, None], tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
-                      .to(tl.float32), kh)
-        vh = tl.where(rep[:, None], tl.load(RV + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)
-                      .to(tl.float32), vh)
+        kh = tl.where(rep[:, None], f32(tl.load(RK + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)),
+                      kh)
+        vh = tl.where(rep[:, None], f32(tl.load(RV + rbase[:, None] + d[None, :], mask=rep[:, None], other=0.0)),
+                      vh)
     ks = tl.full([BLOCK_N], 1.0, tl.float32)
     sT = tl.dot(kh, q32T, input_precision=PREC32) * sm_scale  # [N, H]
     nfk = _nonfinite_logits(sT, valid)
@@ -151,8 +152,8 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
         kc = kc.to(Q.dtype.element_ty)
         vcT = vcT.to(tl.float32 if PV_F32 else tl.bfloat16)
     else:
-        kc = kc.to(tl.float32)
-        vcT = vcT.to(tl.float32)
+        kc = f32(kc)
+        vcT = f32(vcT)
     if HAS_REP:
         # a repaired token: its exact K/V (the wrapper checks the pool dtype is q's on the GPU,
         # so the conversion is exact) with scale 1 and no dither
@@ -162,8 +163,8 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
             rk = rk.to(Q.dtype.element_ty)
             rvT = rvT.to(tl.float32 if PV_F32 else tl.bfloat16)
         else:
-            rk = rk.to(tl.float32)
-            rvT = rvT.to(tl.float32)
+            rk = f32(rk)
+            rvT = f32(rvT)
         kc = tl.where(rep[:, None], rk, kc)
         vcT = tl.where(rep[None, :], rvT, vcT)
         ks = tl.where(rep, 1.0, ks)

@@ -16,7 +16,7 @@ import triton.language as tl
 from contract.sketch import check_window
 
 from .fp_bounds import KERNEL_REL_SLACK
-from .interpret import INTERPRET
+from .interpret import INTERPRET, f32
 from .repair import RepairOverlay
 
 #: tokens per program of the window's write (the interpreter runs a program's ops once for the whole tile, so it takes
@@ -63,9 +63,7 @@ def _norm_up(x, INFL: tl.constexpr):
     """‖x‖ of each row of ``x`` [T, D] in float64 (squares of bf16 / fp16 / fp32 values are exact there), × INFL,
     rounded **up** to float32. bf16 is widened by its bits (exact: the interpreter's own conversion flushes
     subnormals, which gave norms below the exact ones on the CPU; review of 2026-12-07)."""
-    if x.dtype.is_bf16():
-        x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    x64 = x.to(tl.float64)
+    x64 = f32(x).to(tl.float64)
     n = tl.sqrt(tl.sum(x64 * x64, axis=1)) * INFL
     f = n.to(tl.float32)
     up = (f.to(tl.float64) < n) & (f >= 0)  # (a finite non-negative f below n: its next float32 up)

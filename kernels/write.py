@@ -48,7 +48,7 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
-from .interpret import INTERPRET, torch_fp8_codes
+from .interpret import INTERPRET, f32, torch_fp8_codes
 from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -463,10 +463,10 @@ def _write_kernel(
     i64 = i.to(tl.int64)[:, None]  # the input rows' offsets: N·s_kn passes 2^31 at 2M tokens of Hkv·D = 1024
     for which in tl.static_range(2):  # 0: keys, 1: values
         if which == 0:
-            x = tl.load(K + i64 * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+            x = f32(tl.load(K + i64 * s_kn + h * s_kh + d_idx[None, :], mask=m2, other=0.0))
             pre = PK + i64 * s_kn + h * s_kh + d_idx[None, :]
         else:
-            x = tl.load(V + i64 * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0).to(tl.float32)
+            x = f32(tl.load(V + i64 * s_vn + h * s_vh + d_idx[None, :], mask=m2, other=0.0))
             pre = PV + i64 * s_vn + h * s_vh + d_idx[None, :]
         code, s, xh, zg, sb, mag = _quantize(x, KC if which == 0 else VC, pre, m2, d_idx, seed, layer, h, pos, which,
                                              DIV_INT8, DIV_DITHER, BLOCK_T, D, SCHEME, PRECODED)

@@ -153,3 +153,46 @@ def test_a_long_prefill_over_several_tiles_writes_the_window_only(window):
         assert getattr(a, f)[:, :, c].isnan().all()  # the scratch column: still the allocation's NaN
     assert (a.k[:, :, c] == 0).all() and (a.v[:, :, c] == 0).all()
     assert b.k[:, :, c].isnan().any()  # (the torch form does land outside tokens there: the check above can fail)
+
+
+@pytest.mark.parametrize("part", ["values", "keys"])
+def test_a_window_of_subnormal_values_or_keys_is_served_exactly(part, monkeypatch):
+    """The decode serves the ring's tokens as exact (radius 0, φ = 0): its loads must not change them. A window of bf16
+    subnormal values (or keys), with bit patterns the interpreter's own bf16 → float32 conversion flushed to 0: the
+    decode's output is within E⁺ of the exact attention, and served values are the stored ones (interpreter and GPU;
+    before the decode widened the ring's bf16 by its bits, the interpreter served subnormal keys as 0: output error
+    0.042 against E⁺ 0.0048, and values 10× too small)."""
+    import kernels.decode as Dk
+    from kernels.decode import decode
+    from kernels.paged import PagedKV
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    g = torch.Generator().manual_seed(3)
+    n, gq = 6, 2
+    bits = torch.tensor([0x0001, 0x0002, 0x0021, 0x0078, 0x8001 - 0x10000, 0x8021 - 0x10000], dtype=torch.int16)
+    tiny = bits.repeat(n * H * D // 6 + 1)[: n * H * D].view(torch.bfloat16).view(n, H, D)
+    k = torch.randn(n, H, D, generator=g).bfloat16()
+    v = torch.randn(n, H, D, generator=g).bfloat16()
+    if part == "values":
+        v = tiny
+    else:  # keys of subnormal size and a query large enough for their logits to matter (~1e-38·1e37)
+        k = tiny
+    q = torch.randn(1, H * gq, D, generator=g).bfloat16() * (1e37 if part == "keys" else 1.0)
+    win = ExactWindow.allocate(1, H, D, torch.bfloat16, 2, 4, device=DEV)  # every token in the window
+    win.write(torch.zeros(n, dtype=torch.long, device=DEV), torch.arange(n, device=DEV), k.to(DEV), v.to(DEV), n)
+    c = PagedKV.allocate(2, H, D, "int8", num_groups=1, device=DEV)  # (the paged loop has no page to read)
+    bt = torch.arange(1, dtype=torch.int32, device=DEV)[None]
+    qd = q.to(DEV) if DEV == "cuda" else q.float()
+    out = decode(c, qd, bt, torch.tensor([n], device=DEV), window=win)
+    rec = out.meter
+    assert not rec.flag.cpu().any()
+    sig = 1 / math.sqrt(D)
+    for hq in range(H * gq):
+        h = hq // gq
+        p = torch.softmax(sig * k[:, h].double() @ q[0, hq].double(), 0)
+        o_ref = p @ v[:, h].double()
+        err = (out.o[0, hq].cpu().double() - o_ref).norm().item()
+        assert err <= rec.out_err_upper[0, hq].item(), (hq, err, rec.out_err_upper[0, hq].item())
+        if part == "values":  # the values as stored (the interpreter served 3.6e-41 for 3.6e-40, 4 % of the largest)
+            rel = 1e-4 if DEV == "cpu" else 1e-2  # (the GPU's PV dot takes p̂ in bf16)
+            assert (out.o[0, hq].cpu().double() - o_ref).abs().max() <= rel * o_ref.abs().max()

@@ -3,7 +3,7 @@
 # decode call with PDL on no / the merge's / both launches, bit for bit, eager and graph-replayed), then the whole call
 # side by side (bench/pdl_ab.py, one process, interleaved rounds)
 source bench/device_suite.sh
-timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pdl.py > $OUT/P1_pdl_test.log 2>&1
+timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_window_write.py > $OUT/P1_pdl_test.log 2>&1
 echo "test rc $?"; tail -3 $OUT/P1_pdl_test.log | cut -c1-300
 timeout 380 python3 bench/pdl_ab.py --rounds 3 > $OUT/P1_pdl_ab.log 2> $OUT/P1_pdl_ab.err
 echo "bench rc $?"; grep -v "^#   rounds" $OUT/P1_pdl_ab.log; tail -5 $OUT/P1_pdl_ab.err | cut -c1-300
