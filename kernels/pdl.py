@@ -28,9 +28,8 @@ from .interpret import INTERPRET
 log = logging.getLogger("witcert.kernels")
 _LOGGED: set = set()
 
-#: the launches that take PDL where ``gdc`` holds ("merge", "decode"); read at each launch. Off by default until
-#: timed on a GPU (bench/pdl_ab.py)
-PDL_LAUNCHES: tuple[str, ...] = ()
+#: the launches that take PDL where ``gdc`` holds ("merge", "decode"); read at each launch (a benchmark empties it)
+PDL_LAUNCHES: tuple[str, ...] = ("merge", "decode")
 #: the launches this module knows
 _OPS = ("merge", "decode")
 
