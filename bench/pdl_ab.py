@@ -13,7 +13,6 @@ sums and grid, tilt on every row). Per cell the median over ``--rounds`` of ``tr
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -23,12 +22,11 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from decode import bench, fill_cache, graphed, time_sdpa  # noqa: E402
-from sketch_speed import page_norms, sketched  # noqa: E402
+from decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
+from sketch_speed import page_norms, random_window, sketched  # noqa: E402
 
 import kernels.pdl as pdl  # noqa: E402
 from kernels.decode import decode  # noqa: E402
-from kernels.exact_window import ExactWindow  # noqa: E402
 
 SETTINGS = {"none": (), "merge": ("merge",), "both": ("merge", "decode")}
 
@@ -51,18 +49,10 @@ def main(argv=None):
           + f" {'merge/none':>10} {'both/none':>9} {'sdpa/x':>28}")
     for shape in args.shapes.split(","):
         B, n = (int(x) for x in shape.split(":"))
-        torch.manual_seed(0)
         gen = torch.Generator().manual_seed(0)
-        kvb = B * n * Hkv * (D * 2 + 4)
-        copies = max(1, math.ceil(4 * 60e6 / kvb))
-        base = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
-        q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-        sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-        win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, 4, 32, device=dev)
-        win.k.normal_()
-        win.v.normal_()
-        win.k_norm.fill_(12.0)
-        win.v_norm.fill_(12.0)
+        _, base, q, sl, _ = int8_shape(B, n, Hq, Hkv, D, dev, p.multi_processor_count)
+        copies = len(base)
+        win = random_window(B, Hkv, D, 4, 32, dev)
         sk = [(page_norms(sketched(c, 2, True, gen)), bt) for c, bt in base] if "default" in variants else []
         spec = {"off": (base, False, None, -1.0), "on": (base, True, None, args.tau), "full": (base, True, None, -1.0),
                 "default": (sk, True, win, -1.0)}

@@ -61,6 +61,17 @@ def page_norms(c: PagedKV) -> PagedKV:
     return dataclasses.replace(c, block_norms=True, v_norm=vn, k_norm=kn)
 
 
+def random_window(B: int, Hkv: int, D: int, sink: int, recent: int, dev) -> ExactWindow:
+    """An exact window of random bf16 K / V rings (norms 12: above any ring row's, as the write would store them
+    rounded up)."""
+    win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, sink, recent, device=dev)
+    win.k.normal_()
+    win.v.normal_()
+    win.k_norm.fill_(12.0)
+    win.v_norm.fill_(12.0)
+    return win
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32")
@@ -97,11 +108,7 @@ def main(argv=None):
                 base = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(copies)]
                 q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
                 sl = torch.full((B,), n, device=dev, dtype=torch.int32)
-                win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, sink, recent, device=dev)
-                win.k.normal_()
-                win.v.normal_()
-                win.k_norm.fill_(12.0)
-                win.v_norm.fill_(12.0)
+                win = random_window(B, Hkv, D, sink, recent, dev)
                 variants = {
                     **{f"s+w cap{c}": ([(sketched(c0, 2, True, gen), bt) for c0, bt in base], True, win,
                                        dict(max_registers=c or None)) for c in caps},

@@ -77,10 +77,9 @@ def test_pdl_changes_no_value(case, monkeypatch):
         pytest.skip("this GPU has no griddepcontrol (compute capability < 9.0)")
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from decode import fill_cache
-    from sketch_speed import page_norms, sketched
+    from sketch_speed import page_norms, random_window, sketched
 
     from kernels.decode import decode
-    from kernels.exact_window import ExactWindow
 
     torch.manual_seed(0)
     B, n, Hq, Hkv, D = 3, 5000, 32, 8, 128
@@ -90,11 +89,7 @@ def test_pdl_changes_no_value(case, monkeypatch):
     win = None
     if case == "default":
         c = page_norms(sketched(c, 2, True, torch.Generator().manual_seed(0)))
-        win = ExactWindow.allocate(B, Hkv, D, torch.bfloat16, 4, 32, device=DEV)
-        win.k.normal_()
-        win.v.normal_()
-        win.k_norm.fill_(12.0)
-        win.v_norm.fill_(12.0)
+        win = random_window(B, Hkv, D, 4, 32, DEV)
 
     def call():
         return decode(c, q, bt, sl, meter=case != "off", validate=False, window=win, tilt_above=-1.0)
