@@ -32,6 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
+from .interpret import f32
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
@@ -410,7 +411,7 @@ def _merge_meter_kernel(
             bad += ((L != L) | (L == float("inf")) | (L == float("-inf"))).to(tl.float32)
             bad += tl.sum(((o != o) | (o == float("inf")) | (o == float("-inf"))).to(tl.float32), axis=0)
             bad += tl.sum(((hm != hm) | (hm == float("inf"))).to(tl.float32), axis=0)
-            qv = tl.load(Q + b * s_qb + h * s_qh + d).to(tl.float64)
+            qv = f32(tl.load(Q + b * s_qb + h * s_qh + d)).to(tl.float64)  # (f32: a bf16 q's subnormals kept)
             qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
             qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
             q1 = tl.sum(tl.abs(qv), axis=0)

@@ -15,7 +15,7 @@ operations are visible. Both kernels execute it before their first load and stor
 once every decode program has reached its end (they wait there for the pass to complete); a signal at the decode's
 start made the default sketch call 13 % slower at B 1 / 4K (run P1: the merge's waiting programs beside the decode's).
 Without PDL both instructions are no-ops (PTX ``griddepcontrol``). Timed in bench/RESULTS.md, run P1
-(``bench/pdl_ab.py``): 0.4-3 % less time per call at B 1, none lost at B 8 / 32.
+(``bench/pdl_ab.py``): 0.4-3 % less time per call at B 1, none lost at B 8 (nor at B 32 in P1's first form).
 """
 
 from __future__ import annotations
