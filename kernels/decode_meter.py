@@ -11,6 +11,7 @@ import triton.language as tl
 from .decode_steps import SKETCH_COLD_MASS, _key_level, _sketch_bf16
 from .excess_grid import _grid_tile
 from .ids import INT4_GROUP_ID, INT8_DITHER_ID, INT8_ID, KIVI2_ID
+from .interpret import f32
 from .write import sketch_beta, sketch_value
 
 
@@ -107,7 +108,7 @@ def _sketch_ratio_int8(Q, byt, dbi, pT, l, ks, hmask, hcol, b, kvh, s_qb, s_qh, 
                 dT += tl.dot(_sketch_bf16(byt16, 3 - SKB * kq, SKB), qk)
             else:
                 code = (byt.to(tl.int32) >> (SKB * kq)) & (LV - 1)
-                dT += tl.dot(sketch_value(code.to(tl.float32), LV), qk.to(tl.float32))
+                dT += tl.dot(sketch_value(code.to(tl.float32), LV), f32(qk))  # (f32: a bf16 q as stored)
         if MAGIC_BF16:
             dT = 2.0 * dT - ((31.0 + LV) * q_sum)[None, :]
         dT = dT * (ks * (0.5 / LV))[:, None]

@@ -12,7 +12,7 @@ operations are visible. Both kernels execute it before their first load and stor
 ``epilogue_jit._merge_meter_kernel``), so what they read and write is what a plain launch gives, bit for bit
 (``tests/kernels/test_pdl.py``); what PDL saves is the dependent launch's latency. The decode pass signals
 (``gdc_launch_dependents``) before it stores its partials, so the merge's programs are placed on the multiprocessors
-once every decode program has reached its end (they wait there for the pass to complete); a signal at the decode's
+once every decode program has signalled or exited (they wait there for the pass to complete); a signal at the decode's
 start made the default sketch call 13 % slower at B 1 / 4K (run P1: the merge's waiting programs beside the decode's).
 Without PDL both instructions are no-ops (PTX ``griddepcontrol``). Timed in bench/RESULTS.md, run P1
 (``bench/pdl_ab.py``): 0.4-3 % less time per call at B 1, none lost at B 8 (nor at B 32 in P1's first form).
@@ -37,8 +37,8 @@ _OPS = ("merge", "decode")
 
 
 def gdc(device) -> bool:
-    """Whether the kernels execute ``griddepcontrol`` on ``device`` (their ``GDC``): CUDA with compute capability ≥
-    9.0, outside Triton's interpreter (which has no inline PTX), while some launch takes PDL."""
+    """Whether the kernels execute ``griddepcontrol`` on ``device`` (their ``GDC``): NVIDIA CUDA with compute capability
+    ≥ 9.0, outside Triton's interpreter (which has no inline PTX), while some launch takes PDL."""
     dev = torch.device(device)
     if INTERPRET or dev.type != "cuda" or not PDL_LAUNCHES:
         return False
@@ -47,7 +47,8 @@ def gdc(device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # (ROCm reports its own architectures as capability 9.x: no PTX there)
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl_launch(device, op: str) -> dict:

@@ -514,3 +514,35 @@ def test_tightness_auto_backend_is_the_kernels_on_a_gpu(monkeypatch):
     assert resolve_backend("auto", "cuda", torch.bfloat16, cfg, "tight_user_scheme") == "reference"
     assert resolve_backend("reference", "cuda", torch.bfloat16, cfg) == "reference"
     assert resolve_backend("kernel", "cpu", torch.float32, cfg) == "kernel"
+
+
+@pytest.mark.parametrize("bits,qbits", [(4, 0x0040), (2, 0x0021)])
+def test_sketch_dot_reads_a_bf16_query_as_stored(bits, qbits, monkeypatch):
+    """The int8 sketch's chunks of q (``decode_meter._sketch_query``) are dotted in float32 off the GPU's magic-number
+    path: read through ``kernels.interpret.f32``, as the logits' q is. A bf16 query of subnormal entries under
+    σ = 1e38 (the interpreter's own conversion made them 0 there, so the sketch centre and the radius came out too
+    small: TV⁺ 0.0100 against a realised TV of 0.0108; review, 2026-12-07): TV⁺ ≥ the realised TV of the served
+    keys, in the interpreter and on the GPU."""
+    import kernels.decode as Dk
+    from kernels.write import write_kv
+    from tests.helpers.conformance import dequant, on_cpu
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    torch.manual_seed(4)
+    n, D = 16, 64
+    c = PagedKV.allocate(2, 1, D, "int8", block_size=16, num_groups=1, sketch_bits=bits, device=DEV)
+    k = torch.randn(n, 1, D).bfloat16()
+    v = torch.randn(n, 1, D).bfloat16()
+    bt = torch.zeros(1, 1, dtype=torch.int32)
+    write_kv(c, k.to(DEV), v.to(DEV), bt.to(DEV), torch.zeros(n, dtype=torch.long, device=DEV),
+             torch.arange(n, device=DEV))
+    signs = torch.sign(torch.randn(2, D))
+    q = (torch.tensor([qbits], dtype=torch.int16).view(torch.bfloat16).float() * signs).bfloat16()[None]
+    sig = 1e38
+    out = decode(c, q.to(DEV), bt.to(DEV), torch.tensor([n], device=DEV), sm_scale=sig)
+    kh, _ = dequant(on_cpu(c), bt, 0, n, 0)
+    for hq in range(2):
+        qq = q[0, hq].double()
+        p = torch.softmax(sig * (k[:, 0].double() @ qq), 0)
+        p_hat = torch.softmax(sig * (kh @ qq), 0)
+        assert B.tv(p, p_hat).item() <= out.meter.tv_upper_a[0, hq].item()
