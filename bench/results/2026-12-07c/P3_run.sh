@@ -1,5 +1,5 @@
 #!/bin/bash
-# NOT RUN (2026-12-07): the device refused the start and the session's device time ran out (271 s left)
+# Ran as an inline command of the same content (SGLang A/B only, timeout 70 each, no test): P3_sg_none.log, P3_sg_both.log
 # run P3 (2026-12-07, twenty-fifth session): SGLang's call side by side with PDL off and on (bench/sglang_h200.py --pdl,
 # one process each; pydantic's wheels now carried: the device image lacks pydantic_core, which SGLang's import chain
 # needs), then the PDL codegen / GPU test after its launch_dependents moved before the partials' stores
