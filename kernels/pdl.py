@@ -13,7 +13,7 @@ operations are visible. Both kernels execute it before their first load and stor
 (``tests/kernels/test_pdl.py``); what PDL saves is the dependent launch's latency. The decode pass signals
 (``gdc_launch_dependents``) before it stores its partials, so the merge's programs are placed on the multiprocessors
 once every decode program has signalled or exited (they wait there for the pass to complete); a signal at the decode's
-start made the default sketch call 13 % slower at B 1 / 4K (run P1: the merge's waiting programs beside the decode's).
+start made the default sketch call 13 % slower at B 1 / 4K (run P1; not profiled: likely the merge's waiting programs beside the decode's).
 Without PDL both instructions are no-ops (PTX ``griddepcontrol``). Timed in bench/RESULTS.md, run P1
 (``bench/pdl_ab.py``): 0.4-3 % less time per call at B 1, none lost at B 8 (nor at B 32 in P1's first form).
 """
