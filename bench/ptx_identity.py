@@ -36,6 +36,7 @@ CONFIGS = [
     ("kivi2", dict(meter=True, tokens=64, stages=1, scheme="kivi2", TIER_B=True, NB=64)),
     ("kivi2_nometer", dict(meter=False, tokens=64, stages=1, scheme="kivi2")),
     ("fp8_e4m3", dict(meter=True, tokens=128, stages=1, scheme="fp8_e4m3")),
+    ("fp8_e5m2", dict(meter=True, tokens=128, stages=1, scheme="fp8_e5m2")),
     ("fp8_scaled_sketch4", dict(meter=True, tokens=64, stages=1, scheme="fp8_e4m3_scaled", SKB=4, WEIGHTED=True)),
     ("none_win", dict(meter=True, tokens=128, stages=2, scheme="none", head_columns=16, HAS_WIN=True, PV_F32=True)),
     ("none_nometer", dict(meter=False, tokens=64, stages=1, scheme="none", PV_F32=True)),

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from .decode_steps import _code_offsets, _norm_offsets, _prefetch_l2, _softmax_step, _witness_offsets
 from .ids import FP8_E5M2_ID, INT4_GROUP_ID, INT8_DITHER_ID, NONE_ID
-from .interpret import f32
+from .interpret import f16, f32
 from .write import dither_from_hash, token_hash
 
 
@@ -140,8 +140,9 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
         # through fp16 (sm_90: the native cvt.rn.f16x2.e5m2x2), as the write and torch read the codes: Triton's direct
         # e5m2 → bf16 shifts the bits into a bf16 and multiplies by 2^112, which reads an inf / NaN code as a finite
         # ±65536 … 114688 (the H100 run Y1 served one unflagged; the interpreter reads 65536, which fp16 makes inf)
-        kc = kc.to(tl.float16)
-        vcT = vcT.to(tl.float16)
+        # (f16: the interpreter's own cast flushes the subnormal codes; ``kernels.interpret``)
+        kc = f16(kc)
+        vcT = f16(vcT)
     if SCHEME == NONE_ID:
         ks = tl.full([BLOCK_N], 1.0, tl.float32)
         vs = tl.full([BLOCK_N], 1.0, tl.float32)

@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
-from .interpret import f32
+from .interpret import f32, narrow
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
@@ -387,7 +387,7 @@ def _merge_meter_kernel(
     # (int64 offsets: a caller's strided buffer may span more than 2^31 elements)
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
-    tl.store(O + b64 * s_ob + h64 * s_oh + d, o.to(O.dtype.element_ty))
+    tl.store(O + b64 * s_ob + h64 * s_oh + d, narrow(o, O))  # (narrow: exact in the interpreter too)
     lw = tl.arange(0, LSE_WP)  # (LSE_WP: the next power of two of LSE_W)
     tl.store(LSE + b64 * s_lb + h64 * s_lh + lw, tl.where(lw == 0, mx + tl.log(L), float("-inf")), mask=lw < LSE_W)
     if METER:

@@ -48,7 +48,7 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
-from .interpret import INTERPRET, f32, torch_fp8_codes
+from .interpret import INTERPRET, f32, narrow, torch_fp8_codes
 from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -162,7 +162,7 @@ def _store_codes(C, S, Z, E, caddr, saddr, smask, eaddr, code, s, zg, x, m2,
     if ASYM:
         tl.store(Z + saddr, zg, mask=smask)
     if STORE_EXACT:
-        tl.store(E + eaddr, x.to(E.dtype.element_ty), mask=m2)
+        tl.store(E + eaddr, narrow(x, E), mask=m2)  # (narrow: the interpreter's bf16 cast garbles subnormals)
 
 
 @triton.jit
@@ -303,8 +303,8 @@ def _quantize(x, C, PRE, m2, d_idx, seed, layer, h, pos, WHICH: tl.constexpr, DI
     amax = tl.max(tl.abs(x), axis=1)
     if SCHEME == NONE_ID:
         s = tl.full([BLOCK_T], 1.0, tl.float16)
-        code = x.to(C.dtype.element_ty)
-        xh = code.to(tl.float32)
+        code = narrow(x, C)  # (the interpreter's bf16 cast garbles subnormals; ``kernels.interpret``)
+        xh = f32(code)
         zg = s
         sb = xh
     elif SCHEME == INT8_ID:
