@@ -16,12 +16,12 @@ import triton.language as tl
 from contract.sketch import check_window
 
 from .fp_bounds import KERNEL_REL_SLACK
-from .interpret import INTERPRET, f32
+from .interpret import INTERPRET, INTERPRET_TILE_TOKENS, f32
 from .repair import RepairOverlay
 
 #: tokens per program of the window's write (the interpreter runs a program's ops once for the whole tile, so it takes
 #: larger ones); a prefill's tokens outside the window cost a masked tile each, no load or store
-WRITE_TOKENS = 64 if INTERPRET else 16
+WRITE_TOKENS = INTERPRET_TILE_TOKENS if INTERPRET else 16
 
 
 @triton.jit

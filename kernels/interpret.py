@@ -1,6 +1,7 @@
 """Triton's interpreter (the kernels on the CPU): whether it runs, and what the write path does differently there.
 
     INTERPRET                    Triton's own knob, read at import (as its ``@jit`` decides for the kernels' modules)
+    INTERPRET_TILE_TOKENS        tokens a write program takes there (the interpreter's time grows with the tile count)
     torch_fp8_codes(scheme, x)   the fp8 codes torch makes for the write kernel to load (the interpreter's float → fp8
                                  cast is wrong): saturated at the format's largest code, as the GPU kernel's own cast
     f32(x)                       (``@triton.jit``) x as float32, a bf16 x widened by its bits: exact on the GPU and in
@@ -39,6 +40,9 @@ def _interpret_knob() -> bool:
 
 #: the kernels run in Triton's interpreter (the CPU path): every interpreter-only branch reads this one flag
 INTERPRET = _interpret_knob()
+#: tokens a write program takes in the interpreter (``write_kv``, ``ExactWindow.write``): it runs a program's ops once per
+#: tile, so longer tiles take less time (64 tokens: 3.6× less than 4); on the GPU each launch keeps its own
+INTERPRET_TILE_TOKENS = 64
 
 
 #: (the flag as the kernels' helpers read it: a compile-time branch, so the GPU's code is the plain casts)

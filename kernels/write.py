@@ -48,7 +48,7 @@ from .ids import (
     KIVI2_ID,
     NONE_ID,
 )
-from .interpret import INTERPRET, f32, narrow, torch_fp8_codes
+from .interpret import INTERPRET, INTERPRET_TILE_TOKENS, f32, narrow, torch_fp8_codes
 from .paged import SCHEME_IDS, PagedKV, page_scaled_keys
 
 #: the divisors the kernel launches with, from the scheme table (checked against SPEC's declared
@@ -556,7 +556,7 @@ def write_kv(cache: PagedKV, k: torch.Tensor, v: torch.Tensor, block_table: torc
     skb = cache.sketch_bits if cache.scheme != "none" else 0
     weighted = cache.has_weights
     ksk = cache.k_sketch if skb else kw
-    BLOCK_T = 64 if INTERPRET else 4  # (the interpreter runs a program's ops once per tile: 64 tokens, 3.6x less time)
+    BLOCK_T = INTERPRET_TILE_TOKENS if INTERPRET else 4
     per_page = page_scaled_keys(cache.scheme)
     if per_page:  # a program quantizes one page (one key block): BLOCK_T = T, tiles are pages
         BLOCK_T = cache.block_size
