@@ -181,6 +181,9 @@ def main():
     ap.add_argument("--metered-tile", default="", metavar="TOKENS:WARPS:CAP",
                     help="A/B: the metered tile of the 8-bit schemes for this process (kernels.plan.tile_config; CAP 0: "
                          "no register cap), e.g. 64:4:168")
+    ap.add_argument("--metered-splits", default="", metavar="S,...",
+                    help="A/B: the table again for each split count forced on the metered call (the adapter's "
+                         "metered_decode num_splits; default: the plan's, kernels.plan.choose_splits), one label line each")
     ap.add_argument("--pdl", choices=("none", "merge", "both"), default="both",
                     help="A/B: the launches that take programmatic dependent launch (kernels.pdl.PDL_LAUNCHES; both: "
                          "the library's default)")
@@ -227,10 +230,16 @@ def main():
     print("| KV | B | n | SGLang ms | metered ms | ratio | SGLang graph ms | metered graph ms | graph ratio "
           "| off graph ms | off / SGLang graph | max|Δo|/max|o| | SGLang err | metered err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kv in args.kv.split(","):
-        for Bsz in map(int, args.batches.split(",")):
-            for n in map(int, args.lens.split(",")):
-                _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
+    from witcert.integrations import sglang_decode
+
+    for splits in [None] + [int(x) for x in args.metered_splits.split(",") if x]:
+        if splits is not None:
+            print(f"# metered call at {splits} splits (forced)")
+        sglang_decode.metered_decode.__defaults__ = (splits, None)  # (num_splits, tilt)
+        for kv in args.kv.split(","):
+            for Bsz in map(int, args.batches.split(",")):
+                for n in map(int, args.lens.split(",")):
+                    _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
     print("unmetered calls:", dict(ws.STATE.unmetered_counts()))
 
 

@@ -99,6 +99,13 @@ METERED_ONE_WARP_PREFETCH = 1
 SMALL_GRID_MIN_SPLIT_TOKENS = 256
 #: the schemes whose small grids ``choose_splits`` puts on one wave of the many-program tile (only int8 was timed)
 SMALL_GRID_SCHEMES = ("int8",)
+#: metered splits of whole tiles (``choose_splits``, last): the fewest splits whose programs run as many tile
+#: iterations as the count chosen before, so no program ends in a partly filled tile (a split of 1.3 tiles takes two
+#: tiles' time; fewer programs also mean fewer partials for the merge). bench/RESULTS.md run Q6 (2026-12-07, an H100, int8
+#: paged, the 4-warp 128-token tile, with the rule off / with two tiles a split): B 1 / 8K 49 → 32 splits 0.87× (group
+#: radius) / 0.77× (the default call), B 2 / 4K 24 → 16 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4
+#: 0.93 / 0.81; but B 1 / 4K 32 → 16 (one full tile → two) 1.15×, which this rule leaves at 32
+METERED_WHOLE_TILES = True
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)
 SMALL_GRID_MAX_SPLITS = 256
@@ -244,16 +251,19 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
                 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many):
             return s1
     per_sm = tile.resident_programs()
-    if per_sm is None:
-        return s
-    slots = per_sm * sms
-    waves = pairs * s / slots
-    if waves >= FEW_WAVES:
-        return s
-    whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
-    if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) != tile:
-        return s
-    return whole
+    if per_sm is not None:
+        slots = per_sm * sms
+        waves = pairs * s / slots
+        if waves < FEW_WAVES:
+            whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
+            if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) == tile:
+                s = whole
+    if meter and METERED_WHOLE_TILES:  # the fewest splits of as many tile iterations (a count that keeps the tile)
+        tiles = -(-max_len // (s * tile.tokens))
+        fewer = max(1, -(-max_len // (tiles * tile.tokens)))
+        if fewer < s and tile_config(meter, scheme, pairs * fewer / sms, levels, block_size) == tile:
+            s = fewer
+    return s
 
 
 _SMS: dict = {}

@@ -220,16 +220,28 @@ def test_tile_config_and_its_overrides():
         assert torch.allclose(a.o, b.o, rtol=0, atol=tol), pages
 
 
-def _check_the_tile_and_whole_waves(sms):
+def _whole_tiles(n, tokens, s_waves, s):
+    """A metered count under ``METERED_WHOLE_TILES``: the fewest splits of as many tile iterations as ``s_waves``."""
+    tiles = -(-n // (s_waves * tokens))
+    assert s <= s_waves and -(-n // (s * tokens)) == tiles, (n, s_waves, s)
+    assert s == 1 or -(-n // ((s - 1) * tokens)) > tiles, (n, s_waves, s)
+
+
+def _check_the_tile_and_whole_waves(sms, monkeypatch):
     """Over batch sizes, metered or not: the tile never changes but for a small grid that takes the
-    many-program tile on one wave, and a grid of few waves is sized to whole waves."""
+    many-program tile on one wave, a grid of few waves is sized to whole waves, and a metered count then to
+    whole tiles (``METERED_WHOLE_TILES``)."""
+    import kernels.plan as kp
     from kernels.plan import FEW_WAVES, MANY_PROGRAMS_PER_SM, SMALL_GRID_MIN_SPLIT_TOKENS, choose_splits, tile_config
 
     many = {m: tile_config(m, "int8", float(MANY_PROGRAMS_PER_SM)) for m in (True, False)}
     assert (many[True].tokens, many[True].warps, many[False].tokens, many[False].warps) == (32, 1, 64, 4)
     for bsz in (1, 2, 3, 5, 8, 13, 16, 24, 32):
         for meter in (True, False):
+            s_tiles = choose_splits(bsz, 8, 32768, 16, sms, meter)
+            monkeypatch.setattr(kp, "METERED_WHOLE_TILES", False)
             s0, s = choose_splits(bsz, 8, 32768, 16, sms), choose_splits(bsz, 8, 32768, 16, sms, meter)
+            monkeypatch.setattr(kp, "METERED_WHOLE_TILES", True)
             t = tile_config(meter, "int8", bsz * 8 * s0 / sms)
             if t != many[meter]:  # a small grid: one wave of the many-program tile
                 one = many[meter]
@@ -242,15 +254,22 @@ def _check_the_tile_and_whole_waves(sms):
             if per is not None and bsz * 8 * s0 < FEW_WAVES * per * sms:
                 k = max(1, int(bsz * 8 * s0 / (per * sms)))  # whole waves: the largest count that fits in k
                 assert bsz * 8 * s <= k * per * sms and (bsz * 8 * (s + 1) > k * per * sms or s == 64), (bsz, meter)
+            if meter:
+                _whole_tiles(32768, t.tokens, s, s_tiles)
+            else:
+                assert s_tiles == s
 
 
-def test_choose_splits_fills_whole_waves():
+def test_choose_splits_fills_whole_waves(monkeypatch):
     """``choose_splits`` (bench/RESULTS.md runs L and R): without the launch's kernel, the base rule (≥ 2
     programs per SM, ≥ 16 splits, ≤ 64, ≥ 8 pages a split); with it, a grid of fewer than FEW_WAVES waves of
     the tile's resident programs (its register cap: 3 metered, 6 unmetered per SM) is sized to whole waves;
     a tile without a cap (its residency unknown before compiling), many waves, or a count that would change
     the tile keep the base rule; and a small int8 grid (run R) takes the many-program tile on one wave of it
-    where the sequence is long enough. The H200's numbers: 132 SMs, Hkv 8, d 128, 16-token pages."""
+    where the sequence is long enough; any other metered count is then cut to whole tiles (run Q7,
+    ``METERED_WHOLE_TILES``: the pins below fail without it). The H200's numbers: 132 SMs, Hkv 8, d 128,
+    16-token pages."""
+    import kernels.plan as kp
     from kernels.plan import (
         FEW_WAVES,
         SMALL_GRID_MAX_PARTIALS,
@@ -282,16 +301,24 @@ def test_choose_splits_fills_whole_waves():
         # 6 × 132: the old rule
         assert 32 * 8 * 16 / (6 * sms) >= FEW_WAVES
         assert choose_splits(32, 8, n, 16, sms, True) == 12 and choose_splits(32, 8, n, 16, sms, False) == 16
-        # uncapped tiles (the dithered scheme, the fp32-dequantizing ones, none): the old rule
+        # uncapped tiles (the dithered scheme, the fp32-dequantizing ones, none): the old rule's 33, then whole
+        # tiles (METERED_WHOLE_TILES: 33 splits of 7.8 / 31.0 128-token tiles run 8 / 32 iterations, as 32 do)
         for sch in ("int8_dither", "int4_group", "kivi2", "none"):
-            assert choose_splits(1, 8, n, 16, sms, True, sch) == 33, sch
+            assert choose_splits(1, 8, n, 16, sms, True, sch) == 32, sch
         # the small-grid rule is int8's (SMALL_GRID_SCHEMES, the one timed): fp8 keeps the old counts
         assert choose_splits(1, 8, n, 16, sms, False, "fp8_e4m3_scaled") == 33
     # B 1 metered at 8K: 512 pages give 32 splits of 16, 1.9 programs per SM: too few for the one-warp tile, so
-    # the 4-warp tile on one wave (run L's 49); at 24K 96 splits would fill only 0.48 of a one-warp wave
-    # (SMALL_GRID_MIN_WAVE), at 26K 104 fill 0.53: also 49; at 32K 128 fill 0.65
-    assert choose_splits(1, 8, 8192, 16, sms, True) == 49
-    assert choose_splits(1, 8, 24576, 16, sms, True) == choose_splits(1, 8, 26624, 16, sms, True) == 49
+    # the 4-warp tile on one wave (run L's 49), then whole tiles: 49 splits of 1.3 128-token tiles run two
+    # iterations, as 32 do (run Q6: 0.87× / 0.77× the time); at 24K 96 splits would fill only 0.48 of a one-warp
+    # wave (SMALL_GRID_MIN_WAVE), at 26K 104 fill 0.53: one wave of 49, then 48 / 42 splits of 4 / 5 tiles; at 32K
+    # 128 fill 0.65
+    assert choose_splits(1, 8, 8192, 16, sms, True) == 32
+    assert choose_splits(1, 8, 24576, 16, sms, True) == 48 and choose_splits(1, 8, 26624, 16, sms, True) == 42
+    monkeypatch.setattr(kp, "METERED_WHOLE_TILES", False)
+    assert choose_splits(1, 8, 8192, 16, sms, True) == 49 and choose_splits(1, 8, 26624, 16, sms, True) == 49
+    monkeypatch.setattr(kp, "METERED_WHOLE_TILES", True)
+    # SGLang's one-token pages at B 1: the 4-warp tile's 49 splits of 84 tokens at 4K, of 167 at 8K → 32 (run Q6)
+    assert choose_splits(1, 8, 4096, 1, sms, True, "fp8_e4m3") == choose_splits(1, 8, 8192, 1, sms, True, "fp8_e4m3") == 32
     assert 8 * 104 < SMALL_GRID_MIN_WAVE * 12 * sms <= 8 * 128
     # pages larger than the many-program tile (unmetered 64 tokens): the base rules, not 99 one-page splits
     assert choose_splits(1, 8, 32768, 128, sms, False) == 32 and choose_splits(1, 8, 32768, 512, sms, False) == 8
@@ -306,7 +333,7 @@ def test_choose_splits_fills_whole_waves():
     # d 256: at most 128 splits (256 × 128 partial floats per row, the largest measured); d 64 keeps 198
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=256) == SMALL_GRID_MAX_PARTIALS // 256 == 128
     assert choose_splits(1, 8, 1 << 17, 16, sms, True, head_dim=64) == 198
-    _check_the_tile_and_whole_waves(sms)
+    _check_the_tile_and_whole_waves(sms, monkeypatch)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
