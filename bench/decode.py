@@ -115,6 +115,21 @@ def graphed(fns):
     return replay
 
 
+def graphed_calls(cs, q, sl, meter=True, window=None, tau=-1.0):
+    """``graphed`` of the whole decode call on each (cache, block table) of ``cs`` (caches rotated past the L2)."""
+    return graphed([(lambda c=c, bt=bt: decode(c, q, bt, sl, meter=meter, validate=False, window=window,
+                                               tilt_above=tau)) for c, bt in cs])
+
+
+def interleaved(graphs: dict, rounds: int) -> dict:
+    """Each replay's times over ``rounds`` rounds, every graph timed once a round (``bench``): {key: [ms, …]}."""
+    times = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, g in graphs.items():
+            times[k].append(bench(g, False))
+    return times
+
+
 def diag(Hq, Hkv, D, dev, sms, B=8, n=32768):
     caches = [fill_cache(B, n, Hkv, D, "int8", dev) for _ in range(2)]
     q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)

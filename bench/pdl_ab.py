@@ -22,11 +22,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from decode import bench, graphed, int8_shape, time_sdpa  # noqa: E402
+from decode import graphed_calls, int8_shape, interleaved, time_sdpa  # noqa: E402
 from sketch_speed import page_norms, random_window, sketched  # noqa: E402
 
 import kernels.pdl as pdl  # noqa: E402
-from kernels.decode import decode  # noqa: E402
 
 SETTINGS = {"none": (), "merge": ("merge",), "both": ("merge", "decode")}
 
@@ -63,16 +62,10 @@ def main(argv=None):
             for s, launches in SETTINGS.items():
                 pdl.PDL_LAUNCHES = launches
                 try:
-                    fns = [(lambda c=c, bt=bt, meter=meter, w=w, tau=tau:
-                            decode(c, q, bt, sl, meter=meter, validate=False, window=w, tilt_above=tau))
-                           for c, bt in cs]
-                    graphs[v, s] = graphed(fns)
+                    graphs[v, s] = graphed_calls(cs, q, sl, meter, w, tau)
                 finally:
                     pdl.PDL_LAUNCHES = default
-        times = {k: [] for k in graphs}
-        for _ in range(args.rounds):
-            for k, g in graphs.items():
-                times[k].append(bench(g, False))
+        times = interleaved(graphs, args.rounds)
         sdpa = time_sdpa(q, Hkv, n, max(1, copies // 2))
         for v in variants:
             t = {s: statistics.median(times[v, s]) for s in SETTINGS}

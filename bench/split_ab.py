@@ -19,11 +19,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from decode import bench, graphed, int8_shape  # noqa: E402
+from decode import graphed_calls, int8_shape, interleaved  # noqa: E402
 from sketch_speed import page_norms, random_window, sketched  # noqa: E402
 
 import kernels.plan as kp  # noqa: E402
-from kernels.decode import decode  # noqa: E402
 
 
 def main(argv=None):
@@ -54,16 +53,10 @@ def main(argv=None):
                 kp.METERED_WHOLE_TILES = tiles
                 try:
                     counts[v, label] = kp.plan_call(cs[0][0], q, cs[0][1], meter=True, window=w).num_splits
-                    fns = [(lambda c=c, bt=bt, w=w, tau=tau:
-                            decode(c, q, bt, sl, meter=True, validate=False, window=w, tilt_above=tau))
-                           for c, bt in cs]
-                    graphs[v, label] = graphed(fns)
+                    graphs[v, label] = graphed_calls(cs, q, sl, True, w, tau)
                 finally:
                     kp.METERED_WHOLE_TILES = rule
-        times = {k: [] for k in graphs}
-        for _ in range(args.rounds):
-            for k, g in graphs.items():
-                times[k].append(bench(g, False))
+        times = interleaved(graphs, args.rounds)
         for v in spec:
             t_old, t_new = (statistics.median(times[v, x]) for x in ("old", "new"))
             print(f"{B:>3} {n:>7} {v:>8} {counts[v, 'old']:>6} {counts[v, 'new']:>6} {t_old:>9.4f} {t_new:>9.4f} "
