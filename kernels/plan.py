@@ -101,10 +101,10 @@ SMALL_GRID_MIN_SPLIT_TOKENS = 256
 SMALL_GRID_SCHEMES = ("int8",)
 #: metered splits of whole tiles (``choose_splits``, last): the fewest splits whose programs run as many tile
 #: iterations as the count chosen before, so no program ends in a partly filled tile (a split of 1.3 tiles takes two
-#: tiles' time; fewer programs also mean fewer partials for the merge). bench/RESULTS.md run Q6 (2026-12-07, an H100, int8
-#: paged, the 4-warp 128-token tile, with the rule off / with two tiles a split): B 1 / 8K 49 → 32 splits 0.87× (group
-#: radius) / 0.77× (the default call), B 2 / 4K 24 → 16 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4
-#: 0.93 / 0.81; but B 1 / 4K 32 → 16 (one full tile → two) 1.15×, which this rule leaves at 32
+#: tiles' time; fewer programs also mean fewer partials for the merge). bench/RESULTS.md run Q7 (2026-12-07, an H100, int8
+#: paged, the rule off → on): B 1 / 8K 49 → 32 splits 0.87× (group radius) / 0.77× (the default call), B 2 / 4K 24 → 16
+#: 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4 0.93 / 0.82, none slower; run Q6's first form (at least two
+#: tiles a split) also took B 1 / 4K from 32 splits of one full tile to 16 and lost 14 %
 METERED_WHOLE_TILES = True
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)
