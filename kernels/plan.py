@@ -100,8 +100,8 @@ SMALL_GRID_MIN_SPLIT_TOKENS = 256
 #: the schemes whose small grids ``choose_splits`` puts on one wave of the many-program tile (only int8 was timed)
 SMALL_GRID_SCHEMES = ("int8",)
 #: metered splits of whole tiles (``choose_splits``, last): the fewest splits whose programs run as many tile
-#: iterations as the count chosen before, so no program ends in a partly filled tile (a split of 1.3 tiles takes two
-#: tiles' time; fewer programs also mean fewer partials for the merge). bench/RESULTS.md run Q7 (2026-12-07, an H100, int8
+#: iterations as the count chosen before, so the programs' last tiles are as full as that allows (a split of 1.3
+#: tiles takes two tiles' time; fewer programs also mean fewer partials for the merge). bench/RESULTS.md run Q7 (2026-12-07, an H100, int8
 #: paged, the rule off → on): B 1 / 8K 49 → 32 splits 0.87× (group radius) / 0.77× (the default call), B 2 / 4K 24 → 16
 #: 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4 0.93 / 0.82, none slower; run Q6's first form (at least two
 #: tiles a split) also took B 1 / 4K from 32 splits of one full tile to 16 and lost 14 %
@@ -211,7 +211,7 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     most ``max_len`` tokens on a GPU of ``sms`` multiprocessors: at least two programs per
     multiprocessor and at least 16 splits (both measured on the H200, ``bench/tune_decode.py``,
     bench/RESULTS.md: more, shorter splits keep more bytes in flight than a few long ones), at
-    most 64, and no split shorter than 8 pages: the base count, which the two rules below may replace.
+    most 64, and no split shorter than 8 pages: the base count, which the rules below may replace.
     The one split heuristic of the library.
 
     With ``meter`` (True / False: the launch's kernel) and a tile whose register cap fixes how many
@@ -230,7 +230,11 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
     count that fills less than ``SMALL_GRID_MIN_WAVE`` of the wave keeps the rules above. bench/RESULTS.md
     run R: a program's chain of tiles on a wave of small programs is shorter than a 4- or 8-warp program's
     chain of 128-token ones, and the unmetered B 2 call had run a second wave of eight programs; past 128
-    splits at 32K the merge of 256 partials per row costs more than the shorter chains save."""
+    splits at 32K the merge of 256 partials per row costs more than the shorter chains save.
+
+    Last, a metered count other than the small grid's is cut to whole tiles (``METERED_WHOLE_TILES``): the fewest
+    splits whose programs run as many tile iterations as it gave, where the tile stays the same (run Q7: 49
+    splits of 1.3 128-token tiles at B 1 / 8K become 32 of two, 0.77-0.87× the call's time)."""
     pages = max(1, -(-max_len // block_size))
     pairs = max(1, batch * kv_heads)
     s = max(1, min(max(-(-2 * sms // pairs), 16), 64, pages // 8))
@@ -259,7 +263,7 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
             if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) == tile:
                 s = whole
     if meter and METERED_WHOLE_TILES:  # the fewest splits of as many tile iterations (a count that keeps the tile)
-        tiles = -(-max_len // (s * tile.tokens))
+        tiles = max(1, -(-max_len // (s * tile.tokens)))  # (an empty table, max_len 0: one iteration, as any count)
         fewer = max(1, -(-max_len // (tiles * tile.tokens)))
         if fewer < s and tile_config(meter, scheme, pairs * fewer / sms, levels, block_size) == tile:
             s = fewer

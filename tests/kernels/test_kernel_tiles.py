@@ -336,6 +336,40 @@ def test_choose_splits_fills_whole_waves(monkeypatch):
     _check_the_tile_and_whole_waves(sms, monkeypatch)
 
 
+def test_whole_tiles_keep_the_tile_and_the_chain(monkeypatch):
+    """``METERED_WHOLE_TILES`` over a sweep of shapes (schemes, 4 / 132 SMs, B 1-8, Hkv 1 / 8, pages of 1 / 16 tokens,
+    lengths 0 to 32K): the metered count is ≥ 1, ≤ the count without the rule, runs as many tile iterations, and keeps
+    its tile; the unmetered count is untouched. Pinned: a one-token-page grid where the fewer splits would change the
+    tile (int8, B 6 × 8 kv heads, 100 tokens: 4 splits would leave the one-warp tile for the 4-warp one), so it keeps
+    12; and an empty table (length 0) plans one split (2026-12-07 review: it divided by zero)."""
+    import kernels.plan as kp
+    from kernels.plan import choose_splits, tile_config
+
+    changed = 0
+    for scheme in ("int8", "fp8_e4m3", "kivi2"):
+        for sms in (4, 132):
+            for bsz in (1, 2, 6, 8):
+                for hkv in (1, 8):
+                    for bs in (1, 16):
+                        for n in (0, 1, 100, 129, 1000, 4096, 8192, 26624, 32768):
+                            args = (bsz, hkv, n, bs, sms)
+                            new = choose_splits(*args, True, scheme)
+                            off = choose_splits(*args, False, scheme)
+                            monkeypatch.setattr(kp, "METERED_WHOLE_TILES", False)
+                            old = choose_splits(*args, True, scheme)
+                            assert choose_splits(*args, False, scheme) == off
+                            monkeypatch.setattr(kp, "METERED_WHOLE_TILES", True)
+                            t_old = tile_config(True, scheme, bsz * hkv * old / sms, "token", bs)
+                            assert 1 <= new <= old, (scheme, args, old, new)
+                            assert tile_config(True, scheme, bsz * hkv * new / sms, "token", bs) == t_old, (scheme, args)
+                            assert -(-max(n, 1) // (new * t_old.tokens)) == -(-max(n, 1) // (old * t_old.tokens))
+                            changed += new != old
+    assert changed > 20  # (the sweep exercises the rule)
+    assert choose_splits(6, 8, 100, 1, 132, True, "int8") == 12
+    assert tile_config(True, "int8", 6 * 8 * 12 / 132, "token", 1) != tile_config(True, "int8", 6 * 8 * 4 / 132, "token", 1)
+    assert choose_splits(1, 8, 0, 16, 132, True) == 1
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int8_dither", "fp8_e4m3_scaled"])
 def test_unmetered_many_program_tile_matches_the_metered_output(monkeypatch, scheme):
     """On a grid of many programs per SM the unmetered 8-bit call takes ``tile_config``'s 64-token
