@@ -11,7 +11,8 @@
     f16(x)                       (``@triton.jit``) x as float16; in the interpreter an fp8_e5m2 x by its bits (the upper
                                  byte of an fp16: exact), where the interpreter's own cast flushes the subnormal codes
     narrow(x, P)                 (``@triton.jit``) float32 x rounded to nearest-even into P's element type; a bf16 P in
-                                 the interpreter by the bits (its own float32 → bf16 cast garbles subnormals: 0x1f → 0x78)
+                                 the interpreter by the bits (its own float32 → bf16 cast truncates, 1 + 3·2^-9 → 1,
+                                 garbles subnormals, 0x1f → 0x78, and turns a NaN of low mantissa bits into ±inf)
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def f16(x):
 def narrow(x, P):
     """float32 ``x`` rounded to nearest-even into ``P``'s element type (the store's); a bf16 target in the interpreter
     by the bits (+0x7fff + the kept lsb, then the upper half; NaN a quiet NaN), where the interpreter's own cast
-    garbles subnormals (0x0001 → 0, 0x001f → 0x0078: a stored value other than the one the kernel computed with)."""
+    truncates (Triton 3.7.1: 1 + 3·2^-9 → 1 where torch rounds to 1 + 2^-7), garbles subnormals (0x0001 → 0, 0x001f →
+    0x0078) and makes a NaN of low mantissa bits ±inf: a stored value other than the one the kernel computed with."""
     if _INTERP:
         if P.dtype.element_ty.is_bf16():
             u = x.to(tl.int32, bitcast=True)

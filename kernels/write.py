@@ -162,7 +162,7 @@ def _store_codes(C, S, Z, E, caddr, saddr, smask, eaddr, code, s, zg, x, m2,
     if ASYM:
         tl.store(Z + saddr, zg, mask=smask)
     if STORE_EXACT:
-        tl.store(E + eaddr, narrow(x, E), mask=m2)  # (narrow: the interpreter's bf16 cast garbles subnormals)
+        tl.store(E + eaddr, narrow(x, E), mask=m2)  # (narrow: the interpreter's own bf16 cast truncates)
 
 
 @triton.jit
@@ -303,7 +303,7 @@ def _quantize(x, C, PRE, m2, d_idx, seed, layer, h, pos, WHICH: tl.constexpr, DI
     amax = tl.max(tl.abs(x), axis=1)
     if SCHEME == NONE_ID:
         s = tl.full([BLOCK_T], 1.0, tl.float16)
-        code = narrow(x, C)  # (the interpreter's bf16 cast garbles subnormals; ``kernels.interpret``)
+        code = narrow(x, C)  # (the interpreter's own bf16 cast truncates; ``kernels.interpret``)
         xh = f32(code)
         zg = s
         sb = xh

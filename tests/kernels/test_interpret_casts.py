@@ -1,10 +1,11 @@
 """The kernels read and write what they would on the GPU, in Triton's interpreter too (``kernels.interpret``). The
 interpreter's own casts flush e5m2's subnormal codes into fp16, read e4m3's NaN code as 480 and e5m2's ±inf / NaN codes
-as finite numbers, and garble float32 → bf16 subnormals (0x001f → 0x0078); the helpers ``f32``, ``f16`` and ``narrow``
-are exact. Every fp8 code and a sweep of float32 bit patterns against torch, then each kernel site that took a plain
-cast: the decode's e5m2 codes, an e4m3 NaN code, scheme none's stored codes and the write's exact copy, and the merge's
-bf16 output. On the CPU the kernel tests but the NaN code's failed before the helpers (2026-12-07); on the GPU the casts
-are the native ones and the same tests hold."""
+as finite numbers, and convert float32 → bf16 by truncation (1 + 3·2^-9 → 1, not 1 + 2^-7; subnormals garbled: 0x001f
+→ 0x0078; a NaN of low mantissa bits → ±inf); the helpers ``f32``, ``f16`` and ``narrow`` are exact. Every fp8 code
+and a sweep of float32 bit patterns against torch, then each kernel site that took a plain cast: the decode's e5m2
+codes, an e4m3 NaN code, scheme none's stored codes and the write's exact copy, and the merge's bf16 output. On the CPU
+each kernel test fails without the helpers (2026-12-07); on the GPU the casts are the native ones and the same tests
+hold."""
 
 import math
 import os
@@ -86,20 +87,27 @@ def _query(g, scale=1.0):
 
 
 def test_the_decode_serves_e5m2_subnormal_codes_as_stored(monkeypatch):
-    """Keys and values exact in e5m2 (no residual), the values all subnormal codes: the output is the attention over
-    them, within E⁺ (the interpreter read codes 1 and 2 as 0 and 3 as 2: output error 7.1e-5 against E⁺ 3.8e-7)."""
+    """Keys and values exact in e5m2 (no residual), the values all subnormal codes and half of the key channels too
+    (under query entries of 2^15, so they move the logits): the output is the attention over them, within E⁺ (the
+    interpreter read codes 1 and 2 as 0 and 3 as 2: output error 7.1e-5 against E⁺ 3.8e-7 from the values alone; reverting
+    the keys' read alone fails the served-as-stored check, 2026-12-07 review)."""
     import kernels.decode as Dk
     from kernels.decode import decode
 
     monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
     g = torch.Generator().manual_seed(1)
     n = 20
-    k = torch.tensor([0.5, 1.0, 1.5, 2.0, -0.5, -1.0, -1.5, -2.0])[torch.randint(0, 8, (n, H, D), generator=g)].bfloat16()
     tiny = torch.tensor([2.0**-16, 2.0**-15, 3 * 2.0**-16, -(2.0**-16), -(2.0**-15), -3 * 2.0**-16])
+    k = torch.tensor([0.5, 1.0, 1.5, 2.0, -0.5, -1.0, -1.5, -2.0])[torch.randint(0, 8, (n, H, D), generator=g)]
+    k[..., D // 2:] = tiny[torch.randint(0, 6, (n, H, D // 2), generator=g)]
+    k = k.bfloat16()
     v = tiny[torch.randint(0, 6, (n, H, D), generator=g)].bfloat16()
     c, bt = _cache("fp8_e5m2", n, k, v)
     assert (c.v_codes.view(torch.uint8)[:2] & 0x7C == 0).all()  # (every value code is subnormal)
+    assert (c.k_codes.view(torch.uint8)[:2, ..., D // 2:] & 0x7C == 0).all()  # (and half of the key codes)
     q, qd = _query(g)
+    q[..., D // 2:] = (torch.randint(0, 2, (1, 2 * H, D // 2), generator=g) * 2 - 1) * 2.0**15
+    qd = q.to(DEV) if DEV == "cuda" else q.float()
     out = decode(c, qd, bt, torch.tensor([n], device=DEV))
     rec = out.meter
     assert not rec.flag.cpu().any()
@@ -116,9 +124,9 @@ def test_the_decode_serves_e5m2_subnormal_codes_as_stored(monkeypatch):
 
 
 def test_an_e4m3_nan_key_code_flags_its_rows():
-    """A NaN key code in the cache (0x7f; no write makes one from finite input) flags the rows of its kv head, on the GPU
-    and in the interpreter (this held before ``f32`` decoded e4m3 by its bits too, though the interpreter's own cast
-    reads the code as 480: a pin of the behaviour, not of the fix)."""
+    """A NaN key code in the cache (0x7f; no write makes one from finite input) flags the rows of its kv head, as on the
+    GPU; the interpreter's own cast read it as 480 and served the rows unflagged (fails without ``f32``'s e4m3 branch,
+    2026-12-07 review)."""
     from kernels.decode import decode
 
     g = torch.Generator().manual_seed(2)
