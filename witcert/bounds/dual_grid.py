@@ -17,29 +17,36 @@ from .rounding import _EPS64, FP64_ABS_SLACK
 TILT_DEFAULT_TOL = 2.0**-12
 
 
+def _greedy(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float):
+    """The greedy fractional knapsack at each t in ``ts``: β_k(t) = (1−t) a_k + t b_k sorted descending [T, K], the
+    masses in that order, and the tight λ = 1/β of the marginal item (the one sort both ``_dual_values`` and
+    ``_lambda_at`` read: one λ, never two copies that could drift)."""
+    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [T, K]
+    order = np.argsort(-beta, axis=1, kind="stable")
+    bs = np.take_along_axis(beta, order, axis=1)
+    ws = w[order]
+    cum = np.cumsum(ws * bs, axis=1)
+    k = np.minimum(np.sum(cum < (ts * m)[:, None], axis=1), bs.shape[1] - 1)
+    return bs, ws, 1.0 / bs[np.arange(ts.size), k]
+
+
 def _dual_values(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float):
-    """For each t in ``ts``: a safe lower value of ``D(t, λ_t)`` with the tight λ (SPEC §3(c)).
+    """For each t in ``ts``: a safe lower value of ``D(t, λ_t)`` with the tight λ (SPEC §3(c)), the float value, and
+    that λ (``_lambda_at``'s, from the same sort).
 
     ``D(t, λ) = λ t m − Σ_k w_k (λ β_k(t) − 1)₊``, ``β_k(t) = (1−t) a_k + t b_k``. λ is
     ``1/β`` of the marginal item of the greedy fractional knapsack (β descending). The
     returned value is the float value minus a bound on its rounding error, so it never
     exceeds the exact ``D(t, λ)`` for the λ used -- and any λ ≥ 0 is sound.
     """
-    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]  # [T, K]
-    order = np.argsort(-beta, axis=1, kind="stable")
-    bs = np.take_along_axis(beta, order, axis=1)
-    ws = w[order]
-    cum = np.cumsum(ws * bs, axis=1)
+    bs, ws, lam = _greedy(ts, w, a, b, m)
     target = ts * m
-    k = np.minimum(np.sum(cum < target[:, None], axis=1), bs.shape[1] - 1)
-    bstar = bs[np.arange(ts.size), k]
-    lam = 1.0 / bstar
     act = np.maximum(lam[:, None] * bs - 1.0, 0.0)
     D = lam * target - np.sum(ws * act, axis=1)
     # rounding-error bound: every term is computed with relative error <= c·eps, c <= 4K+16.
     mag = lam * target + np.sum(ws * (lam[:, None] * bs + 1.0) * (act > 0), axis=1) + 1.0
     err = (4.0 * bs.shape[1] + 16.0) * _EPS64 * mag
-    return D - err, D
+    return D - err, D, lam
 
 
 def _dual_at(ts: np.ndarray, lam: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
@@ -53,13 +60,8 @@ def _dual_at(ts: np.ndarray, lam: np.ndarray, w: np.ndarray, a: np.ndarray, b: n
 
 
 def _lambda_at(ts: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, m: float) -> np.ndarray:
-    """The tight λ at each t (``_dual_values``' greedy knapsack)."""
-    beta = (1.0 - ts)[:, None] * a[None, :] + ts[:, None] * b[None, :]
-    order = np.argsort(-beta, axis=1, kind="stable")
-    bs = np.take_along_axis(beta, order, axis=1)
-    cum = np.cumsum(w[order] * bs, axis=1)
-    k = np.minimum(np.sum(cum < (ts * m)[:, None], axis=1), bs.shape[1] - 1)
-    return 1.0 / bs[np.arange(ts.size), k]
+    """The tight λ at each t (``_greedy``'s, which ``_dual_values`` returns beside D)."""
+    return _greedy(ts, w, a, b, m)[2]
 
 
 def _tilt_row(w: np.ndarray, eps: np.ndarray, tol: float, max_points: int) -> float:
@@ -163,8 +165,7 @@ def _branch_and_bound(wu: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float, 
     ``wu`` (a distribution) with a_k = e^{up_k} ≥ b_k = e^{down_k}, m = Σ wu b."""
     m = float(np.dot(wu, b))
     ts = np.linspace(0.0, 1.0, 33)
-    dsafe, dval = _dual_values(ts, wu, a, b, m)
-    lam = _lambda_at(ts, wu, a, b, m)
+    dsafe, dval, lam = _dual_values(ts, wu, a, b, m)
 
     def uppers(ts, dsafe, lam):
         right = ts[1:] - _dual_at(ts[1:], lam[:-1], wu, a, b, m)
@@ -177,11 +178,11 @@ def _branch_and_bound(wu: np.ndarray, a: np.ndarray, b: np.ndarray, tol: float, 
         if bad.size == 0 or ts.size + bad.size > max_points:
             break
         mids = 0.5 * (ts[bad] + ts[bad + 1])
-        ms, mv = _dual_values(mids, wu, a, b, m)
+        ms, mv, ml = _dual_values(mids, wu, a, b, m)
         ts = np.concatenate([ts, mids])
         dsafe = np.concatenate([dsafe, ms])
         dval = np.concatenate([dval, mv])
-        lam = np.concatenate([lam, _lambda_at(mids, wu, a, b, m)])
+        lam = np.concatenate([lam, ml])
         o = np.argsort(ts, kind="stable")
         ts, dsafe, dval, lam = ts[o], dsafe[o], dval[o], lam[o]
     return float(min(1.0, max(0.0, float(np.max(uppers(ts, dsafe, lam)))) + FP64_ABS_SLACK))
