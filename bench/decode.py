@@ -91,6 +91,20 @@ def time_sdpa(q, Hkv, n, copies, smoke=False):
     return bench(sdpa, smoke)
 
 
+def capture(call):
+    """``call`` run once on a side stream (its allocations and compiles), then captured in a CUDA graph: (the graph,
+    what the captured call returned, whose tensors each replay rewrites)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call()
+    return g, out
+
+
 def graphed(fns):
     """Capture each fn in a CUDA graph; return a callable replaying them in rotation."""
     s = torch.cuda.Stream()

@@ -28,7 +28,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from decode import capture  # noqa: E402 (bench/decode.py)
 
 #: seconds of untimed replays before each timed loop (``graph_ms``); triton.testing.do_bench warms up 25 ms
 WARMUP_S = 0.2
@@ -38,14 +40,7 @@ def graph_ms(call, iters: int) -> float:
     """ms per replay of ``call`` captured in a CUDA graph (NaN, with the reason printed, if the
     capture fails)."""
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
+        g, _ = capture(call)
         # warm-up replays, untimed, for at least WARMUP_S: a cell's first timed loop ran 5-15 % slower than the same
         # call timed later (run Y7: SGLang's kernel 0.225 then 0.201 ms at bf16 B 32 / 4K), which had put the off
         # column, timed first; run Y8's `iters` replays (4 ms at B 32 / 4K) may not have been enough there

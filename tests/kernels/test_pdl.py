@@ -76,7 +76,7 @@ def test_pdl_changes_no_value(case, monkeypatch):
     if not pdl.gdc(DEV):
         pytest.skip("this GPU has no griddepcontrol (compute capability < 9.0)")
     sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from decode import fill_cache
+    from decode import capture, fill_cache
     from sketch_speed import page_norms, random_window, sketched
 
     from kernels.decode import decode
@@ -103,14 +103,7 @@ def test_pdl_changes_no_value(case, monkeypatch):
         return [v.clone() for v in vals]
 
     def graphed():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = call()
+        g, out = capture(call)
         g.replay()
         torch.cuda.synchronize()
         return fields(out)
