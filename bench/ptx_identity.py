@@ -57,6 +57,9 @@ CONFIGS = [
                            WEIGHTED=True, MAGIC_BF16=True, HAS_REP=True)),
     ("fp32_interp_like", dict(meter=True, tokens=64, stages=1, LOWP=False, scheme="int8_dither", SKB=2,
                               HAS_WIN=True, HAS_REP=True)),
+    ("fp8_key_f16_nometer", dict(meter=False, tokens=64, stages=1, scheme="fp8_e4m3", KEY_F16=True)),
+    ("fp8_key_f16_meter_csr", dict(meter=True, tokens=128, stages=1, scheme="fp8_e4m3", KEY_F16=True, T=1, PAGES=128,
+                                   CSR=True, HAS_UNMET=True)),
 ]
 
 
@@ -98,8 +101,11 @@ def main(argv=None):
         if args.save:
             with open(os.path.join(args.save, f"{i:02d}_{name}.ptx"), "w") as f:
                 f.write(ptx)
-        if args.compare:
-            with open(os.path.join(args.compare, f"{i:02d}_{name}.ptx")) as f:
+        saved = os.path.join(args.compare or "", f"{i:02d}_{name}.ptx")
+        if args.compare and not os.path.exists(saved):  # (a configuration added after the save)
+            line += " new: not in the saved folder"
+        elif args.compare:
+            with open(saved) as f:
                 old = f.read()
             if old == ptx:
                 same += 1

@@ -182,8 +182,16 @@ def main():
     ap.add_argument("--pdl", choices=("none", "merge", "both"), default="both",
                     help="A/B: the launches that take programmatic dependent launch (kernels.pdl.PDL_LAUNCHES; both: "
                          "the library's default)")
+    ap.add_argument("--key-dot", choices=("f16", "bf16"), default="f16",
+                    help="A/B: the meter-off e4m3 key dot in fp16 against the scaled query (kernels.plan.KEY_F16_SCHEMES, "
+                         "the library's default) or in bf16 (the form before)")
     args = ap.parse_args()
     import kernels.pdl as pdl
+    import kernels.plan as kplan
+
+    if args.key_dot == "bf16":
+        kplan.KEY_F16_SCHEMES = ()
+    print(f"# fp8 key dot in {args.key_dot}")
 
     pdl.PDL_LAUNCHES = {"none": (), "merge": ("merge",), "both": ("merge", "decode")}[args.pdl]
     print(f"# PDL on the launches {pdl.PDL_LAUNCHES}")

@@ -81,6 +81,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.errors import OutOfResources
 
+from . import plan as plan_mod
 from .decode_kernel import _decode_kernel
 from .decode_steps import MAGIC_SKETCH_BITS
 from .epilogue import (  # noqa: F401 (re-export)
@@ -493,6 +494,8 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
         HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=excess_form(plan) and plan.grid,
         NORMS_PT=cache.norms_per_token, GDC=gdc(q.device),
+        KEY_F16=(lowp and q.dtype == torch.bfloat16 and cache.scheme in plan_mod.KEY_F16_SCHEMES and not has_rep
+                 and (not plan.meter or plan_mod.KEY_F16_METERED)),
     )
 
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .decode_meter import _excess_tile, _group_radius, _histogram_tile, _sketch_query, _sketch_radius, _value_witnesses
-from .decode_program import _exact_window, _query_columns, _split_pages, _store_partials
+from .decode_program import _exact_window, _key_f16_query, _query_columns, _split_pages, _store_partials
 from .decode_steps import _code_offsets, _norm_offsets, _witness_offsets
 from .decode_tile import _byte_tile, _group_tile, _prefetch_next_tile, _repair_slots
 from .excess_grid import EXCESS_COLS_C, GRID_COLS_C
@@ -46,7 +46,7 @@ def _decode_kernel(
     PACK_HIST: tl.constexpr, PV_F32: tl.constexpr, PF_AHEAD: tl.constexpr,
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
     HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
-    NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False,
+    NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False, KEY_F16: tl.constexpr = False,
 ):
     if GDC:  # launched with PDL (kernels.pdl): the previous kernel has completed and its writes are visible after the
         # wait, before any load or store here
@@ -61,6 +61,7 @@ def _decode_kernel(
     # which Hopper's wgmma reads from registers; only qᵀ (once) and p̂ᵀ (small) pass through
     # shared memory. Measured on the H200: the metered kernel 18-21 % faster (bench/RESULTS.md).
     heads_i, hmask, heads, hcol, d, qT, q32T = _query_columns(Q, b, kvh, s_qb, s_qh, GQ, BLOCK_H, D, PACK_HIST, LOWP)
+    q16T, kinv, ok16 = _key_f16_query(q32T, KEY_F16)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
@@ -86,6 +87,8 @@ def _decode_kernel(
     numax = tl.zeros([BLOCK_N], tl.float32)
     kapmax = tl.zeros([BLOCK_N], tl.float32)
     bad = tl.zeros([BLOCK_N], tl.float32)
+    if KEY_F16 and METER:  # a query not exact in fp16 at its column's scale: the program's rows are not metered
+        bad += tl.where(ok16, 0.0, 1.0)
     if HAS_UNMET:  # the caller's "every slot unmetered" flag (UMA [1] uint8): counted once per lane of every program
         bad += tl.load(UMA).to(tl.float32)
         um_prev = tl.zeros([PAGES * T], tl.uint8)  # the previous tile's marks and outside slots (counted a tile late)
@@ -147,8 +150,8 @@ def _decode_kernel(
         else:
             m_new, alpha, pT, l, accT, ks, kq, ksc, nfk = _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid,
                                                                 rep, rbase, d, tok, qT, m, l, accT, seed, layer, kvh,
-                                                                sm_scale, BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP,
-                                                                PREC32)
+                                                                sm_scale, q16T, kinv, BLOCK_N, SCHEME, LOWP,
+                                                                PV_F32, HAS_REP, PREC32, KEY_F16)
         # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
         ks_lvl = ks
         if HAS_REP:

@@ -70,6 +70,31 @@ def _query_columns(Q, b, kvh, s_qb, s_qh, GQ: tl.constexpr, BLOCK_H: tl.constexp
 
 
 @triton.jit
+def _key_f16_query(q32T, KEY_F16: tl.constexpr):
+    """KEY_F16 (fp8 codes, a bf16 query): qᵀ scaled per head column by 2^e_h into fp16, the column's largest |q| to
+    [2^14, 2^15) (an all-zero column: e_h 0), 2^-e_h per column, and ``ok16``: every column's scaled query is exact in
+    fp16 (11 significant bits hold bf16's 8 down to 2^-17 of the largest entry; scaling by 2^e_h, |e_h| ≤ 100, is
+    exact on bf16 values). Where ``ok16`` is false a metered program counts its rows non-finite (``_decode_kernel``); a
+    meter-off call's logits are then off by ≤ 2^-39·max|q|·Σ|k| (fp16's subnormal spacing at the scale). Without
+    KEY_F16: unused aliases."""
+    if KEY_F16:
+        amax = tl.max(tl.abs(q32T), axis=0)  # [H]
+        eb = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent of the largest entry
+        e = tl.where(amax > 0, 141 - eb, 0)  # 2^(eb − 127 + e) = 2^14
+        pw = ((tl.minimum(tl.maximum(e, -100), 100) + 127) << 23).to(tl.float32, bitcast=True)
+        kinv = ((127 - tl.minimum(tl.maximum(e, -100), 100)) << 23).to(tl.float32, bitcast=True)
+        qs = q32T * pw[None, :]
+        q16T = qs.to(tl.float16)
+        good = (q16T.to(tl.float32) == qs) & ((e >= -100) & (e <= 100))[None, :]
+        ok16 = tl.min(good.to(tl.int32)) > 0
+    else:
+        q16T = q32T
+        kinv = q32T
+        ok16 = False
+    return q16T, kinv, ok16
+
+
+@triton.jit
 def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad, exA, exB, grd, ring_here,
                   b, kvh, seq_len, sink, recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, METER: tl.constexpr,

@@ -124,9 +124,11 @@ def _group_tile(KC, VC, KS, VS, KZ, VZ, RK, RV, cbase, sbase, vsbase, valid, rep
 @triton.jit
 def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d,
                 BLOCK_N: tl.constexpr, SCHEME: tl.constexpr, LOWP: tl.constexpr, PV_F32: tl.constexpr,
-                HAS_REP: tl.constexpr):
+                HAS_REP: tl.constexpr, KEY_F16: tl.constexpr = False):
     """int8 / int8_dither / fp8 / none: the tile's key codes [N, D] and value codes ᵀ [D, N] in the dots' dtypes
-    and the per-token key and value scales (1 for none), a repaired token's exact K / V with scale 1."""
+    and the per-token key and value scales (1 for none), a repaired token's exact K / V with scale 1. KEY_F16 (fp8
+    codes, a bf16 query, no repair: ``_key_f16_query``): the key codes in fp16, one conversion (the bf16 dot's
+    codes went fp8 → fp16 → bf16, the second an unpacked conversion per element: sm_90 SASS)."""
     if SCHEME == NONE_ID:
         kc = tl.load(KC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [N, D]
         vcT = tl.load(VC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0)  # [D, N]
@@ -150,7 +152,10 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
         ks = tl.load(KS + sbase, mask=valid, other=0.0).to(tl.float32)
         vs = tl.load(VS + vsbase, mask=valid, other=0.0).to(tl.float32)
     if LOWP:  # K̂ dot in q's dtype (int8 / fp8 codes are exact in bf16 and fp16); PV dot in bf16 or fp32
-        kc = kc.to(Q.dtype.element_ty)
+        if KEY_F16:
+            kc = kc.to(tl.float16)
+        else:
+            kc = kc.to(Q.dtype.element_ty)
         vcT = vcT.to(tl.float32 if PV_F32 else tl.bfloat16)
     else:
         kc = f32(kc)
@@ -175,15 +180,22 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
 
 @triton.jit
 def _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d, tok, qT, m, l, accT,
-               seed, layer, kvh, sm_scale, BLOCK_N: tl.constexpr, SCHEME: tl.constexpr, LOWP: tl.constexpr,
-               PV_F32: tl.constexpr, HAS_REP: tl.constexpr, PREC32: tl.constexpr):
+               seed, layer, kvh, sm_scale, q16T, kinv, BLOCK_N: tl.constexpr, SCHEME: tl.constexpr,
+               LOWP: tl.constexpr, PV_F32: tl.constexpr, HAS_REP: tl.constexpr, PREC32: tl.constexpr,
+               KEY_F16: tl.constexpr = False):
     """int8 / int8_dither / fp8 / none: the logits s·⟨c − u, q⟩·σ, the online-softmax step and the PV dot (the
     dither subtracted in both). Returns (m_new, α, p̂ᵀ, l, accᵀ, the key scales, the key codes (in q's dtype on the
     GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β, the key scales again, the tokens with a non-finite
     key: a NaN / −inf logit for fp8_e5m2 (``_nonfinite_logits``), a non-finite key scale for the others)."""
     kc, vcT, ks, vs = _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d,
-                                  BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP)
-    qkT = tl.dot(kc, qT)  # [N, H]
+                                  BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP, KEY_F16)
+    if KEY_F16:
+        # fp16 codes against the query scaled by 2^e_h into fp16 (``_key_f16_query``; where it is not exact the
+        # program's rows are counted non-finite): the bf16 dot's exact products scaled by 2^e_h, summed in fp32 as
+        # that dot sums them; × 2^-e_h is exact
+        qkT = tl.dot(kc, q16T) * kinv[None, :]
+    else:
+        qkT = tl.dot(kc, qT)  # [N, H]
     if SCHEME == INT8_DITHER_ID:  # k̂ = s (c − u): subtract u·q, u split into bf16 hi + lo parts
         uk = dither_from_hash(token_hash(seed, layer, kvh, tok, 0)[:, None], d[None, :])  # [N, D]
         if HAS_REP:
