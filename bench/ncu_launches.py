@@ -3,7 +3,7 @@ profiler to time each apart (ncu: ``--kernel-name regex:'_decode_kernel|_merge_m
 (Hq 32 / Hkv 8, d 128, random codes, the group radius, τ 0.1) at the shapes given.
 
     ncu --clock-control none --kernel-name regex:'_decode_kernel|_merge_meter_kernel' --launch-skip 8 \\
-        --metrics gpu__time_duration.sum python3 bench/merge_probe.py --shapes 1:32768,8:4096
+        --metrics gpu__time_duration.sum python3 bench/ncu_launches.py --shapes 1:32768,8:4096
 """
 
 from __future__ import annotations
