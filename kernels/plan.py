@@ -87,7 +87,7 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: ``decode_program._key_f16_query``): e4m3 codes convert to fp16 in one packed instruction per two, where the bf16 dot
 #: took a second, unpacked fp16 → bf16 conversion per code (sm_90 SASS, Triton 3.6.0: 128 of a 128-token tile's 256
 #: F2F per thread, bench/sass_probe.py). Outputs bit-identical. Run K1 (2026-12-07, an H100, bench/key_dot_ab.py,
-#: bench/RESULTS.md): meter-off e4m3 0.92-0.99× the time (SGLang's layout 0.86-0.91×); e5m2 (whose codes reach bf16
+#: bench/RESULTS.md): meter-off e4m3 0.92-0.99× the time (SGLang's layout 0.87-0.94×); e5m2 (whose codes reach bf16
 #: through fp32) 0.94-1.02×; metered e4m3 0.98-1.02×, e5m2 1.02-1.07×: metered calls keep the bf16 dot
 #: (KEY_F16_METERED, the guard's tests turn it on), and e5m2 does everywhere. A repaired page's exact keys (bf16, not
 #: exact in fp16) keep the bf16 dot
