@@ -5,6 +5,7 @@ and the WitCertCache default (2-bit sketch + weights + the (4, 32) window, page 
 every row), at shapes where the rule changes the count. ms, the median over ``--rounds`` of do_bench's median.
 
     python3 bench/split_ab.py [--shapes 1:4096,1:8192,2:4096,4:2048,8:1024] [--rounds 3]
+    python3 bench/split_ab.py --unmetered --shapes 1:32768,1:8192   # the meter-off call, UNMETERED_WHOLE_TILES off / on
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1:4096,1:8192,2:4096,4:2048,8:1024")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--unmetered", action="store_true",
+                    help="the meter-off call with kernels.plan.UNMETERED_WHOLE_TILES off and on instead")
     args = ap.parse_args(argv)
     import triton
 
@@ -36,26 +39,31 @@ def main(argv=None):
     p = torch.cuda.get_device_properties(0)
     sms = p.multi_processor_count
     print(f"# {p.name}, torch {torch.__version__}, triton {triton.__version__}; int8, Hq {Hq} / Hkv {Hkv}, d {D}; whole "
-          f"call, graph replay, ms (median of {args.rounds} interleaved rounds); rule: METERED_WHOLE_TILES "
-          f"{kp.METERED_WHOLE_TILES}")
+          f"call, graph replay, ms (median of {args.rounds} interleaved rounds); rule: {flag}, default "
+          f"{getattr(kp, flag)}")
     print(f"{'B':>3} {'n':>7} {'variant':>8} {'S old':>6} {'S new':>6} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
-    rule = kp.METERED_WHOLE_TILES
+    flag = "UNMETERED_WHOLE_TILES" if args.unmetered else "METERED_WHOLE_TILES"
+    rule = getattr(kp, flag)
     for shape in args.shapes.split(","):
         B, n = (int(x) for x in shape.split(":"))
         gen = torch.Generator().manual_seed(0)
         _, base, q, sl, _ = int8_shape(B, n, Hq, Hkv, D, dev, sms)
         win = random_window(B, Hkv, D, 4, 32, dev)
         sk = [(page_norms(sketched(c, 2, True, gen)), bt) for c, bt in base]
-        spec = {"on": (base, None, 0.1), "default": (sk, win, -1.0)}
+        if args.unmetered:
+            spec = {"off": (base, None, 0.1), "off+win": (base, win, 0.1)}
+        else:
+            spec = {"on": (base, None, 0.1), "default": (sk, win, -1.0)}
         graphs, counts = {}, {}
         for v, (cs, w, tau) in spec.items():
-            for label, tiles in (("old", False), ("new", rule)):
-                kp.METERED_WHOLE_TILES = tiles
+            for label, tiles in (("old", False), ("new", True if args.unmetered else rule)):
+                setattr(kp, flag, tiles)
                 try:
-                    counts[v, label] = kp.plan_call(cs[0][0], q, cs[0][1], meter=True, window=w).num_splits
-                    graphs[v, label] = graphed_calls(cs, q, sl, True, w, tau)
+                    counts[v, label] = kp.plan_call(cs[0][0], q, cs[0][1], meter=not args.unmetered,
+                                                    window=w).num_splits
+                    graphs[v, label] = graphed_calls(cs, q, sl, not args.unmetered, w, tau)
                 finally:
-                    kp.METERED_WHOLE_TILES = rule
+                    setattr(kp, flag, rule)
         times = interleaved(graphs, args.rounds)
         for v in spec:
             t_old, t_new = (statistics.median(times[v, x]) for x in ("old", "new"))

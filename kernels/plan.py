@@ -116,6 +116,9 @@ SMALL_GRID_SCHEMES = ("int8",)
 #: 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4 0.93 / 0.82, none slower; run Q6's first form (at least two
 #: tiles a split) also took B 1 / 4K from 32 splits of one full tile to 16 and lost 14 %
 METERED_WHOLE_TILES = True
+#: the same cut for unmetered counts, the small grid's too (an A/B candidate: ``bench/split_ab.py --unmetered``; off
+#: until measured)
+UNMETERED_WHOLE_TILES = False
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)
 SMALL_GRID_MAX_SPLITS = 256
@@ -263,6 +266,8 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
                  SMALL_GRID_MAX_PARTIALS // max(1, head_dim))
         if (s1 >= 1 and pairs * s1 >= SMALL_GRID_MIN_WAVE * wave
                 and tile_config(meter, scheme, pairs * s1 / sms, levels, block_size) == many):
+            if not meter and UNMETERED_WHOLE_TILES:
+                return _whole_tiles(s1, max_len, many, pairs, sms, meter, scheme, levels, block_size)
             return s1
     per_sm = tile.resident_programs()
     if per_sm is not None:
@@ -272,15 +277,19 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, block_size: int, sms:
             whole = max(1, min(max(1, int(waves)) * slots // pairs, 64, pages // 8))
             if tile_config(meter, scheme, pairs * whole / sms, levels, block_size) == tile:
                 s = whole
-    if meter and METERED_WHOLE_TILES:  # the fewest splits of as many tile iterations (a count that keeps the tile)
-        tiles = max(1, -(-max_len // (s * tile.tokens)))  # (an empty table, max_len 0: one iteration, as any count)
-        fewer = max(1, -(-max_len // (tiles * tile.tokens)))
-        if fewer < s and tile_config(meter, scheme, pairs * fewer / sms, levels, block_size) == tile:
-            s = fewer
+    if METERED_WHOLE_TILES if meter else UNMETERED_WHOLE_TILES:
+        s = _whole_tiles(s, max_len, tile, pairs, sms, meter, scheme, levels, block_size)
     return s
 
 
-_SMS: dict = {}
+def _whole_tiles(s: int, max_len: int, tile: "Tile", pairs: int, sms: int, meter: bool, scheme: str, levels: str,
+                 block_size: int) -> int:
+    """The fewest splits whose programs run as many ``tile`` iterations as ``s`` splits, where the tile stays the same."""
+    tiles = max(1, -(-max_len // (s * tile.tokens)))  # (an empty table, max_len 0: one iteration, as any count)
+    fewer = max(1, -(-max_len // (tiles * tile.tokens)))
+    if fewer < s and tile_config(meter, scheme, pairs * fewer / sms, levels, block_size) == tile:
+        return fewer
+    return s
 
 
 _SMS: dict = {}
