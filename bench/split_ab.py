@@ -35,6 +35,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import triton
 
+    flag = "UNMETERED_WHOLE_TILES" if args.unmetered else "METERED_WHOLE_TILES"
     dev, Hq, Hkv, D = "cuda", 32, 8, 128
     p = torch.cuda.get_device_properties(0)
     sms = p.multi_processor_count
@@ -42,7 +43,6 @@ def main(argv=None):
           f"call, graph replay, ms (median of {args.rounds} interleaved rounds); rule: {flag}, default "
           f"{getattr(kp, flag)}")
     print(f"{'B':>3} {'n':>7} {'variant':>8} {'S old':>6} {'S new':>6} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
-    flag = "UNMETERED_WHOLE_TILES" if args.unmetered else "METERED_WHOLE_TILES"
     rule = getattr(kp, flag)
     for shape in args.shapes.split(","):
         B, n = (int(x) for x in shape.split(":"))

@@ -315,11 +315,18 @@ _EDGES: dict = {}
 MERGE_ONE_WARP_ELEMS = 64 * 128
 MERGE_RECORD_WARPS = 4
 MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
+#: warps per program of a record merge that tilts no row (the tilt deferred to ``kernels.tilt_batch``, or τ = +inf):
+#: the four warps are there for the tilt's grid search; without it a row's record is a chain of float64 steps and
+#: reductions, each of which four warps pass through shared memory behind barriers (ncu, run K3: the B 1 / 32K
+#: record merge 13.2 µs, 3,100 instructions a warp at 6.7 cycles each, 64 barriers a warp)
+MERGE_UNTILTED_WARPS = 1
 
 
-def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0) -> int:
+def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:
     """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels, over
-    ``rows`` programs on ``sms`` SMs (0: unknown, e.g. off the GPU)."""
+    ``rows`` programs on ``sms`` SMs (0: unknown, e.g. off the GPU); ``tilts``: the record may tilt a row."""
+    if record and not tilts:
+        return MERGE_UNTILTED_WARPS
     if record:
         return 1 if sms and rows >= MERGE_RECORD_ONE_WARP_ROWS_PER_SM * sms else MERGE_RECORD_WARPS
     return 1 if sp * d <= MERGE_ONE_WARP_ELEMS else 4
@@ -479,7 +486,8 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
-    warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev))
+    warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev),
+                                     tilts=tilt_above != math.inf)
     _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         flag, c.weights if c.weights is not None else lse, ex if exc else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),

@@ -20,7 +20,7 @@ from kernels import epilogue_torch as ET  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
-from tests.helpers.conformance import to_cpu  # noqa: E402
+from tests.helpers.conformance import build, to_cpu  # noqa: E402
 from tests.helpers.merge_partials import synthetic_partials  # noqa: E402
 
 
@@ -269,6 +269,23 @@ def test_merge_warps_rule():
     assert mw(16, 128, True, rows=4 * 132, sms=132) == 1 and mw(16, 128, True, rows=4 * 132 - 1, sms=132) == 4
     assert mw(64, 128, True) == 4  # SMs unknown
     assert mw(64, 128, False) == 1 and mw(128, 128, False) == 4
+    # a record that tilts no row (the deferred tilt's merge, τ = +inf): MERGE_UNTILTED_WARPS whatever the grid (run K4)
+    for rows in (32, 256, 1024):
+        assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == E.MERGE_UNTILTED_WARPS == 1
+    assert mw(16, 128, False, rows=32, sms=132, tilts=False) == 1
+
+
+def test_untilted_merge_takes_its_warps(monkeypatch):
+    """``merge`` asks ``merge_warps`` for an untilted record exactly where no row can be tilted: a deferred tilt's
+    merge and τ = +inf; τ finite (a lazy tilt) and τ −1 (every row) keep the tilting merge's warps."""
+    seen = []
+    real = E.merge_warps
+    monkeypatch.setattr(E, "merge_warps", lambda *a, **k: seen.append(k.get("tilts", True)) or real(*a, **k))
+    cache, bt, _ = build("int8", [20, 7], 1, 64, seed=3)
+    q = torch.randn(2, 2, 64).bfloat16().float()
+    for tau in (math.inf, 0.1, -1.0):
+        decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV), tilt_above=tau, validate=False)
+    assert seen[-3:] == [False, True, True]
 
 
 def test_gpu_query_dtype_rules():

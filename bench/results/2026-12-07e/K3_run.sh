@@ -1,7 +1,10 @@
-# K3 (2026-12-07, twenty-seventh session, issue 36): the fp8 table on this tree (meter-off e4m3 key dot in fp16),
-# B 1 / 8 / 32 x 4K / 32K, then B 1 / 8 at 128K; carry [".whl", ".carry/sg"]
-source bench/device_suite.sh > $OUT/setup.log 2>&1
-SG="python3 bench/sglang_h200.py --sglang-root $PWD/.carry/sg/sglang --kv fp8 --defer-tilt --iters 20"
-timeout 280 $SG --batches 1,8,32 --lens 4096,32768 > $OUT/K3_sg.log 2>&1; echo "sg rc $?"
-timeout 200 $SG --batches 1,8 --lens 131072 > $OUT/K3_sg128.log 2>&1; echo "sg128 rc $?"
-grep -hE "^\| fp8" $OUT/K3_sg.log $OUT/K3_sg128.log | cut -d'|' -f2-12
+# K3: ncu's durations with no row tilted (tau inf: the merge's record without the tilt, as SGLang's deferred call),
+# then the unmetered whole-tiles A/B
+export PYTHONPATH=$PWD:/tmp/site WITCERT_DEVICE=cuda
+for s in 1:32768 8:4096; do
+  timeout 80 ncu --clock-control none --kernel-name regex:'_decode_kernel|_merge_meter_kernel' --launch-skip 6 \
+    --launch-count 4 --metrics gpu__time_duration.sum python3 bench/ncu_launches.py --shapes $s --reps 5 --tau inf > $OUT/ncu_inf_${s/:/_}.log 2>&1
+  echo "ncu $s rc $?"; grep -E "_kernel|gpu__time" $OUT/ncu_inf_${s/:/_}.log | sed 's/  */ /g' | cut -c1-150
+done
+timeout 100 python3 bench/split_ab.py --unmetered --shapes 1:32768,1:8192,1:131072 --rounds 3 > $OUT/split_ab_off.log 2>&1
+echo "split_ab rc $?"; cat $OUT/split_ab_off.log
