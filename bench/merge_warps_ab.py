@@ -1,5 +1,6 @@
 """The metered decode call whose record merge tilts no row (τ = +inf, as a deferred tilt's merge) with the merge in
-one-warp programs (``kernels.epilogue.MERGE_UNTILTED_WARPS``, the default) against four-warp ones (the form before),
+one-warp programs (``kernels.epilogue.MERGE_UNTILTED_WARPS`` = 1, the candidate) against four-warp ones (the library's
+default where the grid has fewer than 4 rows per SM),
 side by side in one process, interleaved round by round: int8 on the paged layout (Hq 32 / Hkv 8, d 128, random
 codes, caches rotated past the L2, CUDA-graph replay), the group radius ("group") and the WitCertCache default's
 kernel (2-bit sketch + weights + the (4, 32) window, page maxima, the excess sums and grid: "default"). ms, the median

@@ -315,17 +315,19 @@ _EDGES: dict = {}
 MERGE_ONE_WARP_ELEMS = 64 * 128
 MERGE_RECORD_WARPS = 4
 MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
-#: warps per program of a record merge that tilts no row (the tilt deferred to ``kernels.tilt_batch``, or τ = +inf):
-#: the four warps are there for the tilt's grid search; without it a row's record is a chain of float64 steps and
-#: reductions, each of which four warps pass through shared memory behind barriers (ncu, run K3: the B 1 / 32K
-#: record merge 13.2 µs, 3,100 instructions a warp at 6.7 cycles each, 64 barriers a warp)
-MERGE_UNTILTED_WARPS = 1
+#: warps per program of a record merge that tilts no row (the tilt deferred to ``kernels.tilt_batch``, or τ = +inf);
+#: None: the tilting merge's rule above. The four warps are there for the tilt's grid search; without it a row's
+#: record is a chain of float64 steps and reductions, each of which four warps pass through shared memory behind
+#: barriers (ncu, bench/RESULTS.md run K3: the B 1 / 32K record merge 13 µs of a ~65 µs call, 3,100 instructions a
+#: warp at 6.7 cycles each, 64 barriers a warp). One warp is the candidate (run N2 at B 32: 13.2 against 33.0 µs with
+#: no row tilted), not yet timed at B 1-8: ``bench/merge_warps_ab.py`` and ``bench/sglang_h200.py --merge-warps``
+MERGE_UNTILTED_WARPS: int | None = None
 
 
 def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:
     """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels, over
     ``rows`` programs on ``sms`` SMs (0: unknown, e.g. off the GPU); ``tilts``: the record may tilt a row."""
-    if record and not tilts:
+    if record and not tilts and MERGE_UNTILTED_WARPS:
         return MERGE_UNTILTED_WARPS
     if record:
         return 1 if sms and rows >= MERGE_RECORD_ONE_WARP_ROWS_PER_SM * sms else MERGE_RECORD_WARPS

@@ -116,8 +116,9 @@ SMALL_GRID_SCHEMES = ("int8",)
 #: 0.94 / 0.84, B 4 / 2K 12 → 8 0.90 / 0.82, B 8 / 1K 6 → 4 0.93 / 0.82, none slower; run Q6's first form (at least two
 #: tiles a split) also took B 1 / 4K from 32 splits of one full tile to 16 and lost 14 %
 METERED_WHOLE_TILES = True
-#: the same cut for unmetered counts, the small grid's too (an A/B candidate: ``bench/split_ab.py --unmetered``; off
-#: until measured)
+#: the same cut for unmetered counts, the small grid's too (``bench/split_ab.py --unmetered``). Off: bench/RESULTS.md run
+#: K3 (2026-12-07, an H100, int8 paged, the meter-off call): B 1 / 32K 99 → 86 splits 0.98×, B 1 / 8K 33 → 32 0.96×
+#: but 1.11× with the exact window, B 1 / 128K 99 → 98 1.00×
 UNMETERED_WHOLE_TILES = False
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at
 #: d 128; a grid of one or two kv heads would otherwise take a thousand)

@@ -260,7 +260,7 @@ def test_tilt_refinement_stops_once_it_cannot_lower_the_tilt(monkeypatch):
         assert got.item() < before[row].item() - 1e-12
 
 
-def test_merge_warps_rule():
+def test_merge_warps_rule(monkeypatch):
     """The fused merge's warps (``epilogue.merge_warps``, measured in run N2): the record takes four warps per
     row, one on grids of ≥ MERGE_RECORD_ONE_WARP_ROWS_PER_SM rows per SM or off the GPU's count (0 SMs:
     four); without the record one while a row's partial outputs fit MERGE_ONE_WARP_ELEMS."""
@@ -269,10 +269,15 @@ def test_merge_warps_rule():
     assert mw(16, 128, True, rows=4 * 132, sms=132) == 1 and mw(16, 128, True, rows=4 * 132 - 1, sms=132) == 4
     assert mw(64, 128, True) == 4  # SMs unknown
     assert mw(64, 128, False) == 1 and mw(128, 128, False) == 4
-    # a record that tilts no row (the deferred tilt's merge, τ = +inf): MERGE_UNTILTED_WARPS whatever the grid (run K4)
+    # a record that tilts no row (the deferred tilt's merge, τ = +inf): MERGE_UNTILTED_WARPS where set (an A/B
+    # candidate), else the tilting merge's rule
+    assert E.MERGE_UNTILTED_WARPS is None
     for rows in (32, 256, 1024):
-        assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == E.MERGE_UNTILTED_WARPS == 1
-    assert mw(16, 128, False, rows=32, sms=132, tilts=False) == 1
+        assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == mw(16, 128, True, rows=rows, sms=132)
+    monkeypatch.setattr(E, "MERGE_UNTILTED_WARPS", 1)
+    for rows in (32, 256, 1024):
+        assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == 1
+    assert mw(16, 128, True, rows=32, sms=132) == 4 and mw(16, 128, False, rows=32, sms=132, tilts=False) == 1
 
 
 def test_untilted_merge_takes_its_warps(monkeypatch):
