@@ -61,6 +61,7 @@ def _decode_kernel(
     # which Hopper's wgmma reads from registers; only qᵀ (once) and p̂ᵀ (small) pass through
     # shared memory. Measured on the H200: the metered kernel 18-21 % faster (bench/RESULTS.md).
     heads_i, hmask, heads, hcol, d, qT, q32T = _query_columns(Q, b, kvh, s_qb, s_qh, GQ, BLOCK_H, D, PACK_HIST, LOWP)
+    tl.static_assert(not (KEY_F16 and HAS_REP), "KEY_F16: a repaired page's exact keys are bf16, not fp16")
     q16T, kinv, ok16 = _key_f16_query(q32T, KEY_F16)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)

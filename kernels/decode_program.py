@@ -72,20 +72,24 @@ def _query_columns(Q, b, kvh, s_qb, s_qh, GQ: tl.constexpr, BLOCK_H: tl.constexp
 @triton.jit
 def _key_f16_query(q32T, KEY_F16: tl.constexpr):
     """KEY_F16 (fp8 codes, a bf16 query): qᵀ scaled per head column by 2^e_h into fp16, the column's largest |q| to
-    [2^14, 2^15) (an all-zero column: e_h 0), 2^-e_h per column, and ``ok16``: every column's scaled query is exact in
-    fp16 (11 significant bits hold bf16's 8 down to 2^-17 of the largest entry; scaling by 2^e_h, |e_h| ≤ 100, is
-    exact on bf16 values). Where ``ok16`` is false a metered program counts its rows non-finite (``_decode_kernel``); a
-    meter-off call's logits are then off by ≤ 2^-39·max|q|·Σ|k| (fp16's subnormal spacing at the scale). Without
-    KEY_F16: unused aliases."""
+    [2^14, 2^15) (an all-zero column: e_h 0; the scale clamped to 2^±126), 2^-e_h per column, and ``ok16``: every
+    column's e_h is in [−96, 93] and its fp16 query times 2^-e_h is its query again (exact: the products q16·2^-e_h are
+    normal there). Then the tensor core's products are the bf16 dot's times 2^e_h and × 2^-e_h is exact: the same
+    logits. e_h ≤ 93 keeps every nonzero sum of such products (multiples of 2^(−33−e_h)) normal, e_h ≥ −96 every sum of
+    D ≤ 256 products below 2^128, as the bf16 dot's (an adversarial review, 2026-12-07: a check against the fp32 scaled
+    query passed entries that underflowed to 0 in it, q = [2^64, 2^-101]). Where ``ok16`` is false a metered program
+    counts its rows non-finite (``_decode_kernel``); a meter-off call's logits are then within
+    max(2^-39·max|q|, 2^-151)·Σ|k| of the bf16 dot's exact products (no bound is claimed there). Without KEY_F16:
+    unused aliases."""
     if KEY_F16:
         amax = tl.max(tl.abs(q32T), axis=0)  # [H]
         eb = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent of the largest entry
         e = tl.where(amax > 0, 141 - eb, 0)  # 2^(eb − 127 + e) = 2^14
-        pw = ((tl.minimum(tl.maximum(e, -100), 100) + 127) << 23).to(tl.float32, bitcast=True)
-        kinv = ((127 - tl.minimum(tl.maximum(e, -100), 100)) << 23).to(tl.float32, bitcast=True)
-        qs = q32T * pw[None, :]
-        q16T = qs.to(tl.float16)
-        good = (q16T.to(tl.float32) == qs) & ((e >= -100) & (e <= 100))[None, :]
+        ec = tl.minimum(tl.maximum(e, -126), 126)  # (2^±ec normal)
+        pw = ((ec + 127) << 23).to(tl.float32, bitcast=True)
+        kinv = ((127 - ec) << 23).to(tl.float32, bitcast=True)
+        q16T = (q32T * pw[None, :]).to(tl.float16)
+        good = (q16T.to(tl.float32) * kinv[None, :] == q32T) & ((e >= -96) & (e <= 93))[None, :]
         ok16 = tl.min(good.to(tl.int32)) > 0
     else:
         q16T = q32T

@@ -36,12 +36,15 @@ cuda_only = pytest.mark.skipif(DEV != "cuda", reason="KEY_F16 is the GPU's tenso
 
 def key_f16_exact(q: torch.Tensor) -> torch.Tensor:
     """The torch twin of ``_key_f16_query``'s ``ok16`` per (sequence, kv head) for q [B, Hkv, GQ, D] (bf16 values):
-    each head's largest |q| scaled by 2^e to [2^14, 2^15), |e| ≤ 100, and every scaled entry exact in fp16."""
+    each head's largest |q| scaled by 2^e to [2^14, 2^15) (the scale clamped to 2^±126), e in [−96, 93], and every
+    entry's fp16 value times 2^-e the entry again (the round trip: a check against the fp32 scaled query passes an
+    entry that underflows to 0 there)."""
     q = q.float()
     amax = q.abs().amax(-1)  # [B, Hkv, GQ]
     e = torch.where(amax > 0, 14 - torch.floor(torch.log2(amax.clamp_min(2.0**-149))), torch.zeros_like(amax))
-    qs = q * torch.exp2(e.clamp(-100, 100))[..., None]
-    ok = (qs.half().float() == qs).all(-1) & (e.abs() <= 100)
+    ec = e.clamp(-126, 126)[..., None]
+    q16 = (q * torch.exp2(ec)).half()
+    ok = (q16.float() * torch.exp2(-ec) == q).all(-1) & (e >= -96) & (e <= 93)
     return ok.all(-1)
 
 
@@ -70,14 +73,19 @@ def test_twin_of_the_query_exactness():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 2, 4, 64, generator=g).bfloat16()
     assert key_f16_exact(q).all()
-    assert key_f16_exact(q * 2.0**90).all() and key_f16_exact(q * 2.0**-80).all()  # (the scale absorbs it)
-    assert not key_f16_exact(q * 2.0**-120)[0, 0]  # |e| > 100
+    assert key_f16_exact(q * 2.0**60).all() and key_f16_exact(q * 2.0**-60).all()  # (the scale absorbs it)
+    one = torch.zeros(1, 1, 1, 64)
+    for amax, ok in ((2.0**-79, True), (2.0**-80, False), (2.0**110, True), (2.0**111, False), (2.0**-120, False)):
+        one[..., 0] = amax  # e = 93 / 94 (a subnormal product sum possible), −96 / −97 (a sum past 2^128), 134
+        assert key_f16_exact(one.bfloat16()).item() == ok, amax
     wide = q.clone()
     wide[1, 0, 2, 0], wide[1, 0, 2, 1] = 1.0, 2.0**-40  # one head's entries 2^40 apart: 2^-26 after scaling
     ok = key_f16_exact(wide.bfloat16())
     assert not ok[1, 0] and ok.sum() == ok.numel() - 1
-    zero = torch.zeros_like(q)
-    assert key_f16_exact(zero).all()  # (an all-zero head: e 0, exact)
+    under = torch.zeros(1, 1, 1, 64)
+    under[..., 0], under[..., 1] = 2.0**64, 2.0**-101  # 2^-151 after scaling: 0 in fp32 as in fp16 (review 2026-12-07)
+    assert not key_f16_exact(under.bfloat16()).item()
+    assert key_f16_exact(torch.zeros_like(q)).all()  # (an all-zero head: e 0, exact)
 
 
 def _decode(cache, q, bt, lens, key_f16, monkeypatch, meter=True):
@@ -107,11 +115,16 @@ def test_fp16_key_dot_is_the_bf16_dot_bit_for_bit(scheme, scale, monkeypatch):
 
 @cuda_only
 @pytest.mark.parametrize("scheme", FP8)
-def test_a_query_not_exact_in_fp16_flags_its_kv_head(scheme, monkeypatch):
+@pytest.mark.parametrize("pair", [(1.0, 2.0**-40), (2.0**64, 2.0**-101), (2.0**-86, 2.0**-124), (2.0**112, 1.0)],
+                         ids=["wide", "underflow", "e100", "e-98"])
+def test_a_query_not_exact_in_fp16_flags_its_kv_head(scheme, pair, monkeypatch):
+    """A metered program (KEY_F16_METERED forced) whose query is not exact in fp16 at its scale, or whose scale leaves
+    [−96, 93] (a subnormal or an overflowing product sum possible), flags its rows; the others stay metered."""
     lens = [70, 40]
     cache, bt, _ = build(scheme, lens, 2, 128, seed=12)
     q = torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(4))
-    q[0, 5, 0], q[0, 5, 1] = 1.0, 2.0**-40  # sequence 0, query head 5: kv head 1 (GQ 4)
+    q[0, 4:8] = 0.0
+    q[0, 5, 0], q[0, 5, 1] = pair  # sequence 0, query head 5: kv head 1 (GQ 4)
     q = q.bfloat16()
     ok = key_f16_exact(q.view(2, 2, 4, 128))
     assert ok.tolist() == [[True, False], [True, True]]
@@ -119,9 +132,26 @@ def test_a_query_not_exact_in_fp16_flags_its_kv_head(scheme, monkeypatch):
     flag = out.meter.flag.view(2, 2, 4)
     assert flag[0, 1].all() and (out.meter.tv_upper_a.view(2, 2, 4)[0, 1] == 1.0).all()
     assert not flag[0, 0].any() and not flag[1].any()
-    ref = _decode(cache, q, bt, lens, False, monkeypatch)  # the bf16 dot: exact, metered
-    assert not ref.meter.flag.any()
-    # the served output: the fp16 query's rounding moves a logit by ≤ 2^-39·max|q|·Σ|k|, far inside bf16's output
-    # rounding (the row is flagged all the same)
-    assert torch.allclose(out.o.float(), ref.o.float(), rtol=0, atol=2.0**-7 * ref.o.float().abs().max().item())
-    assert math.isfinite(out.o.float().abs().max().item())
+    if pair[0] == 1.0:
+        ref = _decode(cache, q, bt, lens, False, monkeypatch)  # the bf16 dot: exact, metered
+        assert not ref.meter.flag.any()
+        # the served output: the fp16 query's rounding moves a logit by ≤ 2^-39·max|q|·Σ|k|, far inside bf16's output
+        # rounding (the row is flagged all the same)
+        assert torch.allclose(out.o.float(), ref.o.float(), rtol=0, atol=2.0**-7 * ref.o.float().abs().max().item())
+        assert math.isfinite(out.o.float().abs().max().item())
+
+
+@cuda_only
+@pytest.mark.parametrize("amax", [2.0**-120, 2.0**-100, 2.0**-60])
+def test_meter_off_tiny_queries_serve_the_bf16_dots_output(amax, monkeypatch):
+    """Meter off (the library's KEY_F16 calls), a query whose scale is clamped (2^-120: e 134 → 126) or out of ok16's
+    range: its logits are within max(2^-39·max|q|, 2^-151)·Σ|k| of the bf16 dot's, so the served output is the same to
+    bf16's rounding."""
+    lens = [70, 40]
+    cache, bt, _ = build("fp8_e4m3", lens, 2, 128, seed=13)
+    q = torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(6))
+    q = (q / q.abs().amax(-1, keepdim=True) * amax).bfloat16()
+    a = _decode(cache, q, bt, lens, True, monkeypatch, meter=False)
+    b = _decode(cache, q, bt, lens, False, monkeypatch, meter=False)
+    assert torch.isfinite(a.o).all()
+    assert torch.allclose(a.o.float(), b.o.float(), rtol=2.0**-7, atol=2.0**-7 * b.o.float().abs().max().item())
