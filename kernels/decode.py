@@ -101,7 +101,7 @@ from .fp_bounds import KERNEL_REL_SLACK, dot_gamma, mass_eta_terms, store_terms
 from .interpret import INTERPRET
 from .key_levels import KEY_LEVELS, X0
 from .paged import SCHEME_IDS, PagedKV, dequantized_fp32, page_scaled_keys
-from .pdl import gdc, pdl_launch
+from .pdl import gdc, pdl_call
 from .plan import DecodePlan, Tile, check_plan, launch_variant, plan_call
 from .repair import RepairOverlay
 from .unmetered import UnmeteredSlots
@@ -510,7 +510,7 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
     args = _kernel_args(cache, q, plan, rows, ws, sm, repair, window, unmetered)
     consts = _kernel_constants(cache, q, plan, rows.masked, repair is not None, window is not None,
                                unmetered is not None)
-    extra = pdl_launch(q.device, "decode")
+    extra = {}
     if plan.num_stages is not None:
         extra["num_stages"] = plan.num_stages
     if plan.max_registers is not None and not INTERPRET:  # a register cap per thread (the plan's)
@@ -527,7 +527,8 @@ def _launch(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, rows: _Rows, ws: 
     grid = (q.shape[0], cache.num_kv_heads, plan.num_splits)
     while True:
         try:
-            return _decode_kernel[grid](*args, PAGES=pages, **consts, num_warps=plan.num_warps, **extra), pages
+            return pdl_call(q.device, "decode", lambda kw: _decode_kernel[grid](
+                *args, PAGES=pages, **consts, num_warps=plan.num_warps, **extra, **kw)), pages
         except OutOfResources as e:
             if not plan.auto_tile or pages <= 1:
                 raise

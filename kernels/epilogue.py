@@ -83,7 +83,7 @@ from .epilogue_torch import tv_from_hist_torch
 from .excess_grid import EXCESS_COLS, expm1_up_torch, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
-from .pdl import gdc, pdl_launch
+from .pdl import gdc, pdl_call
 
 
 @functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
@@ -490,7 +490,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev),
                                      tilts=tilt_above != math.inf)
-    _merge_meter_kernel[(rows,)](
+    pdl_call(dev, "merge", lambda kw: _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
         flag, c.weights if c.weights is not None else lse, ex if exc else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
         math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
@@ -504,8 +504,8 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
         SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc, GRD=grd,
-        GDC=gdc(dev), num_warps=warps, **pdl_launch(dev, "merge"),
-    )
+        GDC=gdc(dev), num_warps=warps, **kw,
+    ))
     record = None
     if meter and epilogue:
         cols = rec.t().view(REC_COLS.value, Bsz, Hq).unbind(0)  # every column's [B, Hq] view in one call (an

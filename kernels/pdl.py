@@ -5,6 +5,10 @@
     gdc(device)             whether the kernels' grid dependency control instructions run there (the kernels'
                             ``GDC`` constexpr: CUDA, capability ≥ 9.0, not Triton's interpreter)
     pdl_launch(device, op)  the launch keywords of ``op`` (``{"launch_pdl": True}`` or ``{}``)
+    pdl_call(device, op, launch)
+                            ``launch(keywords)`` with ``pdl_launch``'s keywords; a launch refused with PDL on (a driver
+                            or context without programmatic stream serialization) is retried without it, and PDL stays
+                            off on that device (logged)
 
 A kernel launched with PDL may start while the kernel before it in the stream is still running; its
 ``griddepcontrol.wait`` (Triton's ``gdc_wait``) then blocks until that kernel has completed and its memory
@@ -24,6 +28,7 @@ import functools
 import logging
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from .interpret import INTERPRET
 
@@ -36,13 +41,19 @@ PDL_LAUNCHES: tuple[str, ...] = ("merge", "decode")
 _OPS = ("merge", "decode")
 
 
+#: devices (their indices) where a launch with PDL failed and one without it succeeded: PDL stays off there
+_REFUSED: set = set()
+
+
 def gdc(device) -> bool:
     """Whether the kernels execute ``griddepcontrol`` on ``device`` (their ``GDC``): NVIDIA CUDA with compute capability
-    ≥ 9.0, outside Triton's interpreter (which has no inline PTX), while some launch takes PDL."""
+    ≥ 9.0, outside Triton's interpreter (which has no inline PTX), while some launch takes PDL and the device has not
+    refused one (``pdl_call``)."""
     dev = torch.device(device)
     if INTERPRET or dev.type != "cuda" or not PDL_LAUNCHES:
         return False
-    return _sm90(dev.index if dev.index is not None else torch.cuda.current_device())
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return index not in _REFUSED and _sm90(index)
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,3 +74,30 @@ def pdl_launch(device, op: str) -> dict:
         log.info("decode: the %s launch %s programmatic dependent launch on %s", op, "takes" if on else "does not take",
                  device)
     return {"launch_pdl": True} if on else {}
+
+
+def pdl_call(device, op: str, launch):
+    """``launch(keywords)`` with ``pdl_launch(device, op)``'s keywords. Where that launch raises with PDL on (a driver or
+    context that refuses programmatic stream serialization: Triton's launcher raises a RuntimeError), it is launched
+    again without PDL; if that succeeds, PDL stays off on the device (``gdc`` false: later variants compile without the
+    grid dependency instructions, which are no-ops without PDL anyway), logged once. If it fails too, the device keeps
+    PDL and the first error is raised (the fault was not PDL's). ``OutOfResources`` (a tile that does not fit: the
+    caller's retry) passes through at once."""
+    kw = pdl_launch(device, op)
+    if not kw:
+        return launch({})
+    try:
+        return launch(kw)
+    except OutOfResources:
+        raise
+    except RuntimeError as first:
+        try:
+            out = launch({})
+        except Exception:
+            raise first from None
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        _REFUSED.add(index)
+        log.warning("decode: the %s launch failed with programmatic dependent launch on %s and ran without it; PDL is "
+                    "off on that device from now on (%s: %s)", op, device, type(first).__name__, first)
+        return out

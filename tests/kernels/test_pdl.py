@@ -25,6 +25,82 @@ def test_no_pdl_off_the_gpu_or_without_launches(monkeypatch):
         pdl.pdl_launch("cpu", "write")
 
 
+def _pdl_device(monkeypatch):
+    """A device where ``gdc`` holds without a GPU: cuda:0 of sm_90, outside the interpreter, no refusal yet."""
+    monkeypatch.setattr(pdl, "INTERPRET", False)
+    monkeypatch.setattr(pdl, "_sm90", lambda index: True)
+    monkeypatch.setattr(pdl, "_REFUSED", set())
+    monkeypatch.setattr(pdl, "PDL_LAUNCHES", ("merge", "decode"))
+    assert pdl.gdc("cuda:0") and pdl.pdl_launch("cuda:0", "decode") == {"launch_pdl": True}
+
+
+def test_a_launch_refused_with_pdl_runs_without_it_and_pdl_stays_off(monkeypatch, caplog):
+    """``pdl_call``: a driver or context that refuses programmatic stream serialization (Triton's launcher raises) gets
+    the launch again without PDL, and PDL off on that device from then on (``gdc`` false, no launch keyword), logged."""
+    _pdl_device(monkeypatch)
+    seen = []
+
+    def launch(kw):
+        seen.append(dict(kw))
+        if kw.get("launch_pdl"):
+            raise RuntimeError("Triton Error [CUDA]: operation not supported")
+        return "ran"
+
+    with caplog.at_level("WARNING", logger="witcert.kernels"):
+        assert pdl.pdl_call("cuda:0", "decode", launch) == "ran"
+    assert seen == [{"launch_pdl": True}, {}] and "PDL is off" in caplog.text
+    assert not pdl.gdc("cuda:0") and pdl.pdl_launch("cuda:0", "merge") == {}
+    seen.clear()
+    assert pdl.pdl_call("cuda:0", "merge", launch) == "ran" and seen == [{}]  # (no second try: PDL is off there)
+    assert pdl.gdc("cuda:1")  # (another device keeps it)
+
+
+def test_a_launch_that_fails_without_pdl_too_raises_its_first_error(monkeypatch):
+    """A fault that is not PDL's (the launch fails both ways) raises the first error and leaves PDL on; a tile that does
+    not fit (``OutOfResources``, the decode's own retry) passes through at once, launched once."""
+    from triton.runtime.errors import OutOfResources
+
+    _pdl_device(monkeypatch)
+    calls = []
+
+    def bad(kw):
+        calls.append(dict(kw))
+        raise RuntimeError("first" if kw else "second")
+
+    with pytest.raises(RuntimeError, match="^first$"):
+        pdl.pdl_call("cuda:0", "merge", bad)
+    assert calls == [{"launch_pdl": True}, {}] and pdl.gdc("cuda:0")
+    calls.clear()
+
+    def big(kw):
+        calls.append(dict(kw))
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    with pytest.raises(OutOfResources):
+        pdl.pdl_call("cuda:0", "decode", big)
+    assert calls == [{"launch_pdl": True}] and pdl.gdc("cuda:0")
+
+
+def test_both_launches_go_through_pdl_call(monkeypatch):
+    """The decode pass and its merge launch through ``pdl_call`` (so a refusal falls back for either)."""
+    import kernels.decode as Dk
+    import kernels.epilogue as E
+    from tests.helpers.conformance import build
+
+    ops = []
+
+    def spy(device, op, launch):
+        ops.append(op)
+        return pdl.pdl_call(device, op, launch)
+
+    monkeypatch.setattr(Dk, "pdl_call", spy)
+    monkeypatch.setattr(E, "pdl_call", spy)
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    cache, bt, _ = build("int8", [20], 1, 64, seed=3)
+    Dk.decode(cache, torch.randn(1, 2, 64).bfloat16().float().to(DEV), bt.to(DEV), torch.tensor([20]).to(DEV))
+    assert ops == ["decode", "merge"]
+
+
 _CODEGEN = r"""
 import re, sys
 sys.path.insert(0, "bench")
