@@ -318,7 +318,7 @@ MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
 #: warps per program of a record merge that tilts no row (the tilt deferred to ``kernels.tilt_batch``, or τ = +inf);
 #: None: the tilting merge's rule above. The four warps are there for the tilt's grid search; without it a row's
 #: record is a chain of float64 steps and reductions, each of which four warps pass through shared memory behind
-#: barriers (ncu, bench/RESULTS.md run K3: the B 1 / 32K record merge 13 µs of a ~65 µs call, 3,100 instructions a
+#: barriers (ncu, bench/RESULTS.md run F3: the B 1 / 32K record merge 13 µs of a ~65 µs call, 3,100 instructions a
 #: warp at 6.7 cycles each, 64 barriers a warp). One warp is the candidate (run N2 at B 32: 13.2 against 33.0 µs with
 #: no row tilted), not yet timed at B 1-8: ``bench/merge_warps_ab.py`` and ``bench/sglang_h200.py --merge-warps``
 MERGE_UNTILTED_WARPS: int | None = None

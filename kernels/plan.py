@@ -86,7 +86,7 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: fp8 schemes whose meter-off key dot runs in fp16 under a bf16 query on the GPU (the decode's KEY_F16,
 #: ``decode_program._key_f16_query``): e4m3 codes convert to fp16 in one packed instruction per two, where the bf16 dot
 #: took a second, unpacked fp16 → bf16 conversion per code (sm_90 SASS, Triton 3.6.0: 128 of a 128-token tile's 256
-#: F2F per thread, bench/sass_probe.py). Outputs bit-identical. Run K1 (2026-12-07, an H100, bench/key_dot_ab.py,
+#: F2F per thread, bench/sass_probe.py). Outputs bit-identical. Run F1 (2026-12-07, an H100, bench/key_dot_ab.py,
 #: bench/RESULTS.md): meter-off e4m3 0.92-0.99× the time (SGLang's layout 0.87-0.94×); e5m2 (whose codes reach bf16
 #: through fp32) 0.94-1.02×; metered e4m3 0.98-1.02×, e5m2 1.02-1.07×: metered calls keep the bf16 dot
 #: (KEY_F16_METERED, the guard's tests turn it on), and e5m2 does everywhere. A repaired page's exact keys (bf16, not
@@ -117,7 +117,7 @@ SMALL_GRID_SCHEMES = ("int8",)
 #: tiles a split) also took B 1 / 4K from 32 splits of one full tile to 16 and lost 14 %
 METERED_WHOLE_TILES = True
 #: the same cut for unmetered counts, the small grid's too (``bench/split_ab.py --unmetered``). Off: bench/RESULTS.md run
-#: K3 (2026-12-07, an H100, int8 paged, the meter-off call): B 1 / 32K 99 → 86 splits 0.98×, B 1 / 8K 33 → 32 0.96×
+#: F3 (2026-12-07, an H100, int8 paged, the meter-off call): B 1 / 32K 99 → 86 splits 0.98×, B 1 / 8K 33 → 32 0.96×
 #: but 1.11× with the exact window, B 1 / 128K 99 → 98 1.00×
 UNMETERED_WHOLE_TILES = False
 #: and at most this many splits (the merge reads the next power of two of partials per row: measured up to 256 at

@@ -3,7 +3,7 @@ e4m3 scheme's key codes go to fp16 in one conversion and meet the query scaled p
 (``decode_program._key_f16_query``), where the bf16 dot took a second conversion per code. Where the scaled query is
 exact in fp16 the logits are the bf16 dot's, bit for bit; where it is not (a column's entries spanning more than
 fp16's range below its largest) a metered program counts its rows non-finite: not metered, never silently wrong. The
-library takes it for meter-off calls (``KEY_F16_METERED`` off: no gain metered, run K1); the tests below turn it on
+library takes it for meter-off calls (``KEY_F16_METERED`` off: no gain metered, run F1); the tests below turn it on
 for metered calls too, and for e5m2, to check the guard and the bit identity there.
 
 * which calls take it (any device: the constexprs of a plan);
@@ -59,7 +59,7 @@ def _constants(scheme, qdtype=torch.bfloat16, lowp=True, has_rep=False, meter=Fa
 def test_key_f16_is_taken_for_e4m3_meter_off_under_a_bf16_query_on_the_tensor_core_path(monkeypatch):
     for scheme in ("fp8_e4m3", "fp8_e4m3_scaled"):
         assert _constants(scheme)["KEY_F16"]
-        assert not _constants(scheme, meter=True)["KEY_F16"]  # (metered: no gain, run K1)
+        assert not _constants(scheme, meter=True)["KEY_F16"]  # (metered: no gain, run F1)
         assert not _constants(scheme, qdtype=torch.float16)["KEY_F16"]  # (fp16 q: the codes go to fp16 already)
         assert not _constants(scheme, lowp=False)["KEY_F16"]  # the interpreter's fp32 dots
         assert not _constants(scheme, has_rep=True)["KEY_F16"]  # a repaired page's bf16 keys are not fp16

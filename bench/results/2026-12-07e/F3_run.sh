@@ -1,4 +1,4 @@
-# K3: ncu's durations with no row tilted (tau inf: the merge's record without the tilt, as SGLang's deferred call),
+# F3: ncu's durations with no row tilted (tau inf: the merge's record without the tilt, as SGLang's deferred call),
 # then the unmetered whole-tiles A/B
 export PYTHONPATH=$PWD:/tmp/site WITCERT_DEVICE=cuda
 for s in 1:32768 8:4096; do

@@ -1,4 +1,4 @@
-# K2 (2026-12-07, twenty-seventh session): the whole test suite on the GPU after the meter-off e4m3 key dot in fp16,
+# F2 (2026-12-07, twenty-seventh session): the whole test suite on the GPU after the meter-off e4m3 key dot in fp16,
 # ncu's duration of the decode pass and the merge apart (bench/ncu_launches.py), the unmetered whole-tiles A/B;
 # carry [".whl", ".carry/sg"]
 source bench/device_suite.sh > $OUT/setup.log 2>&1

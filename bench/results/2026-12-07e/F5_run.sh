@@ -1,4 +1,4 @@
-# K5 (prepared 2026-12-07, twenty-seventh session; not run: no device came): the new GPU cases, then the paged A/B of the untilted record merge's
+# F5 (prepared 2026-12-07, twenty-seventh session; not run: no device came): the new GPU cases, then the paged A/B of the untilted record merge's
 # warps (it compares the two forms' outputs and records first) and SGLang's fp8 call at B 8; carry [".whl", ".carry/sg"]
 source bench/device_suite.sh > $OUT/setup.log 2>&1
 # the GPU cases written after the last lease (KEY_F16's review patterns, tiny meter-off queries; pdl_call's wiring)
