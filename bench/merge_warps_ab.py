@@ -1,5 +1,5 @@
 """The metered decode call whose record merge tilts no row (τ = +inf, as a deferred tilt's merge) with the merge in
-one-warp programs (``kernels.epilogue.MERGE_UNTILTED_WARPS`` = 1, the candidate) against four-warp ones (the library's
+one-warp programs (``kernels.plan.MERGE_UNTILTED_WARPS`` = 1, the candidate) against four-warp ones (the library's
 default where the grid has fewer than 4 rows per SM),
 side by side in one process, interleaved round by round: int8 on the paged layout (Hq 32 / Hkv 8, d 128, random
 codes, caches rotated past the L2, CUDA-graph replay), the group radius ("group") and the WitCertCache default's
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from decode import graphed_calls, int8_shape, interleaved  # noqa: E402
 from sketch_speed import page_norms, random_window, sketched  # noqa: E402
 
-import kernels.epilogue as ke  # noqa: E402
+import kernels.plan as kp  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def main(argv=None):
           f"call, τ +inf (no row tilted), graph replay, ms (median of {args.rounds} interleaved rounds)")
     print(f"{'B':>3} {'n':>7} {'variant':>8} {'4 warps':>9} {'1 warp':>9} {'1/4':>7} {'o same':>7} {'TV rel':>9} "
           f"{'E rel':>9}")
-    default = ke.MERGE_UNTILTED_WARPS
+    default = kp.MERGE_UNTILTED_WARPS
     for shape in args.shapes.split(","):
         B, n = (int(x) for x in shape.split(":"))
         gen = torch.Generator().manual_seed(0)
@@ -61,13 +61,13 @@ def main(argv=None):
         for v, (cs, w) in spec.items():
             outs = {}
             for warps in (4, 1):
-                ke.MERGE_UNTILTED_WARPS = warps
+                kp.MERGE_UNTILTED_WARPS = warps
                 try:
                     o = decode(cs[0][0], q, cs[0][1], sl, meter=True, validate=False, window=w, tilt_above=math.inf)
                     outs[warps] = (o.o.clone(), o.meter.tv_upper_a.clone(), o.meter.out_err_upper.clone())
                     graphs[v, warps] = graphed_calls(cs, q, sl, True, w, math.inf)
                 finally:
-                    ke.MERGE_UNTILTED_WARPS = default
+                    kp.MERGE_UNTILTED_WARPS = default
             (o4, t4, e4), (o1, t1, e1) = outs[4], outs[1]
             cmp[v] = (torch.equal(o4, o1), _rel(t1, t4), _rel(e1, e4))
         times = interleaved(graphs, args.rounds)

@@ -186,7 +186,7 @@ def main():
                     help="A/B: the meter-off e4m3 key dot in fp16 against the scaled query (kernels.plan.KEY_F16_SCHEMES, "
                          "the library's default) or in bf16 (the form before)")
     ap.add_argument("--merge-warps", type=int, default=0,
-                    help="A/B: warps of a record merge that tilts no row (kernels.epilogue.MERGE_UNTILTED_WARPS; "
+                    help="A/B: warps of a record merge that tilts no row (kernels.plan.MERGE_UNTILTED_WARPS; "
                          "0: the library's)")
     args = ap.parse_args()
     import kernels.pdl as pdl
@@ -196,9 +196,7 @@ def main():
         kplan.KEY_F16_SCHEMES = ()
     print(f"# fp8 key dot in {args.key_dot}")
     if args.merge_warps:
-        import kernels.epilogue as kep
-
-        kep.MERGE_UNTILTED_WARPS = args.merge_warps
+        kplan.MERGE_UNTILTED_WARPS = args.merge_warps
         print(f"# untilted record merge in {args.merge_warps}-warp programs")
 
     pdl.PDL_LAUNCHES = {"none": (), "merge": ("merge",), "both": ("merge", "decode")}[args.pdl]

@@ -84,6 +84,7 @@ from .excess_grid import EXCESS_COLS, expm1_up_torch, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
 from .pdl import gdc, pdl_call
+from .plan import merge_warps
 
 
 @functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
@@ -301,37 +302,6 @@ class MergeConstants:
 
 
 _EDGES: dict = {}
-
-
-#: warps per program of the fused merge (one program per row). With the meter record: four (the tilt is
-#: a float64 grid search that wants the threads; bench/merge_probe.py, run N2, d 128, every row tilted:
-#: 51.4 / 54.1 µs at B 1 / 8 with four warps, 95.6 / 90.7 with one), except on grids of at least
-#: MERGE_RECORD_ONE_WARP_ROWS_PER_SM rows per SM, where one warp per row is faster whatever the tilt does
-#: (B 32, Hq 32: 1024 rows on 132 SMs, every row tilted 120.2 µs with one warp against 164.5 with four;
-#: no row tilted 13.2 against 33.0). Without the record (the unmetered merge, or the histograms alone): one
-#: while a row's partial outputs (SP × D floats) are at most MERGE_ONE_WARP_ELEMS (run M: unmetered 7.1 / 8.0 /
-#: 9.4 µs against 7.5 / 7.8 / 10.0 with four, histograms 9.4 / 9.6 / 11.2 against 9.4 / 9.4 / 13.5), else four
-#: (not measured).
-MERGE_ONE_WARP_ELEMS = 64 * 128
-MERGE_RECORD_WARPS = 4
-MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
-#: warps per program of a record merge that tilts no row (the tilt deferred to ``kernels.tilt_batch``, or τ = +inf);
-#: None: the tilting merge's rule above. The four warps are there for the tilt's grid search; without it a row's
-#: record is a chain of float64 steps and reductions, each of which four warps pass through shared memory behind
-#: barriers (ncu, bench/RESULTS.md run F3: the B 1 / 32K record merge 13 µs of a ~65 µs call, 3,100 instructions a
-#: warp at 6.7 cycles each, 64 barriers a warp). One warp is the candidate (run N2 at B 32: 13.2 against 33.0 µs with
-#: no row tilted), not yet timed at B 1-8: ``bench/merge_warps_ab.py`` and ``bench/sglang_h200.py --merge-warps``
-MERGE_UNTILTED_WARPS: int | None = None
-
-
-def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:
-    """Warps per program of the fused merge for ``sp`` (power of two ≥ S) partials of ``d`` channels, over
-    ``rows`` programs on ``sms`` SMs (0: unknown, e.g. off the GPU); ``tilts``: the record may tilt a row."""
-    if record and not tilts and MERGE_UNTILTED_WARPS:
-        return MERGE_UNTILTED_WARPS
-    if record:
-        return 1 if sms and rows >= MERGE_RECORD_ONE_WARP_ROWS_PER_SM * sms else MERGE_RECORD_WARPS
-    return 1 if sp * d <= MERGE_ONE_WARP_ELEMS else 4
 
 
 def _sms(dev) -> int:

@@ -17,6 +17,7 @@ if DEV == "cpu":
 
 from kernels import epilogue as E  # noqa: E402
 from kernels import epilogue_torch as ET  # noqa: E402
+from kernels import plan as kp  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.paged import PagedKV  # noqa: E402
 from kernels.write import write_kv  # noqa: E402
@@ -271,10 +272,10 @@ def test_merge_warps_rule(monkeypatch):
     assert mw(64, 128, False) == 1 and mw(128, 128, False) == 4
     # a record that tilts no row (the deferred tilt's merge, τ = +inf): MERGE_UNTILTED_WARPS where set (an A/B
     # candidate), else the tilting merge's rule
-    assert E.MERGE_UNTILTED_WARPS is None
+    assert kp.MERGE_UNTILTED_WARPS is None
     for rows in (32, 256, 1024):
         assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == mw(16, 128, True, rows=rows, sms=132)
-    monkeypatch.setattr(E, "MERGE_UNTILTED_WARPS", 1)
+    monkeypatch.setattr(kp, "MERGE_UNTILTED_WARPS", 1)
     for rows in (32, 256, 1024):
         assert mw(16, 128, True, rows=rows, sms=132, tilts=False) == 1
     assert mw(16, 128, True, rows=32, sms=132) == 4 and mw(16, 128, False, rows=32, sms=132, tilts=False) == 1
