@@ -188,6 +188,9 @@ def main():
     ap.add_argument("--merge-warps", type=int, default=0,
                     help="A/B: warps of a record merge that tilts no row (kernels.plan.MERGE_UNTILTED_WARPS; "
                          "0: the library's)")
+    ap.add_argument("--defer-forms", choices=("1", "0"), default="1",
+                    help="A/B, with --defer-tilt: the captured call's merge leaves the closed forms to the finish too "
+                         "(kernels.plan.DEFER_FORMS, 1: the library's default) or computes them (0: the form before)")
     args = ap.parse_args()
     import kernels.pdl as pdl
     import kernels.plan as kplan
@@ -195,6 +198,8 @@ def main():
     if args.key_dot == "bf16":
         kplan.KEY_F16_SCHEMES = ()
     print(f"# fp8 key dot in {args.key_dot}")
+    kplan.DEFER_FORMS = args.defer_forms == "1"
+    print(f"# deferred record's closed forms in the finish: {kplan.DEFER_FORMS}")
     if args.merge_warps:
         kplan.MERGE_UNTILTED_WARPS = args.merge_warps
         print(f"# untilted record merge in {args.merge_warps}-warp programs")

@@ -1,18 +1,22 @@
-"""The deferred tilt (``kernels.tilt_batch``, issue 35) against the fused epilogue, on a CUDA GPU.
+"""The deferred record (``kernels.tilt_batch``, issue 35) against the fused epilogue, on a CUDA GPU.
 
 One decode step of L layers (the same int8 caches for every layer, rotated past the L2; Hq/Hkv 32/8, d 128),
 captured in one CUDA graph and replayed (median of ``triton.testing.do_bench``), ms per layer:
 
     off     decode(meter=False)                                    the attention alone
-    fused   decode(tilt_above=τ)                                   today's metered call (merge + tilt per layer)
-    defer   decode(tilt_batch=batch, tilt_layer=ℓ), + batch.finish(τ) once per step
-    closed  decode(tilt_batch=...) without the finish               (the closed forms' record: what the tilt adds)
+    fused   decode(tilt_above=τ)                                   the metered call (merge + record per layer)
+    defer   decode(tilt_batch=batch, tilt_layer=ℓ), + batch.finish(τ) once per step: the tilt deferred
+            (``TiltBatch(forms=False)``: the closed forms in each call's merge)
+    forms   the same with the closed forms deferred too (``forms=True``, ``kernels.plan.DEFER_FORMS``)
+    pend    the ``forms`` calls without the finish           (the per-call part alone)
 
 for τ = -1 (every row's tilt in full, the WitCertCache default) and τ = 0.1 (a gate's lazy refinement), and checks
-that the finished records equal the fused ones (max |Δ TV⁺|, max |Δ E⁺|, printed).
+that the finished records equal the fused ones (max |Δ TV⁺|, max |Δ E⁺| over both deferred forms, printed).
+``--config group``: the group radius; ``default``: WitCertCache's int8 default kernel (2-bit sketch + weights, the
+(4, 32) window, page maxima, the excess sums and grid).
 
     python3 bench/tilt_batch_probe.py                    # B 1, 8, 32 at 32K, 32 layers
-    python3 bench/tilt_batch_probe.py --batches 1 --lens 4096 --layers 30
+    python3 bench/tilt_batch_probe.py --batches 1 --lens 4096 --layers 30 --config default
 """
 
 from __future__ import annotations
@@ -30,11 +34,19 @@ from kernels.decode import decode  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 
-def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau):
+def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
     kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
+    win = None
+    if config == "default":
+        from bench.sketch_speed import page_norms, random_window, sketched
+
+        gen = torch.Generator().manual_seed(0)
+        win = random_window(B, Hkv, D, 4, 32, dev)
+        caches = [(page_norms(sketched(c, 2, True, gen)), bt) for c, bt in caches]
     layer_cache = [caches[i % len(caches)] for i in range(L)]
-    probe = decode(layer_cache[0][0], q, layer_cache[0][1], sl, num_splits=S)
-    batch = TiltBatch.allocate(layers=L, rows=B * Hq, nb=probe.plan.hist_columns, device=dev)
+    probe = decode(layer_cache[0][0], q, layer_cache[0][1], sl, num_splits=S, window=win)
+    batches = {k: TiltBatch.allocate(layers=L, rows=B * Hq, nb=probe.plan.hist_columns, device=dev, forms=k != "defer")
+               for k in ("defer", "forms", "pend")}
     keep = {}
 
     def step(kind):
@@ -42,31 +54,38 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau):
             outs = []
             for i, (c, bt) in enumerate(layer_cache):
                 if kind == "off":
-                    outs.append(decode(c, q, bt, sl, num_splits=S, meter=False, validate=False))
+                    outs.append(decode(c, q, bt, sl, num_splits=S, meter=False, validate=False, window=win))
                 elif kind == "fused":
-                    outs.append(decode(c, q, bt, sl, num_splits=S, tilt_above=tau, validate=False))
+                    outs.append(decode(c, q, bt, sl, num_splits=S, tilt_above=tau, validate=False, window=win))
                 else:
-                    outs.append(decode(c, q, bt, sl, num_splits=S, validate=False, tilt_batch=batch, tilt_layer=i))
-            if kind == "defer":
-                batch.finish(tilt_above=tau)
-            elif kind == "closed":  # no finish: only the host's one-write-per-step marks are cleared (no launch)
-                batch.written.clear()
+                    outs.append(decode(c, q, bt, sl, num_splits=S, validate=False, window=win,
+                                       tilt_batch=batches[kind], tilt_layer=i))
+            if kind in ("defer", "forms"):
+                batches[kind].finish(tilt_above=tau)
+            elif kind == "pend":  # no finish: only the host's one-write-per-step marks are cleared (no launch)
+                batches[kind].written.clear()
             keep[kind] = outs
         return run
 
     import triton.testing
 
-    ms = {}
-    for kind in ("off", "fused", "closed", "defer"):
-        ms[kind] = triton.testing.do_bench(graphed([step(kind)]), warmup=10, rep=100, return_mode="median") / L
+    kinds = ("off", "fused", "defer", "forms", "pend")
+    graphs = {k: graphed([step(k)]) for k in kinds}
+    ms = {k: [] for k in kinds}
+    for _ in range(3):  # interleaved rounds
+        for k in kinds:
+            ms[k].append(triton.testing.do_bench(graphs[k], warmup=10, rep=100, return_mode="median") / L)
+    ms = {k: sorted(v)[1] for k, v in ms.items()}
     # the replayed records: the fused against the finished ones (the last replay of each)
-    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for f, d in zip(keep["fused"], keep["defer"]))
-    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max())
-              for f, d in zip(keep["fused"], keep["defer"]))
+    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for k in ("defer", "forms")
+              for f, d in zip(keep["fused"], keep[k]))
+    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max()) for k in ("defer", "forms")
+              for f, d in zip(keep["fused"], keep[k]))
     off = ms["off"]
-    print(f"| {B} | {n} | {L} | {tau:g} | {off:.4f} | {ms['fused']:.4f} | {ms['closed']:.4f} | {ms['defer']:.4f} "
-          f"| {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} | {(ms['fused'] - off) * 1e3:.1f} "
-          f"| {(ms['defer'] - off) * 1e3:.1f} | {dtv:.1e} | {dea:.1e} |", flush=True)
+    print(f"| {config} | {B} | {n} | {L} | {tau:g} | {off:.4f} | {ms['fused']:.4f} | {ms['defer']:.4f} "
+          f"| {ms['forms']:.4f} | {ms['pend']:.4f} | {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} "
+          f"| {ms['forms'] / off:.3f} | {(ms['fused'] - off) * 1e3:.1f} | {(ms['forms'] - off) * 1e3:.1f} "
+          f"| {dtv:.1e} | {dea:.1e} |", flush=True)
 
 
 def main(argv=None):
@@ -75,6 +94,7 @@ def main(argv=None):
     ap.add_argument("--lens", default="32768")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--taus", default="-1,0.1")
+    ap.add_argument("--configs", default="group,default")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
@@ -85,14 +105,15 @@ def main(argv=None):
 
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
           "ms per layer, one step of L layers in one CUDA graph")
-    print("| B | n | L | τ | off | fused | closed | defer | fused/off | defer/off | fused − off µs | defer − off µs "
-          "| max Δ TV⁺ | max Δ E⁺ |")
-    print("|---" * 14 + "|")
-    for B in (int(x) for x in args.batches.split(",")):
-        for n in (int(x) for x in args.lens.split(",")):
-            for tau in (float(x) for x in args.taus.split(",")):
-                _cell(B, n, args.layers, 32, 8, 128, dev, sms, tau)
-                torch.cuda.empty_cache()
+    print("| config | B | n | L | τ | off | fused | defer | forms | pend | fused/off | defer/off | forms/off "
+          "| fused − off µs | forms − off µs | max Δ TV⁺ | max Δ E⁺ |")
+    print("|---" * 17 + "|")
+    for config in args.configs.split(","):
+        for B in (int(x) for x in args.batches.split(",")):
+            for n in (int(x) for x in args.lens.split(",")):
+                for tau in (float(x) for x in args.taus.split(",")):
+                    _cell(B, n, args.layers, 32, 8, 128, dev, sms, tau, config)
+                    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

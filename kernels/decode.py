@@ -225,7 +225,8 @@ def decode(
     ε_hj = c_h (W_j + u_j) (``contract.sketch``), or with ``PagedKV.head_levels`` each head's own
     c_h W_j + |σ⟨q_h, r̃_j⟩|, binned per (token, head). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``): the
     record is written to its layer ``tilt_layer`` with the tilt deferred to ``tilt_batch.finish`` (one launch
-    for a step's layers; until then TV⁺ is the closed forms', sound); the fused merge kernel runs on any device.
+    for a step's layers; until then TV⁺ is sound: 1, or the closed forms' where the batch does not defer them, ``TiltBatch.forms``);
+    the fused merge kernel runs on any device.
     ``unmetered`` (``UnmeteredSlots``, CSR rows and the meter only): token slots without a valid witness; a row that
     reads one, or a slot outside the pool (slot P − 1 read instead), or any row when its ``every`` flag is set, gets the record of a
     non-finite row (TV⁺ 1, output bound +inf, flagged), counted in the kernel: no launch of its own, no sync.

@@ -426,7 +426,8 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     q [B, Hq, D] the query the kernel used; sl [B] int32 (``c.csr_lens``: kv_indptr [B + 1] int32). Returns (o [B, Hq, D]
     fp32, lse, rec).
     ``num_warps`` None: ``merge_warps`` (bench/merge_probe.py). ``tilt_batch`` (``kernels.tilt_batch.TiltBatch``):
-    the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's).
+    the record goes to its layer ``tilt_layer`` without the tilt (``tilt_above`` is then the finish's), and without the
+    closed forms where the batch defers them too (``TiltBatch.forms``: TV⁺ 1 until the finish).
     ``out`` / ``lse_out`` (``check_outputs``): the caller's buffers, written by the launch itself (o in ``out``'s
     dtype; the log-sum-exp in ``lse_out[..., 0]``, −inf in its other columns); the returned o / lse are then
     ``out`` and ``lse_out[..., 0]``. ``ex`` [B, Hq, S, 2] fp32: the partials' excess sums (the record's ``excess``);
@@ -449,22 +450,24 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     if defer:
         if not (meter and epilogue) or c.tier_b:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
-        rec, hout, flag = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA)
+        rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
+        forms = exs is not None
         tilt_above = math.inf  # the merge skips the tilt (TV⁺ from the closed forms); finish() runs it
     else:
         hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
         rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
         flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
+        exs, forms = None, False
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev),
                                      tilts=tilt_above != math.inf)
     pdl_call(dev, "merge", lambda kw: _merge_meter_kernel[(rows,)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        flag, c.weights if c.weights is not None else lse, ex if exc else lse, Hq, S, c.sm, abs(c.sm) * (1.0 + KERNEL_REL_SLACK),
-        math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above), q.stride(0), q.stride(1),
-        o.stride(0), o.stride(1), lse3.stride(0), lse3.stride(1),
+        flag, c.weights if c.weights is not None else lse, ex if exc else lse, exs if forms else lse, Hq, S, c.sm,
+        abs(c.sm) * (1.0 + KERNEL_REL_SLACK), math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above),
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), lse3.stride(0), lse3.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
         METER=meter, EPI=meter and epilogue, TIER_B=c.tier_b,
         GAMMA=c.gamma, EXP_REL=KERNEL_EXP_REL, DITHER_U=c.dither_u, ETA0=c.eta[0], ETA1=c.eta[1],
@@ -474,7 +477,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
         SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc, GRD=grd,
-        GDC=gdc(dev), num_warps=warps, **kw,
+        GDC=gdc(dev), DEFER_FORMS=forms, num_warps=warps, **kw,
     ))
     record = None
     if meter and epilogue:

@@ -16,10 +16,12 @@ the launches are there too (``merge``, ``tv_from_hist``), the torch twin in ``ke
         Q           [B, Hq, D]        the query (strides s_qb, s_qh);  SL [B] int32 (SL_CSR: kv_indptr [B + 1]);
                                       EDGES [KA − 1] float64
         WGT         [Hkv, D]          the sketch radius's channel weights (WEIGHTED)
+        EX_IN       [B·Hq, S, 2 or EXCESS_COLS] fp32 the excess sums (EXC; the grid block after them with GRD)
         → O [B, Hq, D] (strides s_ob, s_oh, 1; its own dtype: fp32, or the caller's buffer, e.g. SGLang's bf16 o),
           LSE [B, Hq, LSE_W] fp32 (strides s_lb, s_lh, 1: the log-sum-exp in column 0, −inf in the others, SGLang's
           attn_lse; LSE_W = 1 otherwise), HOUT [B·Hq, NB] float64, REC [B·Hq, REC_COLS] float64,
-          FLAG [B·Hq] int8;  SCR [B·Hq, 2·(3·KP + N1)] float64 scratch (one region per tier)
+          FLAG [B·Hq] int8;  SCR [B·Hq, 2·(3·KP + N1)] float64 scratch (one region per tier);
+          with DEFER_FORMS, EXS [B·Hq, EXCESS_COLS] float64 (the merged excess sums, ``kernels.tilt_batch``)
 
 The tilt's grid (``COARSE`` intervals, the ``REFINE_TOP`` largest split into ``REFINE``) and the float64
 slack are defined here: the kernels walk them, the torch twin and the launches read them.
@@ -332,7 +334,7 @@ def _excess_form(a, b, xi):
 
 @triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN, EXS,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -343,7 +345,7 @@ def _merge_meter_kernel(
     TC: tl.constexpr, HA_HM: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr, RING_TILES: tl.constexpr,
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
     STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
-    EXC: tl.constexpr = False, GRD: tl.constexpr = False, GDC: tl.constexpr = False,
+    EXC: tl.constexpr = False, GRD: tl.constexpr = False, GDC: tl.constexpr = False, DEFER_FORMS: tl.constexpr = False,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
@@ -351,6 +353,10 @@ def _merge_meter_kernel(
     The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch.
     DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
     and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
+    DEFER_FORMS (with DEFER, ``kernels.plan.DEFER_FORMS``): not the closed forms either; the row's merged excess sums
+    go to EXS [B·Hq, EXCESS_COLS] float64 (Â, B̂, then the grid block / L with GRD) and the record reads TV⁺ 1, its E⁺
+    from it (sound, uninformative; a single-token row its final TV⁺ 0 and E⁺) until the finishing launch computes
+    the forms, the tilt and TV⁺ from the same float64 inputs for a whole step's layers at once.
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
     ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
     EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``; with GRD
@@ -459,20 +465,35 @@ def _merge_meter_kernel(
                 EXW: tl.constexpr = EXCESS_COLS_C if GRD else 2
                 ex = EX_IN + (row * S + s) * EXW
                 a_hat = tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
-                exc = _excess_form(a_hat, tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0)
-                                   / L64, xi)
+                b_hat = tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
+                if DEFER_FORMS:  # the merged sums, for the finishing launch's forms (``kernels.tilt_batch``)
+                    tl.store(EXS + row * EXCESS_COLS_C, a_hat)  # (EXS's rows are EXCESS_COLS wide, grid or not)
+                    tl.store(EXS + row * EXCESS_COLS_C + 1, b_hat)
+                else:
+                    exc = _excess_form(a_hat, b_hat, xi)
                 if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
                     gk = tl.arange(0, GRID_COLS_C)
                     gs = tl.load(ex[:, None] + 2 + gk[None, :], mask=smask[:, None], other=0.0).to(tl.float64)
-                    exc = tl.minimum(exc, _grid_form(a_hat, tl.sum(w64[:, None] * gs, axis=0) / L64, xi,
-                                                     _expm1_up(tl.minimum(2.0 * xi, 700.0))))
-            tl.store(r + REC_EXCESS, exc)
+                    gs = tl.sum(w64[:, None] * gs, axis=0) / L64
+                    if DEFER_FORMS:
+                        tl.store(EXS + row * EXCESS_COLS_C + 2 + gk, gs)
+                    else:
+                        exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+            tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
                 tl.store(r + REC_QNA, qn_a)
                 tl.store(r + REC_LAM, lam)
                 tl.store(r + REC_EW, 2.0 * num + fm)
                 tl.store(r + REC_EX, extra)
-            if bad == 0:
+            if DEFER_FORMS:  # pending (sound, uninformative) until the finish; a flagged row stays so
+                tl.store(r + REC_TANH, 1.0)
+                tl.store(r + REC_EFORM, 1.0)
+                tl.store(r + REC_TILT, 1.0)
+                tl.store(r + REC_RHO, 1.0)
+                if (bad == 0) & single:  # (its final record: the finish leaves a TV⁺ of 0 as it is)
+                    tva = tl.full([], 0.0, tl.float64)
+                ea = tl.where(bad == 0, _out_err_upper(tva, 2.0 * num + fm, extra), float("inf"))
+            elif bad == 0:
                 # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
                 tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
                                                       SCR + row * 2 * (3 * KP + N1), exc, KA, KP, N1, RT, NR, EPSC, DENSE3D,

@@ -505,9 +505,17 @@ MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
 #: None: the tilting merge's rule above. The four warps are there for the tilt's grid search; without it a row's
 #: record is a chain of float64 steps and reductions, each of which four warps pass through shared memory behind
 #: barriers (ncu, bench/RESULTS.md run F3: the B 1 / 32K record merge 13 µs of a ~65 µs call, 3,100 instructions a
-#: warp at 6.7 cycles each, 64 barriers a warp). One warp is the candidate (run N2 at B 32: 13.2 against 33.0 µs with
-#: no row tilted), not yet timed at B 1-8: ``bench/merge_warps_ab.py`` and ``bench/sglang_h200.py --merge-warps``
+#: warp at 6.7 cycles each, 64 barriers a warp). One warp (run N2 at B 32: 13.2 against 33.0 µs with no row tilted)
+#: lost at B 1-8 (run F5, an H100, ``bench/merge_warps_ab.py``, whole call: B 1 / 32K 1.14× the time with the group
+#: radius, 1.19× with the default's; B 8 0.98-1.00×; SGLang's fp8 call at B 8 unchanged): the chain, not the
+#: barriers, is the time. So None
 MERGE_UNTILTED_WARPS: int | None = None
+#: a deferred record (``kernels.tilt_batch``, a graphed step's layers) leaves the closed forms too to the step's one
+#: finishing launch: the per-call merge stores the merged excess sums (``epilogue_jit._merge_meter_kernel``'s
+#: DEFER_FORMS) instead of running the excess and grid forms, tanh, the e-form and ρ in float64, the chain that
+#: is most of the record merge's time (run F3); the finish runs them batched over every layer's rows. Read by
+#: ``TiltBatch.allocate`` (a batch keeps its mode)
+DEFER_FORMS = True
 
 
 def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:

@@ -1,32 +1,39 @@
-"""Deferred tilt (issue 35): the decode's meter record without the dual-grid tilt, finished for many layers'
-rows in one launch.
+"""Deferred record (issue 35): the decode's meter record without the dual-grid tilt — and, by default, without the
+closed forms — finished for many layers' rows in one launch.
 
     batch = TiltBatch.allocate(layers=L, rows=B·Hq, nb=plan.hist_columns, device=dev)
-    for ℓ in layers:   out = decode(..., tilt_batch=batch, tilt_layer=ℓ)   # the tilt pending
-    batch.finish(tilt_above=τ)                                             # one launch: every layer's tilt
+    for ℓ in layers:   out = decode(..., tilt_batch=batch, tilt_layer=ℓ)   # the record pending
+    batch.finish(tilt_above=τ)                                             # one launch: every layer's record
 
     _finish_tilt_kernel[(L·R,)]   one program per (layer, row), rows r = b·Hq + h
         HOUT  [L·R, NB]  float64   the merged histograms (tier A's bins first, ``epilogue.merge``)
         REC   [L·R, REC_COLS] float64   the records (read: TV⁺, ε_max, Ξ, the excess form and the DEFER columns; written:
-                                   REC_TVA, REC_EA, REC_TILT)
+                                   REC_TVA, REC_EA, REC_TILT; with FORMS also REC_EXCESS, REC_TANH, REC_EFORM, REC_RHO)
         FLAG  [L·R] int8           non-finite rows (1: skipped; ``reset`` marks every row so)
+        EXS   [L·R, EXCESS_COLS] float64   FORMS: the merged excess sums Â, B̂ and the grid block / L (EXC, GRD)
         EDGES [KA − 1] float64;  SCR [L·R, 3·KP + COARSE] float64 scratch
 
-Why: the tilt is the epilogue's cost (~25-40 µs a call on the H200, one program per row, serial in its grid;
-bench/RESULTS.md run N) and a decode at batch 1 has 32 rows a layer: the GPU is nearly idle while it runs.
-Batched over a step's layers it runs in a few waves of one launch instead of one latency per layer.
+Why: the record is the epilogue's cost. The tilt was ~25-40 µs a call on the H200 (one program per row, serial in
+its grid; bench/RESULTS.md run N); without it the record merge is still ~12-13 µs of a ~65 µs call (run F3), a
+latency chain of float64 steps: the excess and grid forms, tanh, the e-form, ρ. A decode at batch 1 has 32 rows a
+layer: the GPU is nearly idle while they run. Batched over a step's layers they run in a few waves of one launch
+instead of one latency per layer. ``forms`` (``kernels.plan.DEFER_FORMS``, on): the per-call merge keeps the merges
+over the splits (o, the histograms, Ξ, Λ, ε_max, E⁺'s terms and the excess sums, all it must read the partials for)
+and stores the excess sums; the finish computes every form from them.
 
-Soundness: until ``finish`` each record's TV⁺ is the closed forms' min(tanh, e-form, excess) + tanh(Ξ/2) + ρ + slack,
-itself a sound bound (SPEC §3(a)(b), §7); ``finish`` runs the fused merge's own ``_tv_row`` on the same float64
-inputs (the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ, the excess form) and keeps the smaller of the two,
-which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed forms'), then E⁺ from it as the
-fused kernel does (rows whose TV⁺ is already 0 — a single token, a row with none zeroed by the decode — keep
-TV⁺ and E⁺ and take the tilt column; flagged rows are left as they are). Tier A only: a Tier B cache
-(int8_dither with δ) is refused; a gate needs the tilt before its layer's next step, so it keeps the fused form.
-``finish`` keeps the smaller of the stored and the new TV⁺ and tilt: idempotent, and a second finish at another τ
-leaves a consistent record (the smaller τ's). A layer's slot takes one write between finishes (``slot`` refuses a
-second: two layers decoded into one slot would leave the first's records reading the second's). The records are
-views into the batch: valid until their slot is written again (the next step), as a graph's static records.
+Soundness: until ``finish`` each record's TV⁺ is sound: with ``forms``, 1 and its E⁺ (a single-token row its final
+0), the forms' columns 1; without, the closed forms' min(tanh, e-form, excess) + tanh(Ξ/2) + ρ + slack (SPEC §3(a)(b),
+§7). ``finish`` runs the fused merge's own lines on the same float64 inputs (the excess and grid forms from the sums
+EXS holds; ``_tv_row`` on the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ, the excess form) and keeps
+the smaller of the stored and the new TV⁺, which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed
+forms' ≤ 1), then E⁺ from it as the fused kernel does (rows whose TV⁺ is already 0 — a single token, a row with none
+zeroed by the decode — keep TV⁺ and E⁺ and take the tilt column; flagged rows are left as they are). Tier A only: a
+Tier B cache (int8_dither with δ) is refused; a gate needs the record before its layer's next step, so it keeps the
+fused form. ``finish`` keeps the smaller of the stored and the new TV⁺ and tilt: idempotent, and a second finish at
+another τ leaves a consistent record (the smaller τ's). A layer's slot takes one write between finishes (``slot``
+refuses a second: two layers decoded into one slot would leave the first's records reading the second's). The
+records are views into the batch: valid until their slot is written again (the next step), as a graph's static
+records.
 """
 
 from __future__ import annotations
@@ -44,28 +51,37 @@ from .epilogue_jit import (
     COARSE,
     REC_COLS,
     REC_EA,
+    REC_EFORM,
     REC_EPS,
     REC_EW,
     REC_EX,
     REC_EXCESS,
     REC_LAM,
     REC_QNA,
+    REC_RHO,
+    REC_TANH,
     REC_TILT,
     REC_TVA,
     REC_XI,
     REFINE,
+    _excess_form,
+    _expm1_up,
     _out_err_upper,
     _tv_row,
     refine_top,
 )
+from .excess_grid import EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .key_levels import KEY_LEVELS
 
 
 @triton.jit
-def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
+def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, EXS, tilt_above, tilt_hi,
                         NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr, N1: tl.constexpr, RT: tl.constexpr,
-                        NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr):
-    """Program ``row``: the fused merge's ``_tv_row`` on the row's deferred inputs; REC's TV⁺, E⁺ and tilt."""
+                        NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr,
+                        FORMS: tl.constexpr = False, EXC: tl.constexpr = False, GRD: tl.constexpr = False):
+    """Program ``row``: the fused merge's ``_tv_row`` on the row's deferred inputs; REC's TV⁺, E⁺ and tilt. FORMS
+    (the merge ran with DEFER_FORMS): first the excess form (EXC) and the grid's (GRD) from the merged sums EXS
+    [L·R, EXCESS_COLS] as the fused merge computes them, and REC's excess, tanh, e-form and ρ columns."""
     row = tl.program_id(0)
     r = REC + row * REC_COLS
     tv0 = tl.load(r + REC_TVA)
@@ -74,9 +90,26 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, tilt_above, tilt_hi,
         ha = tl.load(HOUT + row * NB + k, mask=k < KA, other=0.0)
         ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)  # (the fused merge's sanitising of tier A's bins)
         edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
-        tv, _tanh, _eform, tilt, _rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS),
-                                                tl.load(r + REC_XI), tl.load(r + REC_LAM), tilt_above, tilt_hi,
-                                                SCR + row * (3 * KP + N1), tl.load(r + REC_EXCESS), KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
+        xi = tl.load(r + REC_XI)
+        if FORMS:
+            exc = tl.full([], 1.0, tl.float64)
+            if EXC:  # (``epilogue_jit._merge_meter_kernel``'s own lines on the sums it stored)
+                e = EXS + row * EXCESS_COLS_C
+                a_hat = tl.load(e)
+                exc = _excess_form(a_hat, tl.load(e + 1), xi)
+                if GRD:
+                    gs = tl.load(e + 2 + tl.arange(0, GRID_COLS_C))
+                    exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+            tl.store(r + REC_EXCESS, exc)
+        else:
+            exc = tl.load(r + REC_EXCESS)
+        tv, tanh, eform, tilt, rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS), xi,
+                                             tl.load(r + REC_LAM), tilt_above, tilt_hi, SCR + row * (3 * KP + N1), exc,
+                                             KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
+        if FORMS:  # (functions of the row's inputs alone: the same at any τ)
+            tl.store(r + REC_TANH, tanh)
+            tl.store(r + REC_EFORM, eform)
+            tl.store(r + REC_RHO, rho)
         # the smaller of the two sound values, for the tilt column as for TV⁺: a second finish (any τ) leaves a
         # consistent record (a lazier τ's tilt is ≥ the full one's)
         tl.store(r + REC_TILT, tl.minimum(tl.load(r + REC_TILT), tilt))
@@ -97,20 +130,35 @@ class TiltBatch:
     flag: torch.Tensor  # [L, R] int8
     scr: torch.Tensor  # [L·R, scratch_per_tier(KP)] float64
     ka: int
+    #: the closed forms deferred too (``kernels.plan.DEFER_FORMS`` at allocation): ``exs`` holds the merged excess
+    #: sums [L, R, EXCESS_COLS] float64 (the first ``exc_cols`` columns of each row), and a record reads TV⁺ 1 until
+    #: ``finish``
+    forms: bool = False
+    exs: torch.Tensor | None = None
+    exc_cols: int | None = None  # 0 (no excess sums), 2, or EXCESS_COLS (with the grid): fixed by the first write
     written: set = dataclasses.field(default_factory=set)  # the layers written since the last finish / reset
 
     @classmethod
-    def allocate(cls, layers: int, rows: int, nb: int, device, ka: int = KEY_LEVELS + 2) -> "TiltBatch":
+    def allocate(cls, layers: int, rows: int, nb: int, device, ka: int = KEY_LEVELS + 2,
+                 forms: bool | None = None) -> "TiltBatch":
+        """``forms`` None: ``kernels.plan.DEFER_FORMS``."""
         for name, v in (("layers", layers), ("rows", rows), ("nb", nb)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"TiltBatch.allocate: {name} must be a positive int, got {v!r}")
         if nb < ka:
             raise ValueError(f"TiltBatch.allocate: nb {nb} < the {ka} tier-A bins")
+        if forms is None:
+            from . import plan
+
+            forms = plan.DEFER_FORMS
+        if not isinstance(forms, bool):
+            raise ValueError(f"TiltBatch.allocate: forms must be None, True or False, got {forms!r}")
         f64 = dict(device=device, dtype=torch.float64)
         kp = triton.next_power_of_2(ka)
         batch = cls(rec=torch.zeros(layers, rows, REC_COLS.value, **f64), hout=torch.zeros(layers, rows, nb, **f64),
                     flag=torch.ones(layers, rows, device=device, dtype=torch.int8),
-                    scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka)
+                    scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka, forms=forms,
+                    exs=torch.zeros(layers, rows, EXCESS_COLS, **f64) if forms else None)
         return batch
 
     @property
@@ -121,9 +169,10 @@ class TiltBatch:
     def rows(self) -> int:
         return self.rec.shape[1]
 
-    def slot(self, layer: int, rows: int, nb: int, ka: int):
-        """(rec [R, REC_COLS], hout [R, NB], flag [R]) of ``layer`` for a merge of ``rows`` rows and ``nb`` bins;
-        refused when the layer was written since the last ``finish`` / ``reset``."""
+    def slot(self, layer: int, rows: int, nb: int, ka: int, exc_cols: int = 0):
+        """(rec [R, REC_COLS], hout [R, NB], flag [R], exs [R, EXCESS_COLS] or None) of ``layer`` for a merge of ``rows``
+        rows, ``nb`` bins and ``exc_cols`` excess columns; refused when the layer was written since the last
+        ``finish`` / ``reset``, or (``forms``) with other excess columns than the batch's first write."""
         try:
             i = operator.index(layer) if not isinstance(layer, bool) else None
         except TypeError:
@@ -136,8 +185,16 @@ class TiltBatch:
         if i in self.written:
             raise ValueError(f"tilt_layer {i}: already written since the last finish() (one decode per layer and "
                              "step: another would overwrite the records the first returned)")
+        if self.forms and exc_cols not in (0, 2, EXCESS_COLS):
+            raise ValueError(f"tilt_batch: exc_cols must be 0, 2 or {EXCESS_COLS}, got {exc_cols!r}")
+        if self.forms and self.exc_cols is not None and exc_cols != self.exc_cols:
+            raise ValueError(f"tilt_batch: its layers' merges store {self.exc_cols} excess columns, this decode "
+                             f"{exc_cols} (one finish computes every layer's forms alike)")
         self.written.add(i)
-        return self.rec[i], self.hout[i], self.flag[i]
+        if not self.forms:
+            return self.rec[i], self.hout[i], self.flag[i], None
+        self.exc_cols = exc_cols
+        return self.rec[i], self.hout[i], self.flag[i], self.exs[i]
 
     def reset(self) -> None:
         """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers. The
@@ -154,9 +211,12 @@ class TiltBatch:
         n = self.layers * self.rows
         kp = triton.next_power_of_2(self.ka)
         dev = self.rec.device
+        ec = self.exc_cols or 0
+        exs = self.exs if self.forms else self.rec  # ([L·R, EXCESS_COLS]: each row's first exc_cols written)
         _finish_tilt_kernel[(n,)](
-            self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, *tau_bracket(tilt_above),
+            self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, exs, *tau_bracket(tilt_above),
             NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=refine_top(), NR=REFINE,
             EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
+            FORMS=self.forms, EXC=self.forms and ec > 0, GRD=self.forms and ec == EXCESS_COLS,
         )
         self.written.clear()

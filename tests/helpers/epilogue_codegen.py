@@ -22,7 +22,7 @@ def _tv_kernel(E, EJ):
 def _merge_meter_kernel(E, EJ):
     ptr = {"M_IN": "fp32", "L_IN": "fp32", "ACC_IN": "fp32", "HIST_IN": "fp32", "STAT_IN": "fp32", "Q": "bf16",
            "SL": "i32", "EDGES": "fp64", "O": "fp32", "LSE": "fp32", "REC": "fp64", "HOUT": "fp64", "SCR": "fp64",
-           "FLAG": "i8", "WGT": "fp32", "EX_IN": "fp32"}
+           "FLAG": "i8", "WGT": "fp32", "EX_IN": "fp32", "EXS": "fp64"}
     sig = {k: "*" + v for k, v in ptr.items()}
     sig |= {"Hq": "i32", "S": "i32", "sm": "fp32", "qn_infl": "fp32", "log_delta": "fp32", "tilt_above": "fp32",
             "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32", "s_ob": "i32", "s_oh": "i32", "s_lb": "i32", "s_lh": "i32"}
@@ -38,7 +38,7 @@ def _merge_meter_kernel(E, EJ):
 
 def _merge_meter_kernel_deferred(E, EJ):
     fn, sig, const = _merge_meter_kernel(E, EJ)
-    return fn, sig, const | {"DEFER": True}
+    return fn, sig, const | {"DEFER": True, "DEFER_FORMS": True}
 
 
 def _merge_meter_kernel_sglang(E, EJ):
@@ -55,10 +55,10 @@ def _merge_meter_kernel_sglang(E, EJ):
 def _finish_tilt_kernel(E, EJ):
     from kernels import tilt_batch as TB
 
-    sig = {"HOUT": "*fp64", "REC": "*fp64", "FLAG": "*i8", "EDGES": "*fp64", "SCR": "*fp64", "tilt_above": "fp32",
-           "tilt_hi": "fp32"}
+    sig = {"HOUT": "*fp64", "REC": "*fp64", "FLAG": "*i8", "EDGES": "*fp64", "SCR": "*fp64", "EXS": "*fp64",
+           "tilt_above": "fp32", "tilt_hi": "fp32"}
     const = {"NB": 32, "KA": 31, "KP": 32, "N1": EJ.COARSE, "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32),
-             "DENSE3D": False, "TC": EJ.TILT_CHUNK}
+             "DENSE3D": False, "TC": EJ.TILT_CHUNK, "FORMS": True, "EXC": True, "GRD": True}
     return TB._finish_tilt_kernel, sig | {k: "constexpr" for k in const}, const
 
 

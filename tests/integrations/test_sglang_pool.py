@@ -545,8 +545,8 @@ def test_a_slot_outside_the_pool_leaves_its_row_unmetered(slot):
 
 @pytest.mark.parametrize("refine", [0, 8])
 def test_deferred_tilt_of_captured_calls(monkeypatch, refine):
-    """``install(defer_tilt=True)``: a captured call's record skips the tilt (its TV⁺ the closed forms', sound and
-    ≥ the fused one) and ``static_records`` finishes it in one launch: then the eager (fused) call's record, bit for
+    """``install(defer_tilt=True)``: a captured call's record skips the tilt and the closed forms (its TV⁺ pending:
+    1, sound and ≥ the fused one) and ``static_records`` finishes it in one launch: then the eager (fused) call's record, bit for
     bit in the interpreter (both through the Triton merge); idempotent; a second capture of the batch size takes
     the same slot after a finish, a second call before one keeps its tilt. Refused with Tier B. (The capture is simulated, as above.)"""
     import kernels.decode as Dk

@@ -36,7 +36,10 @@ def _cache():
 
 
 def _decode(cache, slots, indptr, q, **kw):
-    return decode(cache, q, slots, None, kv_indptr=indptr, num_splits=2, validate=False, sm_scale=1 / math.sqrt(D), **kw)
+    out = decode(cache, q, slots, None, kv_indptr=indptr, num_splits=2, validate=False, sm_scale=1 / math.sqrt(D), **kw)
+    if "tilt_batch" in kw:  # the deferred record, finished without a tilt (its records views: updated in place)
+        kw["tilt_batch"].finish(tilt_above=math.inf)
+    return out
 
 
 def _buffers(dtype):

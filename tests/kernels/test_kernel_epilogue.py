@@ -288,7 +288,8 @@ def test_untilted_merge_takes_its_warps(monkeypatch):
     real = E.merge_warps
     monkeypatch.setattr(E, "merge_warps", lambda *a, **k: seen.append(k.get("tilts", True)) or real(*a, **k))
     cache, bt, _ = build("int8", [20, 7], 1, 64, seed=3)
-    q = torch.randn(2, 2, 64).bfloat16().float()
+    q = torch.randn(2, 2, 64).bfloat16()  # the GPU path takes q in the model's dtype
+    q = q if DEV == "cuda" else q.float()
     for tau in (math.inf, 0.1, -1.0):
         decode(cache, q.to(DEV), bt.to(DEV), torch.tensor([20, 7]).to(DEV), tilt_above=tau, validate=False)
     assert seen[-3:] == [False, True, True]

@@ -1,6 +1,7 @@
-"""The deferred tilt (``kernels.tilt_batch``): a step's layers decoded with ``tilt_batch=`` carry the closed
-forms' TV⁺ (sound, never below the fused merge's) until ``finish``, after which every record is the fused merge's
-at the same τ (bit for bit in the interpreter); and its misuse is refused."""
+"""The deferred record (``kernels.tilt_batch``): a step's layers decoded with ``tilt_batch=`` carry a sound TV⁺ until
+``finish`` (the closed forms', or with the forms deferred too (``forms``, the default) 1 and its E⁺, a single-token row
+its final 0), after which every record is the fused merge's at the same τ (bit for bit in the interpreter); and its
+misuse is refused."""
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
 
 from kernels.decode import decode  # noqa: E402
 from kernels.epilogue_jit import FP64_SLACK  # noqa: E402
+from kernels.excess_grid import EXCESS_COLS  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 FIELDS = ("tv_upper_a", "out_err_upper", "eps_max", "xi", "rho", "tanh", "eform", "tilt", "flag", "hist")
@@ -42,21 +44,31 @@ def _same(a, b, exact):
         torch.testing.assert_close(a.double().cpu(), b.double().cpu(), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("kind,tau", [("plain", -1.0), ("plain", 0.02), ("sketch", -1.0), ("sketch", 0.02)])
-def test_finish_gives_the_fused_record(kind, tau):
+@pytest.mark.parametrize("kind,tau,forms", [("plain", -1.0, True), ("plain", 0.02, True), ("sketch", -1.0, True),
+                                            ("sketch", 0.02, True), ("plain", 0.02, False), ("sketch", -1.0, False)])
+def test_finish_gives_the_fused_record(kind, tau, forms):
     layers = _layers(kind)
     fused = [decode(c, q, bt, sl, num_splits=3, tilt_above=tau) for c, q, bt, sl in layers]
     nb = fused[0].plan.hist_columns
     rows = layers[0][1].shape[0] * 4
-    batch = TiltBatch.allocate(layers=4, rows=rows, nb=nb, device=DEV)  # one layer more than used: skipped
+    batch = TiltBatch.allocate(layers=4, rows=rows, nb=nb, device=DEV, forms=forms)  # one layer more than used
     deferred = [decode(c, q, bt, sl, num_splits=3, tilt_batch=batch, tilt_layer=i)
                 for i, (c, q, bt, sl) in enumerate(layers)]
+    if forms:
+        assert batch.exc_cols == (EXCESS_COLS if kind == "sketch" else 0)
     for f, d in zip(fused, deferred):
         torch.testing.assert_close(d.o, f.o, rtol=0, atol=0)  # the merge itself is the same
         pre = d.meter
-        # before finish: the closed forms, never below the fused TV⁺ (a sound bound: SPEC §3(a)(b))
+        # before finish: never below the fused TV⁺ (a sound bound)
         assert torch.all(pre.tv_upper_a >= f.meter.tv_upper_a) and torch.all(pre.out_err_upper >= f.meter.out_err_upper)
         live = pre.tv_upper_a > 0  # (the single-token row: 0)
+        if forms:  # pending: TV⁺ 1 and its E⁺ (a single-token row its final 0 and E⁺), the forms' columns 1
+            assert torch.all(pre.tv_upper_a[live] == 1) and torch.all(pre.eform == 1) and torch.all(pre.rho == 1)
+            _same(pre.out_err_upper[~live], f.meter.out_err_upper[~live], DEV == "cpu")
+            if kind == "sketch":
+                assert torch.all(pre.excess == 1)
+            continue
+        # the closed forms (SPEC §3(a)(b))
         e1 = torch.exp(-pre.xi)
         closed = torch.minimum(pre.tanh, pre.eform) + (1 - e1) / (1 + e1)
         if kind == "sketch":  # the centred sketch box's excess form, a bound of TV(p, p̂) itself (kernels.plan.EXCESS_FORM)

@@ -231,9 +231,9 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     ``flush_every`` metered calls and at ``flush()`` / ``uninstall()``.
     ``gate`` (``witcert.gate.Gate``) with ``exact_store`` (a page-in callback, or a
     ``HostExactStore``): repair rows over τ from an exact overlay (module doc "Gate").
-    ``defer_tilt``: the metered calls captured in CUDA graphs leave their records' tilt to ``static_records``,
-    which runs every captured layer's in one launch (``kernels.tilt_batch``; until then a record's TV⁺ is the
-    closed forms', sound); not with ``delta_step`` (Tier B keeps the tilt in its merge)."""
+    ``defer_tilt``: the metered calls captured in CUDA graphs leave their records' tilt and closed forms to
+    ``static_records``, which runs every captured layer's in one launch (``kernels.tilt_batch``; until then a
+    record's TV⁺ is 1, sound); not with ``delta_step`` (Tier B keeps the tilt in its merge)."""
     if not force and os.environ.get(ENV, "") != "1":
         return None
     ver = sglang_version() if version is None else version
@@ -282,8 +282,8 @@ def static_records(batch_size: int) -> list:
     [(layer id, ``MeterRecord``)]. Their tensors are the graph's outputs: after each replay of that graph they
     hold that step's records (rows past the step's real batch are the graph's padding); read or copy them
     before the next replay. Empty without a capture. Under CUDA graphs ``on_record`` and the trace see only
-    eager (uncaptured) calls. With ``install(defer_tilt=True)`` the replay leaves each record's TV⁺ at the closed
-    forms' (sound, looser) and this call first runs the tilt of every captured layer of that batch size in one
+    eager (uncaptured) calls. With ``install(defer_tilt=True)`` the replay leaves each record's TV⁺ at 1 (sound,
+    pending) and this call first runs the closed forms and the tilt of every captured layer of that batch size in one
     launch (no host synchronisation; idempotent): call it after each replay, before reading, on the replay's stream
     (or after synchronising with it: a finish running beside a replay would mix two steps' inputs)."""
     tb = STATE.tilt.get(batch_size)
