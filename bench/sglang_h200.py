@@ -64,6 +64,29 @@ def graph_ms(call, iters: int) -> float:
         return float("nan")
 
 
+def kernel_table(label: str, call, iters: int) -> None:
+    """The GPU kernels of one replay of ``call`` captured in a CUDA graph (``--kernels``): name, launches and µs per
+    replay (torch.profiler over ``iters`` replays), printed as ``#   label: ...`` lines."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g, _ = capture(call)
+    for _ in range(iters):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            g.replay()
+        torch.cuda.synchronize()
+    total = 0.0
+    for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+        if ev.device_time_total <= 0:
+            continue
+        us = ev.device_time_total / iters
+        total += us
+        print(f"#   {label}: {ev.count / iters:.1f} × {ev.key[:90]}: {us:.1f} µs per replay", flush=True)
+    print(f"#   {label}: kernels {total:.1f} µs per replay", flush=True)
+
+
 def _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D):
     """fp32 reference for the first and last request (all heads) over the stored values."""
     refs = {}
@@ -124,12 +147,16 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     off = lambda: decode(view, q, loc32, None, kv_indptr=indptr, sm_scale=1 / math.sqrt(D), meter=False,  # noqa: E731
                          validate=False)
     g_off = graph_ms(off, args.iters)
+    if getattr(args, "kernels", False):
+        kernel_table("off", off, args.iters)
     for fn in (patched, orig):  # ours first: a crash in SGLang's kernel leaves our row printed
         t, o, call = _time_call(fn, q, kb, vb, indptr, loc, s, Bsz, Hq, D, max_splits, args.iters, dev)
         times.append(t)
         outs.append(o.float().clone())
         errs.append(max(float((o[b].float() - r).abs().max() / r.abs().max()) for b, r in refs.items()))
         gtimes.append(graph_ms(call, args.iters))
+        if getattr(args, "kernels", False):
+            kernel_table("metered" if fn is patched else "SGLang", call, args.iters)
         print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
               f"max|o − ref|/max|ref| {errs[-1]:.2e} (first and last request)", flush=True)
     fin = float("nan")
@@ -188,6 +215,8 @@ def main():
     ap.add_argument("--merge-warps", type=int, default=0,
                     help="A/B: warps of a record merge that tilts no row (kernels.plan.MERGE_UNTILTED_WARPS; "
                          "0: the library's)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print each graphed call's kernels (torch.profiler over the replays): name, launches, µs")
     ap.add_argument("--defer-forms", choices=("1", "0"), default="1",
                     help="A/B, with --defer-tilt: the captured call's merge leaves the closed forms to the finish too "
                          "(kernels.plan.DEFER_FORMS, 1: the library's default) or computes them (0: the form before)")

@@ -8,6 +8,7 @@ captured in one CUDA graph and replayed (median of ``triton.testing.do_bench``),
     defer   decode(tilt_batch=batch, tilt_layer=ℓ), + batch.finish(τ) once per step: the tilt deferred
             (``TiltBatch(forms=False)``: the closed forms in each call's merge)
     forms   the same with the closed forms deferred too (``forms=True``, ``kernels.plan.DEFER_FORMS``)
+    forms 1w  the same, the finish in one-warp programs (``TiltBatch.finish(num_warps=1)``)
     pend    the ``forms`` calls without the finish           (the per-call part alone)
 
 for τ = -1 (every row's tilt in full, the WitCertCache default) and τ = 0.1 (a gate's lazy refinement), and checks
@@ -46,7 +47,7 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
     layer_cache = [caches[i % len(caches)] for i in range(L)]
     probe = decode(layer_cache[0][0], q, layer_cache[0][1], sl, num_splits=S, window=win)
     batches = {k: TiltBatch.allocate(layers=L, rows=B * Hq, nb=probe.plan.hist_columns, device=dev, forms=k != "defer")
-               for k in ("defer", "forms", "pend")}
+               for k in ("defer", "forms", "forms1", "pend")}
     keep = {}
 
     def step(kind):
@@ -62,6 +63,8 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
                                        tilt_batch=batches[kind], tilt_layer=i))
             if kind in ("defer", "forms"):
                 batches[kind].finish(tilt_above=tau)
+            elif kind == "forms1":
+                batches[kind].finish(tilt_above=tau, num_warps=1)
             elif kind == "pend":  # no finish: only the host's one-write-per-step marks are cleared (no launch)
                 batches[kind].written.clear()
             keep[kind] = outs
@@ -69,7 +72,7 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
 
     import triton.testing
 
-    kinds = ("off", "fused", "defer", "forms", "pend")
+    kinds = ("off", "fused", "defer", "forms", "forms1", "pend")
     graphs = {k: graphed([step(k)]) for k in kinds}
     ms = {k: [] for k in kinds}
     for _ in range(3):  # interleaved rounds
@@ -77,13 +80,13 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
             ms[k].append(triton.testing.do_bench(graphs[k], warmup=10, rep=100, return_mode="median") / L)
     ms = {k: sorted(v)[1] for k, v in ms.items()}
     # the replayed records: the fused against the finished ones (the last replay of each)
-    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for k in ("defer", "forms")
+    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for k in ("defer", "forms", "forms1")
               for f, d in zip(keep["fused"], keep[k]))
-    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max()) for k in ("defer", "forms")
+    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max()) for k in ("defer", "forms", "forms1")
               for f, d in zip(keep["fused"], keep[k]))
     off = ms["off"]
     print(f"| {config} | {B} | {n} | {L} | {tau:g} | {off:.4f} | {ms['fused']:.4f} | {ms['defer']:.4f} "
-          f"| {ms['forms']:.4f} | {ms['pend']:.4f} | {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} "
+          f"| {ms['forms']:.4f} | {ms['forms1']:.4f} | {ms['pend']:.4f} | {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} "
           f"| {ms['forms'] / off:.3f} | {(ms['fused'] - off) * 1e3:.1f} | {(ms['forms'] - off) * 1e3:.1f} "
           f"| {dtv:.1e} | {dea:.1e} |", flush=True)
 
@@ -105,9 +108,9 @@ def main(argv=None):
 
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
           "ms per layer, one step of L layers in one CUDA graph")
-    print("| config | B | n | L | τ | off | fused | defer | forms | pend | fused/off | defer/off | forms/off "
+    print("| config | B | n | L | τ | off | fused | defer | forms | forms 1w | pend | fused/off | defer/off | forms/off "
           "| fused − off µs | forms − off µs | max Δ TV⁺ | max Δ E⁺ |")
-    print("|---" * 17 + "|")
+    print("|---" * 18 + "|")
     for config in args.configs.split(","):
         for B in (int(x) for x in args.batches.split(",")):
             for n in (int(x) for x in args.lens.split(",")):

@@ -73,6 +73,11 @@ from .epilogue_jit import (
 from .excess_grid import EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .key_levels import KEY_LEVELS
 
+#: warps per program of the finish (``num_warps`` None): 4, the fused merge's for a tilting record (one warp is the
+#: fused merge's rule from 4 rows per SM up, ``kernels.plan.merge_warps``; here not measured yet: bench/tilt_batch_probe.py
+#: --finish-warps 1)
+FINISH_WARPS = 4
+
 
 @triton.jit
 def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, EXS, tilt_above, tilt_hi,
@@ -202,7 +207,7 @@ class TiltBatch:
         self.flag.fill_(1)
         self.written.clear()
 
-    def finish(self, tilt_above: float = -1.0) -> None:
+    def finish(self, tilt_above: float = -1.0, num_warps: int | None = None) -> None:
         """The tilt of every written row, in one launch (no host synchronisation): TV⁺, E⁺ and the tilt column
         of each record become the fused merge's at this ``tilt_above`` (< 0: every row's tilt in full; ≥ 0 a
         gate's τ: the lazy refinement; NaN or +inf: none, the closed forms stay)."""
@@ -218,5 +223,6 @@ class TiltBatch:
             NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=refine_top(), NR=REFINE,
             EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
             FORMS=self.forms, EXC=self.forms and ec > 0, GRD=self.forms and ec == EXCESS_COLS,
+            num_warps=num_warps or FINISH_WARPS,
         )
         self.written.clear()
