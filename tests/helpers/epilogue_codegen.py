@@ -32,7 +32,7 @@ def _merge_meter_kernel(E, EJ):
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
              "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
              "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0, "EXC": True, "GRD": True,
-             "GDC": False}
+             "GDC": False, "DEFER_FORMS": False}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 
@@ -48,7 +48,10 @@ def _merge_meter_kernel_sglang(E, EJ):
 
     fn, sig, const = _merge_meter_kernel(E, EJ)
     rel, ab, mx = store_terms("bfloat16", "float32", const["D"])
-    return fn, sig | {"O": "*bf16"}, const | {"DEFER": True, "LSE_W": 16, "LSE_WP": 16, "SL_CSR": True,
+    from kernels.plan import DEFER_FORMS
+
+    return fn, sig | {"O": "*bf16"}, const | {"DEFER": True, "DEFER_FORMS": DEFER_FORMS, "LSE_W": 16, "LSE_WP": 16,
+                                                "SL_CSR": True,
                                                 "STORE_REL": rel, "STORE_ABS": ab, "STORE_MAX": mx}
 
 
