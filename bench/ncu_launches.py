@@ -28,6 +28,7 @@ def main(argv=None):
     ap.add_argument("--scheme", default="int8")
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--tau", type=float, default=0.1, help="tilt_above (inf: no row tilted)")
+    ap.add_argument("--meter", type=int, choices=(0, 1), default=1, help="0: the meter-off call")
     args = ap.parse_args(argv)
     Hq, Hkv, D = 32, 8, 128
     for shape in args.shapes.split(","):
@@ -37,7 +38,7 @@ def main(argv=None):
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
         sl = torch.full((B,), n, device="cuda", dtype=torch.int32)
         for _ in range(args.reps):
-            out = decode(c, q, bt, sl, meter=True, validate=False, tilt_above=args.tau)
+            out = decode(c, q, bt, sl, meter=bool(args.meter), validate=False, tilt_above=args.tau)
         torch.cuda.synchronize()
         print(f"# B {B} n {n} {args.scheme}: {args.reps} calls, splits {out.plan.num_splits}",
               flush=True)
