@@ -453,7 +453,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
         forms = exs is not None
-        tilt_above = math.inf  # the merge skips the tilt (TV⁺ from the closed forms); finish() runs it
+        tilt_above = math.inf  # the merge skips the tilt (TV⁺ the closed forms', or 1 with forms); finish() runs it
     else:
         hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
         rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse

@@ -21,7 +21,8 @@ the launches are there too (``merge``, ``tv_from_hist``), the torch twin in ``ke
           LSE [B, Hq, LSE_W] fp32 (strides s_lb, s_lh, 1: the log-sum-exp in column 0, −inf in the others, SGLang's
           attn_lse; LSE_W = 1 otherwise), HOUT [B·Hq, NB] float64, REC [B·Hq, REC_COLS] float64,
           FLAG [B·Hq] int8;  SCR [B·Hq, 2·(3·KP + N1)] float64 scratch (one region per tier);
-          with DEFER_FORMS, EXS [B·Hq, EXCESS_COLS] float64 (the merged excess sums, ``kernels.tilt_batch``)
+          with DEFER_FORMS, EXS [B·Hq, DEFER_EXS_COLS] float64 (the merged excess sums and the row's state,
+          ``kernels.tilt_batch``)
 
 The tilt's grid (``COARSE`` intervals, the ``REFINE_TOP`` largest split into ``REFINE``) and the float64
 slack are defined here: the kernels walk them, the torch twin and the launches read them.
@@ -33,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
+from .excess_grid import DEFER_EXS_COLS_C, EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .interpret import f32, narrow
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
@@ -354,7 +355,8 @@ def _merge_meter_kernel(
     DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
     and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
     DEFER_FORMS (with DEFER, ``kernels.plan.DEFER_FORMS``): not the closed forms either; the row's merged excess sums
-    go to EXS [B·Hq, EXCESS_COLS] float64 (Â, B̂, then the grid block / L with GRD) and the record reads TV⁺ 1, its E⁺
+    go to EXS [B·Hq, DEFER_EXS_COLS] float64 (Â, B̂, then the grid block / L with GRD; then how many sums, and the
+    row's non-finite count) and the record reads TV⁺ 1, its E⁺
     from it (sound, uninformative; a single-token row its final TV⁺ 0 and E⁺) until the finishing launch computes
     the forms, the tilt and TV⁺ from the same float64 inputs for a whole step's layers at once.
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
@@ -467,8 +469,8 @@ def _merge_meter_kernel(
                 a_hat = tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
                 b_hat = tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
                 if DEFER_FORMS:  # the merged sums, for the finishing launch's forms (``kernels.tilt_batch``)
-                    tl.store(EXS + row * EXCESS_COLS_C, a_hat)  # (EXS's rows are EXCESS_COLS wide, grid or not)
-                    tl.store(EXS + row * EXCESS_COLS_C + 1, b_hat)
+                    tl.store(EXS + row * DEFER_EXS_COLS_C, a_hat)  # (EXS's rows are DEFER_EXS_COLS wide, grid or not)
+                    tl.store(EXS + row * DEFER_EXS_COLS_C + 1, b_hat)
                 else:
                     exc = _excess_form(a_hat, b_hat, xi)
                 if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
@@ -476,10 +478,15 @@ def _merge_meter_kernel(
                     gs = tl.load(ex[:, None] + 2 + gk[None, :], mask=smask[:, None], other=0.0).to(tl.float64)
                     gs = tl.sum(w64[:, None] * gs, axis=0) / L64
                     if DEFER_FORMS:
-                        tl.store(EXS + row * EXCESS_COLS_C + 2 + gk, gs)
+                        tl.store(EXS + row * DEFER_EXS_COLS_C + 2 + gk, gs)
                     else:
                         exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
             tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
+            if DEFER_FORMS:  # the row's state for the finish: how many sums it holds, and this merge's non-finite count
+                # (a flagged or dead row takes the excess column alone, as here, and keeps the pending 1s)
+                NSUM: tl.constexpr = (EXCESS_COLS_C if GRD else 2) if EXC else 0
+                tl.store(EXS + row * DEFER_EXS_COLS_C + EXCESS_COLS_C, tl.full([], NSUM, tl.float64))
+                tl.store(EXS + row * DEFER_EXS_COLS_C + EXCESS_COLS_C + 1, bad.to(tl.float64))
             if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
                 tl.store(r + REC_QNA, qn_a)
                 tl.store(r + REC_LAM, lam)

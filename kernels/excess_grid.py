@@ -48,9 +48,13 @@ GRID_COLS = 16
 #: columns of the decode's excess buffer EX [B, Hq, S, EXCESS_COLS] with the grid: A, B, then the grid block
 EXCESS_COLS = 2 + GRID_COLS
 _NGC = tl.constexpr(NG)
-#: (the two widths as the kernels read them)
+#: a deferred record's row of merged sums (``kernels.tilt_batch``'s EXS): the EXCESS_COLS sums, then the row's state
+#: (how many sums the merge stored: 0, 2 or EXCESS_COLS; −1 unwritten) and the merge's non-finite count
+DEFER_EXS_COLS = EXCESS_COLS + 2
+#: (the widths as the kernels read them)
 GRID_COLS_C = tl.constexpr(GRID_COLS)
 EXCESS_COLS_C = tl.constexpr(EXCESS_COLS)
+DEFER_EXS_COLS_C = tl.constexpr(DEFER_EXS_COLS)
 _T0, _L0 = tl.constexpr(GRID[0][0]), tl.constexpr(GRID[0][1])
 _T1, _L1 = tl.constexpr(GRID[1][0]), tl.constexpr(GRID[1][1])
 _T2, _L2 = tl.constexpr(GRID[2][0]), tl.constexpr(GRID[2][1])

@@ -10,7 +10,8 @@ closed forms — finished for many layers' rows in one launch.
         REC   [L·R, REC_COLS] float64   the records (read: TV⁺, ε_max, Ξ, the excess form and the DEFER columns; written:
                                    REC_TVA, REC_EA, REC_TILT; with FORMS also REC_EXCESS, REC_TANH, REC_EFORM, REC_RHO)
         FLAG  [L·R] int8           non-finite rows (1: skipped; ``reset`` marks every row so)
-        EXS   [L·R, EXCESS_COLS] float64   FORMS: the merged excess sums Â, B̂ and the grid block / L (EXC, GRD)
+        EXS   [L·R, DEFER_EXS_COLS] float64   FORMS: the merged excess sums Â, B̂ and the grid block / L, how many
+                                   of them the row holds (0, 2, EXCESS_COLS; −1 unwritten), the merge's non-finite count
         EDGES [KA − 1] float64;  SCR [L·R, 3·KP + COARSE] float64 scratch
 
 Why: the record is the epilogue's cost. The tilt was ~25-40 µs a call on the H200 (one program per row, serial in
@@ -27,7 +28,10 @@ Soundness: until ``finish`` each record's TV⁺ is sound: with ``forms``, 1 and 
 EXS holds; ``_tv_row`` on the masses HOUT holds, the levels |σ|‖a⊙q_h‖·edge, ε_max, Ξ, Λ, the excess form) and keeps
 the smaller of the stored and the new TV⁺, which is the fused kernel's TV⁺ (its tilt is ≤ 1, so its TV⁺ ≤ the closed
 forms' ≤ 1), then E⁺ from it as the fused kernel does (rows whose TV⁺ is already 0 — a single token, a row with none
-zeroed by the decode — keep TV⁺ and E⁺ and take the tilt column; flagged rows are left as they are). Tier A only: a
+zeroed by the decode — keep TV⁺ and E⁺ and take the tilt column, and with ``forms`` the forms' columns; flagged
+rows are left as they are, and with ``forms`` so are rows whose merge counted anything non-finite (a dead row's 0/0),
+but for the excess column, which the fused merge computes on every row). Layers may differ in their excess sums
+(channel weights on some layers only): each row's state says what it holds. Tier A only: a
 Tier B cache (int8_dither with δ) is refused; a gate needs the record before its layer's next step, so it keeps the
 fused form. ``finish`` keeps the smaller of the stored and the new TV⁺ and tilt: idempotent, and a second finish at
 another τ leaves a consistent record (the smaller τ's). A layer's slot takes one write between finishes (``slot``
@@ -70,7 +74,7 @@ from .epilogue_jit import (
     _tv_row,
     refine_top,
 )
-from .excess_grid import EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
+from .excess_grid import DEFER_EXS_COLS, DEFER_EXS_COLS_C, EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .key_levels import KEY_LEVELS
 
 #: warps per program of the finish (``num_warps`` None): 4, the fused merge's for a tilting record (one warp is the
@@ -85,29 +89,37 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, EXS, tilt_above, tilt_hi,
                         NR: tl.constexpr, EPSC: tl.constexpr, DENSE3D: tl.constexpr, TC: tl.constexpr,
                         FORMS: tl.constexpr = False, EXC: tl.constexpr = False, GRD: tl.constexpr = False):
     """Program ``row``: the fused merge's ``_tv_row`` on the row's deferred inputs; REC's TV⁺, E⁺ and tilt. FORMS
-    (the merge ran with DEFER_FORMS): first the excess form (EXC) and the grid's (GRD) from the merged sums EXS
-    [L·R, EXCESS_COLS] as the fused merge computes them, and REC's excess, tanh, e-form and ρ columns."""
+    (the merge ran with DEFER_FORMS): first the excess form and the grid's from the merged sums EXS [L·R,
+    DEFER_EXS_COLS] as the fused merge computes them (a row's state column says which it holds; EXC / GRD: some
+    layer's row may), on every written row, then REC's tanh, e-form and ρ where the merge counted nothing
+    non-finite (its other rows keep the merge's 1s, as the fused merge's)."""
     row = tl.program_id(0)
     r = REC + row * REC_COLS
     tv0 = tl.load(r + REC_TVA)
-    if tl.load(FLAG + row) == 0:
+    live = tl.load(FLAG + row) == 0
+    xi = tl.load(r + REC_XI)
+    exc = tl.load(r + REC_EXCESS)  # (without FORMS: the merge's; with it, computed here, kept in a register)
+    if FORMS:
+        e = EXS + row * DEFER_EXS_COLS_C
+        nsum = tl.load(e + EXCESS_COLS_C)  # (how many sums the merge stored; −1: unwritten)
+        if nsum >= 0.0:  # the excess column on every written row, flagged or not, as the fused merge's
+            exc = tl.full([], 1.0, tl.float64)
+            if EXC:  # (a layer of the batch has the sums: ``epilogue_jit._merge_meter_kernel``'s own lines on them)
+                if nsum > 0.0:
+                    a_hat = tl.load(e)
+                    exc = _excess_form(a_hat, tl.load(e + 1), xi)
+                    if GRD:
+                        if nsum > 2.0:
+                            gs = tl.load(e + 2 + tl.arange(0, GRID_COLS_C))
+                            exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+            tl.store(r + REC_EXCESS, exc)
+        # the rest only where the merge counted nothing non-finite (a dead row counts its 0/0: it keeps the 1s)
+        live = live & (nsum >= 0.0) & (tl.load(e + EXCESS_COLS_C + 1) == 0.0)
+    if live:
         k = tl.arange(0, KP)
         ha = tl.load(HOUT + row * NB + k, mask=k < KA, other=0.0)
         ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)  # (the fused merge's sanitising of tier A's bins)
         edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
-        xi = tl.load(r + REC_XI)
-        if FORMS:
-            exc = tl.full([], 1.0, tl.float64)
-            if EXC:  # (``epilogue_jit._merge_meter_kernel``'s own lines on the sums it stored)
-                e = EXS + row * EXCESS_COLS_C
-                a_hat = tl.load(e)
-                exc = _excess_form(a_hat, tl.load(e + 1), xi)
-                if GRD:
-                    gs = tl.load(e + 2 + tl.arange(0, GRID_COLS_C))
-                    exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
-            tl.store(r + REC_EXCESS, exc)
-        else:
-            exc = tl.load(r + REC_EXCESS)
         tv, tanh, eform, tilt, rho = _tv_row(ha, tl.load(r + REC_QNA) * edge, tl.load(r + REC_EPS), xi,
                                              tl.load(r + REC_LAM), tilt_above, tilt_hi, SCR + row * (3 * KP + N1), exc,
                                              KA, KP, N1, RT, NR, EPSC, DENSE3D, TC)
@@ -135,12 +147,12 @@ class TiltBatch:
     flag: torch.Tensor  # [L, R] int8
     scr: torch.Tensor  # [L·R, scratch_per_tier(KP)] float64
     ka: int
-    #: the closed forms deferred too (``kernels.plan.DEFER_FORMS`` at allocation): ``exs`` holds the merged excess
-    #: sums [L, R, EXCESS_COLS] float64 (the first ``exc_cols`` columns of each row), and a record reads TV⁺ 1 until
-    #: ``finish``
+    #: the closed forms deferred too (``kernels.plan.DEFER_FORMS`` at allocation): ``exs`` [L, R, DEFER_EXS_COLS]
+    #: float64 holds each row's merged excess sums (its first 0, 2 or EXCESS_COLS columns: the layer's), how many, and
+    #: the merge's non-finite count; a record reads TV⁺ 1 until ``finish``
     forms: bool = False
     exs: torch.Tensor | None = None
-    exc_cols: int | None = None  # 0 (no excess sums), 2, or EXCESS_COLS (with the grid): fixed by the first write
+    exc_cols: int = 0  # the most excess columns a layer wrote since allocation (what the finish compiles for)
     written: set = dataclasses.field(default_factory=set)  # the layers written since the last finish / reset
 
     @classmethod
@@ -163,7 +175,9 @@ class TiltBatch:
         batch = cls(rec=torch.zeros(layers, rows, REC_COLS.value, **f64), hout=torch.zeros(layers, rows, nb, **f64),
                     flag=torch.ones(layers, rows, device=device, dtype=torch.int8),
                     scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka, forms=forms,
-                    exs=torch.zeros(layers, rows, EXCESS_COLS, **f64) if forms else None)
+                    exs=torch.zeros(layers, rows, DEFER_EXS_COLS, **f64) if forms else None)
+        if forms:
+            batch.exs[..., EXCESS_COLS] = -1.0  # (unwritten)
         return batch
 
     @property
@@ -175,9 +189,9 @@ class TiltBatch:
         return self.rec.shape[1]
 
     def slot(self, layer: int, rows: int, nb: int, ka: int, exc_cols: int = 0):
-        """(rec [R, REC_COLS], hout [R, NB], flag [R], exs [R, EXCESS_COLS] or None) of ``layer`` for a merge of ``rows``
-        rows, ``nb`` bins and ``exc_cols`` excess columns; refused when the layer was written since the last
-        ``finish`` / ``reset``, or (``forms``) with other excess columns than the batch's first write."""
+        """(rec [R, REC_COLS], hout [R, NB], flag [R], exs [R, DEFER_EXS_COLS] or None) of ``layer`` for a merge of
+        ``rows`` rows, ``nb`` bins and ``exc_cols`` excess columns (0, 2 or EXCESS_COLS); refused when the layer was
+        written since the last ``finish`` / ``reset``."""
         try:
             i = operator.index(layer) if not isinstance(layer, bool) else None
         except TypeError:
@@ -190,34 +204,39 @@ class TiltBatch:
         if i in self.written:
             raise ValueError(f"tilt_layer {i}: already written since the last finish() (one decode per layer and "
                              "step: another would overwrite the records the first returned)")
-        if self.forms and exc_cols not in (0, 2, EXCESS_COLS):
+        if isinstance(exc_cols, bool) or not isinstance(exc_cols, int) or exc_cols not in (0, 2, EXCESS_COLS):
             raise ValueError(f"tilt_batch: exc_cols must be 0, 2 or {EXCESS_COLS}, got {exc_cols!r}")
-        if self.forms and self.exc_cols is not None and exc_cols != self.exc_cols:
-            raise ValueError(f"tilt_batch: its layers' merges store {self.exc_cols} excess columns, this decode "
-                             f"{exc_cols} (one finish computes every layer's forms alike)")
         self.written.add(i)
         if not self.forms:
             return self.rec[i], self.hout[i], self.flag[i], None
-        self.exc_cols = exc_cols
+        self.exc_cols = max(self.exc_cols, exc_cols)  # (layers may differ: each row's state says what it holds)
         return self.rec[i], self.hout[i], self.flag[i], self.exs[i]
 
     def reset(self) -> None:
         """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers. The
-        flag view of a record already handed out then reads True (conservative)."""
+        flag view of a record already handed out then reads True (conservative). (``exc_cols``, what the finish
+        compiles for, stays: the rows' own states decide.)"""
         self.flag.fill_(1)
+        if self.exs is not None:
+            self.exs[..., EXCESS_COLS] = -1.0
         self.written.clear()
 
     def finish(self, tilt_above: float = -1.0, num_warps: int | None = None) -> None:
         """The tilt of every written row, in one launch (no host synchronisation): TV⁺, E⁺ and the tilt column
         of each record become the fused merge's at this ``tilt_above`` (< 0: every row's tilt in full; ≥ 0 a
-        gate's τ: the lazy refinement; NaN or +inf: none, the closed forms stay)."""
+        gate's τ: the lazy refinement; NaN or +inf: no tilt, TV⁺ the closed forms'). With ``forms`` the finish also
+        computes the closed forms (the excess, tanh, e-form and ρ columns), at any τ. ``num_warps`` None:
+        ``FINISH_WARPS``."""
         if isinstance(tilt_above, bool) or not isinstance(tilt_above, numbers.Real):
             raise ValueError(f"tilt_above: expected a real number, got {tilt_above!r}")
+        if num_warps is not None and (isinstance(num_warps, bool) or not isinstance(num_warps, int)
+                                      or num_warps not in (1, 2, 4, 8, 16)):
+            raise ValueError(f"num_warps: expected None or 1, 2, 4, 8 or 16, got {num_warps!r}")
         n = self.layers * self.rows
         kp = triton.next_power_of_2(self.ka)
         dev = self.rec.device
-        ec = self.exc_cols or 0
-        exs = self.exs if self.forms else self.rec  # ([L·R, EXCESS_COLS]: each row's first exc_cols written)
+        ec = self.exc_cols
+        exs = self.exs if self.forms else self.rec
         _finish_tilt_kernel[(n,)](
             self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, exs, *tau_bracket(tilt_above),
             NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=refine_top(), NR=REFINE,

@@ -45,8 +45,9 @@ What it does not see (run C4's canary rows and a review's injected faults): a fa
 every row (the canary's smallest TV⁺ / supremum is 1.04-1.17; ~1 % where the excess form binds, whose floor
 ``_excess_floor`` is within 1.002-1.005 of a sound TV⁺ on the configurations with a window, run E4), faults confined
 to a few tokens or splits, the rounding terms Ξ and η (below its resolution), E⁺'s value-side terms (E⁺ is 5-30× the
-canary's realised output error), Tier B's E⁺, the graphed step's deferred tilt (``kernels.tilt_batch``: the canary's
-merge runs the tilt itself) and SGLang's CSR rows. Once per configuration and process; never inside a CUDA-graph
+canary's realised output error), Tier B's E⁺, the graphed step's deferred record (``kernels.tilt_batch``: its finish, a separately compiled
+kernel, runs the tilt and the closed forms; the canary's merge runs them itself) and SGLang's CSR rows. Once per
+configuration and process; never inside a CUDA-graph
 capture (logged); raises
 ``DecodeSelfTestError`` (logged first).
 

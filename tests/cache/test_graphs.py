@@ -119,6 +119,28 @@ def test_deferred_tilt_gives_the_graphed_records(monkeypatch, tau):
         WitCertCache(model.config, scheme="int8", backend="kernel", cuda_graph=True, defer_tilt=1)
 
 
+def test_deferred_record_with_channel_weights_on_one_layer_only(monkeypatch):
+    """Channel weights on layer 0 only (calibration leaves a layer's weights 1 where it saw no data): layer 0's merge
+    stores the excess sums, layer 1's none, into one deferred batch (review, 2026-12-07: the batch refused the second
+    layer and ``generate`` raised). The same tokens and records as the step with each layer's record in its merge."""
+    import kernels.decode as Dk
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    model = tiny_llama()
+    w = np.ones((2, 2, 64))
+    w[0, :, :4] = 2.0
+    ids = _ids(1, 20, seed=7)
+    mask = torch.ones_like(ids)
+    kw = dict(scheme="int8", backend="kernel", seed=3, max_tokens=32, sketch_bits=0, weights=w, cuda_graph=True)
+    ref = WitCertCache(model.config, defer_tilt=False, **kw)
+    dt = WitCertCache(model.config, defer_tilt=True, **kw)
+    t_ref, t_dt = _gen(model, ref, ids, mask, new=3), _gen(model, dt, ids, mask, new=3)
+    assert [layer.paged.has_weights for layer in dt.layers] == [True, False]
+    assert dt._graph.st.tilt.exc_cols > 0
+    assert torch.equal(t_ref, t_dt)
+    _same_records(ref.records, dt.records, exact=DEV == "cpu")
+
+
 def test_graphed_steps_with_left_padding_and_growth():
     """A left-padded batch (the padding mask is read by the kernel from the static buffer) whose
     cache grows during decoding (a new capture at the new capacity): tokens as the kernel path."""

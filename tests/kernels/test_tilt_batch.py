@@ -105,6 +105,99 @@ def test_finish_gives_the_fused_record(kind, tau, forms):
         assert torch.equal(batch.rec, again)
 
 
+ALL = FIELDS + ("excess",)
+
+
+def _deferred_after_finish(call, forms, tau=-1.0, layers=1):
+    """(fused record, deferred record after its finish) of one decode ``call(**kw)``."""
+    f = call(tilt_above=tau)
+    batch = TiltBatch.allocate(layers=layers, rows=f.meter.tv_upper_a.numel(), nb=f.plan.hist_columns, device=DEV,
+                               forms=forms)
+    d = call(tilt_batch=batch, tilt_layer=0)
+    batch.finish(tilt_above=tau)
+    return f.meter, d.meter
+
+
+def _same_record(d, f, exact):
+    for name in ALL:
+        a, b = getattr(d, name), getattr(f, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            _same(torch.nan_to_num(a.double(), nan=-7.0), torch.nan_to_num(b.double(), nan=-7.0), exact)
+
+
+@pytest.mark.parametrize("forms", [True, False])
+def test_dead_rows_keep_the_fused_columns(forms):
+    """A row without tokens (an empty CSR row) counts its 0/0 as non-finite in the merge, unflagged: the fused merge
+    keeps its forms' columns at 1. The finish must not compute them from its garbage inputs (review, 2026-12-07: ρ
+    1.3e271 and tanh 5.5e-5 where the fused record has 1) — every column the fused one's."""
+    from tests.helpers.conformance import csr_int8_cache
+
+    cache, _pool, slots, indptr, q = csr_int8_cache([37, 0, 5, 70], 2, 64, 2, seed=0, dev=DEV)
+    f, d = _deferred_after_finish(lambda **kw: decode(cache, q, slots, None, kv_indptr=indptr, num_splits=2,
+                                                      validate=False, **kw), forms)
+    assert torch.all(f.tanh[1] == 1) and torch.all(f.tv_upper_a[1] == 0)  # (the case: the dead row's 1s)
+    _same_record(d, f, DEV == "cpu")
+
+
+def test_a_flagged_rows_excess_column_is_the_fused_one():
+    """The fused merge computes the excess form on every row, a flagged one too (its TV⁺ 1): the deferred record's
+    finish computes it on every written row (review: 1 where the fused record had 0.15-0.29)."""
+    from kernels.paged import PagedKV
+    from kernels.write import write_kv
+
+    g = torch.Generator().manual_seed(0)
+    n, H, D = 40, 2, 64
+    w = 2.0 ** torch.randint(-2, 3, (H, D), generator=g).float()
+    c = PagedKV.allocate(4, H, D, "int8", num_groups=1, sketch_bits=2, weights=w, device=DEV)
+    k = (torch.randn(n, H, D, generator=g) * 2).bfloat16()
+    v = (torch.randn(n, H, D, generator=g) * 1e5).bfloat16()  # |o| beyond fp16's range: every row flagged
+    bt = torch.tensor([[2, 0, 1]], dtype=torch.int32, device=DEV)
+    write_kv(c, k.to(DEV), v.to(DEV), bt, torch.zeros(n, dtype=torch.long, device=DEV), torch.arange(n, device=DEV))
+    q = (torch.randn(1, 4, D, generator=g) * 2).bfloat16()
+    q = (q if DEV == "cuda" else q.float()).to(DEV)
+    f, d = _deferred_after_finish(lambda **kw: decode(c, q, bt, torch.tensor([n], device=DEV), num_splits=3,
+                                                      out=torch.empty(1, 4, D, dtype=torch.float16, device=DEV),
+                                                      **kw), True)
+    assert f.flag.all() and d.flag.all() and (f.excess < 1).any()
+    _same_record(d, f, DEV == "cpu")
+
+
+def test_layers_with_and_without_the_excess_sums_share_a_batch():
+    """Channel weights on some layers only (calibration leaves a layer's weights 1 where it has no data): the layers'
+    merges store 18, 2 or 0 excess columns into one batch (review, 2026-12-07: the first form refused the second
+    layer, and a graphed WitCertCache step raised). Each row's state says what it holds; every layer's record is its
+    fused one after the finish, at τ −1 and at a gate's 0.02."""
+    import kernels.plan as kp
+
+    sk, bt, *_ = sketch_cache("int8", 2, n=45, seed=4)
+    plain, btp, *_ = sketch_cache("int8", 0, n=45, seed=4, weights=False)
+    q = (torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(4)) * 2.0).bfloat16()
+    q = (q if DEV == "cuda" else q.float()).to(DEV)
+    sl = torch.tensor([45], device=DEV)
+    # (layer, cache, block table, the grid on): 18 columns, none, 2 columns (the grid off)
+    spec = [(0, sk, bt, True), (1, plain, btp, True), (2, sk, bt, False)]
+    for tau in (-1.0, 0.02):
+        batch, fused, deferred = None, [], []
+        for i, c, b, grid in spec:
+            old = kp.EXCESS_GRID
+            kp.EXCESS_GRID = grid
+            try:
+                f = decode(c, q, b, sl, num_splits=3, tilt_above=tau)
+                if batch is None:
+                    batch = TiltBatch.allocate(layers=3, rows=4, nb=f.plan.hist_columns, device=DEV)
+                fused.append(f)
+                deferred.append(decode(c, q, b, sl, num_splits=3, tilt_batch=batch, tilt_layer=i))
+            finally:
+                kp.EXCESS_GRID = old
+        assert (fused[0].plan.grid, fused[1].plan.excess, fused[2].plan.grid) == (True, False, False)
+        assert fused[2].plan.excess and batch.exc_cols == EXCESS_COLS
+        batch.finish(tilt_above=tau)
+        for f, d in zip(fused, deferred):
+            _same_record(d.meter, f.meter, DEV == "cpu")
+        assert not torch.equal(fused[0].meter.excess, fused[2].meter.excess)  # (the grid's form differs here)
+
+
 def test_a_slot_takes_one_write_between_finishes():
     """Two decodes into one layer's slot before a finish would leave the first's records reading the second's
     (review, 2026-12-05: a kivi2 layer's row read TV⁺ 0.0015 against its realised 0.34): refused; after finish
@@ -123,6 +216,12 @@ def test_a_slot_takes_one_write_between_finishes():
         decode(c2, q2, bt2, sl2, num_splits=2, tilt_batch=batch.rec, tilt_layer=1)
     with pytest.raises(ValueError, match="tilt_above: expected a real number"):
         batch.finish(tilt_above=None)
+    for warps in (0, 3, True, 1.0):
+        with pytest.raises(ValueError, match="num_warps: expected None or 1, 2, 4, 8 or 16"):
+            batch.finish(num_warps=warps)
+    for cols in (2.0, 3, True):
+        with pytest.raises(ValueError, match="exc_cols must be 0, 2 or"):
+            batch.slot(1, 8, out.plan.hist_columns, batch.ka, cols)
     batch.finish()
     decode(c2, q2, bt2, sl2, num_splits=2, tilt_batch=batch, tilt_layer=0)  # the next step
     batch.reset()
