@@ -5,5 +5,5 @@ source bench/device_suite.sh > $OUT/setup.log 2>&1
 suite 150 8 tests/kernels/test_tilt_batch.py tests/kernels/test_decode_outputs.py tests/kernels/test_excess_form.py \
   tests/kernels/test_kernel_epilogue.py tests/cache/test_graphs.py tests/integrations/test_sglang_graphs.py \
   tests/integrations/test_sglang_pool.py tests/kernels/test_pdl.py 2>&1 | tail -6
-timeout 120 python3 bench/tilt_batch_probe.py --batches 1,8 --lens 4096 --layers 32 --taus -1 > $OUT/probe.log 2>&1
+timeout 90 python3 bench/tilt_batch_probe.py --configs default --batches 1,8 --lens 4096 --layers 32 --taus -1 > $OUT/probe.log 2>&1
 echo "probe rc $?"; grep -E "^\||^#|Error" $OUT/probe.log | cut -c1-260
