@@ -77,9 +77,10 @@ from .epilogue_jit import (
 from .excess_grid import DEFER_EXS_COLS, DEFER_EXS_COLS_C, EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .key_levels import KEY_LEVELS
 
-#: warps per program of the finish (``num_warps`` None): 4, the fused merge's for a tilting record (one warp is the
-#: fused merge's rule from 4 rows per SM up, ``kernels.plan.merge_warps``; here not measured yet: bench/tilt_batch_probe.py
-#: --finish-warps 1)
+#: warps per program of the finish (``num_warps`` None): 4, the fused merge's for a tilting record. One warp (the fused
+#: merge's rule from 4 rows per SM up, ``kernels.plan.merge_warps``) was slower here: run G3 (an H100,
+#: bench/tilt_batch_probe.py's "forms 1w", the default kernel, 32 layers, τ −1) 0.0331 against 0.0326 ms a layer at
+#: B 1 / 4K (1,024 rows), 0.0995 against 0.0970 at B 8 / 4K (8,192 rows)
 FINISH_WARPS = 4
 
 
