@@ -52,8 +52,13 @@ def gdc(device) -> bool:
     dev = torch.device(device)
     if INTERPRET or dev.type != "cuda" or not PDL_LAUNCHES:
         return False
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = _index(dev)
     return index not in _REFUSED and _sm90(index)
+
+
+def _index(dev: torch.device) -> int:
+    """A CUDA device's index (the current device's where none is given)."""
+    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,9 +100,7 @@ def pdl_call(device, op: str, launch):
             out = launch({})
         except Exception:
             raise first from None
-        dev = torch.device(device)
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        _REFUSED.add(index)
+        _REFUSED.add(_index(torch.device(device)))
         log.warning("decode: the %s launch failed with programmatic dependent launch on %s and ran without it; PDL is "
                     "off on that device from now on (%s: %s)", op, device, type(first).__name__, first)
         return out

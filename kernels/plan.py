@@ -512,9 +512,10 @@ MERGE_RECORD_ONE_WARP_ROWS_PER_SM = 4
 MERGE_UNTILTED_WARPS: int | None = None
 #: a deferred record (``kernels.tilt_batch``, a graphed step's layers) leaves the closed forms too to the step's one
 #: finishing launch: the per-call merge stores the merged excess sums (``epilogue_jit._merge_meter_kernel``'s
-#: DEFER_FORMS) instead of running the excess and grid forms, tanh, the e-form and ρ in float64, the chain that
-#: is most of the record merge's time (run F3); the finish runs them batched over every layer's rows. Read by
-#: ``TiltBatch.allocate`` (a batch keeps its mode)
+#: DEFER_FORMS) instead of running the excess and grid forms, tanh, the e-form and ρ in float64; the finish runs them
+#: batched over every layer's rows. Measured (bench/RESULTS.md runs G1, G4, an H100): 0.88-0.97× a metered layer's
+#: time at B 1, 0.97-1.00× at B 8 (bench/tilt_batch_probe.py); on SGLang's fp8 call at B 8 the forms are only ~0.3 of
+#: the merge's 16 µs (the rest merges the histograms and stats). Read by ``TiltBatch.allocate`` (a batch keeps its mode)
 DEFER_FORMS = True
 
 
