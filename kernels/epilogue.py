@@ -57,6 +57,7 @@ import triton
 
 from contract.constants import DITHER_BIAS_FACTOR
 
+from . import plan as kernel_plan
 from .epilogue_jit import (
     COARSE,
     FP64_SLACK,
@@ -453,19 +454,26 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
         forms = exs is not None
+        prt, cnt = tilt_batch.handover(tilt_layer)
         tilt_above = math.inf  # the merge skips the tilt (TV⁺ the closed forms', or 1 with forms); finish() runs it
     else:
         hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
         rec = torch.empty(rows, REC_COLS.value, **f64) if meter and epilogue else lse
         flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
         exs, forms = None, False
+        prt = cnt = None
+    # the deferred record's merge in parts (``kernels.plan.MERGE_PARTS``, read now): with the closed forms deferred
+    parts = kernel_plan.MERGE_PARTS if forms else 1
+    if type(parts) is not int or parts not in (1, 2, 3):
+        raise ValueError(f"kernels.plan.MERGE_PARTS: expected 1, 2 or 3, got {kernel_plan.MERGE_PARTS!r}")
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
-    warps = num_warps or merge_warps(triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev),
-                                     tilts=tilt_above != math.inf)
-    pdl_call(dev, "merge", lambda kw: _merge_meter_kernel[(rows,)](
+    warps = num_warps or (parts > 1 and kernel_plan.MERGE_PARTS_WARPS) or merge_warps(
+        triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev), tilts=tilt_above != math.inf)
+    pdl_call(dev, "merge", lambda kw: _merge_meter_kernel[(rows, parts)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,
-        flag, c.weights if c.weights is not None else lse, ex if exc else lse, exs if forms else lse, Hq, S, c.sm,
+        flag, c.weights if c.weights is not None else lse, ex if exc else lse, exs if forms else lse,
+        prt if parts > 1 else lse, cnt if parts > 1 else lse, Hq, S, c.sm,
         abs(c.sm) * (1.0 + KERNEL_REL_SLACK), math.log(c.delta_step) if c.tier_b else 0.0, *tau_bracket(tilt_above),
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), lse3.stride(0), lse3.stride(1),
         D=c.D, SP=triton.next_power_of_2(S), T=c.T, PAGES=c.PAGES, NB=c.NB, KA=c.KA, KP=KP,
@@ -477,7 +485,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         WEIGHTED=c.weights is not None, GQ=c.gq,
         RING_TILES=c.ring_tiles, DEFER=defer, LSE_W=lse3.shape[-1], LSE_WP=triton.next_power_of_2(lse3.shape[-1]),
         SL_CSR=c.csr_lens, STORE_REL=c.store[0], STORE_ABS=c.store[1], STORE_MAX=c.store[2], EXC=exc, GRD=grd,
-        GDC=gdc(dev), DEFER_FORMS=forms, num_warps=warps, **kw,
+        GDC=gdc(dev), DEFER_FORMS=forms, PARTS=parts, num_warps=warps, **kw,
     ))
     record = None
     if meter and epilogue:

@@ -35,7 +35,19 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .excess_grid import DEFER_EXS_COLS_C, EXCESS_COLS_C, GRID_COLS_C, _grid_form
-from .interpret import f32, narrow
+from .merge_terms import (
+    _expm1_up,
+    _extra,
+    _extra_terms,
+    _hist_terms,
+    _merge_excess,
+    _merge_hist,
+    _merge_output,
+    _merge_weights,
+    _output_terms,
+    _query_terms,
+    _stat_terms,
+)
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
 FP64_SLACK = 2.0**-40
@@ -307,15 +319,6 @@ def _out_err_upper(tv, w, extra):
 
 
 @triton.jit
-def _expm1_up(y):
-    """An upper bound of e^y − 1 for 0 ≤ y (float64): the series y + y²/2 + y³ below 2^-10 (its
-    tail y³/6 + … ≤ y³ there), else e^y − 1; both with a relative 2^-40 for their rounding."""
-    small = y + 0.5 * y * y + y * y * y
-    big = tl.exp(y) - 1.0
-    return tl.where(y < 0.0009765625, small, big) * (1.0 + 9.094947017729282e-13)
-
-
-@triton.jit
 def _excess_form(a, b, xi):
     """The centred box's closed form (float64; bench/TIGHTNESS.md, "The two sums in the decode kernel"): from the merged
     excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
@@ -335,7 +338,7 @@ def _excess_form(a, b, xi):
 
 @triton.jit
 def _merge_meter_kernel(
-    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN, EXS,
+    M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN, EXS, PRT, CNT,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh,
     D: tl.constexpr, SP: tl.constexpr, T: tl.constexpr, PAGES: tl.constexpr,
     NB: tl.constexpr, KA: tl.constexpr, KP: tl.constexpr,
@@ -347,11 +350,13 @@ def _merge_meter_kernel(
     DEFER: tl.constexpr = False, LSE_W: tl.constexpr = 1, LSE_WP: tl.constexpr = 1, SL_CSR: tl.constexpr = False,
     STORE_REL: tl.constexpr = 0.0, STORE_ABS: tl.constexpr = 0.0, STORE_MAX: tl.constexpr = 0.0,
     EXC: tl.constexpr = False, GRD: tl.constexpr = False, GDC: tl.constexpr = False, DEFER_FORMS: tl.constexpr = False,
+    PARTS: tl.constexpr = 1,
 ):
     """Program ``row`` = (b, h): the split-KV merge of the decode's S partials (log-sum-exp rule,
     float64 weights) → O[row] (fp32), LSE[row]; with METER the merged histograms (float64, HOUT)
     and, with EPI, the meter record REC[row] (columns ``REC_*``): Ξ, Λ, both tiers' TV⁺ and E⁺.
-    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch.
+    The same arithmetic as the torch path it replaced (``decode_epilogue_torch``), in one launch; the row's terms
+    are ``kernels.merge_terms``'.
     DEFER (tier A alone, ``kernels.tilt_batch``): the record without the tilt (TV⁺ from the closed forms, sound)
     and the row's tilt inputs the finishing launch reads (``REC_QNA``, ``REC_LAM``, ``REC_EW``, ``REC_EX``).
     DEFER_FORMS (with DEFER, ``kernels.plan.DEFER_FORMS``): not the closed forms either; the row's merged excess sums
@@ -359,6 +364,13 @@ def _merge_meter_kernel(
     row's non-finite count) and the record reads TV⁺ 1, its E⁺
     from it (sound, uninformative; a single-token row its final TV⁺ 0 and E⁺) until the finishing launch computes
     the forms, the tilt and TV⁺ from the same float64 inputs for a whole step's layers at once.
+    PARTS > 1 (with DEFER_FORMS, ``kernels.plan.MERGE_PARTS``): the row's merge in PARTS programs (b·Hq + h, p), each
+    a share of the terms at once: p 0 the output, p PARTS − 1 the histograms and the excess sums, the record's
+    scalars in p 1 (PARTS 3) or with the output (PARTS 2). Each stores what it computed and its share of the
+    pending record's inputs into PRT [B·Hq, PRT_COLS] float64, then adds 1 to the row's counter CNT [B·Hq] int32
+    (acq_rel, GPU scope, after a barrier of its threads); the program that finds PARTS − 1 there reads the row's PRT
+    and writes the pending TV⁺, E⁺, the flag and the non-finite count (``_pending_record``) as the one-program merge
+    does, then zeroes the counter for the next call. The same values, bit for bit.
     STORE_REL > 0: the output is served in a narrower float than fp32 (O's dtype, or a cast the caller makes:
     ``fp_bounds.store_terms``): E⁺ adds STORE_REL·‖o‖₂ + STORE_ABS and an |o_i| above STORE_MAX counts as non-finite.
     EXC: the partials' excess sums EX_IN [B·Hq, S, 2] (A, B: the centred box's, ``decode_meter._excess_tile``; with GRD
@@ -371,18 +383,7 @@ def _merge_meter_kernel(
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq
-    s = tl.arange(0, SP)
-    smask = s < S
-    ms = tl.load(M_IN + row * S + s, mask=smask, other=float("-inf"))
-    ls = tl.load(L_IN + row * S + s, mask=smask, other=0.0)
-    mx = tl.max(ms, axis=0)
-    fin = (ms == ms) & (ms != float("inf")) & (ms != float("-inf"))
-    w64 = tl.where(fin, tl.exp((ms - mx).to(tl.float64)), 0.0)
-    w32 = w64.to(tl.float32)
-    L = tl.sum(w32 * ls, axis=0)
-    d = tl.arange(0, D)
-    acc = tl.load(ACC_IN + (row * S + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(w32[:, None] * acc, axis=0) / L
+    s, smask, ls, mx, w64 = _merge_weights(M_IN, L_IN, row, S, SP)
     # a row without any token (seq_len 0, an empty CSR row): what the reference gives, output 0 and (below) TV⁺ 0,
     # output bound 0, no flag, instead of 0/0
     if SL_CSR:  # SGLang's CSR rows: SL is kv_indptr, the length its difference (no launch of its own)
@@ -390,163 +391,211 @@ def _merge_meter_kernel(
     else:
         n = tl.load(SL + b)
     dead = n <= 0
-    o = tl.where(dead, 0.0, o)
-    # in O's own dtype (the caller's output buffer: no copy after the launch); LSE's columns past the first −inf
-    # (int64 offsets: a caller's strided buffer may span more than 2^31 elements)
-    b64 = b.to(tl.int64)
-    h64 = h.to(tl.int64)
-    tl.store(O + b64 * s_ob + h64 * s_oh + d, narrow(o, O))  # (narrow: exact in the interpreter too)
-    lw = tl.arange(0, LSE_WP)  # (LSE_WP: the next power of two of LSE_W)
-    tl.store(LSE + b64 * s_lb + h64 * s_lh + lw, tl.where(lw == 0, mx + tl.log(L), float("-inf")), mask=lw < LSE_W)
-    if METER:
-        L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
-        c = tl.arange(0, NB)
-        hs = tl.load(HIST_IN + (row * S + s)[:, None] * NB + c[None, :], mask=smask[:, None], other=0.0)
-        hm = tl.sum(w64[:, None] * hs.to(tl.float64), axis=0) / L64
-        tl.store(HOUT + row * NB + c, hm)
-        if EPI:
-            st = STAT_IN + (row * S + s) * 6
-            wmx = tl.max(tl.load(st + 0, mask=smask, other=0.0), axis=0)
-            smx = tl.max(tl.load(st + 1, mask=smask, other=0.0), axis=0)
-            phmx = tl.max(tl.load(st + 2, mask=smask, other=0.0), axis=0)
-            numx = tl.max(tl.load(st + 3, mask=smask, other=0.0), axis=0)
-            kpmx = tl.max(tl.load(st + 5, mask=smask, other=0.0), axis=0)
-            # non-finite: counted radii, the partials' stats (a max may drop a NaN), L, o, the masses
-            bad = tl.sum(tl.load(st + 4, mask=smask, other=0.0), axis=0)
-            for col in tl.static_range(6):
-                sv = tl.load(st + col, mask=smask, other=0.0)
-                bad += tl.sum(((sv != sv) | (sv == float("inf"))).to(tl.float32), axis=0)
-            bad += ((L != L) | (L == float("inf")) | (L == float("-inf"))).to(tl.float32)
-            bad += tl.sum(((o != o) | (o == float("inf")) | (o == float("-inf"))).to(tl.float32), axis=0)
-            bad += tl.sum(((hm != hm) | (hm == float("inf"))).to(tl.float32), axis=0)
-            qv = f32(tl.load(Q + b * s_qb + h * s_qh + d)).to(tl.float64)  # (f32: a bf16 q's subnormals kept)
-            qnorm = tl.sqrt(tl.sum(qv * qv, axis=0))
-            qn = qnorm * qn_infl  # |σ| ‖q_h‖ (1 + KERNEL_REL_SLACK)
-            q1 = tl.sum(tl.abs(qv), axis=0)
-            if WEIGHTED:  # the sketch radius's head factor c_h = |σ| ‖a⊙q_h‖ (contract.sketch), rounded up
-                qa = qv * tl.load(WGT + (h // GQ) * D + d).to(tl.float64)
-                qn_a = tl.sqrt(tl.sum(qa * qa, axis=0)) * qn_infl
-            else:
-                qn_a = qn
-            eps_max = qn_a * wmx.to(tl.float64)
-            n_pages = (n + T - 1) // T
-            tiles = ((n_pages + RING_TILES * PAGES + S - 1) // S + PAGES - 1) // PAGES + RING_TILES
-            eta = ETA0 + ETA1 * tiles.to(tl.float64)
-            # SPEC §7: Ξ bounds |log p̃_j/p̂_j| (up to normalisation) of the kernel's masses
-            xi = qn * kpmx.to(tl.float64) * GAMMA + EXP_REL + DITHER_U * q1 * smx.to(tl.float64)
-            xi = (xi + 2.1 * eta) * (1.0 + 9.5367431640625e-07)
-            lam = (n.to(tl.float64) + NB * tiles.to(tl.float64) * S + 16.0) * FLUSH / tl.maximum(L64, 1.0)
-            bad += ((xi != xi) | (xi == float("inf")) | (eps_max != eps_max) | (eps_max == float("inf"))
-                    | (lam != lam)).to(tl.float32)
-            single = n == 1
-            k = tl.arange(0, KP)
-            km = k < KA
-            edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
-            if HA_HM:  # KP == NB (tier A alone): tier A's bins are the merged row's first KA (the same sums)
-                ha = tl.where(km, hm, 0.0)
-            else:  # tier A's bins, merged again from the partials (a register vector has no slices)
-                ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :], mask=smask[:, None] & km[None, :],
-                             other=0.0)
-                ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
-            ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)
-            pphi = tl.sum(tl.where(c == NB - 1, hm, 0.0), axis=0)
-            out_rel = OUT_REL0 + eta
-            fm = phmx.to(tl.float64)
-            num = numx.to(tl.float64)
-            e1 = tl.exp(-xi)
-            own = num * _expm1_up(tl.minimum(2.0 * xi + out_rel, 700.0))
-            extra = pphi + ((1.0 - e1) / (1.0 + e1) + lam) * fm + own
-            if STORE_REL > 0:  # the store's rounding (contract STORE_ROUNDING; Lean output_error_stored_le)
-                o64 = o.to(tl.float64)
-                extra += STORE_REL * tl.sqrt(tl.sum(o64 * o64, axis=0)) + STORE_ABS
-                bad += tl.sum((tl.abs(o) > STORE_MAX).to(tl.float32), axis=0)
-            r = REC + row * REC_COLS
-            tva = tl.full([], 1.0, tl.float64)
-            exc = tl.full([], 1.0, tl.float64)
-            if EXC:
-                EXW: tl.constexpr = EXCESS_COLS_C if GRD else 2
-                ex = EX_IN + (row * S + s) * EXW
-                a_hat = tl.sum(w64 * tl.load(ex, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
-                b_hat = tl.sum(w64 * tl.load(ex + 1, mask=smask, other=0.0).to(tl.float64), axis=0) / L64
-                if DEFER_FORMS:  # the merged sums, for the finishing launch's forms (``kernels.tilt_batch``)
-                    tl.store(EXS + row * DEFER_EXS_COLS_C, a_hat)  # (EXS's rows are DEFER_EXS_COLS wide, grid or not)
-                    tl.store(EXS + row * DEFER_EXS_COLS_C + 1, b_hat)
-                else:
-                    exc = _excess_form(a_hat, b_hat, xi)
-                if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
-                    gk = tl.arange(0, GRID_COLS_C)
-                    gs = tl.load(ex[:, None] + 2 + gk[None, :], mask=smask[:, None], other=0.0).to(tl.float64)
-                    gs = tl.sum(w64[:, None] * gs, axis=0) / L64
-                    if DEFER_FORMS:
-                        tl.store(EXS + row * DEFER_EXS_COLS_C + 2 + gk, gs)
+    r = REC + row * REC_COLS
+    if PARTS > 1:
+        _merge_in_parts(ACC_IN, HIST_IN, STAT_IN, Q, O, LSE, r, HOUT, FLAG, WGT, EX_IN, EXS, PRT, CNT, row, b, h, n,
+                        dead, S, s, smask, ls, mx, w64, qn_infl, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh, D, T, PAGES, NB,
+                        GAMMA, EXP_REL, DITHER_U, ETA0, ETA1, FLUSH, OUT_REL0, WEIGHTED, GQ, RING_TILES, LSE_W, LSE_WP,
+                        STORE_REL, STORE_ABS, STORE_MAX, EXC, GRD, PARTS)
+    else:
+        L, o = _merge_output(ACC_IN, O, LSE, row, b, h, S, s, smask, ls, mx, w64, dead, s_ob, s_oh, s_lb, s_lh, D,
+                             LSE_W, LSE_WP)
+        if METER:
+            L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
+            c, hm = _merge_hist(HIST_IN, HOUT, row, S, s, smask, w64, L64, NB)
+            if EPI:
+                wmx, smx, phmx, numx, kpmx, bad = _stat_terms(STAT_IN, row, S, s, smask)
+                # non-finite: counted radii, the partials' stats (a max may drop a NaN), L, o, the masses
+                bad_o, st_term = _output_terms(L, o, STORE_REL, STORE_ABS, STORE_MAX)
+                bad_h, pphi = _hist_terms(c, hm, NB)
+                qnorm, q1, qn_a, eps_max, eta, xi, lam, bad_x = _query_terms(
+                    Q, WGT, b, h, n, S, L64, wmx, smx, kpmx, qn_infl, s_qb, s_qh, D, T, PAGES, NB, GAMMA, EXP_REL,
+                    DITHER_U, ETA0, ETA1, FLUSH, WEIGHTED, GQ, RING_TILES)
+                bad += bad_o + bad_h + bad_x
+                single = n == 1
+                k = tl.arange(0, KP)
+                km = k < KA
+                edge = tl.load(EDGES + k, mask=k < KA - 1, other=0.0)
+                if HA_HM:  # KP == NB (tier A alone): tier A's bins are the merged row's first KA (the same sums)
+                    ha = tl.where(km, hm, 0.0)
+                else:  # tier A's bins, merged again from the partials (a register vector has no slices)
+                    ha = tl.load(HIST_IN + (row * S + s)[:, None] * NB + k[None, :],
+                                 mask=smask[:, None] & km[None, :], other=0.0)
+                    ha = tl.sum(w64[:, None] * ha.to(tl.float64), axis=0) / L64
+                ha = tl.maximum(tl.where(ha == ha, ha, 0.0), 0.0)
+                fm, num, x_phi, em = _extra_terms(xi, lam, eta, phmx, numx, OUT_REL0)
+                extra = _extra(pphi, x_phi, fm, num, em)
+                if STORE_REL > 0:  # the store's rounding (contract STORE_ROUNDING; Lean output_error_stored_le)
+                    extra += st_term
+                tva = tl.full([], 1.0, tl.float64)
+                exc = tl.full([], 1.0, tl.float64)
+                if EXC:
+                    a_hat, b_hat, gs = _merge_excess(EX_IN, row, S, s, smask, w64, L64, GRD)
+                    if DEFER_FORMS:  # the merged sums, for the finishing launch's forms (``kernels.tilt_batch``)
+                        _store_sums(EXS + row * DEFER_EXS_COLS_C, a_hat, b_hat, gs, GRD)
                     else:
-                        exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
-            tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
-            if DEFER_FORMS:  # the row's state for the finish: how many sums it holds, and this merge's non-finite count
-                # (a flagged or dead row takes the excess column alone, as here, and keeps the pending 1s)
-                NSUM: tl.constexpr = (EXCESS_COLS_C if GRD else 2) if EXC else 0
-                tl.store(EXS + row * DEFER_EXS_COLS_C + EXCESS_COLS_C, tl.full([], NSUM, tl.float64))
-                tl.store(EXS + row * DEFER_EXS_COLS_C + EXCESS_COLS_C + 1, bad.to(tl.float64))
-            if DEFER:  # the tilt's inputs beyond HOUT, REC_EPS and REC_XI (kernels.tilt_batch)
-                tl.store(r + REC_QNA, qn_a)
-                tl.store(r + REC_LAM, lam)
-                tl.store(r + REC_EW, 2.0 * num + fm)
-                tl.store(r + REC_EX, extra)
-            if DEFER_FORMS:  # pending (sound, uninformative) until the finish; a flagged row stays so
-                tl.store(r + REC_TANH, 1.0)
-                tl.store(r + REC_EFORM, 1.0)
-                tl.store(r + REC_TILT, 1.0)
-                tl.store(r + REC_RHO, 1.0)
-                if (bad == 0) & single:  # (its final record: the finish leaves a TV⁺ of 0 as it is)
-                    tva = tl.full([], 0.0, tl.float64)
-                ea = tl.where(bad == 0, _out_err_upper(tva, 2.0 * num + fm, extra), float("inf"))
-            elif bad == 0:
-                # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
-                tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
-                                                      SCR + row * 2 * (3 * KP + N1), exc, KA, KP, N1, RT, NR, EPSC, DENSE3D,
-                                                      TC)
-                tl.store(r + REC_TANH, tanh)
-                tl.store(r + REC_EFORM, eform)
-                tl.store(r + REC_TILT, tilt)
-                tl.store(r + REC_RHO, rho)
-                if single:
-                    tva = tl.full([], 0.0, tl.float64)
-                ea = _out_err_upper(tva, 2.0 * num + fm, extra)
-            else:
-                tl.store(r + REC_TANH, 1.0)
-                tl.store(r + REC_EFORM, 1.0)
-                tl.store(r + REC_TILT, 1.0)
-                tl.store(r + REC_RHO, 1.0)
-                ea = tl.full([], float("inf"), tl.float64)
-            tl.store(r + REC_TVA, tl.where(dead, 0.0, tva))
-            tl.store(r + REC_EA, tl.where(dead, 0.0, ea))
-            tl.store(r + REC_EPS, eps_max)
-            tl.store(r + REC_XI, xi)
-            # the record's bool flag (viewed as bool: no launch after)
-            tl.store(FLAG + row, ((bad > 0) & ~dead).to(tl.int8))
-            if TIER_B:
-                # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
-                lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
-                cb = (qnorm * lt + q1 * BIAS) * qn_infl
-                tbm = cb * smx.to(tl.float64)
-                tl.store(r + REC_TB, tbm)
-                tvb = tl.full([], 1.0, tl.float64)
-                eb = tl.full([], float("inf"), tl.float64)
-                hb = tl.load(HIST_IN + (row * S + s)[:, None] * NB + KA + k[None, :], mask=smask[:, None] & km[None, :],
-                             other=0.0)
-                hb = tl.sum(w64[:, None] * hb.to(tl.float64), axis=0) / L64
-                hb = tl.maximum(tl.where(hb == hb, hb, 0.0), 0.0)
-                if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
-                    # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
-                    tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
-                                                  SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1,
-                                                  tl.full([], 1.0, tl.float64), KA, KP, N1, RT, NR, EPSC,
-                                                  DENSE3D, TC)
-                    if single:
-                        tvb = tl.full([], 0.0, tl.float64)
-                    eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
-                tl.store(r + REC_TVB, tl.where(dead, 0.0, tvb))
-                tl.store(r + REC_EB, tl.where(dead, 0.0, eb))
+                        exc = _excess_form(a_hat, b_hat, xi)
+                        if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
+                            exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+                tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
+                if DEFER:  # the finish's inputs beyond HOUT (kernels.tilt_batch)
+                    _store_tilt_inputs(r, qn_a, lam, 2.0 * num + fm, eps_max, xi)
+                    tl.store(r + REC_EX, extra)
+                if DEFER_FORMS:  # pending (sound, uninformative) until the finish; a flagged row stays so
+                    _pending_record(r, EXS + row * DEFER_EXS_COLS_C, FLAG + row, bad, single, dead, 2.0 * num + fm,
+                                    extra, EXC, GRD)
+                else:
+                    if bad == 0:
+                        # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
+                        tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
+                                                              SCR + row * 2 * (3 * KP + N1), exc, KA, KP, N1, RT, NR,
+                                                              EPSC, DENSE3D, TC)
+                        tl.store(r + REC_TANH, tanh)
+                        tl.store(r + REC_EFORM, eform)
+                        tl.store(r + REC_TILT, tilt)
+                        tl.store(r + REC_RHO, rho)
+                        if single:
+                            tva = tl.full([], 0.0, tl.float64)
+                        ea = _out_err_upper(tva, 2.0 * num + fm, extra)
+                    else:
+                        tl.store(r + REC_TANH, 1.0)
+                        tl.store(r + REC_EFORM, 1.0)
+                        tl.store(r + REC_TILT, 1.0)
+                        tl.store(r + REC_RHO, 1.0)
+                        ea = tl.full([], float("inf"), tl.float64)
+                    tl.store(r + REC_TVA, tl.where(dead, 0.0, tva))
+                    tl.store(r + REC_EA, tl.where(dead, 0.0, ea))
+                    tl.store(r + REC_EPS, eps_max)
+                    tl.store(r + REC_XI, xi)
+                    # the record's bool flag (viewed as bool: no launch after)
+                    tl.store(FLAG + row, ((bad > 0) & ~dead).to(tl.int8))
+                if TIER_B:
+                    # c_h = |σ| (‖q‖ sqrt(2 ln(2n/δ)/12) + ‖q‖₁ DITHER_BIAS_FACTOR) (1 + KERNEL_REL_SLACK)
+                    lt = tl.sqrt(2.0 * (tl.log(2.0 * n.to(tl.float64)) - log_delta) / 12.0)
+                    cb = (qnorm * lt + q1 * BIAS) * qn_infl
+                    tbm = cb * smx.to(tl.float64)
+                    tl.store(r + REC_TB, tbm)
+                    tvb = tl.full([], 1.0, tl.float64)
+                    eb = tl.full([], float("inf"), tl.float64)
+                    hb = tl.load(HIST_IN + (row * S + s)[:, None] * NB + KA + k[None, :],
+                                 mask=smask[:, None] & km[None, :], other=0.0)
+                    hb = tl.sum(w64[:, None] * hb.to(tl.float64), axis=0) / L64
+                    hb = tl.maximum(tl.where(hb == hb, hb, 0.0), 0.0)
+                    if (bad == 0) & (tbm == tbm) & (tbm != float("inf")):
+                        # (a scratch of its own: no store / load of tier A's bins may be reordered past it)
+                        tvb, _t, _e, _l, _r = _tv_row(hb, cb * edge, tbm, xi, lam, tilt_above, tilt_hi,
+                                                      SCR + row * 2 * (3 * KP + N1) + 3 * KP + N1,
+                                                      tl.full([], 1.0, tl.float64), KA, KP, N1, RT, NR, EPSC,
+                                                      DENSE3D, TC)
+                        if single:
+                            tvb = tl.full([], 0.0, tl.float64)
+                        eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
+                    tl.store(r + REC_TVB, tl.where(dead, 0.0, tvb))
+                    tl.store(r + REC_EB, tl.where(dead, 0.0, eb))
+
+
+@triton.jit
+def _store_sums(e, a_hat, b_hat, gs, GRD: tl.constexpr):
+    """The merged excess sums into the row's EXS (its rows are DEFER_EXS_COLS wide, grid or not)."""
+    tl.store(e, a_hat)
+    tl.store(e + 1, b_hat)
+    if GRD:
+        tl.store(e + 2 + tl.arange(0, GRID_COLS_C), gs)
+
+
+@triton.jit
+def _store_tilt_inputs(r, qn_a, lam, ew, eps_max, xi):
+    """DEFER: the finish's inputs in the row's record: the levels' factor, Λ, 2ν_max + φ_max, ε_max, Ξ."""
+    tl.store(r + REC_QNA, qn_a)
+    tl.store(r + REC_LAM, lam)
+    tl.store(r + REC_EW, ew)
+    tl.store(r + REC_EPS, eps_max)
+    tl.store(r + REC_XI, xi)
+
+
+@triton.jit
+def _pending_record(r, e, flag, bad, single, dead, ew, extra, EXC: tl.constexpr, GRD: tl.constexpr):
+    """DEFER_FORMS: the record until the finish. E⁺'s additive part (REC_EX); the forms' columns 1 and TV⁺ 1 (a
+    single-token row's final 0), E⁺ from it (+inf where anything was non-finite); a dead row 0 and 0; the row's state
+    in EXS (how many sums it holds: 0, 2, EXCESS_COLS; the non-finite count); the flag. A flagged or dead row takes
+    the excess column alone in the finish, as in the fused merge, and keeps the pending 1s."""
+    tl.store(r + REC_EX, extra)
+    tl.store(r + REC_EXCESS, 1.0)
+    tl.store(r + REC_TANH, 1.0)
+    tl.store(r + REC_EFORM, 1.0)
+    tl.store(r + REC_TILT, 1.0)
+    tl.store(r + REC_RHO, 1.0)
+    ok = bad == 0
+    tva = tl.where(ok & single, 0.0, 1.0).to(tl.float64)
+    ea = tl.where(ok, _out_err_upper(tva, ew, extra), float("inf"))
+    tl.store(r + REC_TVA, tl.where(dead, 0.0, tva))
+    tl.store(r + REC_EA, tl.where(dead, 0.0, ea))
+    NSUM: tl.constexpr = (EXCESS_COLS_C if GRD else 2) if EXC else 0
+    tl.store(e + EXCESS_COLS_C, tl.full([], NSUM, tl.float64))
+    tl.store(e + EXCESS_COLS_C + 1, bad.to(tl.float64))
+    tl.store(flag, ((bad > 0) & ~dead).to(tl.int8))
+
+
+@triton.jit
+def _merge_in_parts(ACC_IN, HIST_IN, STAT_IN, Q, O, LSE, r, HOUT, FLAG, WGT, EX_IN, EXS, PRT, CNT, row, b, h, n, dead,
+                    S, s, smask, ls, mx, w64, qn_infl, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh, D: tl.constexpr,
+                    T: tl.constexpr, PAGES: tl.constexpr, NB: tl.constexpr, GAMMA: tl.constexpr,
+                    EXP_REL: tl.constexpr, DITHER_U: tl.constexpr, ETA0: tl.constexpr, ETA1: tl.constexpr,
+                    FLUSH: tl.constexpr, OUT_REL0: tl.constexpr, WEIGHTED: tl.constexpr, GQ: tl.constexpr,
+                    RING_TILES: tl.constexpr, LSE_W: tl.constexpr, LSE_WP: tl.constexpr, STORE_REL: tl.constexpr,
+                    STORE_ABS: tl.constexpr, STORE_MAX: tl.constexpr, EXC: tl.constexpr, GRD: tl.constexpr,
+                    PARTS: tl.constexpr):
+    """``_merge_meter_kernel``'s PARTS > 1 (DEFER_FORMS): this program's share of row ``row``'s terms, its hand-over
+    (PRT), and for the row's last program to arrive the pending record (``_pending_record``) from every share."""
+    part = tl.program_id(1)
+    P_A: tl.constexpr = 1 if PARTS == 3 else 0  # the record's scalars
+    P_B: tl.constexpr = PARTS - 1  # the histograms and the excess sums
+    p = PRT + row * PRT_COLS
+    e = EXS + row * DEFER_EXS_COLS_C
+    if part == 0:
+        L, o = _merge_output(ACC_IN, O, LSE, row, b, h, S, s, smask, ls, mx, w64, dead, s_ob, s_oh, s_lb, s_lh, D,
+                             LSE_W, LSE_WP)
+        bad_o, st_term = _output_terms(L, o, STORE_REL, STORE_ABS, STORE_MAX)
+        tl.store(p + PRT_BAD_O, bad_o.to(tl.float64))
+        tl.store(p + PRT_ST, st_term)
+    if part == P_A:
+        L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
+        wmx, smx, phmx, numx, kpmx, bad_s = _stat_terms(STAT_IN, row, S, s, smask)
+        qnorm, q1, qn_a, eps_max, eta, xi, lam, bad_x = _query_terms(
+            Q, WGT, b, h, n, S, L64, wmx, smx, kpmx, qn_infl, s_qb, s_qh, D, T, PAGES, NB, GAMMA, EXP_REL, DITHER_U,
+            ETA0, ETA1, FLUSH, WEIGHTED, GQ, RING_TILES)
+        fm, num, x_phi, em = _extra_terms(xi, lam, eta, phmx, numx, OUT_REL0)
+        _store_tilt_inputs(r, qn_a, lam, 2.0 * num + fm, eps_max, xi)
+        tl.store(p + PRT_BAD_A, (bad_s + bad_x).to(tl.float64))
+        tl.store(p + PRT_X_PHI, x_phi)
+        tl.store(p + PRT_FM, fm)
+        tl.store(p + PRT_NUM, num)
+        tl.store(p + PRT_EM, em)
+    if part == P_B:
+        L64 = tl.sum(w64 * ls.to(tl.float64), axis=0)
+        c, hm = _merge_hist(HIST_IN, HOUT, row, S, s, smask, w64, L64, NB)
+        bad_h, pphi = _hist_terms(c, hm, NB)
+        if EXC:
+            a_hat, b_hat, gs = _merge_excess(EX_IN, row, S, s, smask, w64, L64, GRD)
+            _store_sums(e, a_hat, b_hat, gs, GRD)
+        tl.store(p + PRT_BAD_B, bad_h.to(tl.float64))
+        tl.store(p + PRT_PPHI, pphi)
+    # every thread's stores before the one release of the row's counter; the last program's acquire then sees the
+    # other programs' stores (the pattern of a grid-wide barrier's arrival, without any wait)
+    tl.debug_barrier()
+    prev = tl.atomic_add(CNT + row, 1, sem="acq_rel", scope="gpu")
+    if prev == PARTS - 1:
+        # (through the L2: no line of the hand-over another row's program brought into this SM's L1 is read)
+        bad = tl.load(p + PRT_BAD_O, cache_modifier=".cg") + tl.load(p + PRT_BAD_A, cache_modifier=".cg") \
+            + tl.load(p + PRT_BAD_B, cache_modifier=".cg")
+        fm = tl.load(p + PRT_FM, cache_modifier=".cg")
+        num = tl.load(p + PRT_NUM, cache_modifier=".cg")
+        extra = _extra(tl.load(p + PRT_PPHI, cache_modifier=".cg"), tl.load(p + PRT_X_PHI, cache_modifier=".cg"), fm,
+                       num, tl.load(p + PRT_EM, cache_modifier=".cg"))
+        if STORE_REL > 0:
+            extra += tl.load(p + PRT_ST, cache_modifier=".cg")
+        _pending_record(r, e, FLAG + row, bad, n == 1, dead, 2.0 * num + fm, extra, EXC, GRD)
+        tl.store(CNT + row, 0)  # (the next call's count starts at 0: the next launch sees it)
 
 
 #: columns of the fused merge's record (float64 per row; the flag is its own int8 output, ``FLAG``); the last
@@ -555,6 +604,13 @@ def _merge_meter_kernel(
 (REC_TVA, REC_TVB, REC_EA, REC_EB, REC_EPS, REC_TB, REC_TANH, REC_EFORM, REC_TILT, REC_XI, REC_RHO,
  REC_QNA, REC_LAM, REC_EW, REC_EX, REC_EXCESS) = range(16)
 REC_COLS = 16
+#: the merge in parts' hand-over row (``_merge_in_parts``, float64): the output's non-finite count and the store's
+#: term; the record scalars' non-finite count and E⁺'s factors (``merge_terms._extra_terms``: tanh(Ξ/2) + Λ, φ_max,
+#: ν_max, E(2Ξ + out_rel)); the histograms' non-finite count and Σ p̃φ
+(PRT_BAD_O, PRT_ST, PRT_BAD_A, PRT_X_PHI, PRT_FM, PRT_NUM, PRT_EM, PRT_BAD_B, PRT_PPHI) = range(9)
+PRT_COLS = 9
 for _name in ("REC_TVA", "REC_TVB", "REC_EA", "REC_EB", "REC_EPS", "REC_TB", "REC_TANH", "REC_EFORM", "REC_TILT",
-              "REC_XI", "REC_RHO", "REC_QNA", "REC_LAM", "REC_EW", "REC_EX", "REC_EXCESS", "REC_COLS"):
+              "REC_XI", "REC_RHO", "REC_QNA", "REC_LAM", "REC_EW", "REC_EX", "REC_EXCESS", "REC_COLS", "PRT_BAD_O",
+              "PRT_ST", "PRT_BAD_A", "PRT_X_PHI", "PRT_FM", "PRT_NUM", "PRT_EM", "PRT_BAD_B", "PRT_PPHI",
+              "PRT_COLS"):
     globals()[_name] = tl.constexpr(globals()[_name])

@@ -517,6 +517,20 @@ MERGE_UNTILTED_WARPS: int | None = None
 #: time at B 1, 0.97-1.00× at B 8 (bench/tilt_batch_probe.py); on SGLang's fp8 call at B 8 the forms are only ~0.3 of
 #: the merge's 16 µs (the rest merges the histograms and stats). Read by ``TiltBatch.allocate`` (a batch keeps its mode)
 DEFER_FORMS = True
+#: programs per row of a deferred record's merge (``epilogue_jit._merge_meter_kernel``'s PARTS, with DEFER_FORMS): 1, the
+#: one-program merge; 2, the histograms and the excess sums in a second program beside the output and the record's
+#: scalars; 3, the output apart too. The programs run at once and the row's last to arrive writes the pending record
+#: (the same values, bit for bit). Why: that merge is a latency chain (run F3: 3,100 instructions a warp at 6.7 cycles
+#: each, the GPU's issue slots 3 % busy) on a grid of B·Hq programs, 32-256 at B 1-8 for 132 SMs: shorter chains side
+#: by side. Read by ``epilogue.merge`` at call time (a benchmark sets it: bench/merge_parts.py)
+MERGE_PARTS = 3
+#: warps per program of the merge in parts (``epilogue.merge`` with ``num_warps`` None and MERGE_PARTS > 1); None:
+#: ``merge_warps``' count, the one-program merge's, whose output o is then the same bit for bit (its fp32 sum over the
+#: splits runs in the same order). One warp was faster (run H2, an H100: the B 1 merge alone 5.7-6.4 µs against
+#: 6.5-8.2 at four) but its o differs from the one-program merge's in the last bits (relative 6e-6; the graphed and
+#: eager records then differ by 6e-10 in E⁺ through the store's term): a graphed step would not serve what an eager
+#: call serves. So None
+MERGE_PARTS_WARPS: int | None = None
 
 
 def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:

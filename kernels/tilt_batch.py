@@ -20,7 +20,9 @@ latency chain of float64 steps: the excess and grid forms, tanh, the e-form, ρ.
 layer: the GPU is nearly idle while they run. Batched over a step's layers they run in a few waves of one launch
 instead of one latency per layer. ``forms`` (``kernels.plan.DEFER_FORMS``, on): the per-call merge keeps the merges
 over the splits (o, the histograms, Ξ, Λ, ε_max, E⁺'s terms and the excess sums, all it must read the partials for)
-and stores the excess sums; the finish computes every form from them.
+and stores the excess sums; the finish computes every form from them. With ``forms`` the batch also holds the hand-over
+``prt`` and the arrival counters ``cnt`` of the per-call merge in parts (``kernels.plan.MERGE_PARTS``: a row's merge in
+two or three programs at once, ``epilogue_jit._merge_in_parts``); the finish does not read them.
 
 Soundness: until ``finish`` each record's TV⁺ is sound: with ``forms``, 1 and its E⁺ (a single-token row its final
 0), the forms' columns 1; without, the closed forms' min(tanh, e-form, excess) + tanh(Ξ/2) + ρ + slack (SPEC §3(a)(b),
@@ -53,6 +55,7 @@ import triton.language as tl
 from .epilogue import _dense3d, _edges, _epsc, scratch_per_tier, tau_bracket, tilt_chunk
 from .epilogue_jit import (
     COARSE,
+    PRT_COLS,
     REC_COLS,
     REC_EA,
     REC_EFORM,
@@ -154,6 +157,10 @@ class TiltBatch:
     forms: bool = False
     exs: torch.Tensor | None = None
     exc_cols: int = 0  # the most excess columns a layer wrote since allocation (what the finish compiles for)
+    #: with ``forms``: the merge in parts' hand-over [L, R, PRT_COLS] float64 and arrival counters [L, R] int32 (0
+    #: between calls: ``epilogue_jit._merge_in_parts``)
+    prt: torch.Tensor | None = None
+    cnt: torch.Tensor | None = None
     written: set = dataclasses.field(default_factory=set)  # the layers written since the last finish / reset
 
     @classmethod
@@ -176,7 +183,9 @@ class TiltBatch:
         batch = cls(rec=torch.zeros(layers, rows, REC_COLS.value, **f64), hout=torch.zeros(layers, rows, nb, **f64),
                     flag=torch.ones(layers, rows, device=device, dtype=torch.int8),
                     scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka, forms=forms,
-                    exs=torch.zeros(layers, rows, DEFER_EXS_COLS, **f64) if forms else None)
+                    exs=torch.zeros(layers, rows, DEFER_EXS_COLS, **f64) if forms else None,
+                    prt=torch.zeros(layers, rows, PRT_COLS.value, **f64) if forms else None,
+                    cnt=torch.zeros(layers, rows, device=device, dtype=torch.int32) if forms else None)
         if forms:
             batch.exs[..., EXCESS_COLS] = -1.0  # (unwritten)
         return batch
@@ -212,6 +221,13 @@ class TiltBatch:
             return self.rec[i], self.hout[i], self.flag[i], None
         self.exc_cols = max(self.exc_cols, exc_cols)  # (layers may differ: each row's state says what it holds)
         return self.rec[i], self.hout[i], self.flag[i], self.exs[i]
+
+    def handover(self, layer: int):
+        """(prt [R, PRT_COLS], cnt [R]) of ``layer`` for the merge in parts (``kernels.plan.MERGE_PARTS``): with
+        ``forms`` only (None, None without)."""
+        if not self.forms:
+            return None, None
+        return self.prt[layer], self.cnt[layer]
 
     def reset(self) -> None:
         """Mark every row unwritten (``finish`` skips it) — for a batch reused across steps with fewer layers. The

@@ -22,7 +22,7 @@ def _tv_kernel(E, EJ):
 def _merge_meter_kernel(E, EJ):
     ptr = {"M_IN": "fp32", "L_IN": "fp32", "ACC_IN": "fp32", "HIST_IN": "fp32", "STAT_IN": "fp32", "Q": "bf16",
            "SL": "i32", "EDGES": "fp64", "O": "fp32", "LSE": "fp32", "REC": "fp64", "HOUT": "fp64", "SCR": "fp64",
-           "FLAG": "i8", "WGT": "fp32", "EX_IN": "fp32", "EXS": "fp64"}
+           "FLAG": "i8", "WGT": "fp32", "EX_IN": "fp32", "EXS": "fp64", "PRT": "fp64", "CNT": "i32"}
     sig = {k: "*" + v for k, v in ptr.items()}
     sig |= {"Hq": "i32", "S": "i32", "sm": "fp32", "qn_infl": "fp32", "log_delta": "fp32", "tilt_above": "fp32",
             "tilt_hi": "fp32", "s_qb": "i32", "s_qh": "i32", "s_ob": "i32", "s_oh": "i32", "s_lb": "i32", "s_lh": "i32"}
@@ -32,13 +32,19 @@ def _merge_meter_kernel(E, EJ):
              "RT": EJ.REFINE_TOP, "NR": EJ.REFINE, "EPSC": E._epsc(32), "DENSE3D": False, "TC": EJ.TILT_CHUNK,
              "HA_HM": True, "WEIGHTED": True, "GQ": 4, "RING_TILES": 0, "DEFER": False, "LSE_W": 1, "LSE_WP": 1,
              "SL_CSR": False, "STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0, "EXC": True, "GRD": True,
-             "GDC": False, "DEFER_FORMS": False}
+             "GDC": False, "DEFER_FORMS": False, "PARTS": 1}
     return EJ._merge_meter_kernel, sig | {k: "constexpr" for k in const}, const
 
 
 def _merge_meter_kernel_deferred(E, EJ):
     fn, sig, const = _merge_meter_kernel(E, EJ)
     return fn, sig, const | {"DEFER": True, "DEFER_FORMS": True}
+
+
+def _merge_meter_kernel_parts(E, EJ):
+    """The deferred merge in three programs per row (``kernels.plan.MERGE_PARTS``; two share its code paths)."""
+    fn, sig, const = _merge_meter_kernel_deferred(E, EJ)
+    return fn, sig, const | {"PARTS": 3}
 
 
 def _merge_meter_kernel_sglang(E, EJ):
@@ -137,7 +143,8 @@ def main(argv: list[str]) -> int:
     from kernels import epilogue_jit as EJ
 
     bad = 0
-    tilted = (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _finish_tilt_kernel)
+    tilted = (_tv_kernel, _merge_meter_kernel, _merge_meter_kernel_deferred, _merge_meter_kernel_parts,
+              _finish_tilt_kernel)
     # the tilt's kernels with the coarse grid alone (RT 0, the default) and with the refinement (RT 8)
     writes = tuple(_write_kernel_fp8(s) for s in ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled"))
     for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _window_write_kernel) + writes), (8, tilted)):
