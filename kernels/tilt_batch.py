@@ -236,6 +236,7 @@ class TiltBatch:
         self.flag.fill_(1)
         if self.exs is not None:
             self.exs[..., EXCESS_COLS] = -1.0
+            self.cnt.zero_()  # (a merge in parts that failed midway leaves a row's arrival count short)
         self.written.clear()
 
     def finish(self, tilt_above: float = -1.0, num_warps: int | None = None) -> None:
@@ -261,4 +262,7 @@ class TiltBatch:
             FORMS=self.forms, EXC=self.forms and ec > 0, GRD=self.forms and ec == EXCESS_COLS,
             num_warps=num_warps or FINISH_WARPS,
         )
+        if self.cnt is not None:  # (each merge in parts leaves its rows' counts at 0; this makes a step start there
+            # even after a launch that failed midway, which would leave a count short and no row's last program)
+            self.cnt.zero_()
         self.written.clear()

@@ -157,3 +157,21 @@ def test_the_launch_takes_the_parts_and_their_warps(parts, monkeypatch):
     assert (g_fused, p_fused) == ((8, 1), 1) and (g_def, p_def) == ((8, parts), parts)
     assert w_def == kp.merge_warps(2, 64, True, 8, 0, tilts=False)  # (off the GPU: no SM count)
     assert w_set == (2 if parts > 1 else w_def)
+
+
+def test_a_count_left_short_is_cleared_by_the_next_finish_or_reset(monkeypatch):
+    """A merge in parts that failed midway would leave a row's arrival count short of PARTS (and the next call's last
+    program would be found early): ``finish`` and ``reset`` start every row's count at 0 again."""
+    cache, bt, _ = build("int8", [9], 2, 64, G=1, seed=1)
+    q = torch.randn(1, 4, 64, device=DEV).bfloat16().float()
+    sl = torch.tensor([9], device=DEV)
+    monkeypatch.setattr(kp, "MERGE_PARTS", 3)
+    out = decode(cache, q, bt.to(DEV), sl, num_splits=2)
+    batch = TiltBatch.allocate(layers=1, rows=4, nb=out.plan.hist_columns, device=DEV, forms=True)
+    for clear in (batch.finish, batch.reset):
+        batch.cnt[0, 1] = 2
+        clear()
+        assert torch.all(batch.cnt == 0)
+        d = decode(cache, q, bt.to(DEV), sl, num_splits=2, tilt_batch=batch, tilt_layer=0)
+        batch.finish()
+        _equal(d.meter.out_err_upper, decode(cache, q, bt.to(DEV), sl, num_splits=2).meter.out_err_upper, DEV == "cpu")
