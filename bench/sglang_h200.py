@@ -220,9 +220,24 @@ def main():
     ap.add_argument("--defer-forms", choices=("1", "0"), default="1",
                     help="A/B, with --defer-tilt: the captured call's merge leaves the closed forms to the finish too "
                          "(kernels.plan.DEFER_FORMS, 1: the library's default) or computes them (0: the form before)")
+    ap.add_argument("--merge-parts", type=int, default=0,
+                    help="A/B, with --defer-tilt: programs per row of the deferred record's merge "
+                         "(kernels.plan.MERGE_PARTS: 1, 2, 3; 0: the library's)")
+    ap.add_argument("--one-warp-schemes", default=None,
+                    help="A/B: the schemes whose metered call takes the one-warp 32-token tile and the small-grid rule "
+                         "(kernels.plan.ONE_WARP_METERED_SCHEMES / SMALL_GRID_SCHEMES, comma-separated; "
+                         "default: the library's, int8)")
     args = ap.parse_args()
     import kernels.pdl as pdl
     import kernels.plan as kplan
+
+    if args.merge_parts:
+        kplan.MERGE_PARTS = args.merge_parts
+    if args.one_warp_schemes is not None:
+        kplan.ONE_WARP_METERED_SCHEMES = tuple(x for x in args.one_warp_schemes.split(",") if x)
+        kplan.SMALL_GRID_SCHEMES = kplan.ONE_WARP_METERED_SCHEMES
+    print(f"# metered one-warp tile (and small-grid rule) for {kplan.ONE_WARP_METERED_SCHEMES}")
+    print(f"# deferred record's merge: {kplan.MERGE_PARTS} program(s) per row")
 
     if args.key_dot == "bf16":
         kplan.KEY_F16_SCHEMES = ()

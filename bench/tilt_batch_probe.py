@@ -35,7 +35,7 @@ from kernels.decode import decode  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 
-def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
+def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config, parts=()):
     kvb, caches, q, sl, S = int8_shape(B, n, Hq, Hkv, D, dev, sms)
     win = None
     if config == "default":
@@ -47,12 +47,18 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
     layer_cache = [caches[i % len(caches)] for i in range(L)]
     probe = decode(layer_cache[0][0], q, layer_cache[0][1], sl, num_splits=S, window=win)
     batches = {k: TiltBatch.allocate(layers=L, rows=B * Hq, nb=probe.plan.hist_columns, device=dev, forms=k != "defer")
-               for k in ("defer", "forms", "forms1", "pend")}
+               for k in ("defer", "forms", "forms1", "pend") + tuple(f"{w}{p}" for p in parts for w in ("parts", "pend"))}
     keep = {}
+    import kernels.plan as kplan
+
+    default_parts = kplan.MERGE_PARTS
 
     def step(kind):
         def run():
             outs = []
+            # (read by each call's merge while the graph is captured: kinds "partsP" / "pendP" take P programs a row)
+            kplan.MERGE_PARTS = (int(kind[5:]) if kind.startswith("parts") else
+                                 int(kind[4:]) if kind.startswith("pend") and kind[4:] else default_parts)
             for i, (c, bt) in enumerate(layer_cache):
                 if kind == "off":
                     outs.append(decode(c, q, bt, sl, num_splits=S, meter=False, validate=False, window=win))
@@ -61,18 +67,20 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
                 else:
                     outs.append(decode(c, q, bt, sl, num_splits=S, validate=False, window=win,
                                        tilt_batch=batches[kind], tilt_layer=i))
-            if kind in ("defer", "forms"):
+            kplan.MERGE_PARTS = default_parts
+            if kind in ("defer", "forms") or kind.startswith("parts"):
                 batches[kind].finish(tilt_above=tau)
             elif kind == "forms1":
                 batches[kind].finish(tilt_above=tau, num_warps=1)
-            elif kind == "pend":  # no finish: only the host's one-write-per-step marks are cleared (no launch)
+            elif kind.startswith("pend"):  # no finish: only the host's one-write-per-step marks are cleared (no launch)
                 batches[kind].written.clear()
             keep[kind] = outs
         return run
 
     import triton.testing
 
-    kinds = ("off", "fused", "defer", "forms", "forms1", "pend")
+    kinds = ("off", "fused", "defer", "forms", "forms1", "pend") + tuple(f"{w}{p}" for p in parts
+                                                                       for w in ("parts", "pend"))
     graphs = {k: graphed([step(k)]) for k in kinds}
     ms = {k: [] for k in kinds}
     for _ in range(3):  # interleaved rounds
@@ -80,15 +88,20 @@ def _cell(B, n, L, Hq, Hkv, D, dev, sms, tau, config):
             ms[k].append(triton.testing.do_bench(graphs[k], warmup=10, rep=100, return_mode="median") / L)
     ms = {k: sorted(v)[1] for k, v in ms.items()}
     # the replayed records: the fused against the finished ones (the last replay of each)
-    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for k in ("defer", "forms", "forms1")
+    finished = ("defer", "forms", "forms1") + tuple(f"parts{p}" for p in parts)
+    dtv = max(float((f.meter.tv_upper_a - d.meter.tv_upper_a).abs().max()) for k in finished
               for f, d in zip(keep["fused"], keep[k]))
-    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max()) for k in ("defer", "forms", "forms1")
+    dea = max(float((f.meter.out_err_upper - d.meter.out_err_upper).abs().max()) for k in finished
               for f, d in zip(keep["fused"], keep[k]))
     off = ms["off"]
     print(f"| {config} | {B} | {n} | {L} | {tau:g} | {off:.4f} | {ms['fused']:.4f} | {ms['defer']:.4f} "
           f"| {ms['forms']:.4f} | {ms['forms1']:.4f} | {ms['pend']:.4f} | {ms['fused'] / off:.3f} | {ms['defer'] / off:.3f} "
           f"| {ms['forms'] / off:.3f} | {(ms['fused'] - off) * 1e3:.1f} | {(ms['forms'] - off) * 1e3:.1f} "
           f"| {dtv:.1e} | {dea:.1e} |", flush=True)
+    for p in parts:  # the merge in P programs a row (kernels.plan.MERGE_PARTS), against the forms / pend columns
+        print(f"#   {config} B {B} n {n} τ {tau:g}: merge in {p} parts: forms {ms[f'parts{p}']:.4f} "
+              f"({ms[f'parts{p}'] / ms['forms']:.3f}× forms, {ms[f'parts{p}'] / off:.3f}× off), pend {ms[f'pend{p}']:.4f} "
+              f"({ms[f'pend{p}'] / ms['pend']:.3f}× pend)", flush=True)
 
 
 def main(argv=None):
@@ -98,6 +111,9 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--taus", default="-1,0.1")
     ap.add_argument("--configs", default="group,default")
+    ap.add_argument("--merge-parts", default="",
+                    help="programs per row of the deferred merge (kernels.plan.MERGE_PARTS) for the forms / pend "
+                         "columns, e.g. 1,2,3: one table per count (empty: the library's)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
@@ -115,7 +131,8 @@ def main(argv=None):
         for B in (int(x) for x in args.batches.split(",")):
             for n in (int(x) for x in args.lens.split(",")):
                 for tau in (float(x) for x in args.taus.split(",")):
-                    _cell(B, n, args.layers, 32, 8, 128, dev, sms, tau, config)
+                    _cell(B, n, args.layers, 32, 8, 128, dev, sms, tau, config,
+                          tuple(int(p) for p in args.merge_parts.split(",") if p))
                     torch.cuda.empty_cache()
 
 

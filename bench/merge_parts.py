@@ -1,0 +1,152 @@
+"""Where the deferred record merge's time goes on the GPU (issues 35, 36): the merge alone, by part and by warps.
+
+The metered decode call (WitCertCache's int8 default kernel: 2-bit sketch + weights, the (4, 32) window, page maxima,
+the excess sums and grid; Hq / Hkv 32 / 8, d 128) runs once per shape with its record deferred to a ``TiltBatch``
+(forms deferred too: the graphed default), and the launch of ``epilogue_jit._merge_meter_kernel`` it makes is kept.
+That launch is then replayed alone (``--launches`` of them in one CUDA graph, median of ``triton.testing.do_bench``,
+µs per launch; PDL off) as it was and with some of its compile-time switches turned off. A variant with a part off
+computes a wrong record: these are timings of parts, nothing reads their output.
+
+    off        METER off: the output merge alone (the meter-off call's merge)
+    hist       METER on, EPI off: + the merged histograms
+    full       the deferred record merge as the call launches it
+    no_grid    GRD off (the grid block's 16 merged sums)
+    no_exc     EXC and GRD off (no excess sums)
+    no_wgt     WEIGHTED off (the weighted head factor)
+    wN         full at N warps per program
+    partsP     full in P programs a row (``kernels.plan.MERGE_PARTS``), partsP_wN at N warps
+
+    python3 bench/merge_parts.py --shapes 8:4096,8:32768,1:32768 [--launches 20] [--warps 1,2,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import kernels.epilogue as ke  # noqa: E402
+import kernels.pdl as kpdl  # noqa: E402
+import kernels.plan as kplan  # noqa: E402
+from bench.decode import int8_shape  # noqa: E402
+from bench.sketch_speed import page_norms, random_window, sketched  # noqa: E402
+from kernels.decode import decode  # noqa: E402
+from kernels.tilt_batch import TiltBatch  # noqa: E402
+
+VARIANTS = {
+    "off": {"METER": False, "EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False},
+    "hist": {"EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False},
+    "full": {},
+    "no_grid": {"GRD": False},
+    "no_exc": {"EXC": False, "GRD": False},
+    "no_wgt": {"WEIGHTED": False},
+}
+
+
+class _Spy:
+    """Stands in for the jitted merge: keeps the last launch (grid, args, keywords) and launches it."""
+
+    def __init__(self, real):
+        self.real = real
+        self.last = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.last = (grid, args, dict(kw))
+            return self.real[grid](*args, **kw)
+        return launch
+
+
+def shape_row(B: int, n: int, L: int, warps, launches: int) -> dict:
+    import triton.testing
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _, caches, q, sl, S = int8_shape(B, n, 32, 8, 128, dev, sms)
+    gen = torch.Generator().manual_seed(0)
+    win = random_window(B, 8, 128, 4, 32, dev)
+    c, bt = caches[0]
+    c = page_norms(sketched(c, 2, True, gen))
+    probe = decode(c, q, bt, sl, num_splits=S, window=win)
+    launches_by_parts = {}
+    for parts in (1, 2, 3):  # the launch the call makes at each MERGE_PARTS
+        tb = TiltBatch.allocate(layers=1, rows=B * 32, nb=probe.plan.hist_columns, device=dev, forms=True)
+        spy = _Spy(ke._merge_meter_kernel)
+        ke._merge_meter_kernel = spy
+        kplan.MERGE_PARTS = parts
+        try:
+            decode(c, q, bt, sl, num_splits=S, validate=False, window=win, tilt_batch=tb, tilt_layer=0)
+        finally:
+            ke._merge_meter_kernel = spy.real
+            kplan.MERGE_PARTS = 1
+        grid, args, kw = spy.last
+        kw.pop("launch_pdl", None)
+        kw["GDC"] = False
+        launches_by_parts[parts] = (grid, args, kw)
+    grid, args, kw = launches_by_parts[1]
+    row = {"B": B, "n": n, "S": S, "rows": grid[0], "plan_warps": kw["num_warps"],
+           "constexprs": {k: v for k, v in kw.items() if k in ("SP", "NB", "KA", "KP", "EXC", "GRD", "WEIGHTED",
+                                                                "DEFER", "DEFER_FORMS", "HA_HM", "STORE_REL")}}
+
+    def timed(over: dict, parts: int = 1) -> float:
+        g_, a_, k_ = launches_by_parts[parts]
+        k2 = {**k_, **over}
+
+        def run():
+            for _ in range(launches):
+                spy.real[g_](*a_, **k2)
+        run()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        return round(triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches, 2)
+
+    variants = {k: (v, 1) for k, v in VARIANTS.items()}
+    for w in warps:
+        variants[f"w{w}"] = ({"num_warps": w}, 1)
+    for parts in (2, 3):
+        variants[f"parts{parts}"] = ({}, parts)
+        for w in warps:
+            variants[f"parts{parts}_w{w}"] = ({"num_warps": w}, parts)
+    for _round in range(2):  # two interleaved rounds
+        for name, (over, parts) in variants.items():
+            try:
+                row.setdefault(name + "_us", []).append(timed(over, parts))
+            except Exception as e:  # noqa: BLE001 - a variant that fails to build is reported
+                row[name + "_error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8:4096,8:32768,1:32768")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--warps", default="1,2,8")
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    kpdl.PDL_LAUNCHES = ()  # each launch alone: no overlap with the one before
+    rows = []
+    for shp in args.shapes.split(","):
+        B, n = (int(x) for x in shp.split(":"))
+        r = shape_row(B, n, args.layers, [int(w) for w in args.warps.split(",") if w], args.launches)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    if args.out:
+        with open(os.path.join(args.out, "merge_parts.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
