@@ -522,14 +522,17 @@ DEFER_FORMS = True
 #: scalars; 3, the output apart too. The programs run at once and the row's last to arrive writes the pending record
 #: (the same values, bit for bit). Why: that merge is a latency chain (run F3: 3,100 instructions a warp at 6.7 cycles
 #: each, the GPU's issue slots 3 % busy) on a grid of B·Hq programs, 32-256 at B 1-8 for 132 SMs: shorter chains side
-#: by side. Read by ``epilogue.merge`` at call time (a benchmark sets it: bench/merge_parts.py)
+#: by side. Measured (bench/RESULTS.md runs H1, H3, an H100): the default kernel's merge alone at B 1 10.8 → 7.5 µs
+#: (32K), 7.5 → 6.5 (4K), at B 8 8.0 → 8.1; a graphed step's layer (bench/tilt_batch_probe.py) 0.966× at B 1 / 4K and
+#: 32K, 1.000× at B 8 / 4K (two parts: 0.969 / 0.974 at B 1). Read by ``epilogue.merge`` at call time (a benchmark sets
+#: it: bench/merge_parts.py)
 MERGE_PARTS = 3
 #: warps per program of the merge in parts (``epilogue.merge`` with ``num_warps`` None and MERGE_PARTS > 1); None:
 #: ``merge_warps``' count, the one-program merge's, whose output o is then the same bit for bit (its fp32 sum over the
-#: splits runs in the same order). One warp was faster (run H2, an H100: the B 1 merge alone 5.7-6.4 µs against
-#: 6.5-8.2 at four) but its o differs from the one-program merge's in the last bits (relative 6e-6; the graphed and
-#: eager records then differ by 6e-10 in E⁺ through the store's term): a graphed step would not serve what an eager
-#: call serves. So None
+#: splits runs in the same order). One warp was faster (run H1, an H100: the B 1 merge alone 5.7-6.4 µs against
+#: 6.5-8.2 at four; run H2: a graphed step's B 1 layer 0.95-0.96× the one-program merge's) but its o differs from the
+#: one-program merge's in the last bits (relative 6e-6; run H2's GPU tests: the graphed and eager records then differ by
+#: 6e-10 in E⁺ through the store's term): a graphed step would not serve what an eager call serves. So None
 MERGE_PARTS_WARPS: int | None = None
 
 
