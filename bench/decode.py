@@ -105,6 +105,14 @@ def capture(call):
     return g, out
 
 
+def write_rows(out_dir: str, name: str, rows: list) -> None:
+    """A benchmark's rows as JSON in ``out_dir/name``, with the GPU and torch they ran on."""
+    import json
+
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
 def graphed(fns):
     """Capture each fn in a CUDA graph; return a callable replaying them in rotation."""
     s = torch.cuda.Stream()

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import kernels.epilogue as ke  # noqa: E402
 import kernels.pdl as kpdl  # noqa: E402
 import kernels.plan as kplan  # noqa: E402
-from bench.decode import int8_shape  # noqa: E402
+from bench.decode import capture, int8_shape, write_rows  # noqa: E402
 from bench.sketch_speed import page_norms, random_window, sketched  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
@@ -100,16 +100,7 @@ def shape_row(B: int, n: int, L: int, warps, launches: int) -> dict:
         def run():
             for _ in range(launches):
                 spy.real[g_](*a_, **k2)
-        run()
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            run()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
+        g, _ = capture(run)
         return round(triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches, 2)
 
     variants = {k: (v, 1) for k, v in VARIANTS.items()}
@@ -144,8 +135,7 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         rows.append(r)
     if args.out:
-        with open(os.path.join(args.out, "merge_parts.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        write_rows(args.out, "merge_parts.json", rows)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import kernels.decode as kd  # noqa: E402
 import kernels.epilogue as ke  # noqa: E402
 import kernels.epilogue_jit as ej  # noqa: E402
-from bench.decode import bench, graphed, int8_shape  # noqa: E402
+from bench.decode import bench, graphed, int8_shape, write_rows  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 
@@ -126,8 +126,7 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         res.append(r)
     if args.out:
-        with open(os.path.join(args.out, "tilt_cost.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": res}, f, indent=1)
+        write_rows(args.out, "tilt_cost.json", res)
 
 
 if __name__ == "__main__":
