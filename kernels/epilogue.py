@@ -419,6 +419,17 @@ def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int
         raise OutputBufferError("out / lse_out: share memory")
 
 
+def _merge_parts_setting() -> tuple[int, int | None]:
+    """(``kernels.plan.MERGE_PARTS``, ``MERGE_PARTS_WARPS``) checked: 1, 2 or 3 programs a row; None or 1, 2, 4, 8
+    warps."""
+    parts, warps = kernel_plan.MERGE_PARTS, kernel_plan.MERGE_PARTS_WARPS
+    if type(parts) is not int or parts not in (1, 2, 3):
+        raise ValueError(f"kernels.plan.MERGE_PARTS: expected 1, 2 or 3, got {parts!r}")
+    if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8)):
+        raise ValueError(f"kernels.plan.MERGE_PARTS_WARPS: expected None or 1, 2, 4 or 8, got {warps!r}")
+    return parts, warps
+
+
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
           tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int | None = None,
           out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None, ex: torch.Tensor | None = None):
@@ -451,6 +462,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     if defer:
         if not (meter and epilogue) or c.tier_b:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
+        _merge_parts_setting()  # (refused before the slot is claimed: a refused call leaves the layer writable)
         rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
         forms = exs is not None
@@ -463,12 +475,10 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         exs, forms = None, False
         prt = cnt = None
     # the deferred record's merge in parts (``kernels.plan.MERGE_PARTS``, read now): with the closed forms deferred
-    parts = kernel_plan.MERGE_PARTS if forms else 1
-    if type(parts) is not int or parts not in (1, 2, 3):
-        raise ValueError(f"kernels.plan.MERGE_PARTS: expected 1, 2 or 3, got {kernel_plan.MERGE_PARTS!r}")
+    parts, parts_warps = _merge_parts_setting() if forms else (1, None)
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
-    warps = num_warps or (parts > 1 and kernel_plan.MERGE_PARTS_WARPS) or merge_warps(
+    warps = num_warps or (parts > 1 and parts_warps) or merge_warps(
         triton.next_power_of_2(S), c.D, meter and epilogue, rows, _sms(dev), tilts=tilt_above != math.inf)
     pdl_call(dev, "merge", lambda kw: _merge_meter_kernel[(rows, parts)](
         m_out, l_out, acc_out, hist if meter else m_out, stat if meter else m_out, q, sl, edges, o, lse, rec, hout, scr,

@@ -47,6 +47,30 @@ def _merge_meter_kernel_parts(E, EJ):
     return fn, sig, const | {"PARTS": 3}
 
 
+def _merge_meter_kernel_sglang_parts(E, EJ):
+    """The SGLang call's merge in three programs a row (its store's term, CSR lengths and attn_lse columns)."""
+    fn, sig, const = _merge_meter_kernel_sglang(E, EJ)
+    return fn, sig, const | {"DEFER_FORMS": True, "PARTS": 3}
+
+
+def _check_arrival(name: str, ptx: str) -> None:
+    """Raise unless the merge in parts arrives as ``epilogue_jit._merge_in_parts`` says: one ``atom.global.gpu.acq_rel
+    .add`` (the row's counter), a ``bar.sync`` between every global store before it and it, and every global load after
+    it through the L2 (``ld.global.cg``: the other programs' hand-over, no stale L1 line)."""
+    lines = [x.strip() for x in ptx.splitlines()]
+    atoms = [i for i, x in enumerate(lines) if "atom.global" in x]
+    if len(atoms) != 1 or "atom.global.gpu.acq_rel.add" not in lines[atoms[0]]:
+        raise AssertionError(f"{name}: expected one atom.global.gpu.acq_rel.add, got {[lines[i] for i in atoms]}")
+    a = atoms[0]
+    last_store = max((i for i in range(a) if lines[i].startswith(("st.global", "@")) and "st.global" in lines[i]),
+                     default=-1)
+    if not any("bar.sync" in lines[i] for i in range(last_store + 1, a)):
+        raise AssertionError(f"{name}: no bar.sync between the last global store (line {last_store}) and the atomic")
+    after = [x for x in lines[a + 1:] if "ld.global" in x]
+    if not after or any("ld.global.cg" not in x for x in after):
+        raise AssertionError(f"{name}: global loads after the atomic not all .cg: {after[:4]}")
+
+
 def _merge_meter_kernel_sglang(E, EJ):
     """The merge as the SGLang call launches it: SGLang's bf16 ``o`` and its ``attn_lse`` columns written by the
     merge (the store's rounding in E⁺), the lengths read from ``kv_indptr``, the tilt deferred."""
@@ -147,7 +171,9 @@ def main(argv: list[str]) -> int:
               _finish_tilt_kernel)
     # the tilt's kernels with the coarse grid alone (RT 0, the default) and with the refinement (RT 8)
     writes = tuple(_write_kernel_fp8(s) for s in ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3_scaled"))
-    for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _window_write_kernel) + writes), (8, tilted)):
+    arrivals = (_merge_meter_kernel_parts, _merge_meter_kernel_sglang_parts)
+    for rt, makes in ((0, tilted + (_merge_meter_kernel_sglang, _merge_meter_kernel_sglang_parts, _window_write_kernel)
+                       + writes), (8, tilted)):
         EJ.REFINE_TOP = rt
         for make in makes:
             fn, sig, const = make(E, EJ)
@@ -157,6 +183,8 @@ def main(argv: list[str]) -> int:
                                        target=GPUTarget("cuda", 90, 64), options={"num_warps": warps})
                     if make in writes:
                         _check_saturating_cast(make.__name__, k.asm["ptx"])
+                    if make in arrivals:
+                        _check_arrival(make.__name__, k.asm["ptx"])
                     print(f"ok {make.__name__} RT {const.get('RT')} {warps}")
                 except Exception as exc:  # noqa: BLE001 - reported, and the exit status says it
                     bad += 1

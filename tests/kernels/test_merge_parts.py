@@ -114,11 +114,15 @@ def test_a_bad_setting_is_refused(monkeypatch):
     sl = torch.tensor([9], device=DEV)
     out = decode(cache, q, bt.to(DEV), sl, num_splits=2)
     batch = TiltBatch.allocate(layers=1, rows=4, nb=out.plan.hist_columns, device=DEV, forms=True)
-    for bad in (4, 0, True, 2.0):
-        monkeypatch.setattr(kp, "MERGE_PARTS", bad)
-        with pytest.raises(ValueError, match="MERGE_PARTS: expected 1, 2 or 3"):
+    for name, bad, match in [("MERGE_PARTS", v, "MERGE_PARTS: expected 1, 2 or 3") for v in (4, 0, True, 2.0)] + \
+            [("MERGE_PARTS_WARPS", v, "MERGE_PARTS_WARPS: expected None or 1, 2, 4 or 8") for v in (0, 3, True, 1.0)]:
+        monkeypatch.setattr(kp, name, bad)
+        with pytest.raises(ValueError, match=match):
             decode(cache, q, bt.to(DEV), sl, num_splits=2, tilt_batch=batch, tilt_layer=0)
-        batch.written.clear()
+        assert not batch.written  # (refused before the layer's slot is claimed: the layer takes the next call)
+        monkeypatch.setattr(kp, name, {"MERGE_PARTS": 3, "MERGE_PARTS_WARPS": None}[name])
+    decode(cache, q, bt.to(DEV), sl, num_splits=2, tilt_batch=batch, tilt_layer=0)
+    batch.finish()
     monkeypatch.setattr(kp, "MERGE_PARTS", 3)  # the fused (undeferred) merge has no parts: it ignores the setting
     torch.testing.assert_close(decode(cache, q, bt.to(DEV), sl, num_splits=2).meter.tv_upper_a, out.meter.tv_upper_a,
                                rtol=0, atol=0)
@@ -175,3 +179,46 @@ def test_a_count_left_short_is_cleared_by_the_next_finish_or_reset(monkeypatch):
         d = decode(cache, q, bt.to(DEV), sl, num_splits=2, tilt_batch=batch, tilt_layer=0)
         batch.finish()
         _equal(d.meter.out_err_upper, decode(cache, q, bt.to(DEV), sl, num_splits=2).meter.out_err_upper, DEV == "cpu")
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the interpreter's program order is what is permuted")
+@pytest.mark.parametrize("order", ["reversed", "shuffled-0", "shuffled-1", "shuffled-2"])
+def test_any_arrival_order_gives_the_same_record(order, monkeypatch):
+    """The interpreter runs a row's programs in grid order, so the histograms' program would always arrive last. Here
+    every launch runs its programs in another order (reversed, or a fixed shuffle of the whole grid): whichever program
+    of a row arrives last writes the pending record, and it is the one-program merge's (review, 2026-12-07: with
+    ``part == PARTS − 1`` in place of the arrival count as the writer's test, every other test here passed)."""
+    import random
+
+    import triton.runtime.interpreter as TI
+
+    cache, bt, *_ = sketch_cache("int8", 2, n=70, seed=3)
+    q = (torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(5)) * 2.0).bfloat16().float()
+    btx = torch.cat([bt, bt]).to(DEV)
+    sl = torch.tensor([70, 33])
+    real = TI.InterpreterBuilder.set_grid_idx
+
+    def permuted(self, x, y, z):
+        nx, ny, nz = self.grid_dim
+        i, n = (x * ny + y) * nz + z, nx * ny * nz
+        if order == "reversed":
+            j = n - 1 - i
+        else:
+            perm = list(range(n))
+            random.Random(int(order.split("-")[1])).shuffle(perm)
+            j = perm[i]
+        return real(self, j // (ny * nz), (j // nz) % ny, j % nz)
+
+    def deferred(parts, permute):
+        monkeypatch.setattr(kp, "MERGE_PARTS", parts)
+        probe = decode(cache, q, btx, sl, num_splits=3)
+        batch = TiltBatch.allocate(layers=1, rows=8, nb=probe.plan.hist_columns, device=DEV, forms=True)
+        if permute:
+            monkeypatch.setattr(TI.InterpreterBuilder, "set_grid_idx", permuted)
+        try:
+            return batch, decode(cache, q, btx, sl, num_splits=3, tilt_batch=batch, tilt_layer=0)
+        finally:
+            monkeypatch.setattr(TI.InterpreterBuilder, "set_grid_idx", real)
+
+    for parts in (2, 3):
+        _check(deferred(1, False), deferred(parts, True), True)
