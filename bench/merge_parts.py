@@ -16,7 +16,7 @@ computes a wrong record: these are timings of parts, nothing reads their output.
     wN         full at N warps per program
     partsP     full in P programs a row (``kernels.plan.MERGE_PARTS``), partsP_wN at N warps
 
-    python3 bench/merge_parts.py --shapes 8:4096,8:32768,1:32768 [--launches 20] [--warps 1,2,8]
+    python3 bench/merge_parts.py --shapes 8:4096,8:32768,1:32768 [--launches 20] [--warps 1,2,8] [--flush-mb 128]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _Spy:
         return launch
 
 
-def shape_row(B: int, n: int, L: int, warps, launches: int) -> dict:
+def shape_row(B: int, n: int, L: int, warps, launches: int, flush_mb: int = 0) -> dict:
     import triton.testing
 
     dev = torch.device("cuda")
@@ -93,15 +93,26 @@ def shape_row(B: int, n: int, L: int, warps, launches: int) -> dict:
            "constexprs": {k: v for k, v in kw.items() if k in ("SP", "NB", "KA", "KP", "EXC", "GRD", "WEIGHTED",
                                                                 "DEFER", "DEFER_FORMS", "HA_HM", "STORE_REL")}}
 
-    def timed(over: dict, parts: int = 1) -> float:
+    # --flush-mb: a write of that many MB before each launch evicts the partials from the L2, as a decode pass's KV
+    # stream does before its merge; the writes' own time (timed alone) is subtracted
+    flush = torch.empty(flush_mb << 20, dtype=torch.uint8, device=dev) if flush_mb else None
+
+    def timed(over: dict, parts: int = 1, merge: bool = True) -> float:
         g_, a_, k_ = launches_by_parts[parts]
         k2 = {**k_, **over}
 
         def run():
             for _ in range(launches):
-                spy.real[g_](*a_, **k2)
+                if flush is not None:
+                    flush.fill_(1)
+                if merge:
+                    spy.real[g_](*a_, **k2)
         g, _ = capture(run)
-        return round(triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches, 2)
+        t = triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches
+        return round(t - (flush_alone if flush is not None and merge else 0.0), 2)
+
+    flush_alone = timed({}, 1, merge=False) if flush is not None else 0.0
+    row["flush_us"] = round(flush_alone, 2)
 
     variants = {k: (v, 1) for k, v in VARIANTS.items()}
     for w in warps:
@@ -125,13 +136,16 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--warps", default="1,2,8")
     ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--flush-mb", type=int, default=0,
+                    help="write this many MB before each launch (the L2 flushed: the partials read from DRAM, as after "
+                         "a decode pass), its own time subtracted; 0: none (the partials stay in the L2)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     kpdl.PDL_LAUNCHES = ()  # each launch alone: no overlap with the one before
     rows = []
     for shp in args.shapes.split(","):
         B, n = (int(x) for x in shp.split(":"))
-        r = shape_row(B, n, args.layers, [int(w) for w in args.warps.split(",") if w], args.launches)
+        r = shape_row(B, n, args.layers, [int(w) for w in args.warps.split(",") if w], args.launches, args.flush_mb)
         print(json.dumps(r), flush=True)
         rows.append(r)
     if args.out:
