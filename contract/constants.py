@@ -20,7 +20,7 @@ DITHER_BIAS_FACTOR = 2.0**-14
 STORE_ROUNDING = {"float32": (2.0**-23, 2.0**-126), "bfloat16": (2.0**-7, 2.0**-126), "float16": (2.0**-10, 2.0**-24)}
 #: the largest finite value of each stored dtype (a larger |x| may store as ±inf)
 STORE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
-#: the unbinned centred tilt's fixed grid (SPEC §3(c); the decode kernel's merge, ``kernels.epilogue_jit._excess_form``, and
+#: the unbinned centred tilt's fixed grid (SPEC §3(c); the decode kernel's merge, ``kernels.merge_terms._excess_form``, and
 #: the fp64 reference's ``sketch_box="grid"``): [0, 1] cut at GRID_TILT_POINTS; interval i takes, among the multipliers
 #: GRID_TILT_LAMBDAS[i] (and λ = 0, whose value is the cap t_{i+1}), the one whose larger end value t − D(t, λ) is
 #: smallest. Any cover and any λ ≥ 0 are sound (Lean ``tilt_tv_le_dual_grid_box_endpoints``); the points and the

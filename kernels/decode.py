@@ -446,7 +446,7 @@ def _workspace(q: torch.Tensor, plan: DecodePlan) -> _Partials:
 def excess_form(plan: DecodePlan) -> bool:
     """Whether the launch accumulates the centred sketch box's excess sums (``plan.excess``: ``kernels.plan.launch_variant`` sets
     it only with the meter and the sketch radius, ``check_plan`` refuses a plan made otherwise): tier A's further closed
-    form in the merge (``epilogue_jit._excess_form``)."""
+    form in the merge (``merge_terms._excess_form``)."""
     return plan.excess
 
 

@@ -196,7 +196,7 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL: tl
                  HAS_REP: tl.constexpr, GRD: tl.constexpr = False):
     """The two excess sums of the centred box (bench/TIGHTNESS.md, "The centred box unbinned"): with η = −δ in
     [−c − ε, −c + ε] per (token, head), A += Σ_j p̃_j (e^{−c+ε} − 1)₊ and B += Σ_j p̃_j (1 − e^{−c−ε})₊, rescaled by
-    α as the histogram is (the merge turns them into TV(p, p̂) ≤ e^{2Ξ} max(A, B)/L, ``epilogue_jit._excess_form``). A
+    α as the histogram is (the merge turns them into TV(p, p̂) ≤ e^{2Ξ} max(A, B)/L, ``merge_terms._excess_form``). A
     hot tile's box is
     centred at the sketch dot c̃ with ε = c_h W_j·INFL + 2^-20 |c̃| (W_j carries the dot's rounding), a cold tile's
     (no dot) is the symmetric radius c_h·U_j around 0, a repaired token's is 0; μ = 2^-19 (1 + |c| + ε) covers the
@@ -221,7 +221,7 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL: tl
     ap = ea - 1.0
     bp = 1.0 - eb
     # a NaN term (ε = 0·inf) counts as +inf, never 0 (the GPU's max drops a NaN operand): the sum is then
-    # infinite and the merge's form 1 (``epilogue_jit._excess_form``)
+    # infinite and the merge's form 1 (``merge_terms._excess_form``)
     ap = tl.where(ap == ap, tl.maximum(ap, 0.0), float("inf"))
     bp = tl.where(bp == bp, tl.maximum(bp, 0.0), float("inf"))
     exA = exA * alpha + tl.sum(pT * ap, axis=0)

@@ -125,7 +125,7 @@ class MeterRecord:
     flag: torch.Tensor  # bool: saturated because of non-finite inputs
     xi: torch.Tensor | None = None  # [B, Hq] Ξ: the decode pass's log-ratio bound (SPEC §7)
     rho: torch.Tensor | None = None  # [B, Hq] ρ: the lost-mass term (Tier A)
-    #: [B, Hq] the centred sketch box's excess form (``epilogue_jit._excess_form``, and with the grid the smaller of it
+    #: [B, Hq] the centred sketch box's excess form (``merge_terms._excess_form``, and with the grid the smaller of it
     #: and ``excess_grid._grid_form``: Ξ in it, TV⁺ ≤ it + ρ + slack): a further closed form of tier A's TV⁺ where the
     #: decode accumulated its sums (``decode.excess_form``); else None
     excess: torch.Tensor | None = None
@@ -202,7 +202,7 @@ def tv_from_hist(mass: torch.Tensor, lv: torch.Tensor, rmax: torch.Tensor, xi=No
 
 
 def excess_form_torch(a: torch.Tensor, b: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
-    """Torch twin of ``epilogue_jit._excess_form`` (float64): the centred box's closed form e^{2Ξ} max(Â, B̂) from the
+    """Torch twin of ``merge_terms._excess_form`` (float64): the centred box's closed form e^{2Ξ} max(Â, B̂) from the
     merged excess sums Â, B̂ (each divided by L, grown by 1 + Ξ + 2^-21) and Ξ, a bound of TV(p, p̂) itself (ρ is added
     to it, not tanh(Ξ/2)); 1 where a sum or Ξ is NaN, infinite or negative."""
     a, b, xi = a.double(), b.double(), xi.double()

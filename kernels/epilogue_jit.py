@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .excess_grid import DEFER_EXS_COLS_C, EXCESS_COLS_C, GRID_COLS_C, _grid_form
+from .excess_grid import DEFER_EXS_COLS_C, EXCESS_COLS_C
 from .merge_terms import (
-    _expm1_up,
+    _excess_form,
     _extra,
     _extra_terms,
     _hist_terms,
@@ -47,6 +47,8 @@ from .merge_terms import (
     _output_terms,
     _query_terms,
     _stat_terms,
+    _store_sums,
+    _with_grid_form,
 )
 
 #: absolute slack for the epilogue's own float64 arithmetic (the decode pass's rounding is Ξ, ρ)
@@ -319,24 +321,6 @@ def _out_err_upper(tv, w, extra):
 
 
 @triton.jit
-def _excess_form(a, b, xi):
-    """The centred box's closed form (float64; bench/TIGHTNESS.md, "The two sums in the decode kernel"): from the merged
-    excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
-    accumulation: relative 2.1η ≤ Ξ, and the products'), and the row's Ξ: p̂ ≤ e^{2Ξ} p̃ once both are normalised (Ξ
-    bounds |log p̃_j/p̂_j| up to a common constant, SPEC §7), so TV(p, p̂) ≤ e^{2Ξ} max(Â, B̂) (Lean
-    ``tilt_tv_le_excess_rescaled``, ``le_exp_two_mul_of_log_ratio``) with e^{2Ξ} = 1 + E(2Ξ) rounded up; up by 2^-40 for
-    its own rounding. It bounds TV(p, p̂) itself: ``_tv_row`` adds only ρ (not tanh(Ξ/2)).
-    A NaN, an infinite or a negative sum (or Ξ) gives 1 (no form: the others stay sound)."""
-    grow = 1.0 + xi + 4.76837158203125e-07
-    a = a * grow
-    b = b * grow
-    e2 = 1.0 + _expm1_up(tl.minimum(2.0 * xi, 700.0))
-    f = e2 * tl.maximum(a, b) * (1.0 + 9.094947017729282e-13)
-    ok = (f == f) & (a >= 0.0) & (b >= 0.0) & (xi >= 0.0) & (f < float("inf"))
-    return tl.where(ok, tl.minimum(f, 1.0), 1.0)
-
-
-@triton.jit
 def _merge_meter_kernel(
     M_IN, L_IN, ACC_IN, HIST_IN, STAT_IN, Q, SL, EDGES, O, LSE, REC, HOUT, SCR, FLAG, WGT, EX_IN, EXS, PRT, CNT,
     Hq, S, sm, qn_infl, log_delta, tilt_above, tilt_hi, s_qb, s_qh, s_ob, s_oh, s_lb, s_lh,
@@ -436,7 +420,7 @@ def _merge_meter_kernel(
                     else:
                         exc = _excess_form(a_hat, b_hat, xi)
                         if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
-                            exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+                            exc = _with_grid_form(exc, a_hat, gs, xi)
                 tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
                 if DEFER:  # the finish's inputs beyond HOUT (kernels.tilt_batch)
                     _store_tilt_inputs(r, qn_a, lam, 2.0 * num + fm, eps_max, xi)
@@ -492,15 +476,6 @@ def _merge_meter_kernel(
                         eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
                     tl.store(r + REC_TVB, tl.where(dead, 0.0, tvb))
                     tl.store(r + REC_EB, tl.where(dead, 0.0, eb))
-
-
-@triton.jit
-def _store_sums(e, a_hat, b_hat, gs, GRD: tl.constexpr):
-    """The merged excess sums into the row's EXS (its rows are DEFER_EXS_COLS wide, grid or not)."""
-    tl.store(e, a_hat)
-    tl.store(e + 1, b_hat)
-    if GRD:
-        tl.store(e + 2 + tl.arange(0, GRID_COLS_C), gs)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ grid in the fused merge"): the tile's sums beside the two excess sums, and the m
               col NG:       Σ_j p̃_j (b_j − 1)          (signed: M' = Σ p̃ b − Σ p̃)
               col NG + 1:   Σ_j p̃_j |b_j − 1|          (V)
           rescaled by α with the softmax, as the histogram is; the window's tokens have a = b = 1 (radius 0)
-    merge (``_grid_form``, float64, in ``epilogue_jit._excess_form``; torch twin ``grid_form_torch``)
+    merge (``_grid_form``, float64, in ``merge_terms._excess_form``; torch twin ``grid_form_torch``)
           from Â = A/L, the columns / L and the row's Ξ: for each interval [t_i, t_{i+1}] of the contract's cover the
           smallest over its multipliers of the larger end value G(t, λ), capped by t_{i+1}; the largest over the
           intervals. G(t, λ) = S⁺ − t(λ M₋ − 1) + E·(S⁺ + t(V⁺ + |λ − 1| M⁺)), E = e^{2Ξ} − 1 rounded up, S⁺ the sum

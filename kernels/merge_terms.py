@@ -13,6 +13,8 @@ term is written once for both.
     _extra           that part, Σp̃φ + (tanh(Ξ/2) + Λ)φ_max + ν_max E(2Ξ + out_rel), in explicit FMAs
     _merge_hist      the merged histograms → HOUT, their non-finite count, Σ p̃φ (the last bin)
     _merge_excess    the merged excess sums Â, B̂ and the grid block (``excess_grid``)
+    _excess_form     the centred box's closed form from Â, B̂ and Ξ; ``_with_grid_form`` the grid's beside it
+    _store_sums      the merged sums into a deferred record's EXS row (``kernels.tilt_batch`` computes the forms)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .excess_grid import EXCESS_COLS_C, GRID_COLS_C
+from .excess_grid import EXCESS_COLS_C, GRID_COLS_C, _grid_form
 from .interpret import f32, narrow
 
 
@@ -180,3 +182,37 @@ def _merge_excess(EX_IN, row, S, s, smask, w64, L64, GRD: tl.constexpr):
     else:
         gs = a_hat
     return a_hat, b_hat, gs
+
+
+@triton.jit
+def _excess_form(a, b, xi):
+    """The centred box's closed form (float64; bench/TIGHTNESS.md, "The two sums in the decode kernel"): from the merged
+    excess sums Â = Σ p̃ (e^{−c+ε} − 1)₊ / L and B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, each up by Ξ + 2^-21 (their fp32
+    accumulation: relative 2.1η ≤ Ξ, and the products'), and the row's Ξ: p̂ ≤ e^{2Ξ} p̃ once both are normalised (Ξ
+    bounds |log p̃_j/p̂_j| up to a common constant, SPEC §7), so TV(p, p̂) ≤ e^{2Ξ} max(Â, B̂) (Lean
+    ``tilt_tv_le_excess_rescaled``, ``le_exp_two_mul_of_log_ratio``) with e^{2Ξ} = 1 + E(2Ξ) rounded up; up by 2^-40 for
+    its own rounding. It bounds TV(p, p̂) itself: ``_tv_row`` adds only ρ (not tanh(Ξ/2)).
+    A NaN, an infinite or a negative sum (or Ξ) gives 1 (no form: the others stay sound)."""
+    grow = 1.0 + xi + 4.76837158203125e-07
+    a = a * grow
+    b = b * grow
+    e2 = 1.0 + _expm1_up(tl.minimum(2.0 * xi, 700.0))
+    f = e2 * tl.maximum(a, b) * (1.0 + 9.094947017729282e-13)
+    ok = (f == f) & (a >= 0.0) & (b >= 0.0) & (xi >= 0.0) & (f < float("inf"))
+    return tl.where(ok, tl.minimum(f, 1.0), 1.0)
+
+
+@triton.jit
+def _with_grid_form(exc, a_hat, gs, xi):
+    """The smaller of ``exc`` and the same boxes' (t, λ) grid form (``excess_grid._grid_form``) from Â and the merged
+    grid block ``gs``: the fused merge's and the finish's one line."""
+    return tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+
+
+@triton.jit
+def _store_sums(e, a_hat, b_hat, gs, GRD: tl.constexpr):
+    """The merged excess sums into the row's EXS (its rows are DEFER_EXS_COLS wide, grid or not)."""
+    tl.store(e, a_hat)
+    tl.store(e + 1, b_hat)
+    if GRD:
+        tl.store(e + 2 + tl.arange(0, GRID_COLS_C), gs)

@@ -61,7 +61,7 @@ SKETCH_REGISTER_CAP = 232
 CAP_REGISTERS = True
 #: the centred sketch box's two excess sums (``decode_meter._excess_tile``) accumulated beside the histogram wherever
 #: the sketch radius is metered (a sketch or channel weights): a further closed form of tier A's TV⁺ in the merge
-#: (``epilogue_jit._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
+#: (``merge_terms._excess_form``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"). Read by
 #: ``launch_variant`` at call time: a benchmark turns it off for the call without them (bench/sketch_speed.py)
 EXCESS_FORM = True
 #: with the excess sums, the same boxes' small (t, λ) grid (``excess_grid``: 13 more sums per (token, head) in a 16-column block, the

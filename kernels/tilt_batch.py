@@ -71,14 +71,13 @@ from .epilogue_jit import (
     REC_TVA,
     REC_XI,
     REFINE,
-    _excess_form,
-    _expm1_up,
     _out_err_upper,
     _tv_row,
     refine_top,
 )
-from .excess_grid import DEFER_EXS_COLS, DEFER_EXS_COLS_C, EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C, _grid_form
+from .excess_grid import DEFER_EXS_COLS, DEFER_EXS_COLS_C, EXCESS_COLS, EXCESS_COLS_C, GRID_COLS_C
 from .key_levels import KEY_LEVELS
+from .merge_terms import _excess_form, _with_grid_form
 
 #: warps per program of the finish (``num_warps`` None): 4, the fused merge's for a tilting record. One warp (the fused
 #: merge's rule from 4 rows per SM up, ``kernels.plan.merge_warps``) was slower here: run G3 (an H100,
@@ -115,7 +114,7 @@ def _finish_tilt_kernel(HOUT, REC, FLAG, EDGES, SCR, EXS, tilt_above, tilt_hi,
                     if GRD:
                         if nsum > 2.0:
                             gs = tl.load(e + 2 + tl.arange(0, GRID_COLS_C))
-                            exc = tl.minimum(exc, _grid_form(a_hat, gs, xi, _expm1_up(tl.minimum(2.0 * xi, 700.0))))
+                            exc = _with_grid_form(exc, a_hat, gs, xi)
             tl.store(r + REC_EXCESS, exc)
         # the rest only where the merge counted nothing non-finite (a dead row counts its 0/0: it keeps the 1s)
         live = live & (nsum >= 0.0) & (tl.load(e + EXCESS_COLS_C + 1) == 0.0)

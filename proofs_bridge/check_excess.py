@@ -1,7 +1,7 @@
 """The bridge's check of the centred box's excess form (lean/WitCert/Excess.lean: ``tilt_tv_le_excess``, the
 one-interval cover with λ = 1 of ``tilt_tv_le_dual_grid_box_endpoints``, and ``tilt_tv_le_excess_rescaled``, the sums
 over the kernel's masses p̃ scaled by e^{2Ξ}, p̂ ≤ e^{2Ξ} p̃ by ``le_exp_two_mul_of_log_ratio``): the merge's form
-(``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's ``epilogue_jit._excess_form`` is pinned to by
+(``kernels.epilogue.excess_form_torch``, the torch twin the fused merge's ``merge_terms._excess_form`` is pinned to by
 tests/kernels/test_excess_form.py) against ``formulas.EXCESS_UP`` / ``EXCESS_DOWN`` and the rescaled theorem's right
 side, and the fp64 reference's one-interval grid (``witcert.bounds.dual_grid._tilt_row_grid`` on the one interval [0, 1] with λ = 1)
 against the theorem's max(A, B) (called by ``proofs_bridge.check.check_formulas``)."""

@@ -1,4 +1,4 @@
-"""The centred sketch box's excess form in the merge (``epilogue_jit._excess_form``, its torch twin
+"""The centred sketch box's excess form in the merge (``merge_terms._excess_form``, its torch twin
 ``epilogue.excess_form_torch``; bench/TIGHTNESS.md, "The centred box unbinned, in one pass"): TV(p, p̂) ≤ e^{2Ξ}
 max(Â, B̂) for Â = Σ p̃ (e^{−c+ε} − 1)₊ / L, B̂ = Σ p̃ (1 − e^{−c−ε})₊ / L, p̂ ∝ p̃ e^ξ with |ξ| ≤ Ξ (Lean
 ``tilt_tv_le_excess_rescaled``).
