@@ -462,11 +462,15 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
     if defer:
         if not (meter and epilogue) or c.tier_b:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
-        _merge_parts_setting()  # (refused before the slot is claimed: a refused call leaves the layer writable)
+        # the merge in parts (``kernels.plan.MERGE_PARTS``, read now; with the closed forms deferred), refused before
+        # the slot is claimed: a refused call leaves the layer writable
+        parts, parts_warps = _merge_parts_setting()
         rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
         forms = exs is not None
         prt, cnt = tilt_batch.handover(tilt_layer)
+        if not forms:
+            parts, parts_warps = 1, None
         tilt_above = math.inf  # the merge skips the tilt (TV⁺ the closed forms', or 1 with forms); finish() runs it
     else:
         hout = torch.empty(Bsz, Hq, c.NB, **f64) if meter else lse
@@ -474,8 +478,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
         flag = torch.empty(rows, device=dev, dtype=torch.int8) if meter and epilogue else lse
         exs, forms = None, False
         prt = cnt = None
-    # the deferred record's merge in parts (``kernels.plan.MERGE_PARTS``, read now): with the closed forms deferred
-    parts, parts_warps = _merge_parts_setting() if forms else (1, None)
+        parts, parts_warps = 1, None
     scr = torch.empty(rows, 2 * scratch_per_tier(KP), **f64) if meter and epilogue else lse
     edges = _edges(dev, c.KA) if meter and epilogue else lse
     warps = num_warps or (parts > 1 and parts_warps) or merge_warps(

@@ -411,6 +411,7 @@ def _merge_meter_kernel(
                 extra = _extra(pphi, x_phi, fm, num, em)
                 if STORE_REL > 0:  # the store's rounding (contract STORE_ROUNDING; Lean output_error_stored_le)
                     extra += st_term
+                ew = 2.0 * num + fm
                 tva = tl.full([], 1.0, tl.float64)
                 exc = tl.full([], 1.0, tl.float64)
                 if EXC:
@@ -421,14 +422,15 @@ def _merge_meter_kernel(
                         exc = _excess_form(a_hat, b_hat, xi)
                         if GRD:  # the same boxes' (t, λ) grid (``excess_grid``): the smaller form
                             exc = _with_grid_form(exc, a_hat, gs, xi)
-                tl.store(r + REC_EXCESS, exc)  # (DEFER_FORMS: 1, pending)
                 if DEFER:  # the finish's inputs beyond HOUT (kernels.tilt_batch)
-                    _store_tilt_inputs(r, qn_a, lam, 2.0 * num + fm, eps_max, xi)
-                    tl.store(r + REC_EX, extra)
+                    _store_tilt_inputs(r, qn_a, lam, ew, eps_max, xi)
                 if DEFER_FORMS:  # pending (sound, uninformative) until the finish; a flagged row stays so
-                    _pending_record(r, EXS + row * DEFER_EXS_COLS_C, FLAG + row, bad, single, dead, 2.0 * num + fm,
-                                    extra, EXC, GRD)
+                    _pending_record(r, EXS + row * DEFER_EXS_COLS_C, FLAG + row, bad, single, dead, ew, extra, EXC,
+                                    GRD)
                 else:
+                    tl.store(r + REC_EXCESS, exc)
+                    if DEFER:
+                        tl.store(r + REC_EX, extra)
                     if bad == 0:
                         # (DEFER: the launch passes τ = +inf, so the tilt is skipped and TV⁺ is the closed forms')
                         tva, tanh, eform, tilt, rho = _tv_row(ha, qn_a * edge, eps_max, xi, lam, tilt_above, tilt_hi,
@@ -440,7 +442,7 @@ def _merge_meter_kernel(
                         tl.store(r + REC_RHO, rho)
                         if single:
                             tva = tl.full([], 0.0, tl.float64)
-                        ea = _out_err_upper(tva, 2.0 * num + fm, extra)
+                        ea = _out_err_upper(tva, ew, extra)
                     else:
                         tl.store(r + REC_TANH, 1.0)
                         tl.store(r + REC_EFORM, 1.0)
@@ -449,8 +451,9 @@ def _merge_meter_kernel(
                         ea = tl.full([], float("inf"), tl.float64)
                     tl.store(r + REC_TVA, tl.where(dead, 0.0, tva))
                     tl.store(r + REC_EA, tl.where(dead, 0.0, ea))
-                    tl.store(r + REC_EPS, eps_max)
-                    tl.store(r + REC_XI, xi)
+                    if not DEFER:  # (DEFER: ``_store_tilt_inputs`` above)
+                        tl.store(r + REC_EPS, eps_max)
+                        tl.store(r + REC_XI, xi)
                     # the record's bool flag (viewed as bool: no launch after)
                     tl.store(FLAG + row, ((bad > 0) & ~dead).to(tl.int8))
                 if TIER_B:
@@ -473,7 +476,7 @@ def _merge_meter_kernel(
                                                       DENSE3D, TC)
                         if single:
                             tvb = tl.full([], 0.0, tl.float64)
-                        eb = _out_err_upper(tvb, 2.0 * num + fm, extra)
+                        eb = _out_err_upper(tvb, ew, extra)
                     tl.store(r + REC_TVB, tl.where(dead, 0.0, tvb))
                     tl.store(r + REC_EB, tl.where(dead, 0.0, eb))
 
