@@ -200,9 +200,10 @@ def main():
     ap.add_argument("--one-warp", default="", metavar="SCHEMES",
                     help="A/B: schemes added to kernels.plan.ONE_WARP_METERED_SCHEMES and SMALL_GRID_SCHEMES for this "
                          "process (the one-warp metered tile and its small-grid split rule, timed for int8 alone)")
-    ap.add_argument("--metered-tile", default="", metavar="TOKENS:WARPS:CAP",
+    ap.add_argument("--metered-tile", default="", metavar="TOKENS:WARPS:CAP[:PREFETCH]",
                     help="A/B: the metered tile of the 8-bit schemes for this process (kernels.plan.tile_config; CAP 0: "
-                         "no register cap), e.g. 64:4:168")
+                         "no register cap; PREFETCH 1: Tile.prefetch, the next tile into the L2), e.g. 64:4:168, "
+                         "128:4:168:1")
     ap.add_argument("--metered-splits", default="", metavar="S,...",
                     help="A/B: the table again for each split count forced on the metered call (the adapter's "
                          "metered_decode num_splits; default: the plan's, kernels.plan.choose_splits), one label line each")
@@ -227,6 +228,9 @@ def main():
                     help="A/B: the schemes whose metered call takes the one-warp 32-token tile and the small-grid rule "
                          "(kernels.plan.ONE_WARP_METERED_SCHEMES / SMALL_GRID_SCHEMES, comma-separated; "
                          "default: the library's, int8)")
+    ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS,...",
+                    help="A/B: the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for "
+                         "none), the table again for each pair, e.g. -:-,evict_first:-,evict_first:evict_last")
     args = ap.parse_args()
     import kernels.pdl as pdl
     import kernels.plan as kplan
@@ -253,8 +257,8 @@ def main():
     if args.metered_tile:
         import kernels.plan as kp
 
-        tok, warps, cap = (int(x) for x in args.metered_tile.split(":"))
-        forced = kp.Tile(tok, 1, warps, cap or None)
+        tok, warps, cap, *pf = (int(x) for x in args.metered_tile.split(":"))
+        forced = kp.Tile(tok, 1, warps, cap or None, prefetch=pf[0] if pf else 0)
         base_tile = kp.tile_config
 
         def tile_config(meter, scheme="int8", programs_per_sm=0.0, levels="token", block_size=16):
@@ -290,14 +294,18 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     from witcert.integrations import sglang_decode
 
-    for splits in [None] + [int(x) for x in args.metered_splits.split(",") if x]:
-        if splits is not None:
-            print(f"# metered call at {splits} splits (forced)")
-        sglang_decode.metered_decode.__defaults__ = (splits, None)  # (num_splits, tilt)
-        for kv in args.kv.split(","):
-            for Bsz in map(int, args.batches.split(",")):
-                for n in map(int, args.lens.split(",")):
-                    _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
+    for pair in args.evict.split(","):
+        kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in pair.split(":"))
+        kplan.eviction_hints()  # (checked before any launch)
+        print(f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}")
+        for splits in [None] + [int(x) for x in args.metered_splits.split(",") if x]:
+            if splits is not None:
+                print(f"# metered call at {splits} splits (forced)")
+            sglang_decode.metered_decode.__defaults__ = (splits, None)  # (num_splits, tilt)
+            for kv in args.kv.split(","):
+                for Bsz in map(int, args.batches.split(",")):
+                    for n in map(int, args.lens.split(",")):
+                        _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits)
     print("unmetered calls:", dict(ws.STATE.unmetered_counts()))
 
 

@@ -47,6 +47,7 @@ def _decode_kernel(
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
     HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
     NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False, KEY_F16: tl.constexpr = False,
+    KV_EVICT: tl.constexpr = "", PARTIALS_EVICT: tl.constexpr = "",
 ):
     if GDC:  # launched with PDL (kernels.pdl): the previous kernel has completed and its writes are visible after the
         # wait, before any load or store here
@@ -152,7 +153,7 @@ def _decode_kernel(
             m_new, alpha, pT, l, accT, ks, kq, ksc, nfk = _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid,
                                                                 rep, rbase, d, tok, qT, m, l, accT, seed, layer, kvh,
                                                                 sm_scale, q16T, kinv, BLOCK_N, SCHEME, LOWP,
-                                                                PV_F32, HAS_REP, PREC32, KEY_F16)
+                                                                PV_F32, HAS_REP, PREC32, KEY_F16, KV_EVICT)
         # the Tier B scale of a token (its level, and max s): 0 for a repaired token (radius 0)
         ks_lvl = ks
         if HAS_REP:
@@ -216,12 +217,14 @@ def _decode_kernel(
     if EXC and SKETCH:  # the hmask columns (with PACK_HIST the hi ones, whose running max is stored)
         EXW: tl.constexpr = EXCESS_COLS_C if GRD else 2
         e_idx = ((b * Hq + heads) * num_splits + sp) * EXW
-        tl.store(EX_OUT + e_idx, exA, mask=hmask)
-        tl.store(EX_OUT + e_idx + 1, exB, mask=hmask)
+        tl.store(EX_OUT + e_idx, exA, mask=hmask, eviction_policy=PARTIALS_EVICT)
+        tl.store(EX_OUT + e_idx + 1, exB, mask=hmask, eviction_policy=PARTIALS_EVICT)
         if GRD:
             gcol = tl.arange(0, GRID_COLS_C)
-            tl.store(EX_OUT + e_idx[:, None] + 2 + gcol[None, :], grd, mask=hmask[:, None])
+            tl.store(EX_OUT + e_idx[:, None] + 2 + gcol[None, :], grd, mask=hmask[:, None],
+                     eviction_policy=PARTIALS_EVICT)
     if GDC:  # the merge's programs may be placed now (they wait for this pass to complete)
         gdc_launch_dependents()
     _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT, wcol, smax, phimax, numax, bad,
-                    kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST)
+                    kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits, GQ, BLOCK_H, D, NB, METER, PACK_HIST,
+                    PARTIALS_EVICT)

@@ -159,15 +159,16 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
 def _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT,
                     wcol, smax, phimax, numax, bad, kapmax, b, kvh, sp, heads, hmask, d, col, Hq, num_splits,
                     GQ: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr,
-                    METER: tl.constexpr, PACK_HIST: tl.constexpr):
+                    METER: tl.constexpr, PACK_HIST: tl.constexpr, EVICT: tl.constexpr = ""):
     """The split's partial results for the merge: running max, sum and accumulator per head, and with the meter its
     histogram (the packed one's hi and lo columns summed) and the six statistics (max radius: ``wcol`` [H], each
-    head's; max s, max φ, max ν, the non-finite count, max κ)."""
+    head's; max s, max φ, max ν, the non-finite count, max κ). EVICT: the stores' L2 eviction hint
+    (``kernels.plan.PARTIALS_EVICT``)."""
     HALF: tl.constexpr = BLOCK_H // 2
     o_idx = (b * Hq + heads) * num_splits + sp
-    tl.store(M_OUT + o_idx, m, mask=hmask)
-    tl.store(L_OUT + o_idx, l, mask=hmask)
-    tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :])
+    tl.store(M_OUT + o_idx, m, mask=hmask, eviction_policy=EVICT)
+    tl.store(L_OUT + o_idx, l, mask=hmask, eviction_policy=EVICT)
+    tl.store(ACC_OUT + o_idx[None, :] * D + d[:, None], accT, mask=hmask[None, :], eviction_policy=EVICT)
     if METER:
         if PACK_HIST:
             # head h's masses: its hi column plus its lo column, the latter taken to the hi column's running
@@ -179,14 +180,14 @@ def _store_partials(M_OUT, L_OUT, ACC_OUT, HIST_OUT, STAT_OUT, m, l, accT, histT
             hh = tl.arange(0, HALF)
             h_idx = (b * Hq + kvh * GQ + hh) * num_splits + sp
             tl.store(HIST_OUT + h_idx[None, :] * NB + col[:, None], hist_hi + hist_lo * lo_f[None, :],
-                     mask=(hh < GQ)[None, :])
+                     mask=(hh < GQ)[None, :], eviction_policy=EVICT)
         else:
-            tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :])
+            tl.store(HIST_OUT + o_idx[None, :] * NB + col[:, None], histT, mask=hmask[None, :], eviction_policy=EVICT)
         st = STAT_OUT + o_idx * 6
         zero = tl.zeros([BLOCK_H], tl.float32)
-        tl.store(st + 0, wcol, mask=hmask)
-        tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask)
-        tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask)
-        tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask)
-        tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask)
-        tl.store(st + 5, zero + tl.max(kapmax, axis=0), mask=hmask)
+        tl.store(st + 0, wcol, mask=hmask, eviction_policy=EVICT)
+        tl.store(st + 1, zero + tl.max(smax, axis=0), mask=hmask, eviction_policy=EVICT)
+        tl.store(st + 2, zero + tl.max(phimax, axis=0), mask=hmask, eviction_policy=EVICT)
+        tl.store(st + 3, zero + tl.max(numax, axis=0), mask=hmask, eviction_policy=EVICT)
+        tl.store(st + 4, zero + tl.sum(bad, axis=0), mask=hmask, eviction_policy=EVICT)
+        tl.store(st + 5, zero + tl.max(kapmax, axis=0), mask=hmask, eviction_policy=EVICT)

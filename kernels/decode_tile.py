@@ -124,7 +124,7 @@ def _group_tile(KC, VC, KS, VS, KZ, VZ, RK, RV, cbase, sbase, vsbase, valid, rep
 @triton.jit
 def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d,
                 BLOCK_N: tl.constexpr, SCHEME: tl.constexpr, LOWP: tl.constexpr, PV_F32: tl.constexpr,
-                HAS_REP: tl.constexpr, KEY_F16: tl.constexpr = False):
+                HAS_REP: tl.constexpr, KEY_F16: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """int8 / int8_dither / fp8 / none: the tile's key codes [N, D] and value codes ᵀ [D, N] in the dots' dtypes
     and the per-token key and value scales (1 for none), a repaired token's exact K / V with scale 1. KEY_F16 (fp8
     codes, a bf16 query, no repair: ``_key_f16_query``): the key codes in fp16, one conversion (the bf16 dot's
@@ -136,8 +136,11 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
         # 8-bit codes are loaded in the other orientation and transposed before their cast: Triton
         # then moves them into the dots' register layout with 16-byte shared-memory stores / loads
         # instead of one to two bytes per load after the cast (sm_90 SASS, bench/RESULTS.md run J)
-        kc = tl.trans(tl.load(KC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0))  # [N, D]
-        vcT = tl.trans(tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0))  # [D, N]
+        # (EVICT: the L2 eviction hint of these once-a-step reads, ``kernels.plan.KV_EVICT``)
+        kc = tl.trans(tl.load(KC + cbase[None, :] + d[:, None], mask=valid[None, :], other=0.0,
+                              eviction_policy=EVICT))  # [N, D]
+        vcT = tl.trans(tl.load(VC + cbase[:, None] + d[None, :], mask=valid[:, None], other=0.0,
+                               eviction_policy=EVICT))  # [D, N]
     if SCHEME == FP8_E5M2_ID:
         # through fp16 (sm_90: the native cvt.rn.f16x2.e5m2x2), as the write and torch read the codes: Triton's direct
         # e5m2 → bf16 shifts the bits into a bf16 and multiplies by 2^112, which reads an inf / NaN code as a finite
@@ -182,13 +185,13 @@ def _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rba
 def _byte_tile(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d, tok, qT, m, l, accT,
                seed, layer, kvh, sm_scale, q16T, kinv, BLOCK_N: tl.constexpr, SCHEME: tl.constexpr,
                LOWP: tl.constexpr, PV_F32: tl.constexpr, HAS_REP: tl.constexpr, PREC32: tl.constexpr,
-               KEY_F16: tl.constexpr = False):
+               KEY_F16: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """int8 / int8_dither / fp8 / none: the logits s·⟨c − u, q⟩·σ, the online-softmax step and the PV dot (the
     dither subtracted in both). Returns (m_new, α, p̂ᵀ, l, accᵀ, the key scales, the key codes (in q's dtype on the
     GPU: fp8 codes are exact in bf16 / fp16) for the sketch's β, the key scales again, the tokens with a non-finite
     key: a NaN / −inf logit for fp8_e5m2 (``_nonfinite_logits``), a non-finite key scale for the others)."""
     kc, vcT, ks, vs = _byte_codes(Q, KC, VC, KS, VS, RK, RV, cbase, sbase, vsbase, valid, rep, rbase, d,
-                                  BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP, KEY_F16)
+                                  BLOCK_N, SCHEME, LOWP, PV_F32, HAS_REP, KEY_F16, EVICT)
     if KEY_F16:
         # fp16 codes against the query scaled by 2^e_h into fp16 (``_key_f16_query``; where it is not exact the
         # program's rows are counted non-finite): the bf16 dot's exact products scaled by 2^e_h, summed in fp32 as

@@ -94,6 +94,24 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: exact in fp16) keep the bf16 dot
 KEY_F16_SCHEMES = ("fp8_e4m3", "fp8_e4m3_scaled")
 KEY_F16_METERED = False
+#: L2 eviction hints of the decode pass (an A/B, bench/RESULTS.md run I1; "" : none, the default). ``KV_EVICT``: the
+#: 8-bit code tiles' loads ("evict_first": the KV is read once a step, so its lines go first); ``PARTIALS_EVICT``: the
+#: split partials' stores ("evict_last": the merge reads them after the rest of the pass has streamed its KV through
+#: the L2). Hints only: no value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``)
+KV_EVICT = ""
+PARTIALS_EVICT = ""
+EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
+
+
+def eviction_hints() -> dict:
+    """The decode pass's L2 eviction hints as its constexprs (``KV_EVICT`` / ``PARTIALS_EVICT``), checked: a policy
+    Triton does not know would fail at compile time with a message that does not name the setting."""
+    hints = dict(KV_EVICT=KV_EVICT, PARTIALS_EVICT=PARTIALS_EVICT)
+    for name, v in hints.items():
+        if v not in EVICTION_POLICIES:
+            raise ValueError(f"kernels.plan.{name} = {v!r}: one of {EVICTION_POLICIES}")
+    return hints
+
 #: the one-warp metered tile prefetches the next tile into the L2 (``Tile.prefetch``; run Q, 2026-12-03,
 #: bench/results/2026-12-03/tile_ab_prefetch_2026-12-03_Q.log, kernel + merge: 0.955-0.981× the time at B 8 and 32, outputs
 #: bit-identical; into the L1 no better). ncu (run Q) had put 48 % of its stall samples on long-scoreboard waits
