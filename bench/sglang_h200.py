@@ -64,11 +64,23 @@ def graph_ms(call, iters: int) -> float:
         return float("nan")
 
 
-def kernel_table(label: str, call, iters: int) -> None:
+def fresh_slots(ws) -> None:
+    """Mark the deferred records' layer slots unwritten (``TiltBatch.reset``) before another capture of a call already
+    captured: the adapter gives a slot written since the last finish no deferral (``sglang_decode._tilt_slot``), so
+    without this a second capture times the merge with the tilt fused, not the call the graph column timed (what
+    runs G4 and H3's ``--kernels`` splits did: their 16-17 µs merge was the fused one)."""
+    for tb in ws.STATE.tilt.values():
+        tb.reset()
+
+
+def kernel_table(label: str, call, iters: int, before=None) -> None:
     """The GPU kernels of one replay of ``call`` captured in a CUDA graph (``--kernels``): name, launches and µs per
-    replay (torch.profiler over ``iters`` replays), printed as ``#   label: ...`` lines."""
+    replay (torch.profiler over ``iters`` replays), printed as ``#   label: ...`` lines. ``before``: called before
+    the capture (``fresh_slots``)."""
     from torch.profiler import ProfilerActivity, profile
 
+    if before is not None:
+        before()
     g, _ = capture(call)
     for _ in range(iters):
         g.replay()
@@ -85,6 +97,69 @@ def kernel_table(label: str, call, iters: int) -> None:
         total += us
         print(f"#   {label}: {ev.count / iters:.1f} × {ev.key[:90]}: {us:.1f} µs per replay", flush=True)
     print(f"#   {label}: kernels {total:.1f} µs per replay", flush=True)
+
+
+#: ``--merge-alone``: the captured call's merge launch replayed alone with some compile-time switches changed (as
+#: bench/merge_parts.py does for the paged call); a switch off computes a wrong record: timings only
+MERGE_ALONE_VARIANTS = {
+    "full": {},
+    "no_store": {"STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0},
+    "lse1": {"LSE_W": 1, "LSE_WP": 1},
+    "hist": {"EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False, "PARTS": 1},
+    "off": {"METER": False, "EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False,
+            "PARTS": 1},
+}
+
+
+def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
+    """``--merge-alone``: capture ``call`` with the merge launch kept (bench/merge_parts.py's spy), then replay that
+    launch alone, ``launches`` in one CUDA graph (PDL off), per ``MERGE_ALONE_VARIANTS``; and with 128 MB written
+    before each launch (the L2 flushed, that write's own time subtracted). Prints ``#   label: merge alone ...``."""
+    import triton.testing
+    from merge_parts import _Spy  # (bench/merge_parts.py)
+
+    import kernels.epilogue as ke
+
+    spy = _Spy(ke._merge_meter_kernel)
+    ke._merge_meter_kernel = spy
+    if before is not None:
+        before()
+    try:
+        capture(call)
+    finally:
+        ke._merge_meter_kernel = spy.real
+    if spy.last is None:
+        print(f"#   {label}: merge alone: no merge launch captured", flush=True)
+        return
+    grid, args, kw = spy.last
+    kw = {k: v for k, v in kw.items() if k != "launch_pdl"}
+    kw["GDC"] = False
+    shown = ("SP", "NB", "KA", "KP", "EXC", "GRD", "WEIGHTED", "DEFER", "DEFER_FORMS", "HA_HM", "STORE_REL",
+             "LSE_W", "SL_CSR", "PARTS", "num_warps")
+    print(f"#   {label}: merge launch grid {tuple(grid)}, " + ", ".join(f"{k} {kw[k]}" for k in shown if k in kw),
+          flush=True)
+    flush = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+
+    def timed(over: dict, flushed: bool, merge: bool = True) -> float:
+        k2 = {**kw, **over}
+        g2 = (grid[0], k2.get("PARTS", 1)) if len(grid) > 1 else grid
+
+        def run():
+            for _ in range(launches):
+                if flushed:
+                    flush.fill_(1)
+                if merge:
+                    spy.real[g2](*args, **k2)
+        g, _ = capture(run)
+        return triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches
+
+    base = timed({}, True, merge=False)
+    for name, over in MERGE_ALONE_VARIANTS.items():
+        try:
+            warm, cold = timed(over, False), timed(over, True) - base
+            print(f"#   {label}: merge alone {name}: {warm:.1f} µs (L2 flushed before each: {cold:.1f})", flush=True)
+        except Exception as e:  # noqa: BLE001 (a variant that does not build is reported)
+            print(f"#   {label}: merge alone {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
 def _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D):
@@ -156,7 +231,9 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
         errs.append(max(float((o[b].float() - r).abs().max() / r.abs().max()) for b, r in refs.items()))
         gtimes.append(graph_ms(call, args.iters))
         if getattr(args, "kernels", False):
-            kernel_table("metered" if fn is patched else "SGLang", call, args.iters)
+            kernel_table("metered" if fn is patched else "SGLang", call, args.iters, before=lambda: fresh_slots(ws))
+        if getattr(args, "merge_alone", False) and fn is patched:
+            merge_alone("metered", call, before=lambda: fresh_slots(ws))
         print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
               f"max|o − ref|/max|ref| {errs[-1]:.2e} (first and last request)", flush=True)
     fin = float("nan")
@@ -228,6 +305,9 @@ def main():
                     help="A/B: the schemes whose metered call takes the one-warp 32-token tile and the small-grid rule "
                          "(kernels.plan.ONE_WARP_METERED_SCHEMES / SMALL_GRID_SCHEMES, comma-separated; "
                          "default: the library's, int8)")
+    ap.add_argument("--merge-alone", action="store_true",
+                    help="also replay the metered call's captured merge launch alone, as called and with some "
+                         "compile-time switches changed, the L2 warm and flushed (bench/merge_parts.py's method)")
     ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS,...",
                     help="A/B: the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for "
                          "none), the table again for each pair, e.g. -:-,evict_first:-,evict_first:evict_last")
