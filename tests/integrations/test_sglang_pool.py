@@ -19,6 +19,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import math
 import warnings
 
@@ -544,7 +545,7 @@ def test_a_slot_outside_the_pool_leaves_its_row_unmetered(slot):
 
 
 @pytest.mark.parametrize("refine", [0, 8])
-def test_deferred_tilt_of_captured_calls(monkeypatch, refine):
+def test_deferred_tilt_of_captured_calls(monkeypatch, caplog, refine):
     """``install(defer_tilt=True)``: a captured call's record skips the tilt and the closed forms (its TV⁺ pending:
     1, sound and ≥ the fused one) and ``static_records`` finishes it in one launch: then the eager (fused) call's record, bit for
     bit in the interpreter (both through the Triton merge); idempotent; a second capture of the batch size takes
@@ -566,6 +567,8 @@ def test_deferred_tilt_of_captured_calls(monkeypatch, refine):
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager: the fused tilt
     assert torch.equal(got[-1][1].tv_upper_a, eager.tv_upper_a) and not ws.STATE.tilt
     monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    monkeypatch.setattr(sd, "_FUSED_LOGGED", set())
+    caplog.set_level(logging.INFO, logger="witcert.sglang")
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
     tb = ws.STATE.tilt[2]
     (layer, rec), = ws.STATE.static[2]
@@ -586,6 +589,9 @@ def test_deferred_tilt_of_captured_calls(monkeypatch, refine):
     third = ws.STATE.static[2][-1][1]  # its record keeps the tilt in its merge, not the written slot
     assert same and third.tv_upper_a.untyped_storage().data_ptr() != tb.rec.untyped_storage().data_ptr()
     assert torch.equal(third.tv_upper_a, eager.tv_upper_a)
+    fused = [r.getMessage() for r in caplog.records if "keeps its tilt in the merge" in r.getMessage()]
+    assert fused == ["WitCert: captured decode of layer slot 0 at batch size 2 keeps its tilt in the merge (written "
+                     "since the last static_records()): sound, slower than the deferred record"]  # (said once)
     assert torch.equal(ws.static_records(2)[1][1].tv_upper_a, eager.tv_upper_a)
     ws.uninstall()
     with pytest.raises(ValueError, match="Tier A only"):

@@ -127,8 +127,19 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     if i >= tb.layers or tb.rows != rows or i in tb.written:
         # (written since the last finish: a buffer read twice in one capture, e.g. layers sharing their KV, would
         # leave the first call's record reading the second's; that call keeps the tilt in its merge)
+        why = (f"registered after batch size {B}'s deferred records were sized" if i >= tb.layers else
+               f"{rows} rows against the {tb.rows} its records were sized for" if tb.rows != rows else
+               "written since the last static_records()")
+        if (B, i, why) not in _FUSED_LOGGED:
+            _FUSED_LOGGED.add((B, i, why))
+            log.info("WitCert: captured decode of layer slot %d at batch size %d keeps its tilt in the merge (%s): "
+                     "sound, slower than the deferred record", i, B, why)
         return None
     return tb, i
+
+
+#: (batch size, layer slot, reason) already logged by ``_tilt_slot``'s fused fallback (once each)
+_FUSED_LOGGED: set = set()
 
 
 class OutputOverCacheError(ValueError):
