@@ -182,6 +182,8 @@ def _parse_args(argv):
     ap.add_argument("--tau-tilt", type=float, default=0.005,
                     help="tilt_above for 'tilt': below every row's TV+ here, so every row takes the (lazy) tilt")
     ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
+    ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS",
+                    help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none)")
     return ap.parse_args(argv)
 
 
@@ -282,7 +284,12 @@ def main(argv=None):
     batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
     lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
     sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    import kernels.plan as kplan
+
+    kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in args.evict.split(":"))
+    kplan.eviction_hints()
     _print_header(args, dev, sms, Hkv, D)
+    print(f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}")
     if args.diag and not smoke:
         diag(32, Hkv, D, dev, sms)
     hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "
