@@ -105,6 +105,7 @@ MERGE_ALONE_VARIANTS = {
     "full": {},
     "no_store": {"STORE_REL": 0.0, "STORE_ABS": 0.0, "STORE_MAX": 0.0},
     "lse1": {"LSE_W": 1, "LSE_WP": 1},
+    "parts1": {"PARTS": 1},
     "hist": {"EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False, "PARTS": 1},
     "off": {"METER": False, "EPI": False, "EXC": False, "GRD": False, "DEFER": False, "DEFER_FORMS": False,
             "PARTS": 1},

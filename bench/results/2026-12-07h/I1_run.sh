@@ -1,6 +1,8 @@
 # I1 (2026-12-07, thirtieth session): is SGLang's in-graph merge slow because its partials come from DRAM? The HF
 # record merge alone with the L2 flushed before each launch; SGLang's fp8 call's kernels (PDL off) with the pass's L2
 # eviction hints (kernels.plan.KV_EVICT / PARTIALS_EVICT); the hints' GPU test; carry [".whl", ".carry/sg"]
+# (as run, the --evict value followed a space: argparse took "-:-,…" for an option and the SGLang part exited 2; I2 ran it
+# again as written here)
 source bench/device_suite.sh > $OUT/setup.log 2>&1
 for f in 0 128; do
   timeout 100 python3 bench/merge_parts.py --shapes 8:4096,1:32768 --warps "" --flush-mb $f > $OUT/parts_flush$f.log 2>&1
