@@ -4,7 +4,7 @@
 # prefetch; the paged int8 call (bench/decode.py) with KV evict_first; carry [".whl", ".carry/sg"]
 source bench/device_suite.sh > $OUT/setup.log 2>&1
 SG="python3 bench/sglang_h200.py --sglang-root $PWD/.carry/sg/sglang --kv fp8 --defer-tilt --iters 20"
-timeout 150 $SG --batches 8 --lens 4096,32768 --pdl none --kernels --merge-alone --evict=-:-,evict_first:- \
+timeout 120 $SG --batches 8 --lens 4096,32768 --pdl none --kernels --merge-alone \
   > $OUT/sg_kernels_fresh.log 2>&1
 echo "sg kernels fresh rc $?"; grep -E "^\| fp8|^# L2|#   (metered|SGLang|off): " $OUT/sg_kernels_fresh.log | cut -c1-190
 timeout 150 $SG --batches 1,8 --lens 4096,32768 --evict=-:-,evict_first:- > $OUT/sg_table_evict.log 2>&1
