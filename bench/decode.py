@@ -105,6 +105,19 @@ def capture(call):
     return g, out
 
 
+def set_evict(spec: str) -> str:
+    """``--evict KV:PARTIALS`` ('-' for none): sets ``kernels.plan.KV_EVICT`` / ``PARTIALS_EVICT`` (checked) and returns
+    the line a benchmark prints."""
+    import kernels.plan as kplan
+
+    parts = spec.split(":")
+    if len(parts) != 2:
+        raise SystemExit(f"--evict {spec!r}: expected KV:PARTIALS, e.g. evict_first:- ('-' for none)")
+    kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in parts)
+    kplan.eviction_hints()
+    return f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}"
+
+
 def write_rows(out_dir: str, name: str, rows: list) -> None:
     """A benchmark's rows as JSON in ``out_dir/name``, with the GPU and torch they ran on."""
     import json
@@ -284,12 +297,9 @@ def main(argv=None):
     batches = [int(x) for x in args.batches.split(",")] if not smoke else [1, 2]
     lengths = [int(x) for x in args.lengths.split(",")] if not smoke else [40, 100]
     sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
-    import kernels.plan as kplan
-
-    kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in args.evict.split(":"))
-    kplan.eviction_hints()
+    evict = set_evict(args.evict)
     _print_header(args, dev, sms, Hkv, D)
-    print(f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}")
+    print(evict)
     if args.diag and not smoke:
         diag(32, Hkv, D, dev, sms)
     hdr = (f"{'Hq':>3} {'B':>3} {'n':>7} {'S on/off':>8} {'on ms':>8} {'full ms':>8} {'page ms':>8} {'off ms':>8} {'on/off':>7} "

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from decode import capture  # noqa: E402 (bench/decode.py)
+from decode import capture, set_evict  # noqa: E402 (bench/decode.py)
 
 #: seconds of untimed replays before each timed loop (``graph_ms``); triton.testing.do_bench warms up 25 ms
 WARMUP_S = 0.2
@@ -376,9 +376,7 @@ def main():
     from witcert.integrations import sglang_decode
 
     for pair in args.evict.split(","):
-        kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in pair.split(":"))
-        kplan.eviction_hints()  # (checked before any launch)
-        print(f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}")
+        print(set_evict(pair))
         for splits in [None] + [int(x) for x in args.metered_splits.split(",") if x]:
             if splits is not None:
                 print(f"# metered call at {splits} splits (forced)")

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.decode import graphed, int8_shape  # noqa: E402
+from bench.decode import graphed, int8_shape, set_evict  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
@@ -117,10 +117,7 @@ def main(argv=None):
     ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS",
                     help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none)")
     args = ap.parse_args(argv)
-    import kernels.plan as kplan
-
-    kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in args.evict.split(":"))
-    kplan.eviction_hints()
+    evict = set_evict(args.evict)
     if not torch.cuda.is_available():
         raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
                          "(tests/kernels/test_tilt_batch.py checks the values on the CPU)")
@@ -129,8 +126,8 @@ def main(argv=None):
     import triton
 
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"ms per layer, one step of L layers in one CUDA graph; L2 eviction hints KV {kplan.KV_EVICT or 'none'}, "
-          f"partials {kplan.PARTIALS_EVICT or 'none'}")
+          "ms per layer, one step of L layers in one CUDA graph")
+    print(evict)
     print("| config | B | n | L | τ | off | fused | defer | forms | forms 1w | pend | fused/off | defer/off | forms/off "
           "| fused − off µs | forms − off µs | max Δ TV⁺ | max Δ E⁺ |")
     print("|---" * 18 + "|")
