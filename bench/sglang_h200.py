@@ -163,6 +163,31 @@ def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
             print(f"#   {label}: merge alone {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
+def graph_dump(path: str, call, before=None) -> None:
+    """``--graph-dump DIR``: ``call`` captured with CUDA-graph debug mode and its graph written as DOT to ``path``;
+    prints the node types it holds (kernels by name, memsets, copies, host and event nodes)."""
+    import collections
+    import re
+
+    if before is not None:
+        before()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    g.enable_debug_mode()
+    with torch.cuda.graph(g):
+        call()
+    g.debug_dump(path)
+    dot = open(path).read()
+    kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|HOST|EVENT_RECORD|WAIT_EVENT|EMPTY|GRAPH|MEM_ALLOC|"
+                                           r"MEM_FREE|BATCH_MEM_OP|CONDITIONAL)\b", dot))
+    names = collections.Counter(re.findall(r"name\\?=\\?\"?([A-Za-z_][A-Za-z0-9_]{2,60})", dot))
+    print(f"#   graph {os.path.basename(path)}: {dict(kinds)}; {dict(names.most_common(8))}", flush=True)
+
+
 def _references(kb, vb, loc, q, s, Bsz, n, Hq, Hkv, D):
     """fp32 reference for the first and last request (all heads) over the stored values."""
     refs = {}
@@ -233,6 +258,9 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
         gtimes.append(graph_ms(call, args.iters))
         if getattr(args, "kernels", False):
             kernel_table("metered" if fn is patched else "SGLang", call, args.iters, before=lambda: fresh_slots(ws))
+        if getattr(args, "graph_dump", None):
+            graph_dump(os.path.join(args.graph_dump, f"{'metered' if fn is patched else 'sglang'}_{kv}_{Bsz}_{n}.dot"),
+                       call, before=lambda: fresh_slots(ws))
         if getattr(args, "merge_alone", False) and fn is patched:
             merge_alone("metered", call, before=lambda: fresh_slots(ws))
         print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
@@ -309,6 +337,8 @@ def main():
     ap.add_argument("--merge-alone", action="store_true",
                     help="also replay the metered call's captured merge launch alone, as called and with some "
                          "compile-time switches changed, the L2 warm and flushed (bench/merge_parts.py's method)")
+    ap.add_argument("--graph-dump", default=None, metavar="DIR",
+                    help="also write each call's CUDA graph (debug mode) as DOT into DIR and print its node types")
     ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS,...",
                     help="A/B: the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for "
                          "none), the table again for each pair, e.g. -:-,evict_first:-,evict_first:evict_last")
