@@ -94,10 +94,13 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: exact in fp16) keep the bf16 dot
 KEY_F16_SCHEMES = ("fp8_e4m3", "fp8_e4m3_scaled")
 KEY_F16_METERED = False
-#: L2 eviction hints of the decode pass (an A/B, bench/RESULTS.md run I1; "" : none, the default). ``KV_EVICT``: the
-#: 8-bit code tiles' loads ("evict_first": the KV is read once a step, so its lines go first); ``PARTIALS_EVICT``: the
-#: split partials' stores ("evict_last": the merge reads them after the rest of the pass has streamed its KV through
-#: the L2). Hints only: no value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``)
+#: L2 eviction hints of the decode pass ("": none, the default). ``KV_EVICT``: the 8-bit code tiles' loads
+#: ("evict_first": the KV is read once a step, so its lines go first); ``PARTIALS_EVICT``: the split partials' stores
+#: ("evict_last": the merge reads them after the rest of the pass has streamed its KV through the L2). Hints only: no
+#: value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``). bench/RESULTS.md runs I1-I3, SGLang's
+#: fp8 call on an H100: KV evict_first 2.5-3.5 % off the metered pass at B 8 (× SGLang 1.32 → 1.25 at 4K, 1.20 → 1.16
+#: at 32K) but B 1 / 4K 1.16 → 1.24 in a benchmark replaying one layer; partials evict_last nothing more; the paged
+#: call not measured. Off until both are
 KV_EVICT = ""
 PARTIALS_EVICT = ""
 EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
