@@ -57,7 +57,6 @@ import triton
 
 from contract.constants import DITHER_BIAS_FACTOR
 
-from . import plan as kernel_plan
 from .epilogue_jit import (
     COARSE,
     FP64_SLACK,
@@ -85,7 +84,7 @@ from .excess_grid import EXCESS_COLS, expm1_up_torch, grid_form_torch
 from .fp_bounds import FP32_FLUSH, KERNEL_EXP_REL, KERNEL_REL_SLACK
 from .key_levels import key_edges
 from .pdl import gdc, pdl_call
-from .plan import merge_warps
+from .plan import merge_parts_setting, merge_warps
 
 
 @functools.lru_cache(maxsize=64)  # (a gate's few τ values; merge() calls it once per layer and step)
@@ -419,17 +418,6 @@ def check_outputs(out: torch.Tensor | None, lse_out: torch.Tensor | None, B: int
         raise OutputBufferError("out / lse_out: share memory")
 
 
-def _merge_parts_setting() -> tuple[int, int | None]:
-    """(``kernels.plan.MERGE_PARTS``, ``MERGE_PARTS_WARPS``) checked: 1, 2 or 3 programs a row; None or 1, 2, 4, 8
-    warps."""
-    parts, warps = kernel_plan.MERGE_PARTS, kernel_plan.MERGE_PARTS_WARPS
-    if type(parts) is not int or parts not in (1, 2, 3):
-        raise ValueError(f"kernels.plan.MERGE_PARTS: expected 1, 2 or 3, got {parts!r}")
-    if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8)):
-        raise ValueError(f"kernels.plan.MERGE_PARTS_WARPS: expected None or 1, 2, 4 or 8, got {warps!r}")
-    return parts, warps
-
-
 def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue: bool = True,
           tilt_above: float = -1.0, num_warps: int | None = None, tilt_batch=None, tilt_layer: int | None = None,
           out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None, ex: torch.Tensor | None = None):
@@ -464,7 +452,7 @@ def merge(m_out, l_out, acc_out, hist, stat, q, sl, c: MergeConstants, epilogue:
             raise ValueError("tilt_batch: defers the meter record's tier-A tilt (meter and epilogue on, no Tier B)")
         # the merge in parts (``kernels.plan.MERGE_PARTS``, read now; with the closed forms deferred), refused before
         # the slot is claimed: a refused call leaves the layer writable
-        parts, parts_warps = _merge_parts_setting()
+        parts, parts_warps = merge_parts_setting()
         rec, hout, flag, exs = tilt_batch.slot(tilt_layer, rows, c.NB, c.KA, (ex.shape[-1] if exc else 0))
         hout = hout.view(Bsz, Hq, c.NB)
         forms = exs is not None

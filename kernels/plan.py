@@ -535,8 +535,9 @@ MERGE_UNTILTED_WARPS: int | None = None
 #: finishing launch: the per-call merge stores the merged excess sums (``epilogue_jit._merge_meter_kernel``'s
 #: DEFER_FORMS) instead of running the excess and grid forms, tanh, the e-form and ρ in float64; the finish runs them
 #: batched over every layer's rows. Measured (bench/RESULTS.md runs G1, G4, an H100): 0.88-0.97× a metered layer's
-#: time at B 1, 0.97-1.00× at B 8 (bench/tilt_batch_probe.py); on SGLang's fp8 call at B 8 the forms are only ~0.3 of
-#: the merge's 16 µs (the rest merges the histograms and stats). Read by ``TiltBatch.allocate`` (a batch keeps its mode)
+#: time at B 1, 0.97-1.00× at B 8 (bench/tilt_batch_probe.py). (G4's split of SGLang's merge, 16 µs with the forms or
+#: without, timed a second capture's merge, whose tilt was fused: runs I2-I3; the deferred merge there is 6.8-7.2 µs.)
+#: Read by ``TiltBatch.allocate`` (a batch keeps its mode)
 DEFER_FORMS = True
 #: programs per row of a deferred record's merge (``epilogue_jit._merge_meter_kernel``'s PARTS, with DEFER_FORMS): 1, the
 #: one-program merge; 2, the histograms and the excess sums in a second program beside the output and the record's
@@ -555,6 +556,17 @@ MERGE_PARTS = 3
 #: one-program merge's in the last bits (relative 6e-6; run H2's GPU tests: the graphed and eager records then differ by
 #: 6e-10 in E⁺ through the store's term): a graphed step would not serve what an eager call serves. So None
 MERGE_PARTS_WARPS: int | None = None
+
+
+def merge_parts_setting() -> tuple[int, int | None]:
+    """(``MERGE_PARTS``, ``MERGE_PARTS_WARPS``) checked, as ``epilogue.merge`` reads them: 1, 2 or 3 programs a row;
+    None or 1, 2, 4, 8 warps."""
+    parts, warps = MERGE_PARTS, MERGE_PARTS_WARPS
+    if type(parts) is not int or parts not in (1, 2, 3):
+        raise ValueError(f"kernels.plan.MERGE_PARTS: expected 1, 2 or 3, got {parts!r}")
+    if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8)):
+        raise ValueError(f"kernels.plan.MERGE_PARTS_WARPS: expected None or 1, 2, 4 or 8, got {warps!r}")
+    return parts, warps
 
 
 def merge_warps(sp: int, d: int, record: bool, rows: int = 0, sms: int = 0, tilts: bool = True) -> int:
