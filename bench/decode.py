@@ -91,15 +91,18 @@ def time_sdpa(q, Hkv, n, copies, smoke=False):
     return bench(sdpa, smoke)
 
 
-def capture(call):
+def capture(call, debug: bool = False):
     """``call`` run once on a side stream (its allocations and compiles), then captured in a CUDA graph: (the graph,
-    what the captured call returned, whose tensors each replay rewrites)."""
+    what the captured call returned, whose tensors each replay rewrites). ``debug``: the graph in CUDA-graph debug mode
+    (``debug_dump`` can write it)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         call()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
+    if debug:
+        g.enable_debug_mode()
     with torch.cuda.graph(g):
         out = call()
     return g, out
@@ -116,6 +119,21 @@ def set_evict(spec: str) -> str:
     kplan.KV_EVICT, kplan.PARTIALS_EVICT = ("" if x == "-" else x for x in parts)
     kplan.eviction_hints()
     return f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'}"
+
+
+def run_shapes(spec: str, row, out_dir: str | None, name: str) -> list:
+    """``row(B, n)`` for each ``B:n`` of ``spec`` (comma-separated), each printed as a JSON line; the rows written to
+    ``out_dir/name`` (``write_rows``) when ``out_dir`` is given."""
+    import json
+
+    rows = []
+    for shp in spec.split(","):
+        B, n = (int(x) for x in shp.split(":"))
+        rows.append(row(B, n))
+        print(json.dumps(rows[-1]), flush=True)
+    if out_dir:
+        write_rows(out_dir, name, rows)
+    return rows
 
 
 def write_rows(out_dir: str, name: str, rows: list) -> None:

@@ -22,7 +22,6 @@ computes a wrong record: these are timings of parts, nothing reads their output.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import kernels.epilogue as ke  # noqa: E402
 import kernels.pdl as kpdl  # noqa: E402
 import kernels.plan as kplan  # noqa: E402
-from bench.decode import capture, int8_shape, write_rows  # noqa: E402
+from bench.decode import capture, int8_shape, run_shapes  # noqa: E402
 from bench.sketch_speed import page_norms, random_window, sketched  # noqa: E402
 from kernels.decode import decode  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
@@ -142,14 +141,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     kpdl.PDL_LAUNCHES = ()  # each launch alone: no overlap with the one before
-    rows = []
-    for shp in args.shapes.split(","):
-        B, n = (int(x) for x in shp.split(":"))
-        r = shape_row(B, n, args.layers, [int(w) for w in args.warps.split(",") if w], args.launches, args.flush_mb)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
-    if args.out:
-        write_rows(args.out, "merge_parts.json", rows)
+    warps = [int(w) for w in args.warps.split(",") if w]
+    run_shapes(args.shapes, lambda B, n: shape_row(B, n, args.layers, warps, args.launches, args.flush_mb), args.out,
+               "merge_parts.json")
 
 
 if __name__ == "__main__":

@@ -171,15 +171,7 @@ def graph_dump(path: str, call, before=None) -> None:
 
     if before is not None:
         before()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    g.enable_debug_mode()
-    with torch.cuda.graph(g):
-        call()
+    g, _ = capture(call, debug=True)
     g.debug_dump(path)
     dot = open(path).read()
     kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|HOST|EVENT_RECORD|WAIT_EVENT|EMPTY|GRAPH|MEM_ALLOC|"

@@ -14,7 +14,6 @@ to see what the production grid's time is made of, with each grid's median tilt.
 (the histogram bins with mass, the tilt's inner loop count).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 import kernels.decode as kd  # noqa: E402
 import kernels.epilogue as ke  # noqa: E402
 import kernels.epilogue_jit as ej  # noqa: E402
-from bench.decode import bench, graphed, int8_shape, write_rows  # noqa: E402
+from bench.decode import bench, graphed, int8_shape, run_shapes  # noqa: E402
 from kernels.tilt_batch import TiltBatch  # noqa: E402
 
 
@@ -117,16 +116,10 @@ def main(argv=None):
     ap.add_argument("--grids", default="", help="COARSE:REFINE_TOP:REFINE,… (REFINE_TOP 0: the coarse grid alone)")
     args = ap.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    res = []
-    for shp in args.shapes.split(","):
-        B, n = (int(x) for x in shp.split(":"))
-        r = shape_rows(B, n, args.heads, sms, [int(x) for x in args.chunks.split(",")],
-                       [int(x) for x in args.warps.split(",")],
-                       [tuple(int(v) for v in g.split(":")) for g in args.grids.split(",") if g])
-        print(json.dumps(r), flush=True)
-        res.append(r)
-    if args.out:
-        write_rows(args.out, "tilt_cost.json", res)
+    chunks, warps = [int(x) for x in args.chunks.split(",")], [int(x) for x in args.warps.split(",")]
+    grids = [tuple(int(v) for v in g.split(":")) for g in args.grids.split(",") if g]
+    run_shapes(args.shapes, lambda B, n: shape_rows(B, n, args.heads, sms, chunks, warps, grids), args.out,
+               "tilt_cost.json")
 
 
 if __name__ == "__main__":
