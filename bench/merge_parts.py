@@ -61,9 +61,22 @@ class _Spy:
         return launch
 
 
-def shape_row(B: int, n: int, L: int, warps, launches: int, flush_mb: int = 0) -> dict:
+def launch_us(launch, launches: int, flush: torch.Tensor | None = None) -> float:
+    """µs per launch of ``launch()`` (None: no launch), ``launches`` of them in one CUDA graph, each after
+    ``flush.fill_(1)`` where ``flush`` is given (median of ``triton.testing.do_bench``)."""
     import triton.testing
 
+    def run():
+        for _ in range(launches):
+            if flush is not None:
+                flush.fill_(1)
+            if launch is not None:
+                launch()
+    g, _ = capture(run)
+    return triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches
+
+
+def shape_row(B: int, n: int, L: int, warps, launches: int, flush_mb: int = 0) -> dict:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     _, caches, q, sl, S = int8_shape(B, n, 32, 8, 128, dev, sms)
@@ -99,15 +112,7 @@ def shape_row(B: int, n: int, L: int, warps, launches: int, flush_mb: int = 0) -
     def timed(over: dict, parts: int = 1, merge: bool = True) -> float:
         g_, a_, k_ = launches_by_parts[parts]
         k2 = {**k_, **over}
-
-        def run():
-            for _ in range(launches):
-                if flush is not None:
-                    flush.fill_(1)
-                if merge:
-                    spy.real[g_](*a_, **k2)
-        g, _ = capture(run)
-        t = triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches
+        t = launch_us((lambda: spy.real[g_](*a_, **k2)) if merge else None, launches, flush)
         return round(t - (flush_alone if flush is not None and merge else 0.0), 2)
 
     flush_alone = timed({}, 1, merge=False) if flush is not None else 0.0

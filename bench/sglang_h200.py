@@ -116,8 +116,7 @@ def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
     """``--merge-alone``: capture ``call`` with the merge launch kept (bench/merge_parts.py's spy), then replay that
     launch alone, ``launches`` in one CUDA graph (PDL off), per ``MERGE_ALONE_VARIANTS``; and with 128 MB written
     before each launch (the L2 flushed, that write's own time subtracted). Prints ``#   label: merge alone ...``."""
-    import triton.testing
-    from merge_parts import _Spy  # (bench/merge_parts.py)
+    from merge_parts import _Spy, launch_us  # (bench/merge_parts.py)
 
     import kernels.epilogue as ke
 
@@ -144,15 +143,7 @@ def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
     def timed(over: dict, flushed: bool, merge: bool = True) -> float:
         k2 = {**kw, **over}
         g2 = (grid[0], k2.get("PARTS", 1)) if len(grid) > 1 else grid
-
-        def run():
-            for _ in range(launches):
-                if flushed:
-                    flush.fill_(1)
-                if merge:
-                    spy.real[g2](*args, **k2)
-        g, _ = capture(run)
-        return triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median") * 1e3 / launches
+        return launch_us((lambda: spy.real[g2](*args, **k2)) if merge else None, launches, flush if flushed else None)
 
     base = timed({}, True, merge=False)
     for name, over in MERGE_ALONE_VARIANTS.items():
