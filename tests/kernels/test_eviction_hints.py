@@ -34,8 +34,9 @@ def test_an_unknown_policy_is_refused_before_any_launch(name, monkeypatch):
     cache, bt, _ = build("int8", [20], 1, 64, seed=3)
     monkeypatch.setattr(kp, name, "evict_sometimes")
     with pytest.raises(ValueError, match=f"kernels.plan.{name} = 'evict_sometimes'"):
-        decode(cache, torch.randn(1, 2, 64).bfloat16().float().to(DEV).to(torch.bfloat16 if DEV == "cuda" else torch.float32),
-               bt.to(DEV), torch.tensor([20]).to(DEV))
+        # (a bf16 query on the GPU, whose path refuses a float32 one before this check)
+        decode(cache, torch.randn(1, 2, 64).to(DEV, torch.bfloat16 if DEV == "cuda" else torch.float32), bt.to(DEV),
+               torch.tensor([20]).to(DEV))
     monkeypatch.setattr(kp, name, "")
     assert kp.eviction_hints() == {"KV_EVICT": "", "PARTIALS_EVICT": ""}
 
