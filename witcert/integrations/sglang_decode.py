@@ -108,6 +108,10 @@ def _saturate_rows(rec, rows: torch.Tensor) -> None:
     rec.out_err_upper.masked_fill_(rows, float("inf"))
 
 
+#: (batch size, layer slot, reason) already logged by ``_tilt_slot``'s fused fallback (once each)
+_FUSED_LOGGED: set = set()
+
+
 def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
     slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a buffer registered after the batch
@@ -137,9 +141,6 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
         return None
     return tb, i
 
-
-#: (batch size, layer slot, reason) already logged by ``_tilt_slot``'s fused fallback (once each)
-_FUSED_LOGGED: set = set()
 
 
 class OutputOverCacheError(ValueError):
