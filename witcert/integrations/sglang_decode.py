@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from kernels.unmetered import UnmeteredSlots
@@ -112,22 +114,48 @@ def _saturate_rows(rec, rows: torch.Tensor) -> None:
 _FUSED_LOGGED: set = set()
 
 
+#: SGLang's process-global capture-mode flag (its decode runner's warm-up and capture); read only if loaded
+_CAPTURE_MODE_MODULE = "sglang.srt.model_executor.runner_utils.capture_mode"
+
+
+def _sglang_capture_mode() -> bool:
+    """Is SGLang's graph runner warming up or capturing (``get_is_capture_mode``)? False when that module is not
+    loaded (a bare kernel import): nothing is imported here."""
+    mod = sys.modules.get(_CAPTURE_MODE_MODULE)
+    return bool(mod is not None and mod.get_is_capture_mode())
+
+
+def _presize_tilt(q: torch.Tensor):
+    """Batch size ``q.shape[0]``'s ``TiltBatch`` (the deferred records of its captured calls), allocated if absent,
+    sized to the sides registered now. Called eagerly by a metered call in SGLang's capture-mode warm-up, so the
+    allocation's fills run there, once, and not inside the graph that the capture right after records."""
+    from kernels.plan import hist_columns
+    from kernels.tilt_batch import TiltBatch
+
+    B = q.shape[0]
+    tb = STATE.tilt.get(B)
+    if tb is None:
+        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=B * q.shape[1],
+                                                nb=hist_columns(False), device=q.device)
+        log.info("WitCert: deferred records for batch size %d sized to %d layer slots", B, len(STATE.layers))
+    return tb
+
+
 def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
     slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a buffer registered after the batch
     was sized, or a slot written since the last ``static_records``). Slots are the sides' registration order; a
     batch size's TiltBatch is sized once (its captured records are views into it), to the sides registered then."""
-    from kernels.plan import hist_columns
-    from kernels.tilt_batch import TiltBatch
-
     if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
         return None
     i = list(STATE.layers).index(kb.data_ptr())
     B, rows = q.shape[0], q.shape[0] * q.shape[1]
     tb = STATE.tilt.get(B)
     if tb is None:
-        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=rows, nb=hist_columns(False),
-                                                device=q.device)
+        log.warning("WitCert: batch size %d's deferred records allocated inside a CUDA-graph capture: their "
+                    "initialisation (TiltBatch.allocate's fills) is captured too and replays every step (sound, "
+                    "slower; SGLang's warm-up in capture mode sizes them before the capture)", B)
+        tb = _presize_tilt(q)
     if i >= tb.layers or tb.rows != rows or i in tb.written:
         # (written since the last finish: a buffer read twice in one capture, e.g. layers sharing their KV, would
         # leave the first call's record reading the second's; that call keeps the tilt in its merge)
@@ -239,6 +267,9 @@ def _wrap_decode(orig):
             kw[names[i]] = a
         why = _unmeterable(args, kw)
         capturing = why is None and _capturing(args[0])
+        if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None
+                and args[0].shape[0] not in STATE.tilt and _sglang_capture_mode()):
+            _presize_tilt(args[0])  # (the warm-up before a capture of this batch size)
         if capturing and STATE.gate is not None:  # its host syncs would break the capture: say so instead
             raise GraphCaptureUnsupported(
                 "WitCert's gate repairs rows on the host (device-to-host reads of the records, page-in) and "

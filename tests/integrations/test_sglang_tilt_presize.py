@@ -1,0 +1,93 @@
+"""Issue 36: the deferred records of a batch size (``install(defer_tilt=True)``) are sized in SGLang's capture-mode
+warm-up, not inside the capture.
+
+SGLang's decode runner runs each batch size's forward twice eagerly under its process-global capture-mode flag, then
+captures it. Sized inside the capture (what the adapter did before 2026-12-07), ``TiltBatch.allocate``'s seven fills
+were recorded into the graph and ran again on every replay: run J1 measured what that cost the one-layer benchmark.
+Now an eager metered call under that flag sizes them, and the capture right after finds them. A capture that still
+has to size them (no warm-up under the flag) says so. The capture is simulated (``_capturing`` answers True), as in
+``test_sglang_pool.py``; real sglang==0.5.23 pool classes, Triton interpreter.
+"""
+
+import importlib.util
+import logging
+import types
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)
+
+import witcert.integrations.sglang as ws  # noqa: E402
+import witcert.integrations.sglang_decode as sd  # noqa: E402
+from tests.helpers.sglang_pool import (  # noqa: E402
+    _clean,  # noqa: E402, F401  (the autouse fixture)
+    decode,
+    kv,
+    write,
+)
+from tests.integrations.test_sglang_pool import _two_rows_decoded  # noqa: E402
+
+
+def _capture_mode(monkeypatch, on: bool):
+    mod = types.ModuleType(sd._CAPTURE_MODE_MODULE)
+    mod.get_is_capture_mode = lambda: on
+    monkeypatch.setitem(__import__("sys").modules, sd._CAPTURE_MODE_MODULE, mod)
+
+
+def _deferred_install(monkeypatch, caplog):
+    import kernels.decode as Dk
+
+    monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
+    pool, ex, recs, loc, q, rows = _two_rows_decoded()
+    eager = recs[0][1]
+    ws.uninstall()
+    ws.install(force=True, bare=True, on_record=lambda *a: None, defer_tilt=True)
+    write(pool, 0, loc, *kv(8, 2), ex)
+    caplog.set_level(logging.INFO, logger="witcert.sglang")
+    return pool, q, rows, eager
+
+
+def test_warmup_in_capture_mode_sizes_the_records_outside_the_capture(monkeypatch, caplog):
+    """An eager call sizes nothing; one under SGLang's flag sizes the batch once; the capture after takes a slot of
+    that batch (no in-capture sizing said) and its finished record equals the eager fused one."""
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog)
+    _capture_mode(monkeypatch, False)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager, not a warm-up: nothing sized
+    assert not ws.STATE.tilt
+    _capture_mode(monkeypatch, True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the warm-up: sized, the record still the fused one
+    tb = ws.STATE.tilt[2]
+    assert tb.rows == 2 * q.shape[1] and tb.layers == len(ws.STATE.layers) and not tb.written
+    assert not ws.STATE.static  # (an eager call: its record went to on_record)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the second warm-up: the same batch, not sized again
+    assert ws.STATE.tilt[2] is tb
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the capture: the slot of the batch sized before
+    (layer, rec), = ws.STATE.static[2]
+    assert ws.STATE.tilt[2] is tb and rec.tv_upper_a.untyped_storage().data_ptr() == tb.rec.untyped_storage().data_ptr()
+    (layer, rec), = ws.static_records(2)
+    assert (rec.tv_upper_a == eager.tv_upper_a).all()
+    msgs = [r.getMessage() for r in caplog.records]
+    assert not [m for m in msgs if "inside a CUDA-graph capture" in m]
+    assert msgs.count("WitCert: deferred records for batch size 2 sized to 1 layer slots") == 1
+
+
+def test_capture_without_warmup_sizes_inside_and_says_so(monkeypatch, caplog):
+    """No warm-up under the flag: the capture sizes the batch (sound, the same record) and warns, once."""
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog)
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert 2 in ws.STATE.tilt and len(ws.STATE.static[2]) == 1
+    (layer, rec), = ws.static_records(2)
+    assert (rec.tv_upper_a == eager.tv_upper_a).all()
+    warned = [r for r in caplog.records if "inside a CUDA-graph capture" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING and "batch size 2" in warned[0].getMessage()
+
+
+def test_no_sizing_without_deferral(monkeypatch):
+    """Without ``defer_tilt`` a warm-up under the flag sizes nothing (no records are deferred)."""
+    pool, ex, recs, loc, q, rows = _two_rows_decoded()  # (installed without defer_tilt)
+    _capture_mode(monkeypatch, True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert not ws.STATE.tilt and len(recs) == 2
