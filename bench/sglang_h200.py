@@ -20,10 +20,12 @@ replay of one call (what SGLang's server does for decode batches): the GPU time 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import time
+import types
 
 import torch
 
@@ -36,11 +38,37 @@ from decode import capture, set_evict  # noqa: E402 (bench/decode.py)
 WARMUP_S = 0.2
 
 
+#: ``--capture-mode``: emulate SGLang's decode runner, whose warm-up and capture run under its process-global
+#: capture-mode flag (``sglang.srt.model_executor.runner_utils.capture_mode``, not in the bare kernel import), which
+#: the adapter reads to size the deferred records in the warm-up, outside the graph
+CAPTURE_MODE = True
+
+
+@contextlib.contextmanager
+def sglang_capture_mode(on: bool):
+    """SGLang's capture-mode flag set (``on``) for the block: a stand-in module exposing ``get_is_capture_mode``
+    under SGLang's name, removed after (the bare import has none of its own)."""
+    from witcert.integrations import sglang_decode
+
+    name = sglang_decode._CAPTURE_MODE_MODULE
+    if not on or name in sys.modules:
+        yield
+        return
+    stub = types.ModuleType(name)
+    stub.get_is_capture_mode = lambda: True
+    sys.modules[name] = stub
+    try:
+        yield
+    finally:
+        del sys.modules[name]
+
+
 def graph_ms(call, iters: int) -> float:
     """ms per replay of ``call`` captured in a CUDA graph (NaN, with the reason printed, if the
-    capture fails)."""
+    capture fails); warm-up and capture under SGLang's capture-mode flag when ``CAPTURE_MODE``."""
     try:
-        g, _ = capture(call)
+        with sglang_capture_mode(CAPTURE_MODE):
+            g, _ = capture(call)
         # warm-up replays, untimed, for at least WARMUP_S: a cell's first timed loop ran 5-15 % slower than the same
         # call timed later (run Y7: SGLang's kernel 0.225 then 0.201 ms at bf16 B 32 / 4K), which had put the off
         # column, timed first; run Y8's `iters` replays (4 ms at B 32 / 4K) may not have been enough there
@@ -68,7 +96,10 @@ def fresh_slots(ws) -> None:
     """Mark the deferred records' layer slots unwritten (``TiltBatch.reset``) before another capture of a call already
     captured: the adapter gives a slot written since the last finish no deferral (``sglang_decode._tilt_slot``), so
     without this a second capture times the merge with the tilt fused, not the call the graph column timed (what
-    runs G4 and H3's ``--kernels`` splits did: their 16-17 µs merge was the fused one)."""
+    runs G4 and H3's ``--kernels`` splits did: their 16-17 µs merge was the fused one). Without ``CAPTURE_MODE`` the
+    records are dropped instead, so the capture sizes them again inside the graph, as the graph column's did."""
+    if not CAPTURE_MODE:  # (the graph column's capture sized them inside the graph: so again)
+        ws.STATE.tilt.clear()
     for tb in ws.STATE.tilt.values():
         tb.reset()
 
@@ -81,7 +112,8 @@ def kernel_table(label: str, call, iters: int, before=None) -> None:
 
     if before is not None:
         before()
-    g, _ = capture(call)
+    with sglang_capture_mode(CAPTURE_MODE):
+        g, _ = capture(call)
     for _ in range(iters):
         g.replay()
     torch.cuda.synchronize()
@@ -125,7 +157,8 @@ def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
     if before is not None:
         before()
     try:
-        capture(call)
+        with sglang_capture_mode(CAPTURE_MODE):
+            capture(call)
     finally:
         ke._merge_meter_kernel = spy.real
     if spy.last is None:
@@ -162,7 +195,8 @@ def graph_dump(path: str, call, before=None) -> None:
 
     if before is not None:
         before()
-    g, _ = capture(call, debug=True)
+    with sglang_capture_mode(CAPTURE_MODE):
+        g, _ = capture(call, debug=True)
     g.debug_dump(path)
     dot = open(path).read()
     kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|HOST|EVENT_RECORD|WAIT_EVENT|EMPTY|GRAPH|MEM_ALLOC|"
@@ -328,6 +362,10 @@ def main():
     ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS,...",
                     help="A/B: the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for "
                          "none), the table again for each pair, e.g. -:-,evict_first:-,evict_first:evict_last")
+    ap.add_argument("--capture-mode", default="on", metavar="on,off",
+                    help="A/B: the graph columns' warm-up and capture under SGLang's capture-mode flag (on: as its "
+                         "decode runner, the deferred records sized in the warm-up; off: sized inside the capture, "
+                         "their fills in the graph, what runs before 2026-12-07 J1 timed), the table again for each")
     args = ap.parse_args()
     import kernels.pdl as pdl
     import kernels.plan as kplan
@@ -391,7 +429,12 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     from witcert.integrations import sglang_decode
 
-    for pair in args.evict.split(","):
+    global CAPTURE_MODE
+    for mode, pair in ((m, p) for m in args.capture_mode.split(",") for p in args.evict.split(",")):
+        if mode not in ("on", "off"):
+            raise SystemExit(f"--capture-mode {mode!r}: expected on or off")
+        CAPTURE_MODE = mode == "on"
+        print(f"# SGLang capture-mode flag around the graph columns' warm-up and capture: {mode}")
         print(set_evict(pair))
         for splits in [None] + [int(x) for x in args.metered_splits.split(",") if x]:
             if splits is not None:
