@@ -14,6 +14,7 @@ import logging
 import types
 
 import pytest
+import torch
 
 if importlib.util.find_spec("sglang") is None:
     pytest.skip("pip install --no-deps sglang==0.5.23 (Makefile)", allow_module_level=True)
@@ -35,14 +36,14 @@ def _capture_mode(monkeypatch, on: bool):
     monkeypatch.setitem(__import__("sys").modules, sd._CAPTURE_MODE_MODULE, mod)
 
 
-def _deferred_install(monkeypatch, caplog):
+def _deferred_install(monkeypatch, caplog, **install):
     import kernels.decode as Dk
 
     monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
     pool, ex, recs, loc, q, rows = _two_rows_decoded()
     eager = recs[0][1]
     ws.uninstall()
-    ws.install(force=True, bare=True, on_record=lambda *a: None, defer_tilt=True)
+    ws.install(force=True, bare=True, on_record=lambda *a: None, defer_tilt=True, **install)
     write(pool, 0, loc, *kv(8, 2), ex)
     caplog.set_level(logging.INFO, logger="witcert.sglang")
     return pool, q, rows, eager
@@ -91,3 +92,26 @@ def test_no_sizing_without_deferral(monkeypatch):
     _capture_mode(monkeypatch, True)
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
     assert not ws.STATE.tilt and len(recs) == 2
+
+
+def test_batches_above_defer_max_batch_keep_the_fused_tilt(monkeypatch, caplog):
+    """``install(defer_max_batch=1)``: batch size 2 is sized neither in the warm-up nor in the capture; its captured
+    record keeps the tilt in its merge (the eager record, bit for bit), said once with the memory it would take."""
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog, defer_max_batch=1)
+    _capture_mode(monkeypatch, True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the warm-up
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # the capture
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert not ws.STATE.tilt
+    recs = ws.static_records(2)
+    assert len(recs) == 2 and all(torch.equal(r.tv_upper_a, eager.tv_upper_a) for _, r in recs)
+    said = [r.getMessage() for r in caplog.records if "defer_max_batch=1" in r.getMessage()]
+    assert len(said) == 1 and "every layer at batch size 2" in said[0] and "MiB" in said[0], said
+    assert not [r for r in caplog.records if "inside a CUDA-graph capture" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "32"])
+def test_defer_max_batch_is_checked(bad):
+    with pytest.raises(ValueError, match="defer_max_batch: expected an int >= 1"):
+        ws.install(force=True, bare=True, defer_tilt=True, defer_max_batch=bad)

@@ -110,7 +110,16 @@ from witcert.integrations.sglang_pool import (
     wrap_alloc,
     wrap_host_load,
 )
-from witcert.integrations.sglang_state import DECODE_PARAMS, POOL_PARAMS, STATE, LayerSide, State, _Skip, log  # noqa: F401
+from witcert.integrations.sglang_state import (  # noqa: F401
+    DECODE_PARAMS,
+    DEFER_MAX_BATCH,
+    POOL_PARAMS,
+    STATE,
+    LayerSide,
+    State,
+    _Skip,
+    log,
+)
 from witcert.integrations.sglang_trace import PAGEIN_LAYERS, SGLangStepRecord, TraceSource, flush  # noqa: F401
 from witcert.integrations.sglang_witness import (  # noqa: F401 (kernel_scale: re-exported)
     _as_logical,
@@ -218,7 +227,8 @@ def _resolve(targets, bare):
 
 def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, delta_step: float | None = None,
             on_record=None, targets=("decode", "pool"), bare: bool = False, version: str | None = None,
-            trace=None, flush_every: int = 64, gate=None, exact_store=None, defer_tilt: bool = False):
+            trace=None, flush_every: int = 64, gate=None, exact_store=None, defer_tilt: bool = False,
+            defer_max_batch: int = DEFER_MAX_BATCH):
     """Patch SGLang when ``WITCERT_SGLANG=1`` (or ``force``); otherwise do nothing, return None.
 
     Every target is resolved and checked first; only then is anything replaced (all or none).
@@ -233,7 +243,10 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     ``HostExactStore``): repair rows over τ from an exact overlay (module doc "Gate").
     ``defer_tilt``: the metered calls captured in CUDA graphs leave their records' tilt and closed forms to
     ``static_records``, which runs every captured layer's in one launch (``kernels.tilt_batch``; until then a
-    record's TV⁺ is 1, sound); not with ``delta_step`` (Tier B keeps the tilt in its merge)."""
+    record's TV⁺ is 1, sound); not with ``delta_step`` (Tier B keeps the tilt in its merge). Each captured batch
+    size keeps its own deferred records on the GPU (about 1.9 KB per query head, layer and request: 62 MB at batch
+    32 for Llama-8B's 32 layers × 32 heads), so only batch sizes up to ``defer_max_batch`` defer; larger ones keep
+    the tilt in their merge (sound; its cost is a smaller share of a large batch's pass), said once each."""
     if not force and os.environ.get(ENV, "") != "1":
         return None
     ver = sglang_version() if version is None else version
@@ -256,11 +269,14 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     _check_gate(gate, exact_store, scheme)
     if not isinstance(defer_tilt, bool):
         raise ValueError(f"defer_tilt: expected True or False, got {defer_tilt!r}")
+    if not isinstance(defer_max_batch, int) or isinstance(defer_max_batch, bool) or defer_max_batch < 1:
+        raise ValueError(f"defer_max_batch: expected an int >= 1, got {defer_max_batch!r}")
     if defer_tilt and delta_step is not None:
         raise ValueError("defer_tilt=True: Tier A only (delta_step set: the Tier B record keeps its tilt in the merge)")
     found = _resolve(targets, bare)
     STATE.__init__(scheme=scheme, num_groups=num_groups, delta_step=delta_step, on_record=on_record, trace=trace,
-                   flush_every=flush_every, gate=gate, exact_store=exact_store, defer_tilt=defer_tilt)
+                   flush_every=flush_every, gate=gate, exact_store=exact_store, defer_tilt=defer_tilt,
+                   defer_max_batch=defer_max_batch)
     if trace is not None:
         STATE.source = TraceSource(gate)
     wrappers = {"decode": _wrap_decode, "pool": wrap_set_kv_buffer,

@@ -118,6 +118,27 @@ _FUSED_LOGGED: set = set()
 _CAPTURE_MODE_MODULE = "sglang.srt.model_executor.runner_utils.capture_mode"
 
 
+def _fused(B: int, slot: int, why: str) -> None:
+    """Say once per (batch size, layer slot, reason) that a captured call keeps its tilt in the merge (slot -1: every
+    slot of that batch size)."""
+    if (B, slot, why) not in _FUSED_LOGGED:
+        _FUSED_LOGGED.add((B, slot, why))
+        where = f"layer slot {slot}" if slot >= 0 else "every layer"
+        log.info("WitCert: captured decode of %s at batch size %d keeps its tilt in the merge (%s): sound, slower "
+                 "than the deferred record", where, B, why)
+
+
+def _tilt_bytes(B: int, heads: int) -> int:
+    """Bytes of ``TiltBatch.allocate`` for batch size ``B`` of ``heads`` query heads over the sides registered now."""
+    from kernels.plan import hist_columns
+    from kernels.tilt_batch import TiltBatch
+
+    one = TiltBatch.allocate(layers=1, rows=1, nb=hist_columns(False), device="meta")
+    per = sum(t.numel() * t.element_size() for t in (one.rec, one.hout, one.flag, one.scr, one.exs, one.prt, one.cnt)
+              if t is not None)
+    return per * len(STATE.layers) * B * heads
+
+
 def _sglang_capture_mode() -> bool:
     """Is SGLang's graph runner warming up or capturing (``get_is_capture_mode``)? False when that module is not
     loaded (a bare kernel import): nothing is imported here."""
@@ -127,13 +148,18 @@ def _sglang_capture_mode() -> bool:
 
 def _presize_tilt(q: torch.Tensor):
     """Batch size ``q.shape[0]``'s ``TiltBatch`` (the deferred records of its captured calls), allocated if absent,
-    sized to the sides registered now. Called eagerly by a metered call in SGLang's capture-mode warm-up, so the
-    allocation's fills run there, once, and not inside the graph that the capture right after records."""
+    sized to the sides registered now; None above ``install(defer_max_batch=)`` (said once). Called eagerly by a
+    metered call in SGLang's capture-mode warm-up, so the allocation's fills run there, once, and not inside the
+    graph that the capture right after records."""
     from kernels.plan import hist_columns
     from kernels.tilt_batch import TiltBatch
 
     B = q.shape[0]
     tb = STATE.tilt.get(B)
+    if tb is None and B > STATE.defer_max_batch:
+        _fused(B, -1, f"batch size above install(defer_max_batch={STATE.defer_max_batch}): its deferred records "
+                      f"would hold {_tilt_bytes(B, q.shape[1]) / 2**20:.0f} MiB")
+        return None
     if tb is None:
         tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=B * q.shape[1],
                                                 nb=hist_columns(False), device=q.device)
@@ -143,29 +169,30 @@ def _presize_tilt(q: torch.Tensor):
 
 def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
-    slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a buffer registered after the batch
-    was sized, or a slot written since the last ``static_records``). Slots are the sides' registration order; a
-    batch size's TiltBatch is sized once (its captured records are views into it), to the sides registered then."""
+    slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a batch size above ``defer_max_batch``, a
+    buffer registered after the batch was sized, or a slot written since the last ``static_records``). Slots are the
+    sides' registration order; a batch size's TiltBatch is sized once (its captured records are views into it), to
+    the sides registered then."""
     if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
         return None
     i = list(STATE.layers).index(kb.data_ptr())
     B, rows = q.shape[0], q.shape[0] * q.shape[1]
     tb = STATE.tilt.get(B)
     if tb is None:
-        log.warning("WitCert: batch size %d's deferred records allocated inside a CUDA-graph capture: their "
-                    "initialisation (TiltBatch.allocate's fills) is captured too and replays every step (sound, "
-                    "slower; SGLang's warm-up in capture mode sizes them before the capture)", B)
+        if B <= STATE.defer_max_batch:
+            log.warning("WitCert: batch size %d's deferred records allocated inside a CUDA-graph capture: their "
+                        "initialisation (TiltBatch.allocate's fills) is captured too and replays every step (sound, "
+                        "slower; SGLang's warm-up in capture mode sizes them before the capture)", B)
         tb = _presize_tilt(q)
+        if tb is None:
+            return None
     if i >= tb.layers or tb.rows != rows or i in tb.written:
         # (written since the last finish: a buffer read twice in one capture, e.g. layers sharing their KV, would
         # leave the first call's record reading the second's; that call keeps the tilt in its merge)
         why = (f"registered after batch size {B}'s deferred records were sized" if i >= tb.layers else
                f"{rows} rows against the {tb.rows} its records were sized for" if tb.rows != rows else
                "written since the last static_records()")
-        if (B, i, why) not in _FUSED_LOGGED:
-            _FUSED_LOGGED.add((B, i, why))
-            log.info("WitCert: captured decode of layer slot %d at batch size %d keeps its tilt in the merge (%s): "
-                     "sound, slower than the deferred record", i, B, why)
+        _fused(B, i, why)
         return None
     return tb, i
 
