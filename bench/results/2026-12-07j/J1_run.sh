@@ -21,3 +21,6 @@ for e in -:- evict_first:-; do
   timeout 100 python3 bench/decode.py --batches 1,8 --lengths 32768 --heads 32 --evict=$e > $OUT/decode_${e//[:-]/_}.log 2>&1
   echo "decode $e rc $?"; grep -vE "^# (memory|Hkv|whole)" $OUT/decode_${e//[:-]/_}.log | cut -c1-220 | tail -6
 done
+# the 4-warp metered fp8 tile with the L2 prefetch (cut from I3 and I4)
+timeout 90 $SG --batches 8 --lens 4096,32768 --metered-tile 128:4:168:1 --evict=-:-,evict_first:- > $OUT/sg_prefetch.log 2>&1
+echo "sg prefetch rc $?"; grep -E "^\| fp8|^# (L2|metered 8-bit)" $OUT/sg_prefetch.log | cut -c1-190
