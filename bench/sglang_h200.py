@@ -279,8 +279,8 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
         if getattr(args, "kernels", False):
             kernel_table("metered" if fn is patched else "SGLang", call, args.iters, before=lambda: fresh_slots(ws))
         if getattr(args, "graph_dump", None):
-            graph_dump(os.path.join(args.graph_dump, f"{'metered' if fn is patched else 'sglang'}_{kv}_{Bsz}_{n}.dot"),
-                       call, before=lambda: fresh_slots(ws))
+            name = f"{'metered' if fn is patched else 'sglang'}_{kv}_{Bsz}_{n}_mode{'on' if CAPTURE_MODE else 'off'}"
+            graph_dump(os.path.join(args.graph_dump, name + ".dot"), call, before=lambda: fresh_slots(ws))
         if getattr(args, "merge_alone", False) and fn is patched:
             merge_alone("metered", call, before=lambda: fresh_slots(ws))
         print(f"#   {'metered' if fn is patched else 'SGLang'}: {times[-1]:.3f} ms, graph {gtimes[-1]:.3f} ms, "
