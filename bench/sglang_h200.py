@@ -100,6 +100,7 @@ def fresh_slots(ws) -> None:
     records are dropped instead, so the capture sizes them again inside the graph, as the graph column's did."""
     if not CAPTURE_MODE:  # (the graph column's capture sized them inside the graph: so again)
         ws.STATE.tilt.clear()
+        ws.STATE.tilt_used.clear()
     for tb in ws.STATE.tilt.values():
         tb.reset()
 
@@ -309,6 +310,7 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     ws.STATE.layers.clear()
     ws.STATE.by_buffer.clear()
     ws.STATE.tilt.clear()
+    ws.STATE.tilt_used.clear()
     ws.STATE.static.clear()
     torch.cuda.empty_cache()
 

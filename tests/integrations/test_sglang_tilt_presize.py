@@ -115,3 +115,29 @@ def test_batches_above_defer_max_batch_keep_the_fused_tilt(monkeypatch, caplog):
 def test_defer_max_batch_is_checked(bad):
     with pytest.raises(ValueError, match="defer_max_batch: expected an int >= 1"):
         ws.install(force=True, bare=True, defer_tilt=True, defer_max_batch=bad)
+
+
+def test_first_warmup_before_the_other_layers_wrote_is_sized_again(monkeypatch, caplog):
+    """SGLang's first warm-up meters layer 0 before layer 1 has written (registered) its buffer: the records sized
+    then have one slot. The next warm-up call, with both registered, sizes them again, so the capture defers both
+    layers; once a capture holds a slot, a warm-up no longer resizes (the captured records are views into it)."""
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog)  # (layer 0 written)
+    _capture_mode(monkeypatch, True)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert ws.STATE.tilt[2].layers == 1
+    loc = torch.arange(0, 8)
+    write(pool, 1, loc, *kv(8, 3))
+    decode(pool.k_buffer[1], pool.v_buffer[1], q, rows)
+    tb = ws.STATE.tilt[2]
+    assert tb.layers == 2
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    for layer in (0, 1):
+        decode(pool.k_buffer[layer], pool.v_buffer[layer], q, rows)
+    assert [lid for lid, _ in ws.STATE.static[2]] == [0, 1]
+    assert all(r.tv_upper_a.untyped_storage().data_ptr() == tb.rec.untyped_storage().data_ptr()
+               for _, r in ws.STATE.static[2])
+    assert not [r for r in caplog.records if "keeps its tilt in the merge" in r.getMessage()]
+    monkeypatch.setattr(sd, "_capturing", lambda q: False)
+    monkeypatch.setitem(ws.STATE.layers, -1, ws.STATE.layers[pool.k_buffer[1].data_ptr()])  # a third side
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # a warm-up after the capture: not resized
+    assert ws.STATE.tilt[2] is tb

@@ -156,14 +156,17 @@ def _presize_tilt(q: torch.Tensor):
 
     B = q.shape[0]
     tb = STATE.tilt.get(B)
+    if tb is not None and (tb.layers >= len(STATE.layers) or B in STATE.tilt_used):
+        return tb
     if tb is None and B > STATE.defer_max_batch:
         _fused(B, -1, f"batch size above install(defer_max_batch={STATE.defer_max_batch}): its deferred records "
                       f"would hold {_tilt_bytes(B, q.shape[1]) / 2**20:.0f} MiB")
         return None
-    if tb is None:
-        tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=B * q.shape[1],
-                                                nb=hist_columns(False), device=q.device)
-        log.info("WitCert: deferred records for batch size %d sized to %d layer slots", B, len(STATE.layers))
+    # (absent, or sized before layers registered since, e.g. by the first warm-up's first layer, before the others
+    # wrote: sized again while no capture holds a slot of it)
+    tb = STATE.tilt[B] = TiltBatch.allocate(layers=len(STATE.layers), rows=B * q.shape[1], nb=hist_columns(False),
+                                            device=q.device)
+    log.info("WitCert: deferred records for batch size %d sized to %d layer slots", B, len(STATE.layers))
     return tb
 
 
@@ -194,6 +197,7 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
                "written since the last static_records()")
         _fused(B, i, why)
         return None
+    STATE.tilt_used.add(B)
     return tb, i
 
 
@@ -295,7 +299,7 @@ def _wrap_decode(orig):
         why = _unmeterable(args, kw)
         capturing = why is None and _capturing(args[0])
         if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None
-                and args[0].shape[0] not in STATE.tilt and _sglang_capture_mode()):
+                and args[0].shape[0] not in STATE.tilt_used and _sglang_capture_mode()):
             _presize_tilt(args[0])  # (the warm-up before a capture of this batch size)
         if capturing and STATE.gate is not None:  # its host syncs would break the capture: say so instead
             raise GraphCaptureUnsupported(

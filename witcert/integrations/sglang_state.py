@@ -99,6 +99,8 @@ class State:
     #: the largest batch size whose captured calls defer (``install(defer_max_batch=)``)
     defer_max_batch: int = DEFER_MAX_BATCH
     tilt: dict = dataclasses.field(default_factory=dict)
+    #: batch sizes whose TiltBatch a capture took a slot of (a warm-up no longer resizes it)
+    tilt_used: set = dataclasses.field(default_factory=set)
 
     def unmetered_counts(self) -> collections.Counter:
         """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
