@@ -141,3 +141,58 @@ def test_first_warmup_before_the_other_layers_wrote_is_sized_again(monkeypatch, 
     monkeypatch.setitem(ws.STATE.layers, -1, ws.STATE.layers[pool.k_buffer[1].data_ptr()])  # a third side
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # a warm-up after the capture: not resized
     assert ws.STATE.tilt[2] is tb
+
+
+#: torch ops that launch no GPU kernel (allocations and views): all a captured metered call may issue besides its two
+#: Triton launches, once its batch's records were sized in the warm-up
+NO_KERNEL_OPS = {"empty", "view", "_unsafe_view", "select", "slice", "alias", "t", "unbind", "detach", "expand",
+                 "unsqueeze", "as_strided", "lift_fresh"}
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_captured_call_launches_nothing_but_its_kernels(monkeypatch, caplog, warmup):
+    """What the capture records: every torch op of the captured call logged (a ``TorchDispatchMode`` over
+    ``_tilt_slot`` and ``metered_decode``, the decode and merge Triton launches stubbed; ops on 0-d tensors only,
+    the host's scalar arithmetic, left out). Sized in the warm-up, the
+    call issues allocations and views only; sized inside the capture, ``TiltBatch.allocate``'s seven fills (five
+    zeros, one ones, the excess columns' -1) are recorded too: what every replay ran again before 2026-12-07."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import kernels.decode as Dk
+    import kernels.epilogue as E
+
+    class _Log(TorchDispatchMode):
+        ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen = [x for x in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(x, torch.Tensor)]
+            if any(x.dim() > 0 for x in seen):  # (0-d: scalar host arithmetic, e.g. tau_bracket's float32 bracket)
+                _Log.ops[func.overloadpacket.__name__] += 1
+            return out
+
+    def logged(fn):
+        def call(*a, **k):
+            with _Log():
+                return fn(*a, **k)
+        return call
+
+    class _NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog)
+    _capture_mode(monkeypatch, warmup)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager (the view built; sized if a warm-up)
+    assert (2 in ws.STATE.tilt) == warmup
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+    monkeypatch.setattr(Dk, "_decode_kernel", _NoLaunch())
+    monkeypatch.setattr(E, "_merge_meter_kernel", _NoLaunch())
+    monkeypatch.setattr(sd, "_tilt_slot", logged(sd._tilt_slot))
+    monkeypatch.setattr(sd, "metered_decode", logged(sd.metered_decode))
+    decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
+    assert len(ws.STATE.static[2]) == 1 and sum(_Log.ops.values()) > 0  # (the log saw the call)
+    kernels = collections.Counter({op: n for op, n in _Log.ops.items() if op not in NO_KERNEL_OPS})
+    assert kernels == (collections.Counter() if warmup else collections.Counter(zeros=5, ones=1, fill_=1)), kernels
