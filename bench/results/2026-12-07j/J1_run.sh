@@ -10,17 +10,6 @@ timeout 150 $SG --batches 8 --lens 4096,32768 --pdl none --kernels --capture-mod
   > $OUT/sg_capture_mode.log 2>&1
 echo "sg capture-mode rc $?"; grep -E "^\| fp8|^# SGLang capture|#   (metered|SGLang|off): |#   graph" $OUT/sg_capture_mode.log | cut -c1-200
 for f in $OUT/dot/*.dot; do echo "== $f"; grep -oE 'label="[^"]{0,100}' $f | sort | uniq -c | sort -rn | head -8 | cut -c1-120; done
-# the issue's table (PDL as shipped), with and without the KV hint
-timeout 150 $SG --batches 1,8 --lens 4096,32768 --evict=-:-,evict_first:- > $OUT/sg_table.log 2>&1
+# issue 36's table (PDL as shipped, capture mode on as SGLang's runner), B 1 / 8 / 32 × 4K / 32K / 128K
+timeout 300 $SG --batches 1,8,32 --lens 4096,32768,131072 > $OUT/sg_table.log 2>&1
 echo "sg table rc $?"; grep -E "^\| fp8|^# L2" $OUT/sg_table.log | cut -c1-200
-# the GPU tests of the adapter's captured path
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/integrations/test_sglang_graphs.py > $OUT/gpu_tests.log 2>&1
-echo "tests rc $?"; tail -3 $OUT/gpu_tests.log | cut -c1-300
-# then what I3 cut: the paged int8 call with and without KV evict_first
-for e in -:- evict_first:-; do
-  timeout 100 python3 bench/decode.py --batches 1,8 --lengths 32768 --heads 32 --evict=$e > $OUT/decode_${e//[:-]/_}.log 2>&1
-  echo "decode $e rc $?"; grep -vE "^# (memory|Hkv|whole)" $OUT/decode_${e//[:-]/_}.log | cut -c1-220 | tail -6
-done
-# the 4-warp metered fp8 tile with the L2 prefetch (cut from I3 and I4)
-timeout 90 $SG --batches 8 --lens 4096,32768 --metered-tile 128:4:168:1 --evict=-:-,evict_first:- > $OUT/sg_prefetch.log 2>&1
-echo "sg prefetch rc $?"; grep -E "^\| fp8|^# (L2|metered 8-bit)" $OUT/sg_prefetch.log | cut -c1-190
