@@ -148,7 +148,6 @@ class TiltBatch:
     rec: torch.Tensor  # [L, R, REC_COLS] float64
     hout: torch.Tensor  # [L, R, NB] float64
     flag: torch.Tensor  # [L, R] int8
-    scr: torch.Tensor  # [L·R, scratch_per_tier(KP)] float64
     ka: int
     #: the closed forms deferred too (``kernels.plan.DEFER_FORMS`` at allocation): ``exs`` [L, R, DEFER_EXS_COLS]
     #: float64 holds each row's merged excess sums (its first 0, 2 or EXCESS_COLS columns: the layer's), how many, and
@@ -178,10 +177,8 @@ class TiltBatch:
         if not isinstance(forms, bool):
             raise ValueError(f"TiltBatch.allocate: forms must be None, True or False, got {forms!r}")
         f64 = dict(device=device, dtype=torch.float64)
-        kp = triton.next_power_of_2(ka)
         batch = cls(rec=torch.zeros(layers, rows, REC_COLS.value, **f64), hout=torch.zeros(layers, rows, nb, **f64),
-                    flag=torch.ones(layers, rows, device=device, dtype=torch.int8),
-                    scr=torch.empty(layers * rows, scratch_per_tier(kp), **f64), ka=ka, forms=forms,
+                    flag=torch.ones(layers, rows, device=device, dtype=torch.int8), ka=ka, forms=forms,
                     exs=torch.zeros(layers, rows, DEFER_EXS_COLS, **f64) if forms else None,
                     prt=torch.zeros(layers, rows, PRT_COLS.value, **f64) if forms else None,
                     cnt=torch.zeros(layers, rows, device=device, dtype=torch.int32) if forms else None)
@@ -254,8 +251,11 @@ class TiltBatch:
         dev = self.rec.device
         ec = self.exc_cols
         exs = self.exs if self.forms else self.rec
+        # the tilt's float64 scratch, [L·R, scratch_per_tier(KP)]: two thirds of the batch's bytes if kept, so taken
+        # per finish from the caching allocator (inside a capture: the graph's pool; no launch either way)
+        scr = torch.empty(n, scratch_per_tier(kp), dtype=torch.float64, device=dev)
         _finish_tilt_kernel[(n,)](
-            self.hout, self.rec, self.flag, _edges(dev, self.ka), self.scr, exs, *tau_bracket(tilt_above),
+            self.hout, self.rec, self.flag, _edges(dev, self.ka), scr, exs, *tau_bracket(tilt_above),
             NB=self.hout.shape[-1], KA=self.ka, KP=kp, N1=COARSE, RT=refine_top(), NR=REFINE,
             EPSC=_epsc(kp), DENSE3D=_dense3d(dev), TC=tilt_chunk(),
             FORMS=self.forms, EXC=self.forms and ec > 0, GRD=self.forms and ec == EXCESS_COLS,

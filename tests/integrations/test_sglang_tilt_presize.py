@@ -196,3 +196,11 @@ def test_captured_call_launches_nothing_but_its_kernels(monkeypatch, caplog, war
     assert len(ws.STATE.static[2]) == 1 and sum(_Log.ops.values()) > 0  # (the log saw the call)
     kernels = collections.Counter({op: n for op, n in _Log.ops.items() if op not in NO_KERNEL_OPS})
     assert kernels == (collections.Counter() if warmup else collections.Counter(zeros=5, ones=1, fill_=1)), kernels
+
+
+def test_deferred_record_bytes_are_what_the_docs_say(monkeypatch):
+    """docs/sglang.md and ``install``'s docstring cite 621 bytes per query head, layer and request (the finish's
+    float64 scratch, 1,280 bytes more, is taken per finish): this pins the figure they quote."""
+    monkeypatch.setattr(ws.STATE, "layers", {0: None})
+    assert sd._tilt_bytes(1, 1) == 621
+    assert sd._tilt_bytes(32, 32) == 621 * 32 * 32

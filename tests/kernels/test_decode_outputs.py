@@ -144,15 +144,15 @@ def test_an_output_beyond_float16_is_flagged(monkeypatch, how):
 
 
 def test_outputs_over_what_later_calls_read_are_refused():
-    """An output buffer over the cache (its codes) or a deferred tilt's scratch (and, by the same check, the block table,
+    """An output buffer over the cache (its codes) or a deferred tilt's records (and, by the same check, the block table,
     the witnesses, the overlays): the next call would read the output as its input (an adversarial review: TV⁺ 0.064
     against a realised TV 0.106 on the call after an output over the key codes; the served output overwritten by the
-    tilt's finish)."""
+    tilt's finish; its scratch is taken per finish since 2026-12-07)."""
     cache, slots, indptr, q = _cache()
     B, Hq = len(LENS), HKV * GQ
     n = B * Hq * D
     tb = _deferred(B * Hq)
-    for name, mem in (("k_codes", cache.k_codes), ("v_codes", cache.v_codes), ("tilt scratch", tb["tilt_batch"].scr)):
+    for name, mem in (("k_codes", cache.k_codes), ("v_codes", cache.v_codes), ("tilt records", tb["tilt_batch"].hout)):
         flat = mem.view(-1).view(torch.uint8)
         assert flat.numel() >= 2 * n, name
         with pytest.raises(Dk.OutputBufferError, match="shares memory with an input") as e:

@@ -244,8 +244,8 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     ``defer_tilt``: the metered calls captured in CUDA graphs leave their records' tilt and closed forms to
     ``static_records``, which runs every captured layer's in one launch (``kernels.tilt_batch``; until then a
     record's TV⁺ is 1, sound); not with ``delta_step`` (Tier B keeps the tilt in its merge). Each captured batch
-    size keeps its own deferred records on the GPU (about 1.9 KB per query head, layer and request: 62 MB at batch
-    32 for Llama-8B's 32 layers × 32 heads), so only batch sizes up to ``defer_max_batch`` defer; larger ones keep
+    size keeps its own deferred records on the GPU (621 bytes per query head, layer and request: 20 MB at batch 32
+    for Llama-8B's 32 layers × 32 heads), so only batch sizes up to ``defer_max_batch`` defer; larger ones keep
     the tilt in their merge (sound; its cost is a smaller share of a large batch's pass), said once each."""
     if not force and os.environ.get(ENV, "") != "1":
         return None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -134,8 +135,8 @@ def _tilt_bytes(B: int, heads: int) -> int:
     from kernels.tilt_batch import TiltBatch
 
     one = TiltBatch.allocate(layers=1, rows=1, nb=hist_columns(False), device="meta")
-    per = sum(t.numel() * t.element_size() for t in (one.rec, one.hout, one.flag, one.scr, one.exs, one.prt, one.cnt)
-              if t is not None)
+    per = sum(t.numel() * t.element_size() for t in (getattr(one, f.name) for f in dataclasses.fields(one))
+              if isinstance(t, torch.Tensor))
     return per * len(STATE.layers) * B * heads
 
 

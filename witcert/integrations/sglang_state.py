@@ -25,8 +25,8 @@ class _Skip(Exception):
 
 
 #: ``install(defer_max_batch=)``'s default: SGLang's graph batch sizes up to 32 (1, 2, 4, 8, 12, 16, 24, 32 by
-#: default) defer their records' tilt, about 190 MB of records together for Llama-8B (1.9 KB per query head, layer
-#: and request). Larger batches keep the tilt in the merge: ~9 µs more per layer call at B 8 (run I3, 7 % of that
+#: default) defer their records' tilt, about 63 MB of records together for Llama-8B (621 bytes per query head,
+#: layer and request). Larger batches keep the tilt in the merge: ~9 µs more per layer call at B 8 (run I3, 7 % of that
 #: pass); not measured above B 8
 DEFER_MAX_BATCH = 32
 
