@@ -129,15 +129,15 @@ def _fused(B: int, slot: int, why: str) -> None:
                  "than the deferred record", where, B, why)
 
 
-def _tilt_bytes(B: int, heads: int) -> int:
-    """Bytes of ``TiltBatch.allocate`` for batch size ``B`` of ``heads`` query heads over the sides registered now."""
+def _tilt_bytes(B: int, heads: int, layers: int) -> int:
+    """Bytes of ``TiltBatch.allocate`` for batch size ``B`` of ``heads`` query heads over ``layers`` layer slots."""
     from kernels.plan import hist_columns
     from kernels.tilt_batch import TiltBatch
 
     one = TiltBatch.allocate(layers=1, rows=1, nb=hist_columns(False), device="meta")
     per = sum(t.numel() * t.element_size() for t in (getattr(one, f.name) for f in dataclasses.fields(one))
               if isinstance(t, torch.Tensor))
-    return per * len(STATE.layers) * B * heads
+    return per * layers * B * heads
 
 
 def _sglang_capture_mode() -> bool:
@@ -161,7 +161,7 @@ def _presize_tilt(q: torch.Tensor):
         return tb
     if tb is None and B > STATE.defer_max_batch:
         _fused(B, -1, f"batch size above install(defer_max_batch={STATE.defer_max_batch}): its deferred records "
-                      f"would hold {_tilt_bytes(B, q.shape[1]) / 2**20:.0f} MiB")
+                      f"would hold {_tilt_bytes(B, q.shape[1], len(STATE.layers)) / 2**20:.0f} MiB")
         return None
     # (absent, or sized before layers registered since, e.g. by the first warm-up's first layer, before the others
     # wrote: sized again while no capture holds a slot of it)
