@@ -567,7 +567,6 @@ def test_deferred_tilt_of_captured_calls(monkeypatch, caplog, refine):
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)  # eager: the fused tilt
     assert torch.equal(got[-1][1].tv_upper_a, eager.tv_upper_a) and not ws.STATE.tilt
     monkeypatch.setattr(sd, "_capturing", lambda q: True)
-    monkeypatch.setattr(sd, "_FUSED_LOGGED", set())
     caplog.set_level(logging.INFO, logger="witcert.sglang")
     decode(pool.k_buffer[0], pool.v_buffer[0], q, rows)
     tb = ws.STATE.tilt[2]

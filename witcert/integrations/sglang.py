@@ -246,7 +246,7 @@ def install(force: bool = False, scheme: str = "sglang", num_groups: int = 1, de
     record's TV⁺ is 1, sound); not with ``delta_step`` (Tier B keeps the tilt in its merge). Each captured batch
     size keeps its own deferred records on the GPU (621 bytes per query head, layer and request: 20 MB at batch 32
     for Llama-8B's 32 layers × 32 heads), so only batch sizes up to ``defer_max_batch`` defer; larger ones keep
-    the tilt in their merge (sound; its cost is a smaller share of a large batch's pass), said once each."""
+    the tilt in their merge (sound; its cost is a smaller share of a large batch's pass), said once per batch size."""
     if not force and os.environ.get(ENV, "") != "1":
         return None
     ver = sglang_version() if version is None else version

@@ -111,22 +111,18 @@ def _saturate_rows(rec, rows: torch.Tensor) -> None:
     rec.out_err_upper.masked_fill_(rows, float("inf"))
 
 
-#: (batch size, layer slot, reason) already logged by ``_tilt_slot``'s fused fallback (once each)
-_FUSED_LOGGED: set = set()
-
-
 #: SGLang's process-global capture-mode flag (its decode runner's warm-up and capture); read only if loaded
 _CAPTURE_MODE_MODULE = "sglang.srt.model_executor.runner_utils.capture_mode"
 
 
-def _fused(B: int, slot: int, why: str) -> None:
+def _fused(B: int, slot: int, why: str, more: str = "") -> None:
     """Say once per (batch size, layer slot, reason) that a captured call keeps its tilt in the merge (slot -1: every
-    slot of that batch size)."""
-    if (B, slot, why) not in _FUSED_LOGGED:
-        _FUSED_LOGGED.add((B, slot, why))
+    slot of that batch size); ``more`` is appended to the reason."""
+    if (B, slot, why) not in STATE.fused_logged:
+        STATE.fused_logged.add((B, slot, why))
         where = f"layer slot {slot}" if slot >= 0 else "every layer"
-        log.info("WitCert: captured decode of %s at batch size %d keeps its tilt in the merge (%s): sound, slower "
-                 "than the deferred record", where, B, why)
+        log.info("WitCert: captured decode of %s at batch size %d keeps its tilt in the merge (%s%s): sound, slower "
+                 "than the deferred record", where, B, why, more)
 
 
 def _tilt_bytes(B: int, heads: int, layers: int) -> int:
@@ -160,8 +156,10 @@ def _presize_tilt(q: torch.Tensor):
     if tb is not None and (tb.layers >= len(STATE.layers) or B in STATE.tilt_used):
         return tb
     if tb is None and B > STATE.defer_max_batch:
-        _fused(B, -1, f"batch size above install(defer_max_batch={STATE.defer_max_batch}): its deferred records "
-                      f"would hold {_tilt_bytes(B, q.shape[1], len(STATE.layers)) / 2**20:.0f} MiB")
+        why = f"batch size above install(defer_max_batch={STATE.defer_max_batch})"
+        if (B, -1, why) not in STATE.fused_logged:  # (the figure per layer: more layers may register later)
+            _fused(B, -1, why, f"; its deferred records would hold {_tilt_bytes(B, q.shape[1], 1) / 2**20:.2f} MiB "
+                               f"a layer")
         return None
     # (absent, or sized before layers registered since, e.g. by the first warm-up's first layer, before the others
     # wrote: sized again while no capture holds a slot of it)
@@ -175,9 +173,10 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     """``install(defer_tilt=True)``, a call being captured: (its batch size's ``TiltBatch``, the buffer's layer
     slot), or None (the tilt stays in the merge: no deferral asked, Tier B, a batch size above ``defer_max_batch``, a
     buffer registered after the batch was sized, or a slot written since the last ``static_records``). Slots are the
-    sides' registration order; a batch size's TiltBatch is sized once (its captured records are views into it), to
-    the sides registered then."""
-    if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
+    sides' registration order; a batch size's TiltBatch is sized to the sides registered then, and sized again by a
+    warm-up only while no capture holds a slot of it (its captured records are views into it)."""
+    if (not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers
+            or q.shape[0] < 1):
         return None
     i = list(STATE.layers).index(kb.data_ptr())
     B, rows = q.shape[0], q.shape[0] * q.shape[1]
@@ -200,7 +199,6 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
         return None
     STATE.tilt_used.add(B)
     return tb, i
-
 
 
 class OutputOverCacheError(ValueError):
@@ -299,9 +297,12 @@ def _wrap_decode(orig):
             kw[names[i]] = a
         why = _unmeterable(args, kw)
         capturing = why is None and _capturing(args[0])
-        if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None
-                and args[0].shape[0] not in STATE.tilt_used and _sglang_capture_mode()):
-            _presize_tilt(args[0])  # (the warm-up before a capture of this batch size)
+        if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None and args[0].shape[0] > 0
+                and args[0].shape[0] not in STATE.tilt_used and next(iter(STATE.layers), None) == args[1].data_ptr()
+                and _sglang_capture_mode()):
+            # the warm-up before a capture of this batch size, at its first registered layer: SGLang's first warm-up
+            # registers the layers one by one as they write, its second finds them all (sized once each pass)
+            _presize_tilt(args[0])
         if capturing and STATE.gate is not None:  # its host syncs would break the capture: say so instead
             raise GraphCaptureUnsupported(
                 "WitCert's gate repairs rows on the host (device-to-host reads of the records, page-in) and "

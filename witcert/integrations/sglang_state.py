@@ -26,8 +26,9 @@ class _Skip(Exception):
 
 #: ``install(defer_max_batch=)``'s default: SGLang's graph batch sizes up to 32 (1, 2, 4, 8, 12, 16, 24, 32 by
 #: default) defer their records' tilt, about 63 MB of records together for Llama-8B (621 bytes per query head,
-#: layer and request). Larger batches keep the tilt in the merge: ~9 µs more per layer call at B 8 (run I3, 7 % of that
-#: pass); not measured above B 8
+#: layer and request). Larger batches keep the tilt in the merge: 9.5-10 µs more per layer call at B 8 (run I3: the
+#: fused merge 16.3 µs against the deferred 6.8-7.2; 14 % of the call's kernels at 4K, 3 % at 32K); not measured above
+#: B 8
 DEFER_MAX_BATCH = 32
 
 
@@ -101,6 +102,8 @@ class State:
     tilt: dict = dataclasses.field(default_factory=dict)
     #: batch sizes whose TiltBatch a capture took a slot of (a warm-up no longer resizes it)
     tilt_used: set = dataclasses.field(default_factory=set)
+    #: (batch size, layer slot, reason) whose fused-tilt fallback was logged since ``install`` (once each)
+    fused_logged: set = dataclasses.field(default_factory=set)
 
     def unmetered_counts(self) -> collections.Counter:
         """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
