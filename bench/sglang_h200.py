@@ -311,6 +311,7 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
     ws.STATE.by_buffer.clear()
     ws.STATE.tilt.clear()
     ws.STATE.tilt_used.clear()
+    ws.STATE.captured_buffers.clear()
     ws.STATE.static.clear()
     torch.cuda.empty_cache()
 

@@ -6,7 +6,8 @@ captures it. Sized inside the capture (what the adapter did before 2026-12-07), 
 were recorded into the graph and ran again on every replay (run J1, written and not yet run, is to measure what
 that cost the one-layer benchmark).
 Now an eager metered call under that flag sizes them, and the capture right after finds them. A capture that still
-has to size them (no warm-up under the flag) says so. The capture is simulated (``_capturing`` answers True), as in
+has to size them (no warm-up under the flag) says so. Also here: the cap on the batch sizes that defer, and a KV
+buffer captured twice at one batch size (several graphs of it) said. The capture is simulated (``_capturing`` answers True), as in
 ``test_sglang_pool.py``; real sglang==0.5.23 pool classes, Triton interpreter.
 """
 
@@ -241,3 +242,26 @@ def test_an_empty_batch_in_the_warmup_is_served_unmetered(monkeypatch, caplog):
     assert not ws.STATE.tilt and ws.STATE.unmetered_counts()["decode: an empty batch"] == 1
     monkeypatch.setattr(sd, "_capturing", lambda q: True)
     assert sd._tilt_slot(q[:0], pool.k_buffer[0]) is None
+
+
+def test_a_buffer_captured_again_at_a_batch_size_is_said(monkeypatch, caplog):
+    """SGLang 0.5.23 captures several graphs of one batch size (its LoRA / no-LoRA and attention variants) and may
+    recapture: ``static_records`` then lists every capture's records, of which a replay rewrites only its own graph's.
+    The second capture of a KV buffer at a batch size says so, once (an adversarial review, 2026-12-07); other layers
+    and batch sizes say nothing."""
+    pool, q, rows, eager = _deferred_install(monkeypatch, caplog)
+    write(pool, 1, torch.arange(0, 8), *kv(8, 3))
+    monkeypatch.setattr(sd, "_capturing", lambda q: True)
+
+    def again():
+        return [r for r in caplog.records if "captured again" in r.getMessage()]
+
+    for layer in (0, 1):
+        decode(pool.k_buffer[layer], pool.v_buffer[layer], q, rows)
+    decode(pool.k_buffer[0], pool.v_buffer[0], q[:1], rows[:1])  # another batch size
+    assert not again()
+    for _ in range(2):  # the second graph of batch size 2, twice over
+        for layer in (0, 1):
+            decode(pool.k_buffer[layer], pool.v_buffer[layer], q, rows)
+    assert len(again()) == 1 and "batch size 2" in again()[0].getMessage()
+    assert [lid for lid, _ in ws.static_records(2)] == [0, 1] * 3

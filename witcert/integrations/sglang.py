@@ -301,7 +301,9 @@ def static_records(batch_size: int) -> list:
     eager (uncaptured) calls. With ``install(defer_tilt=True)`` the replay leaves each record's TV⁺ at 1 (sound,
     pending) and this call first runs the closed forms and the tilt of every captured layer of that batch size in one
     launch (no host synchronisation; idempotent): call it after each replay, before reading, on the replay's stream
-    (or after synchronising with it: a finish running beside a replay would mix two steps' inputs)."""
+    (or after synchronising with it: a finish running beside a replay would mix two steps' inputs). Several graphs of
+    one batch size (SGLang's LoRA or attention variants, a recapture) all add their calls' records here, in capture
+    order, and a replay rewrites only its own graph's: the adapter logs a warning at the second capture."""
     tb = STATE.tilt.get(batch_size)
     if tb is not None:
         tb.finish(tilt_above=-1.0)  # (the fused merge's default: every row's tilt in full)

@@ -274,14 +274,24 @@ def _capturing(q: torch.Tensor) -> bool:
     return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _captured(layer_id: int, rec, batch: int) -> None:
+def _captured(layer_id: int, rec, batch: int, kb: torch.Tensor) -> None:
     """A metered call inside a CUDA-graph capture: its record's tensors are the graph's outputs, rewritten by
     every replay, so they are kept as that batch size's static records (``static_records``) instead of being
-    handed to ``on_record`` / the trace once, at capture, and never again."""
+    handed to ``on_record`` / the trace once, at capture, and never again. A KV buffer captured again at a batch
+    size is said once: another graph of it (SGLang's LoRA or attention variants, a recapture) or layers sharing
+    their KV, whose records all stay in the list while only the graph replayed rewrites its own."""
     if not STATE.static:
         log.warning("WitCert: metered decode captured in a CUDA graph: records are static tensors rewritten by "
                     "every replay (read them after a replay with witcert.integrations.sglang.static_records(bs)); "
                     "on_record and the trace are not called for graph replays")
+    seen = STATE.captured_buffers.setdefault(batch, set())
+    if kb.data_ptr() in seen and (batch, "again") not in STATE.fused_logged:
+        STATE.fused_logged.add((batch, "again"))
+        log.warning("WitCert: a KV buffer captured again at batch size %d (another CUDA graph of that batch size: "
+                    "SGLang's LoRA or attention variants, or a recapture; or layers sharing their KV): "
+                    "static_records(%d) lists every captured call's record in capture order, and after a replay only "
+                    "the calls of the graph replayed hold that step's values", batch, batch)
+    seen.add(kb.data_ptr())
     STATE.static.setdefault(batch, []).append((layer_id, rec))
 
 
@@ -317,7 +327,7 @@ def _wrap_decode(orig):
             else:
                 layer_id = side.layer_id
                 if capturing:
-                    _captured(layer_id, out.meter, args[0].shape[0])
+                    _captured(layer_id, out.meter, args[0].shape[0], args[1])
                     return None
                 rec, report = out.meter, None
                 if STATE.gate is not None:

@@ -102,8 +102,11 @@ class State:
     tilt: dict = dataclasses.field(default_factory=dict)
     #: batch sizes whose TiltBatch a capture took a slot of (a warm-up no longer resizes it)
     tilt_used: set = dataclasses.field(default_factory=set)
-    #: (batch size, layer slot, reason) whose fused-tilt fallback was logged since ``install`` (once each)
+    #: what was logged since ``install`` (once each): (batch size, layer slot, reason) of a fused-tilt fallback,
+    #: (batch size, "again") of a KV buffer captured twice
     fused_logged: set = dataclasses.field(default_factory=set)
+    #: batch size → the K buffers (data pointers) its captured calls read
+    captured_buffers: dict = dataclasses.field(default_factory=dict)
 
     def unmetered_counts(self) -> collections.Counter:
         """``unmetered`` plus the writes whose scales differed from their buffer's first recorded write
