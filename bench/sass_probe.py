@@ -61,7 +61,7 @@ def compile_decode(meter: bool, tokens: int, stages: int, warps: int = 4, scheme
                  PREC32="tf32x3", PREC_HIST="tf32x3", HIST_BF16=True, PAGE_LEVELS=False, HAS_MASK=False,
                  PREFETCH_BT=meter, CSR=False, HAS_REP=False, PV_F32=False, PF_AHEAD=prefetch, SKB=0, WEIGHTED=False,
                  HAS_WIN=False, MAGIC_BF16=False, HEAD_LEVELS=False, HAS_UNMET=False, EXC=False, GRD=False,
-                 NORMS_PT=True, GDC=False, KEY_F16=False, KV_EVICT="", PARTIALS_EVICT="")
+                 NORMS_PT=True, GDC=False, KEY_F16=False, KV_EVICT="", PARTIALS_EVICT="", GRID_ONE=False)
     const.update(constexprs)
     const.setdefault("PACK_HIST", meter and kp.packs_histogram(const["GQ"], const["BLOCK_H"]))
     ptrs = dict(PTRS, **({"VN": "*fp32", "KN": "*fp32"} if not const.get("NORMS_PT", True) else {}),

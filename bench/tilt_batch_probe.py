@@ -116,8 +116,13 @@ def main(argv=None):
                          "columns, e.g. 1,2,3: one table per count (empty: the library's)")
     ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS",
                     help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none)")
+    ap.add_argument("--grid-one-reduce", choices=("0", "1"), default="0",
+                    help="the grid's 13 tile sums in one reduction (kernels.plan.GRID_ONE_REDUCE) for every column")
     args = ap.parse_args(argv)
     evict = set_evict(args.evict)
+    import kernels.plan as kplan
+
+    kplan.GRID_ONE_REDUCE = args.grid_one_reduce == "1"
     if not torch.cuda.is_available():
         raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
                          "(tests/kernels/test_tilt_batch.py checks the values on the CPU)")
@@ -128,6 +133,7 @@ def main(argv=None):
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
           "ms per layer, one step of L layers in one CUDA graph")
     print(evict)
+    print(f"# the grid's tile sums in one reduction (kernels.plan.GRID_ONE_REDUCE): {kplan.GRID_ONE_REDUCE}")
     print("| config | B | n | L | τ | off | fused | defer | forms | forms 1w | pend | fused/off | defer/off | forms/off "
           "| fused − off µs | forms − off µs | max Δ TV⁺ | max Δ E⁺ |")
     print("|---" * 18 + "|")

@@ -497,7 +497,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         NORMS_PT=cache.norms_per_token, GDC=gdc(q.device),
         KEY_F16=(lowp and q.dtype == torch.bfloat16 and cache.scheme in plan_mod.KEY_F16_SCHEMES and not has_rep
                  and (not plan.meter or plan_mod.KEY_F16_METERED)),
-        **plan_mod.eviction_hints(),
+        **plan_mod.eviction_hints(), GRID_ONE=excess_form(plan) and plan.grid and plan_mod.grid_one_reduce(q.device),
     )
 
 

@@ -47,7 +47,7 @@ def _decode_kernel(
     SKB: tl.constexpr, WEIGHTED: tl.constexpr, HAS_WIN: tl.constexpr, MAGIC_BF16: tl.constexpr,
     HEAD_LEVELS: tl.constexpr, HAS_UNMET: tl.constexpr, EXC: tl.constexpr = False, GRD: tl.constexpr = False,
     NORMS_PT: tl.constexpr = True, GDC: tl.constexpr = False, KEY_F16: tl.constexpr = False,
-    KV_EVICT: tl.constexpr = "", PARTIALS_EVICT: tl.constexpr = "",
+    KV_EVICT: tl.constexpr = "", PARTIALS_EVICT: tl.constexpr = "", GRID_ONE: tl.constexpr = False,
 ):
     if GDC:  # launched with PDL (kernels.pdl): the previous kernel has completed and its writes are visible after the
         # wait, before any load or store here
@@ -188,7 +188,7 @@ def _decode_kernel(
             histT = histT * alpha[None, :] + hdT
             if EXC and SKETCH:
                 exA, exB, grd = _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL, HL, HAS_REP,
-                                             GRD)
+                                             GRD, GRID_ONE)
             if TIER_B or SCHEME == INT8_DITHER_ID:  # max s: only Tier B's and the dither's terms read it
                 smax = tl.maximum(smax, ks_lvl)
             phimax = tl.maximum(phimax, phi)
@@ -204,7 +204,7 @@ def _decode_kernel(
             sink,
             recent, n_idx, d, col, heads_i, qT, q32T, sm_scale, s_tmb, s_wnb, s_wnh,
             D, BLOCK_N, BLOCK_H, K, METER, TIER_B, HAS_MASK, LOWP, PV_F32, PACK_HIST, PREC32, EXC and SKETCH,
-            GRD and EXC and SKETCH)
+            GRD and EXC and SKETCH, GRID_ONE)
     if HL:
         wcol = wmaxh
         if PACK_HIST:  # a head's lo column (c + HALF) is binned with it: its maximum counts (equal by construction)

@@ -193,14 +193,15 @@ def _sketch_radius(Q, KW, SK, wbase, blk, kvh, off, valid, pT, l, ks, kq, ksc, h
 
 @triton.jit
 def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL: tl.constexpr, HL: tl.constexpr,
-                 HAS_REP: tl.constexpr, GRD: tl.constexpr = False):
+                 HAS_REP: tl.constexpr, GRD: tl.constexpr = False, GRID_ONE: tl.constexpr = False):
     """The two excess sums of the centred box (bench/TIGHTNESS.md, "The centred box unbinned"): with η = −δ in
     [−c − ε, −c + ε] per (token, head), A += Σ_j p̃_j (e^{−c+ε} − 1)₊ and B += Σ_j p̃_j (1 − e^{−c−ε})₊, rescaled by
     α as the histogram is (the merge turns them into TV(p, p̂) ≤ e^{2Ξ} max(A, B)/L, ``merge_terms._excess_form``). A
     hot tile's box is
     centred at the sketch dot c̃ with ε = c_h W_j·INFL + 2^-20 |c̃| (W_j carries the dot's rounding), a cold tile's
     (no dot) is the symmetric radius c_h·U_j around 0, a repaired token's is 0; μ = 2^-19 (1 + |c| + ε) covers the
-    exp's and the exponent's rounding. GRD: the same box's grid block ``grd`` (``excess_grid._grid_tile``) too."""
+    exp's and the exponent's rounding. GRD: the same box's grid block ``grd`` (``excess_grid._grid_tile``) too, its
+    sums in one reduction with GRID_ONE."""
     if HL:
         sym = wn * chu[None, :]
     else:
@@ -227,7 +228,7 @@ def _excess_tile(wn, wraw, cT, hot, pT, chu, rep, alpha, exA, exB, grd, INFL: tl
     exA = exA * alpha + tl.sum(pT * ap, axis=0)
     exB = exB * alpha + tl.sum(pT * bp, axis=0)
     if GRD:
-        grd = _grid_tile(pT, ea, eb, alpha, grd)
+        grd = _grid_tile(pT, ea, eb, alpha, grd, GRID_ONE)
     return exA, exB, grd
 
 

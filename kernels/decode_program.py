@@ -104,7 +104,7 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
                   D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, METER: tl.constexpr,
                   TIER_B: tl.constexpr, HAS_MASK: tl.constexpr, LOWP: tl.constexpr, PV_F32: tl.constexpr,
                   PACK_HIST: tl.constexpr, PREC32: tl.constexpr, EXC: tl.constexpr = False,
-                  GRD: tl.constexpr = False):
+                  GRD: tl.constexpr = False, GRID_ONE: tl.constexpr = False):
     """The exact window (paged.ExactWindow): the first `sink` and the last `recent` tokens, skipped by the paged
     loop, served from the ring by the split that owns its virtual pages: exact K / V (scale 1, no dither), radius 0
     (bin 0), φ = 0, ν / κ from the ring's norms; its tokens add 0 to the excess sums (a box of radius 0 around 0),
@@ -133,7 +133,7 @@ def _exact_window(Q, TM, WK, WV, WKN, WVN, m, l, accT, histT, numax, kapmax, bad
                 exB = exB * alpha
                 if GRD:  # a box of radius 0 around 0: a = b = 1 (their (λ − 1)₊ terms; M', V add 0)
                     one = tl.full([BLOCK_N, BLOCK_H], 1.0, tl.float32)
-                    grd = _grid_tile(pT, one, one, alpha, grd)
+                    grd = _grid_tile(pT, one, one, alpha, grd, GRID_ONE)
             if LOWP and not PV_F32:
                 accT = accT * alpha[None, :] + tl.dot(wvT.to(tl.bfloat16), pT.to(tl.bfloat16))
             else:

@@ -77,12 +77,18 @@ _GROW, _BETA, _FREL, _FABS = (tl.constexpr(x) for x in (SUM_GROWTH, BETA_UP, FOR
 
 
 @triton.jit
+def _gterm(pT, a1, d, T: tl.constexpr, LAM: tl.constexpr):
+    """[N, H]: ``_gsum``'s terms before their sum and halving."""
+    s = LAM * (T * d + a1) - 1.0
+    return pT * (s + tl.abs(s))
+
+
+@triton.jit
 def _gsum(pT, a1, d, T: tl.constexpr, LAM: tl.constexpr):
     """[H]: Σ_j p̃_j (λ β_j(t) − 1)₊ with β = a + t(b − a) raised by 2^-20·a (``a1`` = a·(1 + 2^-20)); (s + |s|)/2 is
     max(s, 0) and keeps a NaN (a max would drop it on the GPU), so a NaN term makes the sum NaN (the form 1); −inf
     gives NaN too (the form 1, never a value below it). The halving is exact."""
-    s = LAM * (T * d + a1) - 1.0
-    return tl.sum(pT * (s + tl.abs(s)), axis=0) * 0.5
+    return tl.sum(_gterm(pT, a1, d, T, LAM), axis=0) * 0.5
 
 
 @triton.jit
@@ -92,27 +98,56 @@ def _put(g, k, col, x):
 
 
 @triton.jit
-def _grid_tile(pT, a, b, alpha, grd):
+def _add13(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12,
+           b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12):
+    return (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10,
+            a11 + b11, a12 + b12)
+
+
+@triton.jit
+def _grid_tile(pT, a, b, alpha, grd, ONE: tl.constexpr = False):
     """The grid block [H, GRID_COLS] rescaled by α and raised by this tile's sums (module doc), from the tile's p̃ᵀ
-    [N, H] and each (token, head)'s a ≥ b > 0 [N, H] (or [N, 1])."""
+    [N, H] and each (token, head)'s a ≥ b > 0 [N, H] (or [N, 1]). ``ONE`` (``kernels.plan.GRID_ONE_REDUCE``): the 13
+    sums in one multi-operand reduction (fewer barriers; the same terms and halving)."""
     col = tl.arange(0, GRID_COLS_C)
     d = b - a
     a1 = a * (1.0 + _BETA)
     g = grd * alpha[:, None]
-    g = _put(g, 0, col, _gsum(pT, a1, d, _T0, _L0))
-    g = _put(g, 1, col, _gsum(pT, a1, d, _T1, _L1))
-    g = _put(g, 2, col, _gsum(pT, a1, d, _T2, _L2))
-    g = _put(g, 3, col, _gsum(pT, a1, d, _T3, _L3))
-    g = _put(g, 4, col, _gsum(pT, a1, d, _T4, _L4))
-    g = _put(g, 5, col, _gsum(pT, a1, d, _T5, _L5))
-    g = _put(g, 6, col, _gsum(pT, a1, d, _T6, _L6))
-    g = _put(g, 7, col, _gsum(pT, a1, d, _T7, _L7))
-    g = _put(g, 8, col, _gsum(pT, a1, d, _T8, _L8))
-    g = _put(g, 9, col, _gsum(pT, a1, d, _T9, _L9))
-    g = _put(g, 10, col, _gsum(pT, a1, d, _T10, _L10))
-    bm = b - 1.0
-    g = _put(g, _NGC, col, tl.sum(pT * bm, axis=0))
-    g = _put(g, _NGC + 1, col, tl.sum(pT * tl.abs(bm), axis=0))
+    if ONE:
+        bm1 = b - 1.0
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = tl.reduce(
+            (_gterm(pT, a1, d, _T0, _L0), _gterm(pT, a1, d, _T1, _L1), _gterm(pT, a1, d, _T2, _L2),
+             _gterm(pT, a1, d, _T3, _L3), _gterm(pT, a1, d, _T4, _L4), _gterm(pT, a1, d, _T5, _L5),
+             _gterm(pT, a1, d, _T6, _L6), _gterm(pT, a1, d, _T7, _L7), _gterm(pT, a1, d, _T8, _L8),
+             _gterm(pT, a1, d, _T9, _L9), _gterm(pT, a1, d, _T10, _L10), pT * bm1, pT * tl.abs(bm1)), 0, _add13)
+        g = _put(g, 0, col, s0 * 0.5)
+        g = _put(g, 1, col, s1 * 0.5)
+        g = _put(g, 2, col, s2 * 0.5)
+        g = _put(g, 3, col, s3 * 0.5)
+        g = _put(g, 4, col, s4 * 0.5)
+        g = _put(g, 5, col, s5 * 0.5)
+        g = _put(g, 6, col, s6 * 0.5)
+        g = _put(g, 7, col, s7 * 0.5)
+        g = _put(g, 8, col, s8 * 0.5)
+        g = _put(g, 9, col, s9 * 0.5)
+        g = _put(g, 10, col, s10 * 0.5)
+        g = _put(g, _NGC, col, s11)
+        g = _put(g, _NGC + 1, col, s12)
+    else:
+        g = _put(g, 0, col, _gsum(pT, a1, d, _T0, _L0))
+        g = _put(g, 1, col, _gsum(pT, a1, d, _T1, _L1))
+        g = _put(g, 2, col, _gsum(pT, a1, d, _T2, _L2))
+        g = _put(g, 3, col, _gsum(pT, a1, d, _T3, _L3))
+        g = _put(g, 4, col, _gsum(pT, a1, d, _T4, _L4))
+        g = _put(g, 5, col, _gsum(pT, a1, d, _T5, _L5))
+        g = _put(g, 6, col, _gsum(pT, a1, d, _T6, _L6))
+        g = _put(g, 7, col, _gsum(pT, a1, d, _T7, _L7))
+        g = _put(g, 8, col, _gsum(pT, a1, d, _T8, _L8))
+        g = _put(g, 9, col, _gsum(pT, a1, d, _T9, _L9))
+        g = _put(g, 10, col, _gsum(pT, a1, d, _T10, _L10))
+        bm = b - 1.0
+        g = _put(g, _NGC, col, tl.sum(pT * bm, axis=0))
+        g = _put(g, _NGC + 1, col, tl.sum(pT * tl.abs(bm), axis=0))
     return g
 
 

@@ -69,6 +69,12 @@ EXCESS_FORM = True
 #: "A small grid in the fused merge"). Read by ``launch_variant`` at call time, as EXCESS_FORM. Measured on an H100
 #: (bench/TIGHTNESS.md, "The grid on a GPU"): int8 median TV⁺/TV 4.43 → 3.88 for 1.21-1.26× the metered call
 EXCESS_GRID = True
+#: the grid's 13 sums of a tile in one multi-operand reduction (``excess_grid._grid_tile(ONE=True)``, ``tl.reduce``)
+#: instead of 13 ``tl.sum``: the same terms; the sm_90 code of the default int8 tile (4 warps, 128 tokens) has 92
+#: ``BAR.SYNC`` per tile loop against 128 (2026-12-07, offline, Triton 3.7.1; no other change in its instruction
+#: count). Off until timed (bench/results/2026-12-07j/J2_run.sh). GPU launches only (``grid_one_reduce``): the
+#: interpreter folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
+GRID_ONE_REDUCE = False
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
 SM_REGISTERS = 65536
@@ -104,6 +110,14 @@ KEY_F16_METERED = False
 KV_EVICT = ""
 PARTIALS_EVICT = ""
 EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
+
+
+def grid_one_reduce(device) -> bool:
+    """The decode pass's ``GRID_ONE`` constexpr: ``GRID_ONE_REDUCE`` on a CUDA launch, False elsewhere (the
+    interpreter), checked."""
+    if not isinstance(GRID_ONE_REDUCE, bool):
+        raise ValueError(f"kernels.plan.GRID_ONE_REDUCE = {GRID_ONE_REDUCE!r}: True or False")
+    return GRID_ONE_REDUCE and torch.device(device).type == "cuda"
 
 
 def eviction_hints() -> dict:

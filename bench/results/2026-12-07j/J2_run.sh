@@ -1,4 +1,4 @@
-# J2 (after J1, same tree): the GPU tests of the adapter's captured path, the paged int8 call with and without KV
+# J2 (after J1, same tree; J3 has the grid's one-reduction A/B): the GPU tests of the adapter's captured path, the paged int8 call with and without KV
 # evict_first (cut from I3 / I4), the KV hint on SGLang's fp8 table, the 4-warp metered fp8 tile with the L2 prefetch;
 # carry [".whl", ".carry/sg"]
 source bench/device_suite.sh > $OUT/setup.log 2>&1
