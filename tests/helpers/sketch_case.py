@@ -43,6 +43,19 @@ def sketch_cache(scheme, bits, n=70, H=2, D=64, seed=0, weights=True, outliers=T
     return c, bt, k, v, w
 
 
+
+def window_over(k, v, window):
+    """An exact window ``(sink, recent)`` over ``sketch_cache``'s one sequence (its keys ``k`` and values ``v``), or
+    None for ``window`` None."""
+    if window is None:
+        return None
+    from kernels.exact_window import ExactWindow
+
+    n, H, D = k.shape
+    win = ExactWindow.allocate(1, H, D, torch.bfloat16, *window, device=DEV)
+    win.write(torch.zeros(n, dtype=torch.long), torch.arange(n), k.to(DEV), v.to(DEV), n)
+    return win
+
 def fp64_sketch_case(scheme, bits, k, v, w, q, window, sig):
     """fp64 served attention and the sketch radius of the reference (window tokens exact, radius 0)."""
     H = k.shape[1]

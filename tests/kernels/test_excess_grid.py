@@ -27,7 +27,7 @@ from kernels.decode import decode  # noqa: E402
 from kernels.fp_bounds import dot_gamma, mass_eta_terms  # noqa: E402
 from kernels.key_levels import KEY_LEVELS  # noqa: E402
 from tests.helpers.merge_partials import synthetic_partials  # noqa: E402
-from tests.helpers.sketch_case import fp64_sketch_case, sketch_cache  # noqa: E402
+from tests.helpers.sketch_case import fp64_sketch_case, sketch_cache, window_over  # noqa: E402
 from witcert import bounds as B  # noqa: E402
 
 
@@ -252,8 +252,6 @@ def test_the_decode_with_the_grid_is_sound_and_never_looser(monkeypatch, scheme,
     TV(p, p̂) of the fp64 served attention (exact keys p, served keys p̂), on caches with and without the window."""
     import kernels.decode as Dk
     import kernels.plan as kp
-    from kernels.exact_window import ExactWindow
-
     monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")  # the fused merge itself
     n, H, gq, D = 90, 2, 3, 64
     c, bt, k, v, w = sketch_cache(scheme, bits, n=n, H=H, D=D, seed=5)
@@ -261,10 +259,7 @@ def test_the_decode_with_the_grid_is_sound_and_never_looser(monkeypatch, scheme,
     q = (torch.randn(1, H * gq, D, generator=g) * qmag).bfloat16()
     qd = q.to(DEV) if DEV == "cuda" else q.float()
     sl = torch.tensor([n], device=DEV)
-    win = None
-    if window is not None:
-        win = ExactWindow.allocate(1, H, D, torch.bfloat16, *window, device=DEV)
-        win.write(torch.zeros(n, dtype=torch.long), torch.arange(n), k.to(DEV), v.to(DEV), n)
+    win = window_over(k, v, window)
     recs = {}
     for grid in (False, True):
         monkeypatch.setattr(kp, "EXCESS_GRID", grid)

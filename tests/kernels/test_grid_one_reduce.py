@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fused_merge_kernel")]
 
 import kernels.plan as kp  # noqa: E402
 from kernels.decode import decode  # noqa: E402
-from tests.helpers.sketch_case import sketch_cache  # noqa: E402
+from tests.helpers.sketch_case import sketch_cache, window_over  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIELDS = ("tv_upper_a", "out_err_upper", "xi", "eps_max", "flag", "excess")
@@ -43,17 +43,13 @@ def test_the_setting_is_checked_and_taken_on_cuda_only(monkeypatch):
 @pytest.mark.parametrize("scheme,bits,window", [("int8", 2, (2, 8)), ("int8", 2, None), ("fp8_e4m3", 2, (4, 16))])
 def test_one_reduction_changes_no_value(monkeypatch, scheme, bits, window):
     import kernels.decode as Dk
-    from kernels.exact_window import ExactWindow
 
     monkeypatch.setattr(Dk, "MERGE_OFF_GPU", "kernel")
     n, H, gq, D = 300, 2, 4, 128
     c, bt, k, v, w = sketch_cache(scheme, bits, n=n, H=H, D=D, seed=7)
     q = (torch.randn(1, H * gq, D, generator=torch.Generator().manual_seed(3)) * 0.3).bfloat16().to(DEV)
     sl = torch.tensor([n], device=DEV)
-    win = None
-    if window is not None:
-        win = ExactWindow.allocate(1, H, D, torch.bfloat16, *window, device=DEV)
-        win.write(torch.zeros(n, dtype=torch.long), torch.arange(n), k.to(DEV), v.to(DEV), n)
+    win = window_over(k, v, window)
     out = {}
     for one in (False, True):
         monkeypatch.setattr(kp, "GRID_ONE_REDUCE", one)
