@@ -368,7 +368,7 @@ def main():
     ap.add_argument("--capture-mode", default="on", metavar="on,off",
                     help="A/B: the graph columns' warm-up and capture under SGLang's capture-mode flag (on: as its "
                          "decode runner, the deferred records sized in the warm-up; off: sized inside the capture, "
-                         "their fills in the graph, what runs before 2026-12-07 J1 timed), the table again for each")
+                         "their fills in the graph, as the runs before 2026-12-07 J1 timed), the table again for each")
     args = ap.parse_args()
     import kernels.pdl as pdl
     import kernels.plan as kplan
