@@ -234,14 +234,16 @@ def test_above_the_cap_said_once_while_layers_register(monkeypatch, caplog):
 
 
 def test_an_empty_batch_in_the_warmup_is_served_unmetered(monkeypatch, caplog):
-    """A batch of no request under the capture-mode flag sizes nothing (no records of 0 rows: ``TiltBatch.allocate``
-    refuses them) and falls back as it does without the flag (an adversarial review, 2026-12-07: it raised)."""
+    """A batch of no request, in the warm-up under the capture-mode flag or in a capture, sizes nothing (no records of 0
+    rows: ``TiltBatch.allocate`` refuses them) and falls back to SGLang's kernel, counted, as it does without the flag
+    (an adversarial review, 2026-12-07: both raised; ``_unmeterable`` now says so before any metering step)."""
     pool, q, rows, eager = _deferred_install(monkeypatch, caplog)
     _capture_mode(monkeypatch, True)
     decode(pool.k_buffer[0], pool.v_buffer[0], q[:0], [])
     assert not ws.STATE.tilt and ws.STATE.unmetered_counts()["decode: an empty batch"] == 1
     monkeypatch.setattr(sd, "_capturing", lambda q: True)
-    assert sd._tilt_slot(q[:0], pool.k_buffer[0]) is None
+    decode(pool.k_buffer[0], pool.v_buffer[0], q[:0], [])
+    assert not ws.STATE.tilt and not ws.STATE.static and ws.STATE.unmetered_counts()["decode: an empty batch"] == 2
 
 
 def test_a_buffer_captured_again_at_a_batch_size_is_said(monkeypatch, caplog):

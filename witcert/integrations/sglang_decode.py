@@ -31,6 +31,8 @@ def block_table_from_indptr(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, b
 
 def _unmeterable(args, kwargs):
     q, kb, vb = args[0], args[1], args[2]
+    if q.shape[0] == 0:  # (before any metering step: the warm-up's sizing and a capture's slot need rows)
+        return "an empty batch"
     if kwargs.get("page_size", 1) != 1:
         return "page_size != 1"
     if kwargs.get("has_mla"):
@@ -175,8 +177,7 @@ def _tilt_slot(q: torch.Tensor, kb: torch.Tensor):
     buffer registered after the batch was sized, or a slot written since the last ``static_records``). Slots are the
     sides' registration order; a batch size's TiltBatch is sized to the sides registered then, and sized again by a
     warm-up only while no capture holds a slot of it (its captured records are views into it)."""
-    if (not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers
-            or q.shape[0] < 1):
+    if not STATE.defer_tilt or STATE.delta_step is not None or kb.data_ptr() not in STATE.layers:
         return None
     i = list(STATE.layers).index(kb.data_ptr())
     B, rows = q.shape[0], q.shape[0] * q.shape[1]
@@ -221,8 +222,6 @@ def metered_decode(args, kwargs, num_splits=None, tilt=None):
     side = STATE.layers[kb.data_ptr()]
     cache = paged_view(side, kb, vb, k_scale, v_scale)
     Bsz = q.shape[0]
-    if Bsz == 0:
-        raise _Skip("an empty batch")
     # SGLang's CSR rows read by the kernel directly (no [B, max_len] table); no host sync: the
     # split count from the mean length (kernels.plan.plan_decode); an empty row (which SGLang's
     # decode never sends) gets what the reference gives it: output 0, TV⁺ 0 (kernels.decode.decode)
@@ -307,7 +306,7 @@ def _wrap_decode(orig):
             kw[names[i]] = a
         why = _unmeterable(args, kw)
         capturing = why is None and _capturing(args[0])
-        if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None and args[0].shape[0] > 0
+        if (why is None and not capturing and STATE.defer_tilt and STATE.delta_step is None
                 and args[0].shape[0] not in STATE.tilt_used and next(iter(STATE.layers), None) == args[1].data_ptr()
                 and _sglang_capture_mode()):
             # the warm-up before a capture of this batch size, at its first registered layer: SGLang's first warm-up
