@@ -482,6 +482,7 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
                       has_win: bool, has_unmet: bool = False) -> dict:
     """``_decode_kernel``'s constexprs but PAGES (the kernel variant and its tile)."""
     lowp = plan.lowp
+    grid = excess_form(plan) and plan.grid
     return dict(
         INFL=1.0 + KERNEL_REL_SLACK, X0=X0,
         GQ=q.shape[1] // cache.num_kv_heads, BLOCK_H=plan.head_columns, D=q.shape[2], T=cache.block_size,
@@ -493,11 +494,11 @@ def _kernel_constants(cache: PagedKV, q: torch.Tensor, plan: DecodePlan, masked:
         PACK_HIST=plan.pack_hist, PV_F32=plan.pv_f32, PF_AHEAD=plan.prefetch, SKB=plan.sketch_bits,
         WEIGHTED=plan.weighted, HAS_WIN=has_win,
         MAGIC_BF16=lowp and q.dtype == torch.bfloat16 and plan.sketch_bits in MAGIC_SKETCH_BITS, HEAD_LEVELS=plan.head_levels,
-        HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=excess_form(plan) and plan.grid,
+        HAS_UNMET=has_unmet, EXC=excess_form(plan), GRD=grid,
         NORMS_PT=cache.norms_per_token, GDC=gdc(q.device),
         KEY_F16=(lowp and q.dtype == torch.bfloat16 and cache.scheme in plan_mod.KEY_F16_SCHEMES and not has_rep
                  and (not plan.meter or plan_mod.KEY_F16_METERED)),
-        **plan_mod.eviction_hints(), GRID_ONE=excess_form(plan) and plan.grid and plan_mod.grid_one_reduce(q.device),
+        **plan_mod.eviction_hints(), GRID_ONE=grid and plan_mod.grid_one_reduce(q.device),
     )
 
 

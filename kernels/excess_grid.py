@@ -113,13 +113,13 @@ def _grid_tile(pT, a, b, alpha, grd, ONE: tl.constexpr = False):
     d = b - a
     a1 = a * (1.0 + _BETA)
     g = grd * alpha[:, None]
+    bm = b - 1.0
     if ONE:
-        bm1 = b - 1.0
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = tl.reduce(
             (_gterm(pT, a1, d, _T0, _L0), _gterm(pT, a1, d, _T1, _L1), _gterm(pT, a1, d, _T2, _L2),
              _gterm(pT, a1, d, _T3, _L3), _gterm(pT, a1, d, _T4, _L4), _gterm(pT, a1, d, _T5, _L5),
              _gterm(pT, a1, d, _T6, _L6), _gterm(pT, a1, d, _T7, _L7), _gterm(pT, a1, d, _T8, _L8),
-             _gterm(pT, a1, d, _T9, _L9), _gterm(pT, a1, d, _T10, _L10), pT * bm1, pT * tl.abs(bm1)), 0, _add13)
+             _gterm(pT, a1, d, _T9, _L9), _gterm(pT, a1, d, _T10, _L10), pT * bm, pT * tl.abs(bm)), 0, _add13)
         g = _put(g, 0, col, s0 * 0.5)
         g = _put(g, 1, col, s1 * 0.5)
         g = _put(g, 2, col, s2 * 0.5)
@@ -145,7 +145,6 @@ def _grid_tile(pT, a, b, alpha, grd, ONE: tl.constexpr = False):
         g = _put(g, 8, col, _gsum(pT, a1, d, _T8, _L8))
         g = _put(g, 9, col, _gsum(pT, a1, d, _T9, _L9))
         g = _put(g, 10, col, _gsum(pT, a1, d, _T10, _L10))
-        bm = b - 1.0
         g = _put(g, _NGC, col, tl.sum(pT * bm, axis=0))
         g = _put(g, _NGC + 1, col, tl.sum(pT * tl.abs(bm), axis=0))
     return g

@@ -72,7 +72,7 @@ EXCESS_GRID = True
 #: the grid's 13 sums of a tile in one multi-operand reduction (``excess_grid._grid_tile(ONE=True)``, ``tl.reduce``)
 #: instead of 13 ``tl.sum``: the same terms; the sm_90 code of the default int8 tile (4 warps, 128 tokens) has 92
 #: ``BAR.SYNC`` per tile loop against 128 (2026-12-07, offline, Triton 3.7.1; no other change in its instruction
-#: count). Off until timed (bench/results/2026-12-07j/J2_run.sh). GPU launches only (``grid_one_reduce``): the
+#: count). Off until timed (bench/results/2026-12-07j/J3_run.sh). GPU launches only (``grid_one_reduce``): the
 #: interpreter folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
 GRID_ONE_REDUCE = False
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
