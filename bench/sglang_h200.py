@@ -63,12 +63,18 @@ def sglang_capture_mode(on: bool):
         del sys.modules[name]
 
 
+def sg_capture(call, debug: bool = False):
+    """``bench/decode.capture`` (warm-up call, then the capture) under SGLang's capture-mode flag when
+    ``CAPTURE_MODE``, as its decode runner captures."""
+    with sglang_capture_mode(CAPTURE_MODE):
+        return capture(call, debug=debug)
+
+
 def graph_ms(call, iters: int) -> float:
     """ms per replay of ``call`` captured in a CUDA graph (NaN, with the reason printed, if the
-    capture fails); warm-up and capture under SGLang's capture-mode flag when ``CAPTURE_MODE``."""
+    capture fails), captured by ``sg_capture``."""
     try:
-        with sglang_capture_mode(CAPTURE_MODE):
-            g, _ = capture(call)
+        g, _ = sg_capture(call)
         # warm-up replays, untimed, for at least WARMUP_S: a cell's first timed loop ran 5-15 % slower than the same
         # call timed later (run Y7: SGLang's kernel 0.225 then 0.201 ms at bf16 B 32 / 4K), which had put the off
         # column, timed first; run Y8's `iters` replays (4 ms at B 32 / 4K) may not have been enough there
@@ -113,8 +119,7 @@ def kernel_table(label: str, call, iters: int, before=None) -> None:
 
     if before is not None:
         before()
-    with sglang_capture_mode(CAPTURE_MODE):
-        g, _ = capture(call)
+    g, _ = sg_capture(call)
     for _ in range(iters):
         g.replay()
     torch.cuda.synchronize()
@@ -158,8 +163,7 @@ def merge_alone(label: str, call, launches: int = 20, before=None) -> None:
     if before is not None:
         before()
     try:
-        with sglang_capture_mode(CAPTURE_MODE):
-            capture(call)
+        sg_capture(call)
     finally:
         ke._merge_meter_kernel = spy.real
     if spy.last is None:
@@ -196,8 +200,7 @@ def graph_dump(path: str, call, before=None) -> None:
 
     if before is not None:
         before()
-    with sglang_capture_mode(CAPTURE_MODE):
-        g, _ = capture(call, debug=True)
+    g, _ = sg_capture(call, debug=True)
     g.debug_dump(path)
     dot = open(path).read()
     kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|HOST|EVENT_RECORD|WAIT_EVENT|EMPTY|GRAPH|MEM_ALLOC|"
