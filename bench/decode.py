@@ -109,10 +109,13 @@ def capture(call, debug: bool = False):
 
 
 def set_evict(spec: str) -> str:
-    """``--evict KV:PARTIALS`` ('-' for none): sets ``kernels.plan.KV_EVICT`` / ``PARTIALS_EVICT`` (checked) and returns
-    the line a benchmark prints."""
+    """``--evict KV:PARTIALS`` ('-' for none; empty: the library's): sets ``kernels.plan.KV_EVICT`` / ``PARTIALS_EVICT``
+    (checked) and returns the line a benchmark prints."""
     import kernels.plan as kplan
 
+    if not spec:
+        kplan.eviction_hints()
+        return f"# L2 eviction hints: KV {kplan.KV_EVICT or 'none'}, partials {kplan.PARTIALS_EVICT or 'none'} (library's)"
     parts = spec.split(":")
     if len(parts) != 2:
         raise SystemExit(f"--evict {spec!r}: expected KV:PARTIALS, e.g. evict_first:- ('-' for none)")
@@ -213,8 +216,9 @@ def _parse_args(argv):
     ap.add_argument("--tau-tilt", type=float, default=0.005,
                     help="tilt_above for 'tilt': below every row's TV+ here, so every row takes the (lazy) tilt")
     ap.add_argument("--diag", action="store_true", help="registers/spills and a warps x tile sweep at B=8, n=32K")
-    ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS",
-                    help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none)")
+    ap.add_argument("--evict", default="", metavar="KV:PARTIALS",
+                    help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none; "
+                         "default: the library's)")
     return ap.parse_args(argv)
 
 

@@ -114,15 +114,18 @@ def main(argv=None):
     ap.add_argument("--merge-parts", default="",
                     help="programs per row of the deferred merge (kernels.plan.MERGE_PARTS) for the forms / pend "
                          "columns, e.g. 1,2,3: one table per count (empty: the library's)")
-    ap.add_argument("--evict", default="-:-", metavar="KV:PARTIALS",
-                    help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none)")
-    ap.add_argument("--grid-one-reduce", choices=("0", "1"), default="0",
-                    help="the grid's 13 tile sums in one reduction (kernels.plan.GRID_ONE_REDUCE) for every column")
+    ap.add_argument("--evict", default="", metavar="KV:PARTIALS",
+                    help="the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for none; "
+                         "default: the library's)")
+    ap.add_argument("--grid-one-reduce", choices=("", "0", "1"), default="",
+                    help="the grid's 13 tile sums in one reduction (kernels.plan.GRID_ONE_REDUCE) for every column "
+                         "(default: the library's)")
     args = ap.parse_args(argv)
     evict = set_evict(args.evict)
     import kernels.plan as kplan
 
-    kplan.GRID_ONE_REDUCE = args.grid_one_reduce == "1"
+    if args.grid_one_reduce:
+        kplan.GRID_ONE_REDUCE = args.grid_one_reduce == "1"
     if not torch.cuda.is_available():
         raise SystemExit("bench/tilt_batch_probe.py times CUDA graphs: it needs a CUDA GPU "
                          "(tests/kernels/test_tilt_batch.py checks the values on the CPU)")

@@ -72,9 +72,11 @@ EXCESS_GRID = True
 #: the grid's 13 sums of a tile in one multi-operand reduction (``excess_grid._grid_tile(ONE=True)``, ``tl.reduce``)
 #: instead of 13 ``tl.sum``: the same terms; the sm_90 code of the default int8 tile (4 warps, 128 tokens) has 92
 #: ``BAR.SYNC`` per tile loop against 128 (2026-12-07, offline, Triton 3.7.1; no other change in its instruction
-#: count). Off until timed (bench/results/2026-12-07j/J3_run.sh). GPU launches only (``grid_one_reduce``): the
-#: interpreter folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
-GRID_ONE_REDUCE = False
+#: count). Run J3 (2026-12-07, an H100, bench/results/2026-12-07j/J3_run.sh, bench/tilt_batch_probe.py, 32 graphed
+#: layers): the default int8 call 0.93-0.96× the time at B 1 (4K / 32K), 0.98-1.00× at B 8; outputs and record bit for
+#: bit (tests/kernels/test_grid_one_reduce.py on that GPU). GPU launches only (``grid_one_reduce``): the interpreter
+#: folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
+GRID_ONE_REDUCE = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
 SM_REGISTERS = 65536
@@ -100,14 +102,15 @@ ONE_WARP_METERED_SCHEMES = ("int8",)
 #: exact in fp16) keep the bf16 dot
 KEY_F16_SCHEMES = ("fp8_e4m3", "fp8_e4m3_scaled")
 KEY_F16_METERED = False
-#: L2 eviction hints of the decode pass ("": none, the default). ``KV_EVICT``: the 8-bit code tiles' loads
-#: ("evict_first": the KV is read once a step, so its lines go first); ``PARTIALS_EVICT``: the split partials' stores
-#: ("evict_last": the merge reads them after the rest of the pass has streamed its KV through the L2). Hints only: no
-#: value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``). bench/RESULTS.md runs I1-I3, SGLang's
-#: fp8 call on an H100: KV evict_first 2.5-3.5 % off the metered pass at B 8 (× SGLang 1.32 → 1.25 at 4K, 1.20 → 1.16
-#: at 32K) but B 1 / 4K 1.16 → 1.24 in a benchmark replaying one layer; partials evict_last nothing more; the paged
-#: call not measured. Off until both are
-KV_EVICT = ""
+#: L2 eviction hints of the decode pass ("": none). ``KV_EVICT``: the 8-bit code tiles' loads ("evict_first", the
+#: default: the KV is read once a step, so its lines go first); ``PARTIALS_EVICT``: the split partials' stores
+#: ("evict_last": the merge reads them after the rest of the pass has streamed its KV through the L2; none by default).
+#: Hints only: no value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``). Run J2 (2026-12-07,
+#: an H100, bench/results/2026-12-07j/J2_run.sh, bench/RESULTS.md): the paged int8 call (Hq 32, 32K) metered/off
+#: 1.42 → 1.16× at B 8, 1.38 → 1.38× at B 1; SGLang's fp8 call × SGLang's graph 1.16 → 1.11 (B 8 / 4K), 1.18 → 1.14
+#: (B 8 / 32K), B 1 0.89 → 0.92 and 0.47 → 0.45. Runs I1-I3 had B 1 / 4K 1.16 → 1.24 in a benchmark replaying one layer
+#: (whose KV the L2 keeps between replays, unlike a model's layers); partials evict_last nothing more
+KV_EVICT = "evict_first"
 PARTIALS_EVICT = ""
 EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
 
