@@ -73,8 +73,8 @@ EXCESS_GRID = True
 #: instead of 13 ``tl.sum``: the same terms; the sm_90 code of the default int8 tile (4 warps, 128 tokens) has 92
 #: ``BAR.SYNC`` per tile loop against 128 (2026-12-07, offline, Triton 3.7.1; no other change in its instruction
 #: count). Run J3 (2026-12-07, an H100, bench/results/2026-12-07j/J3_run.sh, bench/tilt_batch_probe.py, 32 graphed
-#: layers): the default int8 call 0.93-0.96× the time at B 1 (4K / 32K), 0.98-1.00× at B 8; outputs and record bit for
-#: bit (tests/kernels/test_grid_one_reduce.py on that GPU). GPU launches only (``grid_one_reduce``): the interpreter
+#: layers): the default int8 call (deferred forms) 0.92-0.94× the time at B 1 (4K / 32K), 1.00× at B 8 (the fused tilt
+#: 0.93-0.96× and 0.98-1.00×); outputs and record bit for bit (tests/kernels/test_grid_one_reduce.py on that GPU). GPU launches only (``grid_one_reduce``): the interpreter
 #: folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
 GRID_ONE_REDUCE = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a

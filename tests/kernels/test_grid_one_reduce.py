@@ -1,5 +1,6 @@
-"""The grid's 13 tile sums in one multi-operand reduction (``kernels.plan.GRID_ONE_REDUCE``, off by default;
-``excess_grid._grid_tile(ONE=True)``): an A/B of the default int8 kernel's barriers (bench/results/2026-12-07j/J2_run.sh).
+"""The grid's 13 tile sums in one multi-operand reduction (``kernels.plan.GRID_ONE_REDUCE``, on by default
+since run J3; ``excess_grid._grid_tile(ONE=True)``): fewer barriers in the default int8 kernel's tile loop
+(bench/results/2026-12-07j/J3_run.sh).
 
 * any device: the setting is checked, and taken on CUDA launches only (the interpreter folds a multi-operand reduction
   sequentially, in another order than its ``tl.sum``);
