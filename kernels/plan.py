@@ -74,8 +74,9 @@ EXCESS_GRID = True
 #: ``BAR.SYNC`` per tile loop against 128 (2026-12-07, offline, Triton 3.7.1; no other change in its instruction
 #: count). Run J3 (2026-12-07, an H100, bench/results/2026-12-07j/J3_run.sh, bench/tilt_batch_probe.py, 32 graphed
 #: layers): the default int8 call (deferred forms) 0.92-0.94× the time at B 1 (4K / 32K), 1.00× at B 8 (the fused tilt
-#: 0.93-0.96× and 0.98-1.00×); outputs and record bit for bit (tests/kernels/test_grid_one_reduce.py on that GPU). GPU launches only (``grid_one_reduce``): the interpreter
-#: folds a multi-operand reduction sequentially, in another order than its ``tl.sum``
+#: 0.93-0.96× and 0.98-1.00×); outputs and record bit for bit (tests/kernels/test_grid_one_reduce.py on that GPU).
+#: GPU launches only (``grid_one_reduce``): the interpreter folds a multi-operand reduction sequentially, in another
+#: order than its ``tl.sum``
 GRID_ONE_REDUCE = True
 #: the register file, the most resident threads and the most resident programs (thread blocks) of a
 #: multiprocessor (sm_80 / sm_89 / sm_90)
@@ -108,8 +109,10 @@ KEY_F16_METERED = False
 #: Hints only: no value changes (sm_90: ``createpolicy.fractional.L2::…`` with ``L2::cache_hint``). Run J2 (2026-12-07,
 #: an H100, bench/results/2026-12-07j/J2_run.sh, bench/RESULTS.md): the paged int8 call (Hq 32, 32K) metered/off
 #: 1.42 → 1.16× at B 8, 1.38 → 1.38× at B 1; SGLang's fp8 call × SGLang's graph 1.16 → 1.11 (B 8 / 4K), 1.18 → 1.14
-#: (B 8 / 32K), B 1 0.89 → 0.92 and 0.47 → 0.45. Runs I1-I3 had B 1 / 4K 1.16 → 1.24 in a benchmark replaying one layer
-#: (whose KV the L2 keeps between replays, unlike a model's layers); partials evict_last nothing more
+#: (B 8 / 32K), B 1 0.89 → 0.92 and 0.47 → 0.45. Run K2 (bench/decode.py, B 1 / 8 / 32 × 32K / 128K): the full-meter
+#: call 0.76-0.85× its time at B ≥ 8 and at B 1 / 128K (× off 1.48-1.51 → 1.10-1.33), meter off 0.97-1.04×. Runs I1-I3
+#: had B 1 / 4K 1.16 → 1.24 in a benchmark replaying one layer (whose KV the L2 keeps between replays, unlike a model's
+#: layers); partials evict_last nothing more
 KV_EVICT = "evict_first"
 PARTIALS_EVICT = ""
 EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
