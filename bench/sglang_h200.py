@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from decode import capture, set_evict  # noqa: E402 (bench/decode.py)
+from sglang_gate_cell import gate_cell  # noqa: E402 (bench/sglang_gate_cell.py)
 
 #: seconds of untimed replays before each timed loop (``graph_ms``); triton.testing.do_bench warms up 25 ms
 WARMUP_S = 0.2
@@ -280,6 +281,10 @@ def _bench_cell(ws, patched, orig, args, kv, Bsz, n, dev, Hq, Hkv, D, max_splits
         kernel_table("off", off, args.iters)
     for fn in (patched, orig):  # ours first: a crash in SGLang's kernel leaves our row printed
         t, o, call = _time_call(fn, q, kb, vb, indptr, loc, s, Bsz, Hq, D, max_splits, args.iters, dev)
+        if fn is patched:
+            for tau in (float(x) for x in getattr(args, "gate", "").split(",") if x):
+                lid = ws.STATE.layers[kb.data_ptr()].layer_id
+                print(gate_cell(ws, call, tau, lid, loc, k, v, args.iters).line(t), flush=True)
         times.append(t)
         outs.append(o.float().clone())
         errs.append(max(float((o[b].float() - r).abs().max() / r.abs().max()) for b, r in refs.items()))
@@ -373,6 +378,10 @@ def main():
                     help="A/B: the decode pass's L2 eviction hints (kernels.plan.KV_EVICT : PARTIALS_EVICT, '-' for "
                          "none), the table again for each pair, e.g. -:-,evict_first:-,evict_first:evict_last "
                          "(default: the library's)")
+    ap.add_argument("--gate", default="", metavar="TAU,...",
+                    help="also time the metered call eager with the certified gate at each τ (a HostExactStore of the "
+                         "cell's exact K / V; bench/sglang_gate_cell.py): a comment line per τ after the metered one. "
+                         "The gate cannot be captured, so it has no graph column")
     ap.add_argument("--capture-mode", default="on", metavar="on,off",
                     help="A/B: the graph columns' warm-up and capture under SGLang's capture-mode flag (on: as its "
                          "decode runner, the deferred records sized in the warm-up; off: sized inside the capture, "
