@@ -15,21 +15,19 @@ if importlib.util.find_spec("sglang") is None or sglang_version() is None:
     pytest.skip("sglang is not installed", allow_module_level=True)
 
 import witcert.integrations.sglang as ws  # noqa: E402
-from tests.integrations.test_sglang import ORIG_DECODE, SGL, _metered_pool, fill, scenario, sglang_decode  # noqa: E402
+from tests.integrations.test_sglang import (  # noqa: E402, F401 (_clean: the autouse fixture)
+    SGL,
+    _clean,
+    _metered_pool,
+    fill,
+    scenario,
+    sglang_decode,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 from sglang_gate_cell import GateCell, gate_cell  # noqa: E402
 
 SCALE = 0.25
-
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.delenv(ws.ENV, raising=False)
-    ws.uninstall()
-    yield
-    ws.uninstall()
-    assert SGL.decode_attention_fwd is ORIG_DECODE
 
 
 def _cell(seed=2):
