@@ -78,17 +78,11 @@ _GROW, _BETA, _FREL, _FABS = (tl.constexpr(x) for x in (SUM_GROWTH, BETA_UP, FOR
 
 @triton.jit
 def _gterm(pT, a1, d, T: tl.constexpr, LAM: tl.constexpr):
-    """[N, H]: ``_gsum``'s terms before their sum and halving."""
+    """[N, H]: 2·p̃_j (λ β_j(t) − 1)₊ with β = a + t(b − a) raised by 2^-20·a (``a1`` = a·(1 + 2^-20)), halved after
+    its sum over the tile (exact); (s + |s|)/2 is max(s, 0) and keeps a NaN (a max would drop it on the GPU), so a NaN
+    term makes the sum NaN (the form 1); −inf gives NaN too (the form 1, never a value below it)."""
     s = LAM * (T * d + a1) - 1.0
     return pT * (s + tl.abs(s))
-
-
-@triton.jit
-def _gsum(pT, a1, d, T: tl.constexpr, LAM: tl.constexpr):
-    """[H]: Σ_j p̃_j (λ β_j(t) − 1)₊ with β = a + t(b − a) raised by 2^-20·a (``a1`` = a·(1 + 2^-20)); (s + |s|)/2 is
-    max(s, 0) and keeps a NaN (a max would drop it on the GPU), so a NaN term makes the sum NaN (the form 1); −inf
-    gives NaN too (the form 1, never a value below it). The halving is exact."""
-    return tl.sum(_gterm(pT, a1, d, T, LAM), axis=0) * 0.5
 
 
 @triton.jit
@@ -114,39 +108,32 @@ def _grid_tile(pT, a, b, alpha, grd, ONE: tl.constexpr = False):
     a1 = a * (1.0 + _BETA)
     g = grd * alpha[:, None]
     bm = b - 1.0
+    t0, t1, t2 = _gterm(pT, a1, d, _T0, _L0), _gterm(pT, a1, d, _T1, _L1), _gterm(pT, a1, d, _T2, _L2)
+    t3, t4, t5 = _gterm(pT, a1, d, _T3, _L3), _gterm(pT, a1, d, _T4, _L4), _gterm(pT, a1, d, _T5, _L5)
+    t6, t7, t8 = _gterm(pT, a1, d, _T6, _L6), _gterm(pT, a1, d, _T7, _L7), _gterm(pT, a1, d, _T8, _L8)
+    t9, t10 = _gterm(pT, a1, d, _T9, _L9), _gterm(pT, a1, d, _T10, _L10)
+    t11, t12 = pT * bm, pT * tl.abs(bm)
     if ONE:
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = tl.reduce(
-            (_gterm(pT, a1, d, _T0, _L0), _gterm(pT, a1, d, _T1, _L1), _gterm(pT, a1, d, _T2, _L2),
-             _gterm(pT, a1, d, _T3, _L3), _gterm(pT, a1, d, _T4, _L4), _gterm(pT, a1, d, _T5, _L5),
-             _gterm(pT, a1, d, _T6, _L6), _gterm(pT, a1, d, _T7, _L7), _gterm(pT, a1, d, _T8, _L8),
-             _gterm(pT, a1, d, _T9, _L9), _gterm(pT, a1, d, _T10, _L10), pT * bm, pT * tl.abs(bm)), 0, _add13)
-        g = _put(g, 0, col, s0 * 0.5)
-        g = _put(g, 1, col, s1 * 0.5)
-        g = _put(g, 2, col, s2 * 0.5)
-        g = _put(g, 3, col, s3 * 0.5)
-        g = _put(g, 4, col, s4 * 0.5)
-        g = _put(g, 5, col, s5 * 0.5)
-        g = _put(g, 6, col, s6 * 0.5)
-        g = _put(g, 7, col, s7 * 0.5)
-        g = _put(g, 8, col, s8 * 0.5)
-        g = _put(g, 9, col, s9 * 0.5)
-        g = _put(g, 10, col, s10 * 0.5)
-        g = _put(g, _NGC, col, s11)
-        g = _put(g, _NGC + 1, col, s12)
+            (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12), 0, _add13)
     else:
-        g = _put(g, 0, col, _gsum(pT, a1, d, _T0, _L0))
-        g = _put(g, 1, col, _gsum(pT, a1, d, _T1, _L1))
-        g = _put(g, 2, col, _gsum(pT, a1, d, _T2, _L2))
-        g = _put(g, 3, col, _gsum(pT, a1, d, _T3, _L3))
-        g = _put(g, 4, col, _gsum(pT, a1, d, _T4, _L4))
-        g = _put(g, 5, col, _gsum(pT, a1, d, _T5, _L5))
-        g = _put(g, 6, col, _gsum(pT, a1, d, _T6, _L6))
-        g = _put(g, 7, col, _gsum(pT, a1, d, _T7, _L7))
-        g = _put(g, 8, col, _gsum(pT, a1, d, _T8, _L8))
-        g = _put(g, 9, col, _gsum(pT, a1, d, _T9, _L9))
-        g = _put(g, 10, col, _gsum(pT, a1, d, _T10, _L10))
-        g = _put(g, _NGC, col, tl.sum(pT * bm, axis=0))
-        g = _put(g, _NGC + 1, col, tl.sum(pT * tl.abs(bm), axis=0))
+        s0, s1, s2, s3 = tl.sum(t0, axis=0), tl.sum(t1, axis=0), tl.sum(t2, axis=0), tl.sum(t3, axis=0)
+        s4, s5, s6, s7 = tl.sum(t4, axis=0), tl.sum(t5, axis=0), tl.sum(t6, axis=0), tl.sum(t7, axis=0)
+        s8, s9, s10 = tl.sum(t8, axis=0), tl.sum(t9, axis=0), tl.sum(t10, axis=0)
+        s11, s12 = tl.sum(t11, axis=0), tl.sum(t12, axis=0)
+    g = _put(g, 0, col, s0 * 0.5)
+    g = _put(g, 1, col, s1 * 0.5)
+    g = _put(g, 2, col, s2 * 0.5)
+    g = _put(g, 3, col, s3 * 0.5)
+    g = _put(g, 4, col, s4 * 0.5)
+    g = _put(g, 5, col, s5 * 0.5)
+    g = _put(g, 6, col, s6 * 0.5)
+    g = _put(g, 7, col, s7 * 0.5)
+    g = _put(g, 8, col, s8 * 0.5)
+    g = _put(g, 9, col, s9 * 0.5)
+    g = _put(g, 10, col, s10 * 0.5)
+    g = _put(g, _NGC, col, s11)
+    g = _put(g, _NGC + 1, col, s12)
     return g
 
 
