@@ -3,6 +3,8 @@
 #     suite TIMEOUT SHARDS PATH...    the tests on the GPU in SHARDS processes (bench/pytest_shards.py) into
 #                                     $OUT/gpu_tests.log, then their rc, failures and total
 #     selftests CFG...                witcert selftest on the GPU for each configuration (a line per scheme)
+#     flashinfer_env                  FlashInfer 0.2.5 from the carried sdist (.carry/fi, with a ninja wheel) unpacked
+#                                     for its JIT build, and its environment exported (bench/flashinfer_decode.py)
 ROOT=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT:/tmp/site:$ROOT/.carry/sg WITCERT_DEVICE=cuda
@@ -25,4 +27,17 @@ selftests() {
     timeout 150 python3 -c "import sys; from witcert.cli import main; sys.exit(main(sys.argv[1:]))" selftest --device cuda \
       $cfg --json 2> "$OUT/selftest.err" | python3 -c "import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index('['):]); [print(r['scheme'], r['passed'], r['worst_tv_ratio'], (r['error'] or '')[:300]) for r in d]"
   done
+}
+# flashinfer_env   FlashInfer 0.2.5's sdist (.carry/fi) unpacked under /tmp/fi with the data links its JIT build reads,
+# ninja from the carried wheel if the machine has none, PYTHONPATH and the build's environment exported (run A1's
+# steps); returns 1 when the sdist is not carried
+flashinfer_env() {
+  mkdir -p /tmp/fi && tar xzf "$ROOT/.carry/fi/flashinfer_python-0.2.5.tar.gz" -C /tmp/fi || return 1
+  local fi=/tmp/fi/flashinfer_python-0.2.5
+  mkdir -p $fi/flashinfer/data && ln -sfn $fi/include $fi/flashinfer/data/include && ln -sfn $fi/csrc $fi/flashinfer/data/csrc \
+    && ln -sfn $fi/3rdparty/cutlass $fi/flashinfer/data/cutlass && ln -sfn $fi/tvm_binding $fi/flashinfer/data/tvm_binding
+  which ninja > /dev/null || { python3 -m pip install -q --no-index --no-deps --target /tmp/nj "$ROOT"/.carry/fi/ninja-*.whl
+    export PATH=/tmp/nj/bin:$PATH; }
+  export PYTHONPATH=$ROOT:$fi:/tmp/site TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
+    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 }
